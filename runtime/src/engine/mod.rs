@@ -1,0 +1,868 @@
+//! The deterministic engine: inputs in, journal entries and effects out. No IO, no clock.
+//!
+//! An [`Instance`] follows the seed's execution algorithm. [`Instance::handle`] takes one timed
+//! input, runs the instance as far as it can go without waiting, and returns what to record and
+//! what to perform. Everything an instance is can be saved as a [`Snapshot`], and
+//! [`Instance::replay`] rebuilds an instance from its journal, checking that the definition still
+//! asks for the effects the journal recorded.
+
+pub mod action;
+pub mod event;
+pub mod types;
+
+use crate::json::{from_val, to_val};
+use crate::model::{Machine, StateId, Trigger};
+use crate::timespan;
+use action::{cancel, deliver, start, Run, Signal, Step};
+use jaq_json::Val;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+pub use types::*;
+
+/// Id of the execution timeout timer.
+pub const EXEC_TIMER: &str = "exec:timeout";
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Record inputs and effects as journal entries.
+    pub journal: bool,
+    /// Record readable [`Trace`] entries too.
+    pub trace: bool,
+    /// Transitions one input may cause before the instance fails as looping (default 10 million).
+    pub max_transitions: u64,
+    /// Events an instance keeps in its inbox; the oldest unmatched is dropped past this (default 10,000).
+    pub max_inbox: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            journal: true,
+            trace: false,
+            max_transitions: 10_000_000,
+            max_inbox: 10_000,
+        }
+    }
+}
+
+/// What one input produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Output {
+    /// Entries to append to the journal, in order (empty when journaling is off).
+    pub entries: Vec<Entry>,
+    /// Effects for the host to perform, in order, after the entries are stored.
+    pub effects: Vec<Effect>,
+}
+
+/// Where an instance is in the seed's algorithm.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "phase", rename_all = "camelCase")]
+pub enum Phase {
+    /// Not started.
+    Idle,
+    /// Running the enter action.
+    Enter {
+        /// The action.
+        run: Run,
+    },
+    /// Running the action of transition `transition`.
+    Transition {
+        /// Index of the transition in the state.
+        transition: usize,
+        /// The action.
+        run: Run,
+    },
+    /// Running the exit action before entering `next`.
+    Exit {
+        /// The state to enter afterwards.
+        next: StateId,
+        /// The action.
+        run: Run,
+    },
+    /// Waiting for events or the state's timeout.
+    Waiting,
+    /// Running the execution timeout's action.
+    TimeoutAction {
+        /// The action.
+        run: Run,
+    },
+    /// Ended.
+    Ended,
+}
+
+/// Everything an instance is, as data. Saving and loading this is how hosts suspend instances.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    /// Instance id.
+    pub id: String,
+    /// Definition id.
+    pub definition: String,
+    /// Definition version.
+    pub version: String,
+    /// Lifecycle status.
+    pub status: Status,
+    /// Global data.
+    pub data: J,
+    /// Current state.
+    pub state: Option<StateId>,
+    /// Count of states entered (part of operation ids).
+    pub visit: u64,
+    /// Transitions fired in this visit (part of operation ids).
+    pub firings: u64,
+    /// Position in the algorithm.
+    pub phase: Phase,
+    /// The state's timeout timer, once waiting started.
+    pub state_timer: Option<String>,
+    /// Events delivered and not consumed, oldest first.
+    pub inbox: Vec<Value>,
+    /// Active timers and their due times.
+    pub timers: BTreeMap<String, Millis>,
+    /// Time of the latest input.
+    pub now: Millis,
+    /// When the instance started.
+    pub started_at: Option<Millis>,
+    /// When it ended.
+    pub ended_at: Option<Millis>,
+    /// Deterministic random state (jitter).
+    pub rng: u64,
+    /// Correlation values bound by earlier events.
+    pub bindings: BTreeMap<String, String>,
+    /// Why the instance failed or timed out.
+    pub error: Option<ErrorInfo>,
+}
+
+/// A running instance of a [`Machine`].
+pub struct Instance {
+    machine: Arc<Machine>,
+    s: Snapshot,
+    options: Options,
+    burst: u64,
+}
+
+/// Context handed to action code: the instance's mutable parts and the output being built.
+pub struct Cx<'a> {
+    pub(crate) m: &'a Machine,
+    pub(crate) id: &'a str,
+    pub(crate) now: Millis,
+    pub(crate) data: &'a mut Val,
+    pub(crate) timers: &'a mut BTreeMap<String, Millis>,
+    rng: &'a mut u64,
+    out: &'a mut Output,
+    options: Options,
+}
+
+impl Cx<'_> {
+    pub(crate) fn effect(&mut self, e: Effect) {
+        if self.options.journal {
+            self.out.entries.push(Entry::Effect(e.clone()));
+        }
+        self.out.effects.push(e);
+    }
+
+    pub(crate) fn start_timer(&mut self, timer: &str, after_ms: u64) {
+        let due = self.now.saturating_add(after_ms.min(i64::MAX as u64) as i64);
+        self.timers.insert(timer.to_string(), due);
+        self.effect(Effect::StartTimer {
+            timer: timer.to_string(),
+            due,
+        });
+    }
+
+    pub(crate) fn cancel_timer(&mut self, timer: &str) {
+        if self.timers.remove(timer).is_some() {
+            self.effect(Effect::CancelTimer {
+                timer: timer.to_string(),
+            });
+        }
+    }
+
+    pub(crate) fn trace(&mut self, f: impl FnOnce() -> Trace) {
+        if self.options.trace {
+            let t = f();
+            self.out.entries.push(Entry::Trace(t));
+        }
+    }
+
+    /// A uniform number in `[0, 1)` from the instance's deterministic random source.
+    pub(crate) fn random_unit(&mut self) -> f64 {
+        *self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Where the algorithm goes next; driving is a loop over these so long runs use no stack.
+enum Next {
+    Enter(StateId),
+    Entered(Val),
+    Evaluate,
+    Fire(usize, &'static str),
+    Fired(usize, Val),
+    Exited(StateId, Val),
+    Stop,
+}
+
+fn seed(id: &str) -> u64 {
+    // FNV-1a: stable across processes and versions, unlike the standard hasher.
+    id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A replayed journal disagrees with its definition.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("journal entry {index}: {message}")]
+pub struct ReplayError {
+    /// Index of the journal entry where replay diverged.
+    pub index: usize,
+    /// What differs.
+    pub message: String,
+}
+
+impl Instance {
+    /// A new instance, not started; deliver [`Input::Start`] to start it.
+    pub fn new(machine: Arc<Machine>, id: impl Into<String>, options: Options) -> Instance {
+        let id = id.into();
+        let s = Snapshot {
+            definition: machine.id.clone(),
+            version: machine.version.clone(),
+            status: Status::Created,
+            data: J(Val::Null),
+            state: None,
+            visit: 0,
+            firings: 0,
+            phase: Phase::Idle,
+            state_timer: None,
+            inbox: Vec::new(),
+            timers: BTreeMap::new(),
+            now: 0,
+            started_at: None,
+            ended_at: None,
+            rng: seed(&id),
+            bindings: BTreeMap::new(),
+            error: None,
+            id,
+        };
+        Instance {
+            machine,
+            s,
+            options,
+            burst: 0,
+        }
+    }
+
+    /// An instance restored from a snapshot taken by [`Instance::snapshot`].
+    pub fn from_snapshot(machine: Arc<Machine>, snapshot: Snapshot, options: Options) -> Instance {
+        Instance {
+            machine,
+            s: snapshot,
+            options,
+            burst: 0,
+        }
+    }
+
+    /// Rebuilds an instance by replaying its journal. Fails when the definition now asks for
+    /// different effects than the journal recorded.
+    pub fn replay(
+        machine: Arc<Machine>,
+        id: &str,
+        journal: &[Entry],
+        options: Options,
+    ) -> Result<Instance, ReplayError> {
+        let mut inst = Instance::new(
+            machine,
+            id,
+            Options {
+                journal: false,
+                trace: false,
+                ..options
+            },
+        );
+        let mut produced: Vec<Effect> = Vec::new();
+        let mut pos = 0;
+        let mut input_index = 0;
+        let check_done = |produced: &[Effect], pos: usize, at: usize, input_index: usize| {
+            if pos < produced.len() {
+                Err(ReplayError {
+                    index: at,
+                    message: format!(
+                        "the definition now asks for {} after the input at entry {input_index}, which the journal does not have",
+                        describe(&produced[pos])
+                    ),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        for (i, e) in journal.iter().enumerate() {
+            match e {
+                Entry::Input(t) => {
+                    check_done(&produced, pos, i, input_index)?;
+                    produced = inst.handle(t.clone()).effects;
+                    pos = 0;
+                    input_index = i;
+                }
+                Entry::Effect(recorded) => {
+                    match produced.get(pos) {
+                        Some(p) if p == recorded => {}
+                        Some(p) => {
+                            return Err(ReplayError {
+                                index: i,
+                                message: format!(
+                                    "the journal has {} but the definition now asks for {}",
+                                    describe(recorded),
+                                    describe(p)
+                                ),
+                            })
+                        }
+                        None => {
+                            return Err(ReplayError {
+                                index: i,
+                                message: format!(
+                                    "the journal has {} but the definition no longer asks for it",
+                                    describe(recorded)
+                                ),
+                            })
+                        }
+                    }
+                    pos += 1;
+                }
+                Entry::Trace(_) => {}
+            }
+        }
+        check_done(&produced, pos, journal.len(), input_index)?;
+        inst.options = options;
+        Ok(inst)
+    }
+
+    /// The instance as data.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.s
+    }
+
+    /// The definition it runs.
+    pub fn machine(&self) -> &Arc<Machine> {
+        &self.machine
+    }
+
+    /// Instance id.
+    pub fn id(&self) -> &str {
+        &self.s.id
+    }
+
+    /// Lifecycle status.
+    pub fn status(&self) -> Status {
+        self.s.status
+    }
+
+    /// The global data (the output, once ended).
+    pub fn data(&self) -> Value {
+        from_val(&self.s.data.0)
+    }
+
+    /// The error, for failed and timed-out instances.
+    pub fn error(&self) -> Option<&ErrorInfo> {
+        self.s.error.as_ref()
+    }
+
+    /// The current state's name.
+    pub fn state_name(&self) -> Option<&str> {
+        self.s.state.map(|s| self.machine.states[s].name.as_str())
+    }
+
+    /// Active timers and their due times.
+    pub fn timers(&self) -> &BTreeMap<String, Millis> {
+        &self.s.timers
+    }
+
+    /// Handles one input and returns what to record and perform.
+    pub fn handle(&mut self, timed: Timed) -> Output {
+        let mut out = Output::default();
+        if self.options.journal {
+            out.entries.push(Entry::Input(timed.clone()));
+        }
+        self.s.now = self.s.now.max(timed.at);
+        self.burst = 0;
+        let next = match timed.input {
+            Input::Start { data } => {
+                if self.s.status != Status::Created {
+                    return out;
+                }
+                self.s.data = J(to_val(&data));
+                self.s.started_at = Some(self.s.now);
+                self.s.status = Status::Running;
+                if let Some(t) = &self.machine.timeout {
+                    let ms = t.duration_ms;
+                    self.cx(&mut out).start_timer(EXEC_TIMER, ms);
+                }
+                Next::Enter(self.machine.start)
+            }
+            _ if self.s.status.is_final() || self.s.status == Status::Created => return out,
+            Input::Event { event } => {
+                self.s.inbox.push(event);
+                if self.s.inbox.len() > self.options.max_inbox {
+                    self.s.inbox.remove(0);
+                }
+                if matches!(self.s.phase, Phase::Waiting) {
+                    Next::Evaluate
+                } else {
+                    Next::Stop
+                }
+            }
+            Input::Completed { op, result } => {
+                let v = to_val(&result);
+                self.signal(&mut out, &Signal::Completed(&op, &v))
+            }
+            Input::Failed { op, error } => self.signal(&mut out, &Signal::Failed(&op, &error)),
+            Input::TimerFired { timer } => {
+                if !self.s.timers.contains_key(&timer) {
+                    Next::Stop // stale: cancelled, or already fired
+                } else if timer == EXEC_TIMER {
+                    self.s.timers.remove(&timer);
+                    self.exec_timeout(&mut out)
+                } else if self.s.state_timer.as_deref() == Some(timer.as_str())
+                    && matches!(self.s.phase, Phase::Waiting)
+                {
+                    self.s.timers.remove(&timer);
+                    self.s.state_timer = None;
+                    let st = &self.machine.states[self.s.state.unwrap_or(0)];
+                    match st.transitions.iter().position(|t| t.trigger == Trigger::Timeout) {
+                        Some(i) => Next::Fire(i, "timeout"),
+                        None => Next::Stop,
+                    }
+                } else {
+                    self.signal(&mut out, &Signal::Timer(&timer))
+                }
+            }
+            Input::Cancel { reason } => {
+                let mut e = ErrorInfo::new(
+                    "cancelled",
+                    reason.unwrap_or_else(|| "the instance was cancelled".into()),
+                );
+                e.state = self.state_name().map(str::to_string);
+                self.end(&mut out, Status::Cancelled, Some(e));
+                Next::Stop
+            }
+        };
+        self.drive(&mut out, next);
+        out
+    }
+
+    fn cx<'a>(&'a mut self, out: &'a mut Output) -> Cx<'a> {
+        Cx {
+            m: &self.machine,
+            id: &self.s.id,
+            now: self.s.now,
+            data: &mut self.s.data.0,
+            timers: &mut self.s.timers,
+            rng: &mut self.s.rng,
+            out,
+            options: self.options,
+        }
+    }
+
+    fn signal(&mut self, out: &mut Output, sig: &Signal) -> Next {
+        let phase = std::mem::replace(&mut self.s.phase, Phase::Idle);
+        let (mut run, resume): (Run, fn(Val, &Phase) -> Next) = match &phase {
+            Phase::Enter { run } => (run.clone(), |v, _| Next::Entered(v)),
+            Phase::Transition { run, .. } => (run.clone(), |v, p| match p {
+                Phase::Transition { transition, .. } => Next::Fired(*transition, v),
+                _ => Next::Stop,
+            }),
+            Phase::Exit { run, .. } => (run.clone(), |v, p| match p {
+                Phase::Exit { next, .. } => Next::Exited(*next, v),
+                _ => Next::Stop,
+            }),
+            Phase::TimeoutAction { run } => (run.clone(), |_, _| Next::Stop),
+            _ => {
+                self.s.phase = phase;
+                return Next::Stop;
+            }
+        };
+        let result = deliver(&mut self.cx(out), &mut run, sig);
+        let timeout_action = matches!(phase, Phase::TimeoutAction { .. });
+        match result {
+            None => {
+                self.s.phase = match phase {
+                    Phase::Enter { .. } => Phase::Enter { run },
+                    Phase::Transition { transition, .. } => Phase::Transition { transition, run },
+                    Phase::Exit { next, .. } => Phase::Exit { next, run },
+                    _ => Phase::TimeoutAction { run },
+                };
+                Next::Stop
+            }
+            Some(_) if timeout_action => {
+                self.finish_timed_out(out);
+                Next::Stop
+            }
+            Some(Ok(v)) => resume(v, &phase),
+            Some(Err(e)) => self.fail(out, e),
+        }
+    }
+
+    /// The state's view of the data: global data through the state's `inputFilter`.
+    fn view(&self) -> Result<Val, ErrorInfo> {
+        let st = &self.machine.states[self.s.state.unwrap_or(0)];
+        match &st.input_filter {
+            None => Ok(self.s.data.0.clone()),
+            Some(f) => f
+                .eval(self.s.data.0.clone(), Val::Null)
+                .map_err(|e| ErrorInfo::new("expressionError", format!("inputFilter failed: {}", e.message))),
+        }
+    }
+
+    /// Applies a result handler: jq over the global data with the result as `$value`.
+    fn apply(&mut self, handler: Option<&crate::expr::Expr>, value: Val, what: &str) -> Result<(), ErrorInfo> {
+        if let Some(h) = handler {
+            let d = h
+                .eval(self.s.data.0.clone(), value)
+                .map_err(|e| ErrorInfo::new("expressionError", format!("{what} failed: {}", e.message)))?;
+            self.s.data = J(d);
+        }
+        Ok(())
+    }
+
+    fn drive(&mut self, out: &mut Output, mut next: Next) {
+        let m = self.machine.clone();
+        loop {
+            next = match next {
+                Next::Stop => return,
+                Next::Enter(s) => {
+                    self.s.visit += 1;
+                    self.s.firings = 0;
+                    self.s.state = Some(s);
+                    self.s.status = Status::Running;
+                    let st = &m.states[s];
+                    self.cx(out).trace(|| Trace::StateEntered { state: st.name.clone() });
+                    match st.enter {
+                        None => Next::Entered(Val::Null),
+                        Some(a) => self.run_action(out, a, "enter", Next::Entered, |run| Phase::Enter { run }),
+                    }
+                }
+                Next::Entered(v) => {
+                    let st = &m.states[self.s.state.unwrap_or(0)];
+                    match self.apply(st.enter_handler.as_ref(), v, "enterResultHandler") {
+                        Ok(()) => Next::Evaluate,
+                        Err(e) => self.fail(out, e),
+                    }
+                }
+                Next::Evaluate => self.evaluate(out),
+                Next::Fire(i, trigger) => {
+                    self.burst += 1;
+                    if self.burst > self.options.max_transitions {
+                        let e = ErrorInfo::new(
+                            "limitExceeded",
+                            format!(
+                                "more than {} transitions without waiting: the state machine loops",
+                                self.options.max_transitions
+                            ),
+                        );
+                        self.fail(out, e)
+                    } else {
+                        self.s.firings += 1;
+                        let st = &m.states[self.s.state.unwrap_or(0)];
+                        let t = &st.transitions[i];
+                        self.cx(out).trace(|| Trace::TransitionFired {
+                            state: st.name.clone(),
+                            transition: i,
+                            next: t.next.map(|n| m.states[n].name.clone()),
+                            trigger: trigger.into(),
+                        });
+                        match t.action {
+                            None => Next::Fired(i, Val::Null),
+                            Some(a) => {
+                                let site = format!("t{i}.{}", self.s.firings);
+                                self.run_action(
+                                    out,
+                                    a,
+                                    &site,
+                                    |v| Next::Fired(i, v),
+                                    |run| Phase::Transition { transition: i, run },
+                                )
+                            }
+                        }
+                    }
+                }
+                Next::Fired(i, v) => {
+                    let t = &m.states[self.s.state.unwrap_or(0)].transitions[i];
+                    match self.apply(t.handler.as_ref(), v, "transition resultHandler") {
+                        Err(e) => self.fail(out, e),
+                        Ok(()) => match t.next {
+                            None => Next::Evaluate,
+                            Some(n) => {
+                                if let Some(timer) = self.s.state_timer.take() {
+                                    self.cx(out).cancel_timer(&timer);
+                                }
+                                match m.states[self.s.state.unwrap_or(0)].exit {
+                                    None => Next::Exited(n, Val::Null),
+                                    Some(a) => self.run_action(
+                                        out,
+                                        a,
+                                        "exit",
+                                        |v| Next::Exited(n, v),
+                                        |run| Phase::Exit { next: n, run },
+                                    ),
+                                }
+                            }
+                        },
+                    }
+                }
+                Next::Exited(n, v) => {
+                    let st = &m.states[self.s.state.unwrap_or(0)];
+                    match self.apply(st.exit_handler.as_ref(), v, "exitResultHandler") {
+                        Ok(()) => Next::Enter(n),
+                        Err(e) => self.fail(out, e),
+                    }
+                }
+            };
+        }
+    }
+
+    /// Starts an action at `site` of the current visit; continues with `done` or parks in `phase`.
+    fn run_action(
+        &mut self,
+        out: &mut Output,
+        action: usize,
+        site: &str,
+        done: impl FnOnce(Val) -> Next,
+        phase: impl FnOnce(Run) -> Phase,
+    ) -> Next {
+        let view = match self.view() {
+            Ok(v) => v,
+            Err(e) => return self.fail(out, e),
+        };
+        let path = format!("{}.{site}", self.s.visit);
+        match start(&mut self.cx(out), action, view, path, 1) {
+            Step::Done(v) => done(v),
+            Step::Fail(e) => self.fail(out, e),
+            Step::Pending(run) => {
+                self.s.phase = phase(run);
+                Next::Stop
+            }
+        }
+    }
+
+    fn evaluate(&mut self, out: &mut Output) -> Next {
+        let m = self.machine.clone();
+        let st = &m.states[self.s.state.unwrap_or(0)];
+        if st.transitions.is_empty() {
+            self.end(out, Status::Completed, None);
+            return Next::Stop;
+        }
+        let view = match self.view() {
+            Ok(v) => v,
+            Err(e) => return self.fail(out, e),
+        };
+        for (i, t) in st.transitions.iter().enumerate() {
+            match t.trigger {
+                Trigger::Implicit => return Next::Fire(i, "implicit"),
+                Trigger::Condition => {
+                    let Some(c) = &t.condition else { continue };
+                    match c.eval_bool(view.clone(), Val::Null) {
+                        Ok(true) => return Next::Fire(i, "condition"),
+                        Ok(false) => {}
+                        Err(e) => {
+                            return self.fail(
+                                out,
+                                ErrorInfo::new(
+                                    "expressionError",
+                                    format!("condition of transition {i} failed: {}", e.message),
+                                ),
+                            )
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (i, t) in st.transitions.iter().enumerate() {
+            if t.trigger != Trigger::Events {
+                continue;
+            }
+            match self.match_groups(i, &view) {
+                Err(e) => return self.fail(out, e),
+                Ok(None) => {}
+                Ok(Some(chosen)) => {
+                    // Consume the matched events, bind correlation values, run the group handlers.
+                    let mut events: Vec<(usize, Value)> = Vec::new();
+                    let mut order: Vec<usize> = chosen.iter().map(|(_, idx, _)| *idx).collect();
+                    order.sort_unstable();
+                    for (g, idx, def) in &chosen {
+                        events.push((*g, self.s.inbox[*idx].clone()));
+                        event::bind(&m.events[*def], &self.s.inbox[*idx], &mut self.s.bindings);
+                        let (name, id) = (
+                            m.events[*def].name.clone(),
+                            event::attribute_text(&self.s.inbox[*idx], "id").unwrap_or_default(),
+                        );
+                        self.cx(out).trace(|| Trace::EventConsumed { event: name, id });
+                    }
+                    for idx in order.into_iter().rev() {
+                        self.s.inbox.remove(idx);
+                    }
+                    for (g, ev) in events {
+                        let handler = t.groups[g].handler.as_ref();
+                        if let Err(e) = self.apply(handler, event::event_value(&ev), "event group resultHandler") {
+                            return self.fail(out, e);
+                        }
+                    }
+                    return Next::Fire(i, "events");
+                }
+            }
+        }
+        let timeout = st.transitions.iter().find(|t| t.trigger == Trigger::Timeout);
+        let has_events = st.transitions.iter().any(|t| t.trigger == Trigger::Events);
+        if timeout.is_none() && !has_events {
+            let e = ErrorInfo::new(
+                "noTransition",
+                format!("state {:?} cannot proceed: no transition condition holds and it has no event or timeout transition", st.name),
+            );
+            return self.fail(out, e);
+        }
+        if let (Some(t), None) = (timeout, &self.s.state_timer) {
+            let timer = format!("{}.timeout", self.s.visit);
+            let ms = t.timeout_ms.unwrap_or(0);
+            self.cx(out).start_timer(&timer, ms);
+            self.s.state_timer = Some(timer);
+        }
+        self.s.phase = Phase::Waiting;
+        self.s.status = Status::Waiting;
+        Next::Stop
+    }
+
+    /// Finds one inbox event per event group of transition `t`: `(group, inbox index, event definition)`.
+    #[allow(clippy::type_complexity)]
+    fn match_groups(&self, t: usize, view: &Val) -> Result<Option<Vec<(usize, usize, usize)>>, ErrorInfo> {
+        let m = &self.machine;
+        let tr = &m.states[self.s.state.unwrap_or(0)].transitions[t];
+        let mut chosen: Vec<(usize, usize, usize)> = Vec::new();
+        for (g, group) in tr.groups.iter().enumerate() {
+            let mut found = None;
+            'inbox: for (idx, ev) in self.s.inbox.iter().enumerate() {
+                if chosen.iter().any(|(_, i, _)| *i == idx) {
+                    continue;
+                }
+                for &def in &group.events {
+                    if event::mismatch(&m.events[def], ev, &self.s.data.0, &self.s.bindings).is_some() {
+                        continue;
+                    }
+                    if let Some(c) = &group.condition {
+                        let v = event::event_value(ev);
+                        match c.eval_bool(v.clone(), v) {
+                            Ok(true) => {}
+                            Ok(false) => continue,
+                            Err(e) => {
+                                return Err(ErrorInfo::new(
+                                    "expressionError",
+                                    format!("event group condition failed: {}", e.message),
+                                ))
+                            }
+                        }
+                    }
+                    found = Some((g, idx, def));
+                    break 'inbox;
+                }
+            }
+            match found {
+                Some(f) => chosen.push(f),
+                None => return Ok(None),
+            }
+        }
+        if let Some(c) = &tr.condition {
+            match c.eval_bool(view.clone(), Val::Null) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                Err(e) => {
+                    return Err(ErrorInfo::new(
+                        "expressionError",
+                        format!("condition of transition {t} failed: {}", e.message),
+                    ))
+                }
+            }
+        }
+        Ok(Some(chosen))
+    }
+
+    fn exec_timeout(&mut self, out: &mut Output) -> Next {
+        self.cancel_phase(out);
+        let m = self.machine.clone();
+        match m.timeout.as_ref().and_then(|t| t.action) {
+            None => self.finish_timed_out(out),
+            Some(a) => {
+                let data = self.s.data.0.clone();
+                match start(&mut self.cx(out), a, data, "timeout".into(), 1) {
+                    Step::Pending(run) => self.s.phase = Phase::TimeoutAction { run },
+                    _ => self.finish_timed_out(out),
+                }
+            }
+        }
+        Next::Stop
+    }
+
+    fn finish_timed_out(&mut self, out: &mut Output) {
+        let ms = self.machine.timeout.as_ref().map_or(0, |t| t.duration_ms);
+        let mut e = ErrorInfo::new(
+            "timeout",
+            format!("the execution timeout of {} elapsed", timespan::format(ms)),
+        );
+        e.state = self.state_name().map(str::to_string);
+        self.end(out, Status::TimedOut, Some(e));
+    }
+
+    fn cancel_phase(&mut self, out: &mut Output) {
+        let phase = std::mem::replace(&mut self.s.phase, Phase::Ended);
+        match &phase {
+            Phase::Enter { run }
+            | Phase::Transition { run, .. }
+            | Phase::Exit { run, .. }
+            | Phase::TimeoutAction { run } => cancel(&mut self.cx(out), run),
+            _ => {}
+        }
+    }
+
+    fn fail(&mut self, out: &mut Output, mut e: ErrorInfo) -> Next {
+        if e.state.is_none() {
+            e.state = self.state_name().map(str::to_string);
+        }
+        self.end(out, Status::Failed, Some(e));
+        Next::Stop
+    }
+
+    fn end(&mut self, out: &mut Output, status: Status, error: Option<ErrorInfo>) {
+        self.cancel_phase(out);
+        let timers: Vec<String> = self.s.timers.keys().cloned().collect();
+        let mut cx = self.cx(out);
+        for t in timers {
+            cx.cancel_timer(&t);
+        }
+        cx.trace(|| Trace::Finished { status });
+        self.s.state_timer = None;
+        self.s.phase = Phase::Ended;
+        self.s.status = status;
+        self.s.error = error;
+        self.s.ended_at = Some(self.s.now);
+    }
+}
+
+/// A short description of an effect, for replay messages.
+pub fn describe(e: &Effect) -> String {
+    match e {
+        Effect::InvokeFunction { op, function, .. } => format!("a call of function {function:?} (operation {op})"),
+        Effect::StartSubflow { op, definition, .. } => format!("a subflow {definition:?} (operation {op})"),
+        Effect::SendEvent { op, event } => {
+            format!(
+                "an event of type {} (operation {op})",
+                event.get("type").map(|t| t.to_string()).unwrap_or_default()
+            )
+        }
+        Effect::StartTimer { timer, due } => format!("a timer {timer:?} due at {}", rfc3339(*due)),
+        Effect::CancelTimer { timer } => format!("cancelling timer {timer:?}"),
+        Effect::CancelOperation { op } => format!("cancelling operation {op}"),
+    }
+}

@@ -1,0 +1,353 @@
+//! What goes into the engine (inputs), what comes out (effects), and what is recorded (journal entries).
+
+use crate::json::{from_val, to_val};
+use jaq_json::Val;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{json, Value};
+
+/// Milliseconds since the Unix epoch. The engine has no clock: every input carries its time.
+pub type Millis = i64;
+
+/// An input to an instance, with the time it happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timed {
+    /// When the input happened, in ms since the Unix epoch.
+    pub at: Millis,
+    /// What happened.
+    #[serde(flatten)]
+    pub input: Input,
+}
+
+/// Everything that can happen to an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "input", rename_all = "camelCase")]
+pub enum Input {
+    /// The instance starts with this data.
+    Start {
+        /// The instance input.
+        data: Value,
+    },
+    /// A function call or subflow the instance waits for has returned.
+    Completed {
+        /// The operation id from the effect.
+        op: String,
+        /// Its result.
+        result: Value,
+    },
+    /// A function call or subflow the instance waits for has failed.
+    Failed {
+        /// The operation id from the effect.
+        op: String,
+        /// Why.
+        error: ErrorInfo,
+    },
+    /// A CloudEvent (JSON structured form) is delivered to the instance's inbox.
+    Event {
+        /// The event.
+        event: Value,
+    },
+    /// A timer the instance started has come due.
+    TimerFired {
+        /// The timer id from the effect.
+        timer: String,
+    },
+    /// The instance is cancelled.
+    Cancel {
+        /// Why, for the record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+/// Work the host performs for an instance. An effect is recorded in the journal before it is performed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "effect", rename_all = "camelCase")]
+pub enum Effect {
+    /// Call a `rest` or `rpc` function.
+    #[serde(rename_all = "camelCase")]
+    InvokeFunction {
+        /// Deterministic operation id; hosts pass it on as an idempotency key.
+        op: String,
+        /// Function name.
+        function: String,
+        /// The function's `operation`.
+        operation: String,
+        /// The function's `type`: `rest` or `rpc`.
+        function_type: String,
+        /// Resolved arguments.
+        arguments: Value,
+        /// True when the instance waits for the result (deliver `Completed`/`Failed` with `op`).
+        wait: bool,
+    },
+    /// Start a child instance of definition `definition`.
+    #[serde(rename_all = "camelCase")]
+    StartSubflow {
+        /// Deterministic operation id; the child's instance id derives from it.
+        op: String,
+        /// The child definition's `id`.
+        definition: String,
+        /// The child's input.
+        input: Value,
+        /// True when the instance waits for the child's output.
+        wait: bool,
+    },
+    /// Publish a CloudEvent (JSON structured form). Its `id` is deterministic.
+    SendEvent {
+        /// Deterministic operation id.
+        op: String,
+        /// The event.
+        event: Value,
+    },
+    /// Deliver `TimerFired { timer }` at `due`.
+    StartTimer {
+        /// Timer id.
+        timer: String,
+        /// Due time, ms since the Unix epoch.
+        due: Millis,
+    },
+    /// A timer is no longer wanted.
+    CancelTimer {
+        /// Timer id.
+        timer: String,
+    },
+    /// A call or subflow's result is no longer wanted (timed out, lost a race, or the instance ended).
+    CancelOperation {
+        /// The operation id.
+        op: String,
+    },
+}
+
+/// Lifecycle of an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Status {
+    /// Created, not started.
+    Created,
+    /// Running: has work to do.
+    Running,
+    /// Waiting for events, timers or calls.
+    Waiting,
+    /// Ended in a state without transitions.
+    Completed,
+    /// Ended with an error.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+    /// Ended by the execution timeout.
+    TimedOut,
+}
+
+impl Status {
+    /// True once the instance has ended.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Status::Completed | Status::Failed | Status::Cancelled | Status::TimedOut
+        )
+    }
+
+    /// The status as the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Created => "created",
+            Status::Running => "running",
+            Status::Waiting => "waiting",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+            Status::TimedOut => "timedOut",
+        }
+    }
+}
+
+/// An error as instances see it (`$value` in error handlers) and as a failed instance reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// A stable kind: `functionError`, `expressionError`, `subflowError`, `eventError`,
+    /// `noTransition`, `limitExceeded`, `timeout`, `cancelled`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Human-readable message.
+    pub message: String,
+    /// More about the error (an HTTP status and body, the value given to jq `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+    /// The state the instance was in, for instance failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+impl ErrorInfo {
+    /// A new error.
+    pub fn new(kind: &str, message: impl Into<String>) -> Self {
+        ErrorInfo {
+            kind: kind.to_string(),
+            message: message.into(),
+            details: None,
+            state: None,
+        }
+    }
+
+    /// Adds details.
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+
+    /// The error as jq sees it: `type`, `message`, `Message`, optional `details`.
+    pub fn to_val(&self) -> Val {
+        let mut v = json!({"type": self.kind, "message": self.message, "Message": self.message});
+        if let Some(d) = &self.details {
+            v["details"] = d.clone();
+        }
+        to_val(&v)
+    }
+
+    /// The error as the instance reports it.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// A journal entry. The journal of an instance is the truth: replaying its inputs gives the same instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "entry", rename_all = "camelCase")]
+pub enum Entry {
+    /// An input the instance handled.
+    Input(Timed),
+    /// An effect the engine asked for (recorded before the host performs it).
+    Effect(Effect),
+    /// A readable step (state entered, transition fired, action finished); not needed for replay.
+    Trace(Trace),
+}
+
+/// A readable step of an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "camelCase")]
+pub enum Trace {
+    /// A state was entered.
+    StateEntered {
+        /// State name.
+        state: String,
+    },
+    /// A transition fired.
+    TransitionFired {
+        /// The state it left from.
+        state: String,
+        /// Its index in the state's transitions.
+        transition: usize,
+        /// The state it leads to (none: stays).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+        /// What fired it: `condition`, `implicit`, `events`, `timeout`.
+        trigger: String,
+    },
+    /// An event was consumed by an event group.
+    EventConsumed {
+        /// Event definition name.
+        event: String,
+        /// CloudEvent id.
+        id: String,
+    },
+    /// An action finished.
+    ActionCompleted {
+        /// Operation id (the action's position).
+        op: String,
+        /// Action type.
+        action: String,
+    },
+    /// An action failed.
+    ActionFailed {
+        /// Operation id.
+        op: String,
+        /// Action type.
+        action: String,
+        /// Error message.
+        message: String,
+    },
+    /// An action is retried after a delay.
+    Retrying {
+        /// Operation id of the failed attempt.
+        op: String,
+        /// Attempt about to be made (2 = first retry).
+        attempt: u32,
+        /// Wait before it, ms.
+        delay_ms: u64,
+    },
+    /// The instance ended.
+    Finished {
+        /// Final status.
+        status: Status,
+    },
+}
+
+/// A jq value stored as JSON in snapshots.
+#[derive(Clone, Debug, Default)]
+pub struct J(pub Val);
+
+impl Serialize for J {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        from_val(&self.0).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for J {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<J, D::Error> {
+        Value::deserialize(d).map(|v| J(to_val(&v)))
+    }
+}
+
+impl PartialEq for J {
+    fn eq(&self, other: &J) -> bool {
+        self.0 == other.0
+    }
+}
+
+/// Formats ms since the epoch as RFC 3339 UTC (`2026-11-22T10:00:00.000Z`).
+pub fn rfc3339(ms: Millis) -> String {
+    let secs = ms.div_euclid(1000);
+    let milli = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_time() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T11:06:40.123Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn inputs_round_trip() {
+        let t = Timed {
+            at: 5,
+            input: Input::TimerFired {
+                timer: "1.enter#delay".into(),
+            },
+        };
+        let s = serde_json::to_string(&t).unwrap();
+        assert_eq!(s, r#"{"at":5,"input":"timerFired","timer":"1.enter#delay"}"#);
+        assert_eq!(serde_json::from_str::<Timed>(&s).unwrap(), t);
+    }
+}

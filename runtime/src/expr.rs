@@ -1,0 +1,753 @@
+//! jq expressions: compiled once through jaq, run in a sandbox with a bounded amount of work.
+//!
+//! # Sandbox
+//! The function set is jaq's standard library without anything that reaches outside the instance:
+//! no `env`/`$ENV`, `input`/`inputs`, `halt`/`halt_error`, `now`, `localtime`, module imports or file reads.
+//! `debug` and `stderr` are accepted and pass their input through without printing.
+//! Expressions that use a refused function are rejected when the definition is loaded.
+//!
+//! # Bounded evaluation
+//! Every evaluation gets a budget of *fuel* ([`Limits::fuel`], default 10 million). Each call of a
+//! jq definition (`map`, `select`, `until`, `range`, a user's own `def`) burns one unit, and that is
+//! the only way jq can loop, because every recursive or iterating standard filter is a definition here
+//! (`range/3` is redefined recursively for this reason). When the fuel runs out the evaluation stops
+//! with an error that `try` cannot catch. Fuel is deterministic: the same expression on the same
+//! input stops at the same point on every machine and in every replay, unlike a wall-clock limit.
+
+use crate::json::{from_val, to_val};
+use jaq_core::box_iter::box_once;
+use jaq_core::load::parse::{BinaryOp, Def, Pattern, Term};
+use jaq_core::load::{Arena, File, Loader};
+use jaq_core::native::{bome, run, v, Fun};
+use jaq_core::path::{Part, Path};
+use jaq_core::{Ctx, DataT, Exn, Vars};
+use jaq_json::Val;
+use serde_json::Value;
+use std::cell::Cell;
+use std::sync::{Arc, OnceLock};
+
+/// Limits applied to every evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Definition calls one evaluation may make before it is stopped.
+    pub fuel: u64,
+    /// Stack one evaluation may use for nested definition calls, in bytes.
+    pub stack_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            fuel: 10_000_000,
+            stack_bytes: 512 * 1024,
+        }
+    }
+}
+
+/// Names refused by the sandbox, with the reason shown to the user.
+const REFUSED: &[(&str, &str)] = &[
+    ("env", "reads the process environment"),
+    ("$ENV", "reads the process environment"),
+    ("input", "reads the process input"),
+    ("inputs", "reads the process input"),
+    ("halt", "stops the process"),
+    ("halt_error", "stops the process"),
+    (
+        "now",
+        "reads the wall clock; instance time comes from its recorded inputs",
+    ),
+    ("localtime", "depends on the host's time zone"),
+    ("strflocaltime", "depends on the host's time zone"),
+    ("mktime", "is not deterministic across hosts"),
+    ("input_filename", "reads the process input"),
+    ("$__loc__", "is not supported"),
+    ("get_search_list", "reads files"),
+];
+
+/// Natives left out of the function set (the refused ones and those we redefine).
+const NATIVE_OUT: &[&str] = &[
+    "env",
+    "now",
+    "halt",
+    "input",
+    "inputs",
+    "localtime",
+    "strflocaltime",
+    "mktime",
+    "debug_empty",
+    "stderr_empty",
+    "range",
+];
+
+/// Standard definitions left out or replaced.
+const DEF_OUT: &[&str] = &["halt", "halt_error", "debug", "stderr"];
+
+/// Definitions we add: sandboxed replacements, and `range/3` as a recursion that burns fuel.
+const OUR_DEFS: &str = r#"
+def debug: .;
+def debug(msgs): .;
+def stderr: .;
+def range($from; $upto; $by):
+  def up: if . < $upto then ., (. + $by | up) else empty end;
+  def down: if . > $upto then ., (. + $by | down) else empty end;
+  if $by > 0 then $from | up elif $by < 0 then $from | down else empty end;
+"#;
+
+/// The jaq data kind: values are [`Val`], and natives can reach the evaluation's fuel.
+pub struct Data;
+
+impl DataT for Data {
+    type V<'a> = Val;
+    type Data<'a> = Env<'a>;
+}
+
+/// What natives see of an evaluation.
+#[derive(Clone)]
+pub struct Env<'a> {
+    lut: &'a jaq_core::Lut<Data>,
+    fuel: &'a Cell<u64>,
+    /// Stack address where the evaluation began, and how far below it definitions may nest.
+    base: usize,
+    stack_bytes: usize,
+}
+
+impl<'a> jaq_core::data::HasLut<'a, Data> for Env<'a> {
+    fn lut(&self) -> &'a jaq_core::Lut<Data> {
+        self.lut
+    }
+}
+
+/// Halt codes used internally to stop an evaluation; `try` cannot catch a halt.
+const OUT_OF_FUEL: i32 = -7_777;
+const OUT_OF_STACK: i32 = -7_778;
+
+/// An address in the current stack frame.
+#[inline(always)]
+fn stack_address() -> usize {
+    let probe = 0u8;
+    std::hint::black_box(&probe) as *const u8 as usize
+}
+
+fn natives() -> Vec<Fun<Data>> {
+    let tick: Fun<Data> = run(("__tick", v(0), |cv| {
+        let env = cv.0.data();
+        if stack_address().abs_diff(env.base) > env.stack_bytes {
+            return box_once(Err(Exn::halt(OUT_OF_STACK)));
+        }
+        let fuel = env.fuel;
+        match fuel.get() {
+            0 => box_once(Err(Exn::halt(OUT_OF_FUEL))),
+            n => {
+                fuel.set(n - 1);
+                bome(Ok(cv.1))
+            }
+        }
+    }));
+    jaq_core::funs::<Data>()
+        .chain(jaq_std::funs::<Data>())
+        .chain(jaq_json::funs::<Data>())
+        .filter(|(name, _, _)| !NATIVE_OUT.contains(name))
+        .chain([tick])
+        .collect()
+}
+
+/// The standard definitions, each body prefixed with a fuel tick. Parsed once per process.
+fn prelude() -> &'static [Def<&'static str>] {
+    static PRELUDE: OnceLock<Vec<Def<&'static str>>> = OnceLock::new();
+    PRELUDE.get_or_init(|| {
+        let ours = jaq_core::load::parse(OUR_DEFS, |p| p.defs()).expect("our definitions parse");
+        let mut defs: Vec<Def<&'static str>> = Vec::new();
+        for def in jaq_core::defs().chain(jaq_std::defs()).chain(jaq_json::defs()) {
+            if DEF_OUT.contains(&def.name) {
+                continue;
+            }
+            // `range/3` must exist before the standard `range/2` refers to it.
+            if def.name == "range" && defs.iter().all(|d| d.name != "range") {
+                defs.extend(ours.iter().cloned());
+            }
+            defs.push(def);
+        }
+        if defs.iter().all(|d| d.name != "range" || d.args.len() != 3) {
+            defs.extend(ours);
+        }
+        defs.into_iter().map(fuel_def).collect()
+    })
+}
+
+fn tick<'a>() -> Term<&'a str> {
+    Term::Call("__tick", Vec::new())
+}
+
+fn fuel_def<'a>(def: Def<&'a str>) -> Def<&'a str> {
+    Def {
+        name: def.name,
+        args: def.args,
+        body: Term::BinOp(Box::new(tick()), BinaryOp::Pipe(None), Box::new(fuel_term(def.body))),
+    }
+}
+
+/// Adds a fuel tick to the body of every definition nested in a term.
+fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
+    let b = |t: Box<Term<&'a str>>| Box::new(fuel_term(*t));
+    match t {
+        Term::Def(defs, body) => Term::Def(defs.into_iter().map(fuel_def).collect(), b(body)),
+        Term::Str(fmt, parts) => Term::Str(
+            fmt,
+            parts
+                .into_iter()
+                .map(|p| match p {
+                    jaq_core::load::lex::StrPart::Term(t) => jaq_core::load::lex::StrPart::Term(fuel_term(t)),
+                    other => other,
+                })
+                .collect(),
+        ),
+        Term::Arr(a) => Term::Arr(a.map(b)),
+        Term::Obj(kvs) => Term::Obj(kvs.into_iter().map(|(k, v)| (fuel_term(k), v.map(fuel_term))).collect()),
+        Term::Neg(x) => Term::Neg(b(x)),
+        Term::BinOp(l, op, r) => Term::BinOp(b(l), fuel_op(op), b(r)),
+        Term::Label(l, x) => Term::Label(l, b(x)),
+        Term::Fold(f, x, pat, args) => {
+            Term::Fold(f, b(x), fuel_pattern(pat), args.into_iter().map(fuel_term).collect())
+        }
+        Term::TryCatch(t, c) => Term::TryCatch(b(t), c.map(b)),
+        Term::IfThenElse(branches, els) => Term::IfThenElse(
+            branches
+                .into_iter()
+                .map(|(c, t)| (fuel_term(c), fuel_term(t)))
+                .collect(),
+            els.map(b),
+        ),
+        Term::Call(f, args) => Term::Call(f, args.into_iter().map(fuel_term).collect()),
+        Term::Path(x, Path(parts)) => Term::Path(
+            b(x),
+            Path(
+                parts
+                    .into_iter()
+                    .map(|(part, opt)| {
+                        let part = match part {
+                            Part::Index(i) => Part::Index(fuel_term(i)),
+                            Part::Range(f, t) => Part::Range(f.map(fuel_term), t.map(fuel_term)),
+                        };
+                        (part, opt)
+                    })
+                    .collect(),
+            ),
+        ),
+        other => other,
+    }
+}
+
+fn fuel_op<'a>(op: BinaryOp<&'a str>) -> BinaryOp<&'a str> {
+    match op {
+        BinaryOp::Pipe(Some(p)) => BinaryOp::Pipe(Some(fuel_pattern(p))),
+        other => other,
+    }
+}
+
+fn fuel_pattern<'a>(p: Pattern<&'a str>) -> Pattern<&'a str> {
+    match p {
+        Pattern::Var(x) => Pattern::Var(x),
+        Pattern::Arr(ps) => Pattern::Arr(ps.into_iter().map(fuel_pattern).collect()),
+        Pattern::Obj(kps) => Pattern::Obj(kps.into_iter().map(|(k, p)| (fuel_term(k), fuel_pattern(p))).collect()),
+    }
+}
+
+/// An expression function (`type: expression`) that other expressions call as `fn:name`.
+#[derive(Clone, Debug)]
+pub struct ExprFunction {
+    /// Function name as written after `fn:`.
+    pub name: String,
+    /// The jq body (with or without `${ }`).
+    pub body: String,
+}
+
+/// Strips the `${ ... }` wrapper, if present.
+pub fn strip(text: &str) -> &str {
+    let t = text.trim();
+    match t.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
+        Some(inner) => inner.trim(),
+        None => t,
+    }
+}
+
+/// True when a string is written as an expression: `${ ... }`.
+pub fn is_expression(text: &str) -> bool {
+    let t = text.trim();
+    t.starts_with("${") && t.ends_with('}')
+}
+
+/// A compiled jq expression.
+#[derive(Clone)]
+pub struct Expr(Arc<Compiled>);
+
+struct Compiled {
+    source: String,
+    filter: jaq_core::Filter<Data>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Expr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Expr({:?})", self.0.source)
+    }
+}
+
+/// Why an evaluation failed. The message always quotes the expression.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct EvalError {
+    /// Human-readable description, quoting the expression.
+    pub message: String,
+    /// The value given to jq's `error(...)`, when the expression raised one itself.
+    pub value: Option<Value>,
+    /// True when the fuel ran out.
+    pub out_of_fuel: bool,
+}
+
+impl Expr {
+    /// Compiles an expression (with or without `${ }`), resolving `fn:name` against `functions`.
+    pub fn compile(text: &str, functions: &[ExprFunction], limits: Limits) -> Result<Expr, String> {
+        let code = strip(text);
+        let (code, used) = rewrite_fn_calls(code, functions)?;
+        let order = fn_order(&used, functions)?;
+        let fn_bodies: Vec<(usize, String)> = order
+            .iter()
+            .map(|&i| {
+                rewrite_fn_calls(strip(&functions[i].body), functions)
+                    .map(|(body, _)| (i, body))
+                    .map_err(|e| format!("in expression function {:?}: {e}", functions[i].name))
+            })
+            .collect::<Result<_, _>>()?;
+        let names: Vec<String> = order.iter().map(|i| format!("__fn_{i}")).collect();
+
+        // First load the code as written, for faithful parse errors.
+        let arena = Arena::default();
+        let loader = Loader::new(prelude().iter().cloned());
+        if let Err(errs) = loader.load(&arena, File { code: &code, path: () }) {
+            return Err(describe_load_errors(&code, errs));
+        }
+        let mut extra: Vec<Def<&str>> = Vec::new();
+        for ((_, body), name) in fn_bodies.iter().zip(&names) {
+            let term = jaq_core::load::parse(body, |p| p.term())
+                .ok_or_else(|| format!("expression function body {body:?} does not parse"))?;
+            extra.push(fuel_def(Def {
+                name: name.as_str(),
+                args: Vec::new(),
+                body: term,
+            }));
+        }
+        let main =
+            jaq_core::load::parse(&code, |p| p.term()).ok_or_else(|| format!("{code:?} is not a single jq filter"))?;
+        extra.push(Def {
+            name: "__main",
+            args: vec!["$value"],
+            body: fuel_term(main),
+        });
+        let loader = Loader::new(prelude().iter().cloned().chain(extra));
+        let modules = loader
+            .load(
+                &arena,
+                File {
+                    code: "__main($value)",
+                    path: (),
+                },
+            )
+            .map_err(|errs| describe_load_errors(&code, errs))?;
+        let filter = jaq_core::Compiler::default()
+            .with_funs(natives())
+            .with_global_vars(["$value"])
+            .compile(modules)
+            .map_err(|errs| {
+                let mut msgs = Vec::new();
+                for (_, undefined) in errs {
+                    for (name, kind) in undefined {
+                        msgs.push(describe_undefined(name, kind.as_str()));
+                    }
+                }
+                msgs.dedup();
+                msgs.join("; ")
+            })?;
+        Ok(Expr(Arc::new(Compiled {
+            source: text.trim().to_string(),
+            filter,
+            limits,
+        })))
+    }
+
+    /// The expression as written.
+    pub fn source(&self) -> &str {
+        &self.0.source
+    }
+
+    /// Runs the expression and returns every output, up to `max` of them.
+    fn outputs(&self, input: Val, value: Val, max: usize) -> Result<Vec<Val>, EvalError> {
+        let fuel = Cell::new(self.0.limits.fuel);
+        let env = Env {
+            lut: &self.0.filter.lut,
+            fuel: &fuel,
+            base: stack_address(),
+            stack_bytes: self.0.limits.stack_bytes,
+        };
+        let ctx = Ctx::<Data>::new(env, Vars::new([value]));
+        let mut out = Vec::new();
+        for item in self.0.filter.id.run((ctx, input)) {
+            match item {
+                Ok(v) => out.push(v),
+                Err(exn) => return Err(self.exn_error(exn)),
+            }
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn exn_error<'a>(&self, exn: Exn<'a, Val>) -> EvalError {
+        match exn.get_err() {
+            Ok(err) => {
+                let payload = err.into_val();
+                let (text, value) = match &payload {
+                    Val::TStr(_) | Val::BStr(_) => (from_val(&payload).as_str().unwrap_or_default().to_string(), None),
+                    other => (other.to_string(), Some(from_val(other))),
+                };
+                EvalError {
+                    message: format!("{text} (in {})", self.0.source),
+                    value: value.or(Some(Value::String(text))),
+                    out_of_fuel: false,
+                }
+            }
+            Err(exn) => {
+                let message = if exn.get_halt().ok() == Some(OUT_OF_STACK) {
+                    format!(
+                        "expression recursed too deeply (more than {} KiB of stack) (in {})",
+                        self.0.limits.stack_bytes / 1024,
+                        self.0.source
+                    )
+                } else {
+                    format!(
+                        "expression stopped after {} definition calls without finishing (in {}); see the expression limits in the README",
+                        self.0.limits.fuel, self.0.source
+                    )
+                };
+                EvalError {
+                    message,
+                    value: None,
+                    out_of_fuel: true,
+                }
+            }
+        }
+    }
+
+    /// Runs the expression where exactly one output is needed.
+    pub fn eval(&self, input: Val, value: Val) -> Result<Val, EvalError> {
+        let mut out = self.outputs(input, value, 2)?;
+        match out.len() {
+            1 => Ok(out.pop().expect("one output")),
+            0 => Err(EvalError {
+                message: format!("expression yielded no value (in {})", self.0.source),
+                value: None,
+                out_of_fuel: false,
+            }),
+            _ => Err(EvalError {
+                message: format!(
+                    "expression yielded more than one value where one is needed (in {})",
+                    self.0.source
+                ),
+                value: None,
+                out_of_fuel: false,
+            }),
+        }
+    }
+
+    /// Evaluates a condition: one output, true unless `false` or `null` (jq truthiness).
+    pub fn eval_bool(&self, input: Val, value: Val) -> Result<bool, EvalError> {
+        Ok(!matches!(self.eval(input, value)?, Val::Null | Val::Bool(false)))
+    }
+
+    /// Convenience for hosts: evaluates on JSON values.
+    pub fn eval_json(&self, input: &Value) -> Result<Value, EvalError> {
+        self.eval(to_val(input), Val::Null).map(|v| from_val(&v))
+    }
+}
+
+fn describe_undefined(name: &str, kind: &str) -> String {
+    let bare = name.trim_start_matches("__fn_");
+    if let Some((_, why)) = REFUSED.iter().find(|(n, _)| *n == name) {
+        return format!("`{name}` is not available in sm4c expressions: it {why}");
+    }
+    if bare != name {
+        return format!("unknown expression function {bare}");
+    }
+    format!("undefined {kind} `{name}`")
+}
+
+fn describe_load_errors<P>(code: &str, errs: jaq_core::load::Errors<&str, P>) -> String {
+    use jaq_core::load::Error;
+    let mut msgs = Vec::new();
+    for (_, err) in errs {
+        match err {
+            Error::Io(items) => {
+                for (path, why) in items {
+                    msgs.push(format!(
+                        "cannot import {path:?}: {why} (sm4c expressions cannot read files)"
+                    ))
+                }
+            }
+            Error::Lex(items) => {
+                for (expected, found) in items {
+                    msgs.push(format!(
+                        "jq syntax error: expected {} at {:?}",
+                        expected.as_str(),
+                        snippet(code, found)
+                    ))
+                }
+            }
+            Error::Parse(items) => {
+                for (expected, found) in items {
+                    msgs.push(format!(
+                        "jq syntax error: expected {} at {:?}",
+                        expected.as_str(),
+                        snippet(code, found)
+                    ))
+                }
+            }
+        }
+    }
+    if msgs.is_empty() {
+        msgs.push(format!("{code:?} is not valid jq"));
+    }
+    msgs.join("; ")
+}
+
+fn snippet(code: &str, at: &str) -> String {
+    if at.is_empty() {
+        return "end of expression".into();
+    }
+    let start = jaq_core::load::span(code, at).start;
+    code[start..].chars().take(20).collect()
+}
+
+/// Rewrites `fn:name` into calls of generated definitions, returning the indices used.
+fn rewrite_fn_calls(code: &str, functions: &[ExprFunction]) -> Result<(String, Vec<usize>), String> {
+    let bytes = code.as_bytes();
+    let mut out = String::with_capacity(code.len());
+    let mut used = Vec::new();
+    let mut i = 0;
+    let mut in_str = false;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if in_str {
+            if c == b'\\' && i + 1 < bytes.len() {
+                out.push_str(&code[i..i + 2]);
+                i += 2;
+                continue;
+            }
+            if c == b'"' {
+                in_str = false;
+            }
+            out.push(c as char);
+            i += 1;
+            continue;
+        }
+        if c == b'"' {
+            in_str = true;
+        }
+        let boundary = i == 0 || !is_ident(bytes[i - 1]);
+        if boundary && code[i..].starts_with("fn:") {
+            let rest = &code[i + 3..];
+            let found = functions
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| {
+                    rest.starts_with(f.name.as_str()) && !rest[f.name.len()..].bytes().next().is_some_and(is_ident)
+                })
+                .max_by_key(|(_, f)| f.name.len());
+            match found {
+                Some((idx, f)) => {
+                    out.push_str(&format!("__fn_{idx}"));
+                    if !used.contains(&idx) {
+                        used.push(idx);
+                    }
+                    i += 3 + f.name.len();
+                    continue;
+                }
+                None => {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
+                        .collect();
+                    return Err(format!("unknown expression function fn:{name} (declare it in `functions` with \"type\": \"expression\")"));
+                }
+            }
+        }
+        // Copy one UTF-8 character.
+        let ch = code[i..].chars().next().expect("in bounds");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    Ok((out, used))
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Orders the expression functions used (and those they use) so each is defined before use.
+fn fn_order(used: &[usize], functions: &[ExprFunction]) -> Result<Vec<usize>, String> {
+    fn visit(i: usize, functions: &[ExprFunction], state: &mut Vec<u8>, order: &mut Vec<usize>) -> Result<(), String> {
+        match state[i] {
+            2 => return Ok(()),
+            1 => {
+                return Err(format!(
+                    "expression function {:?} calls itself through fn:",
+                    functions[i].name
+                ))
+            }
+            _ => {}
+        }
+        state[i] = 1;
+        let (_, deps) = rewrite_fn_calls(strip(&functions[i].body), functions)?;
+        for d in deps {
+            visit(d, functions, state, order)?;
+        }
+        state[i] = 2;
+        order.push(i);
+        Ok(())
+    }
+    let mut state = vec![0u8; functions.len()];
+    let mut order = Vec::new();
+    for &i in used {
+        visit(i, functions, &mut state, &mut order)?;
+    }
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn give(input: Value, code: &str, want: Value) {
+        let e = Expr::compile(code, &[], Limits::default()).unwrap();
+        assert_eq!(e.eval_json(&input).unwrap(), want, "{code}");
+    }
+
+    #[test]
+    fn basics() {
+        give(json!({"a": 1}), "${ .a + 1 }", json!(2));
+        give(json!({}), r#"${ .result += "Hello" }"#, json!({"result": "Hello"}));
+        give(json!([3, 1, 2]), "sort | map(. * 2)", json!([2, 4, 6]));
+        give(json!(null), "[range(5)]", json!([0, 1, 2, 3, 4]));
+        give(json!(null), "[range(0; 10; 3)]", json!([0, 3, 6, 9]));
+        give(json!(null), "[range(5; 0; -2)]", json!([5, 3, 1]));
+        give(json!(null), "[limit(3; repeat(1))]", json!([1, 1, 1]));
+        give(
+            json!(null),
+            "def f: if . < 3 then . + 1 | f else . end; 0 | f",
+            json!(3),
+        );
+        give(json!({"a": "x"}), "debug | .a", json!("x"));
+        give(json!(1), "try error(\"boom\") catch .", json!("boom"));
+    }
+
+    #[test]
+    fn value_variable() {
+        let e = Expr::compile("${ .x = $value }", &[], Limits::default()).unwrap();
+        let out = e.eval(to_val(&json!({})), to_val(&json!([1]))).unwrap();
+        assert_eq!(from_val(&out), json!({"x": [1]}));
+    }
+
+    #[test]
+    fn refused_functions() {
+        for code in [
+            "env",
+            "$ENV",
+            "now",
+            "input",
+            "[inputs]",
+            "halt",
+            "halt_error(1)",
+            "localtime",
+            "import \"a\" as a; .",
+        ] {
+            let err = Expr::compile(code, &[], Limits::default()).unwrap_err();
+            assert!(
+                err.contains("not available") || err.contains("cannot") || err.contains("syntax"),
+                "{code}: {err}"
+            );
+        }
+        let err = Expr::compile("now", &[], Limits::default()).unwrap_err();
+        assert!(err.contains("wall clock"), "{err}");
+    }
+
+    #[test]
+    fn syntax_errors_are_described() {
+        let err = Expr::compile("${ .a | }", &[], Limits::default()).unwrap_err();
+        assert!(err.contains("syntax"), "{err}");
+        let err = Expr::compile("nosuchfn(1)", &[], Limits::default()).unwrap_err();
+        assert!(err.contains("nosuchfn"), "{err}");
+    }
+
+    #[test]
+    fn one_value_required() {
+        let e = Expr::compile(".[]", &[], Limits::default()).unwrap();
+        let err = e.eval_json(&json!([1, 2])).unwrap_err();
+        assert!(err.message.contains("more than one value") && err.message.contains(".[]"));
+        let err = e.eval_json(&json!([])).unwrap_err();
+        assert!(err.message.contains("no value"));
+    }
+
+    #[test]
+    fn endless_expressions_stop() {
+        let limits = Limits {
+            fuel: 100_000,
+            ..Limits::default()
+        };
+        for code in [
+            "until(false; .)",
+            "def f: f; f",
+            "[range(1e18)] | length",
+            "last(repeat(1))",
+            "try until(false; .) catch 0",
+            "def f: try f catch f; f",
+            "[recurse(. + 1)] | length",
+        ] {
+            let e = Expr::compile(code, &[], limits).unwrap();
+            let err = e.eval_json(&json!(0)).unwrap_err();
+            assert!(err.out_of_fuel, "{code}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn expression_functions() {
+        let fns = vec![
+            ExprFunction {
+                name: "double".into(),
+                body: "${ . * 2 }".into(),
+            },
+            ExprFunction {
+                name: "quad".into(),
+                body: "${ fn:double | fn:double }".into(),
+            },
+        ];
+        let e = Expr::compile("${ .n | fn:quad }", &fns, Limits::default()).unwrap();
+        assert_eq!(e.eval_json(&json!({"n": 3})).unwrap(), json!(12));
+        let e = Expr::compile("${ \"fn:double\" }", &fns, Limits::default()).unwrap();
+        assert_eq!(e.eval_json(&json!(null)).unwrap(), json!("fn:double"));
+        let err = Expr::compile("${ fn:nope }", &fns, Limits::default()).unwrap_err();
+        assert!(err.contains("fn:nope"), "{err}");
+        let cyc = vec![ExprFunction {
+            name: "a".into(),
+            body: "fn:a".into(),
+        }];
+        assert!(Expr::compile("fn:a", &cyc, Limits::default())
+            .unwrap_err()
+            .contains("itself"));
+    }
+
+    #[test]
+    fn machine_shares_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Expr>();
+    }
+}

@@ -1,0 +1,39 @@
+//! SM4C ("State Machines For Cloud") runtime: the language, validation, jq expressions and a
+//! deterministic engine. This crate does no IO: no files, sockets, clock or async runtime.
+//! Hosts (see the `sm4c-host` crate) feed an [`Instance`] timed inputs and perform the effects it returns.
+//!
+//! ```
+//! use sm4c_runtime::{load, no_files, Input, Instance, LoadOptions, Options, Status, Timed};
+//! use serde_json::json;
+//! use std::sync::Arc;
+//!
+//! let definition = json!({
+//!     "id": "helloworld", "name": "Hello World", "version": "1.0",
+//!     "states": [{
+//!         "name": "Hello State", "start": true,
+//!         "enterAction": {"type": "injectData", "expression": "${ \"Hello World!\" }"},
+//!         "enterResultHandler": "${ .result += $value }"
+//!     }]
+//! });
+//! let machine = Arc::new(load(&definition, &mut no_files, LoadOptions::default()).unwrap());
+//! let mut instance = Instance::new(machine, "hello-1", Options::default());
+//! let out = instance.handle(Timed { at: 0, input: Input::Start { data: json!({}) } });
+//! assert!(out.effects.is_empty());
+//! assert_eq!(instance.status(), Status::Completed);
+//! assert_eq!(instance.data(), json!({"result": "Hello World!"}));
+//! ```
+
+pub mod engine;
+pub mod expr;
+pub mod json;
+pub mod model;
+pub mod timespan;
+pub mod validate;
+
+pub use engine::{
+    describe, Effect, Entry, ErrorInfo, Input, Instance, Millis, Options, Output, Phase, ReplayError, Snapshot, Status,
+    Timed, Trace,
+};
+pub use expr::{Expr, Limits};
+pub use model::Machine;
+pub use validate::{load, no_files, LoadOptions, ValidationError};
