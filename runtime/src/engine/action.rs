@@ -422,9 +422,8 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
             return Step::Done(Val::Null);
         };
         if attempt > policy.max_attempts {
-            let mut e = error;
-            e.message = format!("{} (gave up after {} attempts)", e.message, attempt);
-            return Step::Fail(e);
+            // Retries exhausted: the error propagates unchanged.
+            return Step::Fail(error);
         }
         let unit = cx.random_unit();
         let delay = policy.delay(attempt, unit);

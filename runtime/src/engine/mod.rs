@@ -404,6 +404,11 @@ impl Instance {
                 }
                 Next::Enter(self.machine.start)
             }
+            // Events delivered before the start wait in the inbox for the first state.
+            Input::Event { event } if self.s.status == Status::Created => {
+                self.s.inbox.push(event);
+                return out;
+            }
             _ if self.s.status.is_final() || self.s.status == Status::Created => return out,
             Input::Event { event } => {
                 self.s.inbox.push(event);

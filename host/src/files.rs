@@ -1,0 +1,238 @@
+//! Reading what users hand the CLI: definitions, inputs, mocks, events and subflow folders,
+//! with messages that name the file and the place (JSON pointer or line number).
+
+use serde_json::Value;
+use sm4c_runtime::{load, Expr, Limits, LoadOptions, Machine};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A problem in one file: `FILE: WHERE: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileError {
+    /// The file.
+    pub file: String,
+    /// A JSON pointer (`/states/0/name`), `/` for the whole document, or `line N`.
+    pub place: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for FileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}: {}", self.file, self.place, self.message)
+    }
+}
+
+fn ferr(file: &Path, place: impl Into<String>, message: impl Into<String>) -> FileError {
+    FileError {
+        file: file.display().to_string(),
+        place: place.into(),
+        message: message.into(),
+    }
+}
+
+/// Reads a JSON document.
+pub fn read_json(path: &Path) -> Result<Value, FileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ferr(path, "/", format!("cannot read: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| {
+        ferr(
+            path,
+            "/",
+            format!(
+                "not valid JSON: {} at line {} column {}",
+                strip_position(&e),
+                e.line(),
+                e.column()
+            ),
+        )
+    })
+}
+
+fn strip_position(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.find(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// Loads and validates a definition; `events`/`functions`/`retries` URIs resolve relative to it.
+pub fn load_definition(path: &Path, limits: Limits) -> Result<Machine, Vec<FileError>> {
+    let doc = read_json(path).map_err(|e| vec![e])?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut resolve = |uri: &str| -> Result<Value, String> {
+        let target = resolve_uri(&dir, uri)?;
+        let text = std::fs::read_to_string(&target).map_err(|e| format!("cannot read {}: {e}", target.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", target.display()))
+    };
+    load(&doc, &mut resolve, LoadOptions { limits }).map_err(|errs| {
+        errs.into_iter()
+            .map(|e| {
+                ferr(
+                    path,
+                    if e.pointer.is_empty() {
+                        "/".to_string()
+                    } else {
+                        e.pointer
+                    },
+                    e.message,
+                )
+            })
+            .collect()
+    })
+}
+
+/// Resolves a URI found in a definition to a local file: `file://` and plain paths are relative
+/// to the definition's folder.
+pub fn resolve_uri(dir: &Path, uri: &str) -> Result<PathBuf, String> {
+    let path = if let Some(rest) = uri.strip_prefix("file://") {
+        rest
+    } else if uri.contains("://") {
+        return Err(format!(
+            "{uri:?} is remote; only local files (file:// or a relative path) can be read"
+        ));
+    } else {
+        uri
+    };
+    let path = path.split('#').next().unwrap_or(path);
+    let p = Path::new(path);
+    Ok(if p.is_absolute() { p.to_path_buf() } else { dir.join(p) })
+}
+
+/// Reads a JSON input file.
+pub fn load_input(path: &Path) -> Result<Value, FileError> {
+    read_json(path)
+}
+
+/// Reads a mock file: a JSON object mapping function names to jq expressions.
+pub fn load_mocks(path: &Path, limits: Limits) -> Result<HashMap<String, Expr>, Vec<FileError>> {
+    let doc = read_json(path).map_err(|e| vec![e])?;
+    let Value::Object(map) = doc else {
+        return Err(vec![ferr(
+            path,
+            "/",
+            "a mock file must be a JSON object mapping function names to jq expressions",
+        )]);
+    };
+    let mut out = HashMap::new();
+    let mut errs = Vec::new();
+    for (name, v) in map {
+        let pointer = format!("/{}", name.replace('~', "~0").replace('/', "~1"));
+        match v.as_str() {
+            Some(code) => match Expr::compile(code, &[], limits) {
+                Ok(e) => {
+                    out.insert(name, e);
+                }
+                Err(msg) => errs.push(ferr(path, pointer, format!("invalid jq expression {code:?}: {msg}"))),
+            },
+            None => errs.push(ferr(path, pointer, "must be a jq expression string")),
+        }
+    }
+    if errs.is_empty() {
+        Ok(out)
+    } else {
+        Err(errs)
+    }
+}
+
+/// Checks that a JSON value is a CloudEvent in JSON structured format.
+pub fn check_cloudevent(v: &Value) -> Result<(), String> {
+    let Some(o) = v.as_object() else {
+        return Err("not a CloudEvent: expected a JSON object".into());
+    };
+    for attr in ["specversion", "id", "source", "type"] {
+        match o.get(attr) {
+            Some(Value::String(s)) if !s.is_empty() => {}
+            Some(_) => return Err(format!("not a CloudEvent: `{attr}` must be a non-empty string")),
+            None => return Err(format!("not a CloudEvent: missing required attribute `{attr}`")),
+        }
+    }
+    if o.get("specversion").and_then(Value::as_str) != Some("1.0") {
+        return Err("not a CloudEvent: `specversion` must be \"1.0\"".into());
+    }
+    for k in o.keys() {
+        if k != "data_base64" && !k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()) {
+            return Err(format!(
+                "not a CloudEvent: attribute name {k:?} must be lower-case letters and digits"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads NDJSON CloudEvents, one per line; blank lines are skipped.
+pub fn load_events(path: &Path) -> Result<Vec<Value>, Vec<FileError>> {
+    let text = std::fs::read_to_string(path).map_err(|e| vec![ferr(path, "/", format!("cannot read: {e}"))])?;
+    let mut out = Vec::new();
+    let mut errs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let place = format!("line {}", i + 1);
+        match serde_json::from_str::<Value>(line) {
+            Ok(v) => match check_cloudevent(&v) {
+                Ok(()) => out.push(v),
+                Err(m) => errs.push(ferr(path, place, m)),
+            },
+            Err(e) => errs.push(ferr(
+                path,
+                place,
+                format!("not valid JSON: {} at column {}", strip_position(&e), e.column()),
+            )),
+        }
+    }
+    if errs.is_empty() {
+        Ok(out)
+    } else {
+        Err(errs)
+    }
+}
+
+/// Loads every `*.json` definition in a folder, indexed by `id`.
+pub fn load_folder(dir: &Path, limits: Limits) -> Result<HashMap<String, Arc<Machine>>, Vec<FileError>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| vec![ferr(dir, "/", format!("cannot read folder: {e}"))])?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    let mut out = HashMap::new();
+    let mut errs = Vec::new();
+    for p in paths {
+        match load_definition(&p, limits) {
+            Ok(m) => {
+                if out.contains_key(&m.id) {
+                    errs.push(ferr(
+                        &p,
+                        "/id",
+                        format!("another definition in {} has id {:?}", dir.display(), m.id),
+                    ));
+                } else {
+                    out.insert(m.id.clone(), Arc::new(m));
+                }
+            }
+            Err(e) => errs.extend(e),
+        }
+    }
+    if errs.is_empty() {
+        Ok(out)
+    } else {
+        Err(errs)
+    }
+}
+
+/// Reports `invokeSubflow` targets missing from `known`.
+pub fn check_subflows(file: &Path, m: &Machine, known: &HashMap<String, Arc<Machine>>) -> Vec<FileError> {
+    m.subflow_refs()
+        .filter(|(_, id)| !known.contains_key(*id) && *id != m.id)
+        .map(|(pointer, id)| {
+            ferr(
+                file,
+                format!("{pointer}/subflowName"),
+                format!("unknown subflow {id:?}: no definition with that id"),
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,49 @@
+//! The `Host` trait: what an application gives the runtime so its state machines can touch the world.
+
+use serde_json::Value;
+use sm4c_runtime::{ErrorInfo, Machine};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// A boxed future, so `Host` can be used as a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A function call an instance makes (`invokeFunction` of a `rest` or `rpc` function).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionCall {
+    /// The calling instance.
+    pub instance: String,
+    /// Deterministic operation id: the same on every retry of the same step after a crash.
+    /// Pass it on as an idempotency key.
+    pub op: String,
+    /// Function name in the definition.
+    pub function: String,
+    /// The function's `operation` (for example `http://myapis.org/api.json#doCheck`).
+    pub operation: String,
+    /// `rest` or `rpc`.
+    pub function_type: String,
+    /// Resolved arguments.
+    pub arguments: Value,
+}
+
+/// The integration points of the seed's host: invoking functions, publishing sent events and
+/// finding subflow definitions. Delivering events and running timers is the runtime's part
+/// ([`crate::InMemoryHost`]).
+pub trait Host: Send + Sync + 'static {
+    /// Performs a function call. An `Err` becomes an action error that error handlers can catch.
+    fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>>;
+
+    /// Publishes a CloudEvent an instance sent (JSON structured form). Events also reach the
+    /// other instances of the same runtime.
+    fn send_event(&self, event: Value) -> BoxFuture<'static, Result<(), ErrorInfo>> {
+        let _ = event;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The definition `invokeSubflow` names by `id`.
+    fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
+        let _ = id;
+        None
+    }
+}

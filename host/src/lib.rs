@@ -1,0 +1,17 @@
+//! Hosts for SM4C state machines.
+//!
+//! - [`Host`]: what an application implements so its state machines can call functions,
+//!   publish events and start subflows.
+//! - [`InMemoryHost`]: runs instances in-process on tokio, with a real or virtual [`Clock`].
+//! - [`files`], [`mock`] and [`graph`]: what the `sm4c` command is made of.
+//!
+//! The example on [`InMemoryHost`] embeds the runtime with a function written as a Rust closure.
+
+pub mod files;
+pub mod graph;
+mod host;
+pub mod memory;
+pub mod mock;
+
+pub use host::{BoxFuture, FunctionCall, Host};
+pub use memory::{Clock, Config, InMemoryHost, Outcome, TraceSink};

@@ -1,0 +1,286 @@
+//! The `sm4c` command: glue between the command line and the host library.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+use sm4c_host::files::{self, FileError};
+use sm4c_host::mock::MockHost;
+use sm4c_host::{graph, Clock, Config, InMemoryHost};
+use sm4c_runtime::{Limits, Options, Status, Trace};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+const SCHEMA: &str = include_str!("../../schemas/sm4c.schema.json");
+
+#[derive(Parser)]
+#[command(
+    name = "sm4c",
+    version,
+    about = "Run SM4C state machines (State Machines For Cloud) written in JSON",
+    after_help = "Examples:\n  sm4c validate flows/*.json\n  sm4c run order.json --input in.json --mock mocks.json --events events.ndjson --virtual-time\n  sm4c graph order.json --format dot | dot -Tsvg > order.svg"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check definitions; prints `FILE: /json/pointer: message` for every error (exit 2 if any).
+    Validate {
+        /// Definition files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Folder of definitions that `invokeSubflow` may name (checked when given).
+        #[arg(long)]
+        subflows: Option<PathBuf>,
+    },
+    /// Run one instance to its end and print its final data.
+    Run(RunArgs),
+    /// Print the state diagram.
+    Graph {
+        /// Definition file.
+        file: PathBuf,
+        /// Diagram syntax.
+        #[arg(long, value_enum, default_value_t = Format::Mermaid)]
+        format: Format,
+    },
+    /// Print the JSON Schema of the definition language.
+    Schema,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Mermaid,
+    Dot,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Definition file.
+    file: PathBuf,
+    /// JSON input (default `{}`).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// JSON object mapping function names to jq expressions over the call's arguments.
+    #[arg(long)]
+    mock: Option<PathBuf>,
+    /// NDJSON CloudEvents placed in the instance's inbox before the first state runs.
+    #[arg(long)]
+    events: Option<PathBuf>,
+    /// Append every CloudEvent the instance sends to this file as NDJSON.
+    #[arg(long)]
+    sent: Option<PathBuf>,
+    /// Folder of definitions, found by `id`, for `invokeSubflow`.
+    #[arg(long)]
+    subflows: Option<PathBuf>,
+    /// Jump the clock to the next timer whenever the instance only waits for timers.
+    #[arg(long)]
+    virtual_time: bool,
+    /// Print states entered, actions and transitions on stderr.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Transitions one input may cause before the instance fails as looping.
+    #[arg(long, default_value_t = Options::default().max_transitions)]
+    max_transitions: u64,
+    /// Definition calls one jq evaluation may make (its fuel).
+    #[arg(long, default_value_t = Limits::default().fuel)]
+    expression_fuel: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { files, subflows } => validate(&files, subflows.as_deref()),
+        Command::Run(args) => match run(args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("sm4c: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Graph { file, format } => match files::load_definition(&file, Limits::default()) {
+            Ok(m) => {
+                print!(
+                    "{}",
+                    match format {
+                        Format::Mermaid => graph::mermaid(&m),
+                        Format::Dot => graph::dot(&m),
+                    }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errs) => report(&errs),
+        },
+        Command::Schema => {
+            print!("{SCHEMA}");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn report(errs: &[FileError]) -> ExitCode {
+    for e in errs {
+        eprintln!("{e}");
+    }
+    ExitCode::from(2)
+}
+
+fn validate(paths: &[PathBuf], subflows: Option<&Path>) -> ExitCode {
+    let mut errs = Vec::new();
+    let known = match subflows.map(|d| files::load_folder(d, Limits::default())) {
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => {
+            errs.extend(e);
+            None
+        }
+        None => None,
+    };
+    for p in paths {
+        match files::load_definition(p, Limits::default()) {
+            Ok(m) => {
+                if let Some(known) = &known {
+                    errs.extend(files::check_subflows(p, &m, known));
+                }
+            }
+            Err(e) => errs.extend(e),
+        }
+    }
+    if errs.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        report(&errs)
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let limits = Limits {
+        fuel: args.expression_fuel,
+        ..Limits::default()
+    };
+    let mut errs = Vec::new();
+    let machine = files::load_definition(&args.file, limits)
+        .map_err(|e| errs.extend(e))
+        .ok();
+    let subflows = match &args.subflows {
+        Some(dir) => files::load_folder(dir, limits)
+            .map_err(|e| errs.extend(e))
+            .unwrap_or_default(),
+        None => HashMap::new(),
+    };
+    if let Some(m) = &machine {
+        errs.extend(files::check_subflows(&args.file, m, &subflows));
+    }
+    for (id, m) in &subflows {
+        errs.extend(files::check_subflows(Path::new(&format!("subflow {id}")), m, &subflows));
+    }
+    let input = match &args.input {
+        Some(p) => files::load_input(p).map_err(|e| errs.push(e)).unwrap_or(Value::Null),
+        None => Value::Object(Default::default()),
+    };
+    let mocks = match &args.mock {
+        Some(p) => files::load_mocks(p, limits)
+            .map_err(|e| errs.extend(e))
+            .unwrap_or_default(),
+        None => HashMap::new(),
+    };
+    let events = match &args.events {
+        Some(p) => files::load_events(p).map_err(|e| errs.extend(e)).unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let sent = match &args.sent {
+        Some(p) => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("cannot open {} for sent events", p.display()))?,
+        )),
+        None => None,
+    };
+    let Some(machine) = machine.filter(|_| errs.is_empty()) else {
+        return Ok(report(&errs));
+    };
+    let machine = Arc::new(machine);
+    let host = Arc::new(MockHost { mocks, subflows, sent });
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let verbose = args.verbose;
+    let config = Config {
+        clock: if args.virtual_time {
+            Clock::Virtual {
+                start: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0),
+            }
+        } else {
+            Clock::Real
+        },
+        options: Options {
+            journal: false,
+            trace: verbose,
+            max_transitions: args.max_transitions,
+            ..Options::default()
+        },
+        trace: verbose.then(|| Arc::new(print_trace) as sm4c_host::TraceSink),
+    };
+    let outcome = rt.block_on(async move {
+        let host = InMemoryHost::new(host, config);
+        let id = host
+            .start_with(machine.clone(), Some(format!("{}-run", machine.id)), input, events)
+            .await;
+        host.settle(&id).await
+    });
+    match outcome.status {
+        Status::Completed => {
+            println!("{}", serde_json::to_string_pretty(&outcome.data)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        status => {
+            let error = match (&outcome.error, status.is_final()) {
+                (Some(e), _) => e.clone(),
+                (None, _) => {
+                    let mut e = sm4c_runtime::ErrorInfo::new(
+                        "stuck",
+                        "the instance waits for events that never arrive and has no timer or call to wait for",
+                    );
+                    e.state = outcome.state.clone();
+                    e
+                }
+            };
+            println!("{}", serde_json::to_string_pretty(&error.to_json())?);
+            let state = error.state.as_deref().or(outcome.state.as_deref()).unwrap_or("?");
+            let what = match status {
+                Status::TimedOut => "timed out",
+                Status::Cancelled => "was cancelled",
+                s if s.is_final() => "failed",
+                _ => "cannot proceed",
+            };
+            eprintln!("sm4c: instance {what} in state {state:?}: {}", error.message);
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn print_trace(id: &str, t: &Trace) {
+    let line = match t {
+        Trace::StateEntered { state } => format!("enter state {state:?}"),
+        Trace::TransitionFired {
+            state,
+            transition,
+            next,
+            trigger,
+        } => match next {
+            Some(n) => format!("transition {transition} of {state:?} ({trigger}) -> {n:?}"),
+            None => format!("transition {transition} of {state:?} ({trigger}) stays"),
+        },
+        Trace::EventConsumed { event, id } => format!("event {event:?} consumed (id {id})"),
+        Trace::ActionCompleted { op, action } => format!("{action} {op} completed"),
+        Trace::ActionFailed { op, action, message } => format!("{action} {op} failed: {message}"),
+        Trace::Retrying { op, attempt, delay_ms } => format!("retry {op}: attempt {attempt} in {delay_ms} ms"),
+        Trace::Finished { status } => format!("instance {}", status.as_str()),
+    };
+    eprintln!("[{id}] {line}");
+}

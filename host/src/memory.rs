@@ -1,0 +1,597 @@
+//! The in-memory host: runs instances in-process on tokio, with a real or a virtual clock.
+//!
+//! One task owns every instance and handles one input at a time, so instances need no locks and
+//! runs are reproducible. Function calls run as their own tasks and report back. With the
+//! virtual clock, whenever nothing is left to do but wait for timers, time jumps to the next one.
+
+use crate::host::{FunctionCall, Host};
+use serde_json::Value;
+use sm4c_runtime::engine::event::attribute_text;
+use sm4c_runtime::{Effect, Entry, ErrorInfo, Input, Instance, Machine, Millis, Options, Status, Timed, Trace};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+/// Where time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The system clock; timers wait for real.
+    Real,
+    /// Time starts at `start` (ms since the epoch) and jumps to the next timer whenever
+    /// nothing else can happen.
+    Virtual {
+        /// Start time, ms since the epoch.
+        start: Millis,
+    },
+}
+
+/// Receives the readable steps of every instance (for `sm4c run -v`).
+pub type TraceSink = Arc<dyn Fn(&str, &Trace) + Send + Sync>;
+
+/// Settings of an [`InMemoryHost`].
+#[derive(Clone)]
+pub struct Config {
+    /// Where time comes from.
+    pub clock: Clock,
+    /// Engine settings for every instance.
+    pub options: Options,
+    /// Receives trace steps (enable [`Options::trace`] too).
+    pub trace: Option<TraceSink>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            clock: Clock::Real,
+            options: Options {
+                journal: false,
+                ..Options::default()
+            },
+            trace: None,
+        }
+    }
+}
+
+/// How an instance stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Instance id.
+    pub id: String,
+    /// Status.
+    pub status: Status,
+    /// Current state, if any.
+    pub state: Option<String>,
+    /// Global data (the output once completed).
+    pub data: Value,
+    /// The error, for failed, cancelled and timed-out instances.
+    pub error: Option<ErrorInfo>,
+    /// The journal (when journaling is on).
+    pub journal: Vec<Entry>,
+}
+
+/// Runs state machine instances in-process.
+///
+/// ```
+/// use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Host, InMemoryHost};
+/// use sm4c_runtime::{load, no_files, ErrorInfo, LoadOptions, Status};
+/// use serde_json::{json, Value};
+/// use std::sync::Arc;
+///
+/// // Functions are plain Rust closures behind the Host trait.
+/// struct Greeter;
+/// impl Host for Greeter {
+///     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+///         Box::pin(async move {
+///             let name = call.arguments["name"].as_str().unwrap_or("stranger").to_string();
+///             Ok(json!(format!("Hello, {name}!")))
+///         })
+///     }
+/// }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let definition = json!({
+///     "id": "greeting", "name": "Greeting", "version": "1.0",
+///     "functions": [{"name": "greet", "operation": "https://example.org/api.json#greet"}],
+///     "states": [{
+///         "name": "Greet", "start": true,
+///         "enterAction": {"type": "invokeFunction", "functionName": "greet",
+///                         "arguments": {"name": "${ .person.name }"}, "waitForCompletion": true},
+///         "enterResultHandler": "${ .greeting = $value }"
+///     }]
+/// });
+/// let machine = Arc::new(load(&definition, &mut no_files, LoadOptions::default()).unwrap());
+/// let host = InMemoryHost::new(Arc::new(Greeter), Config { clock: Clock::Virtual { start: 0 }, ..Config::default() });
+/// let id = host.start(machine, json!({"person": {"name": "Ada"}})).await;
+/// let outcome = host.outcome(&id).await;
+/// assert_eq!(outcome.status, Status::Completed);
+/// assert_eq!(outcome.data["greeting"], "Hello, Ada!");
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct InMemoryHost {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+enum Cmd {
+    Start {
+        machine: Arc<Machine>,
+        id: Option<String>,
+        input: Value,
+        events: Vec<Value>,
+        reply: oneshot::Sender<String>,
+    },
+    Event(Value),
+    Cancel(String),
+    Result {
+        instance: String,
+        op: String,
+        result: Result<Value, ErrorInfo>,
+    },
+    Watch {
+        id: String,
+        until_idle: bool,
+        reply: oneshot::Sender<Outcome>,
+    },
+}
+
+impl InMemoryHost {
+    /// Starts the host's task on the current tokio runtime.
+    pub fn new(host: Arc<dyn Host>, config: Config) -> InMemoryHost {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let now = match config.clock {
+            Clock::Virtual { start } => start,
+            Clock::Real => wall_clock(),
+        };
+        let lp = Loop {
+            host,
+            config,
+            tx: tx.downgrade(),
+            vnow: now,
+            instances: HashMap::new(),
+            timers: BTreeSet::new(),
+            seq: 0,
+            queue: VecDeque::new(),
+            in_flight: HashMap::new(),
+            watchers: Vec::new(),
+            counter: 0,
+        };
+        tokio::spawn(lp.run(rx));
+        InMemoryHost { tx }
+    }
+
+    /// Starts an instance with a generated id and returns the id.
+    pub async fn start(&self, machine: Arc<Machine>, input: Value) -> String {
+        self.start_with(machine, None, input, Vec::new()).await
+    }
+
+    /// Starts an instance with an optional id and events placed in its inbox before the first state runs.
+    pub async fn start_with(
+        &self,
+        machine: Arc<Machine>,
+        id: Option<String>,
+        input: Value,
+        events: Vec<Value>,
+    ) -> String {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::Start {
+            machine,
+            id,
+            input,
+            events,
+            reply,
+        });
+        rx.await.unwrap_or_default()
+    }
+
+    /// Delivers a CloudEvent (JSON structured form): to the instance named by `sm4cinstanceid`,
+    /// else to every instance that has not ended.
+    pub fn deliver_event(&self, event: Value) {
+        let _ = self.tx.send(Cmd::Event(event));
+    }
+
+    /// Cancels an instance.
+    pub fn cancel(&self, id: &str) {
+        let _ = self.tx.send(Cmd::Cancel(id.to_string()));
+    }
+
+    /// Waits until the instance has ended.
+    pub async fn outcome(&self, id: &str) -> Outcome {
+        self.watch(id, false).await
+    }
+
+    /// Waits until the instance has ended, or until nothing more can happen without outside input
+    /// (no timers, no calls in flight): then the instance is returned as it stands.
+    pub async fn settle(&self, id: &str) -> Outcome {
+        self.watch(id, true).await
+    }
+
+    async fn watch(&self, id: &str, until_idle: bool) -> Outcome {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::Watch {
+            id: id.to_string(),
+            until_idle,
+            reply,
+        });
+        rx.await.unwrap_or_else(|_| Outcome {
+            id: id.to_string(),
+            status: Status::Failed,
+            state: None,
+            data: Value::Null,
+            error: Some(ErrorInfo::new("hostError", "the in-memory host has stopped")),
+            journal: Vec::new(),
+        })
+    }
+}
+
+fn wall_clock() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+struct Slot {
+    inst: Instance,
+    journal: Vec<Entry>,
+    /// (parent instance, operation id, parent waits)
+    parent: Option<(String, String, bool)>,
+    /// Subflow children by operation id.
+    children: HashMap<String, String>,
+}
+
+struct Loop {
+    host: Arc<dyn Host>,
+    config: Config,
+    tx: mpsc::WeakUnboundedSender<Cmd>,
+    vnow: Millis,
+    instances: HashMap<String, Slot>,
+    /// (due, seq, instance, timer)
+    timers: BTreeSet<(Millis, u64, String, String)>,
+    seq: u64,
+    queue: VecDeque<(String, Input)>,
+    /// Calls in flight that an instance waits for: (instance, op) -> task.
+    in_flight: HashMap<(String, String), AbortHandle>,
+    watchers: Vec<(String, bool, oneshot::Sender<Outcome>)>,
+    counter: u64,
+}
+
+impl Loop {
+    fn now(&self) -> Millis {
+        match self.config.clock {
+            Clock::Virtual { .. } => self.vnow,
+            Clock::Real => wall_clock(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        loop {
+            while let Some((id, input)) = self.queue.pop_front() {
+                self.process(&id, input).await;
+            }
+            match rx.try_recv() {
+                Ok(cmd) => {
+                    self.command(cmd);
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            let next_due = self.timers.iter().next().map(|(due, ..)| *due);
+            if self.in_flight.is_empty() && next_due.is_none() {
+                self.resolve_idle_watchers();
+            }
+            match (self.config.clock, next_due) {
+                (Clock::Virtual { .. }, Some(due)) if self.in_flight.is_empty() => {
+                    self.vnow = self.vnow.max(due);
+                    self.fire_due();
+                }
+                (Clock::Real, Some(due)) => {
+                    let wait = (due - wall_clock()).max(0) as u64;
+                    tokio::select! {
+                        cmd = rx.recv() => match cmd {
+                            Some(cmd) => self.command(cmd),
+                            None => return,
+                        },
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => self.fire_due(),
+                    }
+                }
+                _ => match rx.recv().await {
+                    Some(cmd) => self.command(cmd),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn fire_due(&mut self) {
+        let now = self.now();
+        while let Some(first) = self.timers.first().cloned() {
+            if first.0 > now {
+                break;
+            }
+            self.timers.remove(&first);
+            let (_, _, inst, timer) = first;
+            self.queue.push_back((inst, Input::TimerFired { timer }));
+        }
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Start {
+                machine,
+                id,
+                input,
+                events,
+                reply,
+            } => {
+                let id = id.unwrap_or_else(|| {
+                    self.counter += 1;
+                    format!("{}-{}", machine.id, self.counter)
+                });
+                if !self.instances.contains_key(&id) {
+                    self.create(&id, machine, None);
+                    for e in events {
+                        self.queue.push_back((id.clone(), Input::Event { event: e }));
+                    }
+                    self.queue.push_back((id.clone(), Input::Start { data: input }));
+                }
+                let _ = reply.send(id);
+            }
+            Cmd::Event(event) => self.broadcast(event, None),
+            Cmd::Cancel(id) => self.queue.push_back((id, Input::Cancel { reason: None })),
+            Cmd::Result { instance, op, result } => {
+                if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
+                    let input = match result {
+                        Ok(result) => Input::Completed { op, result },
+                        Err(error) => Input::Failed { op, error },
+                    };
+                    self.queue.push_back((instance, input));
+                }
+            }
+            Cmd::Watch { id, until_idle, reply } => match self.instances.get(&id) {
+                Some(slot) if slot.inst.status().is_final() => {
+                    let _ = reply.send(outcome(slot));
+                }
+                Some(_) => self.watchers.push((id, until_idle, reply)),
+                None => {
+                    let _ = reply.send(Outcome {
+                        id: id.clone(),
+                        status: Status::Failed,
+                        state: None,
+                        data: Value::Null,
+                        error: Some(ErrorInfo::new("hostError", format!("no instance {id:?}"))),
+                        journal: Vec::new(),
+                    });
+                }
+            },
+        }
+    }
+
+    fn resolve_idle_watchers(&mut self) {
+        if !self.queue.is_empty() {
+            return;
+        }
+        let watchers = std::mem::take(&mut self.watchers);
+        for (id, until_idle, reply) in watchers {
+            match self.instances.get(&id) {
+                Some(slot) if until_idle => {
+                    let _ = reply.send(outcome(slot));
+                }
+                _ => self.watchers.push((id, until_idle, reply)),
+            }
+        }
+    }
+
+    fn create(&mut self, id: &str, machine: Arc<Machine>, parent: Option<(String, String, bool)>) {
+        let inst = Instance::new(machine, id, self.config.options);
+        self.instances.insert(
+            id.to_string(),
+            Slot {
+                inst,
+                journal: Vec::new(),
+                parent,
+                children: HashMap::new(),
+            },
+        );
+    }
+
+    /// Queues an event for the instance it names, else for every instance that has not ended (except `from`).
+    fn broadcast(&mut self, event: Value, from: Option<&str>) {
+        if from.is_none() {
+            if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
+                if self.instances.contains_key(&target) {
+                    self.queue.push_back((target, Input::Event { event }));
+                    return;
+                }
+            }
+        }
+        let mut ids: Vec<&String> = self
+            .instances
+            .iter()
+            .filter(|(id, s)| !s.inst.status().is_final() && Some(id.as_str()) != from)
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        let ids: Vec<String> = ids.into_iter().cloned().collect();
+        for id in ids {
+            self.queue.push_back((id, Input::Event { event: event.clone() }));
+        }
+    }
+
+    async fn process(&mut self, id: &str, input: Input) {
+        let at = self.now();
+        let Some(slot) = self.instances.get_mut(id) else { return };
+        let was_final = slot.inst.status().is_final();
+        let out = slot.inst.handle(Timed { at, input });
+        if let Some(sink) = &self.config.trace {
+            for e in &out.entries {
+                if let Entry::Trace(t) = e {
+                    sink(id, t);
+                }
+            }
+        }
+        if self.config.options.journal {
+            slot.journal.extend(out.entries.iter().cloned());
+        }
+        for effect in out.effects {
+            self.perform(id, effect).await;
+        }
+        let Some(slot) = self.instances.get(id) else { return };
+        if !was_final && slot.inst.status().is_final() {
+            self.finished(id);
+        }
+    }
+
+    fn finished(&mut self, id: &str) {
+        let Some(slot) = self.instances.get(id) else { return };
+        let o = outcome(slot);
+        let watchers = std::mem::take(&mut self.watchers);
+        for (wid, until_idle, reply) in watchers {
+            if wid == id {
+                let _ = reply.send(o.clone());
+            } else {
+                self.watchers.push((wid, until_idle, reply));
+            }
+        }
+        // Children still running are cancelled with their parent.
+        let children: Vec<String> = slot.children.values().cloned().collect();
+        for c in children {
+            if self.instances.get(&c).is_some_and(|s| !s.inst.status().is_final()) {
+                self.queue.push_back((
+                    c,
+                    Input::Cancel {
+                        reason: Some(format!("parent {id} ended")),
+                    },
+                ));
+            }
+        }
+        if let Some((parent, op, true)) = slot.parent.clone() {
+            let input = match o.status {
+                Status::Completed => Input::Completed { op, result: o.data },
+                _ => {
+                    let cause = o.error.map(|e| e.message).unwrap_or_default();
+                    let mut e = ErrorInfo::new(
+                        "subflowError",
+                        format!("subflow {id} ended {}: {cause}", o.status.as_str()),
+                    );
+                    e.details = Some(serde_json::json!({"instance": id, "status": o.status.as_str()}));
+                    Input::Failed { op, error: e }
+                }
+            };
+            self.queue.push_back((parent, input));
+        }
+    }
+
+    async fn perform(&mut self, id: &str, effect: Effect) {
+        match effect {
+            Effect::InvokeFunction {
+                op,
+                function,
+                operation,
+                function_type,
+                arguments,
+                wait,
+            } => {
+                let call = FunctionCall {
+                    instance: id.to_string(),
+                    op: op.clone(),
+                    function,
+                    operation,
+                    function_type,
+                    arguments,
+                };
+                let fut = self.host.invoke(call);
+                let tx = self.tx.clone();
+                let instance = id.to_string();
+                let op2 = op.clone();
+                let task = tokio::spawn(async move {
+                    let result = fut.await;
+                    if let Some(tx) = tx.upgrade() {
+                        let _ = tx.send(Cmd::Result {
+                            instance,
+                            op: op2,
+                            result,
+                        });
+                    }
+                });
+                if wait {
+                    self.in_flight.insert((id.to_string(), op), task.abort_handle());
+                }
+            }
+            Effect::StartSubflow {
+                op,
+                definition,
+                input,
+                wait,
+            } => match self.host.subflow(&definition) {
+                Some(machine) => {
+                    let child = format!("{id}/{op}");
+                    if let Some(slot) = self.instances.get_mut(id) {
+                        slot.children.insert(op.clone(), child.clone());
+                    }
+                    self.create(&child, machine, Some((id.to_string(), op, wait)));
+                    self.queue.push_back((child, Input::Start { data: input }));
+                }
+                None if wait => {
+                    let e = ErrorInfo::new(
+                        "subflowError",
+                        format!("no definition with id {definition:?} for invokeSubflow"),
+                    );
+                    self.queue.push_back((id.to_string(), Input::Failed { op, error: e }));
+                }
+                None => {}
+            },
+            Effect::SendEvent { event, .. } => {
+                if let Err(e) = self.host.send_event(event.clone()).await {
+                    if let Some(sink) = &self.config.trace {
+                        sink(
+                            id,
+                            &Trace::ActionFailed {
+                                op: "sendEvent".into(),
+                                action: "sendEvent".into(),
+                                message: e.message,
+                            },
+                        );
+                    }
+                }
+                self.broadcast(event, Some(id));
+            }
+            Effect::StartTimer { timer, due } => {
+                self.seq += 1;
+                self.timers.insert((due, self.seq, id.to_string(), timer));
+            }
+            Effect::CancelTimer { timer } => {
+                self.timers.retain(|(_, _, i, t)| !(i == id && *t == timer));
+            }
+            Effect::CancelOperation { op } => {
+                if let Some(task) = self.in_flight.remove(&(id.to_string(), op.clone())) {
+                    task.abort();
+                }
+                let child = self.instances.get(id).and_then(|s| s.children.get(&op).cloned());
+                if let Some(child) = child {
+                    if self.instances.get(&child).is_some_and(|s| !s.inst.status().is_final()) {
+                        self.queue.push_back((
+                            child,
+                            Input::Cancel {
+                                reason: Some("the parent no longer waits".into()),
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn outcome(slot: &Slot) -> Outcome {
+    Outcome {
+        id: slot.inst.id().to_string(),
+        status: slot.inst.status(),
+        state: slot.inst.state_name().map(str::to_string),
+        data: slot.inst.data(),
+        error: slot.inst.error().cloned(),
+        journal: slot.journal.clone(),
+    }
+}

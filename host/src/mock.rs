@@ -1,0 +1,55 @@
+//! The host `sm4c run` uses: functions answered by jq mocks, sent events appended to a file,
+//! subflows from a folder.
+
+use crate::host::{BoxFuture, FunctionCall, Host};
+use serde_json::Value;
+use sm4c_runtime::{ErrorInfo, Expr, Machine};
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+/// Functions answered by jq expressions over the call's arguments.
+pub struct MockHost {
+    /// Mock expressions by function name.
+    pub mocks: HashMap<String, Expr>,
+    /// Subflow definitions by id.
+    pub subflows: HashMap<String, Arc<Machine>>,
+    /// Where sent events are appended as NDJSON.
+    pub sent: Option<Mutex<std::fs::File>>,
+}
+
+impl Host for MockHost {
+    fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+        let result = match self.mocks.get(&call.function) {
+            Some(expr) => expr.eval_json(&call.arguments).map_err(|e| {
+                let message = match &e.value {
+                    Some(Value::String(s)) => s.clone(),
+                    _ => e.message.clone(),
+                };
+                let mut err = ErrorInfo::new("functionError", message);
+                err.details = e.value.filter(|v| !v.is_string());
+                err
+            }),
+            None => Err(ErrorInfo::new(
+                "functionError",
+                format!("function {:?} has no mock: give one with --mock (a JSON object of function names to jq expressions)", call.function),
+            )),
+        };
+        Box::pin(async move { result })
+    }
+
+    fn send_event(&self, event: Value) -> BoxFuture<'static, Result<(), ErrorInfo>> {
+        let result = match &self.sent {
+            None => Ok(()),
+            Some(file) => {
+                let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+                writeln!(f, "{event}").map_err(|e| ErrorInfo::new("hostError", format!("cannot write sent event: {e}")))
+            }
+        };
+        Box::pin(async move { result })
+    }
+
+    fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
+        self.subflows.get(id).cloned()
+    }
+}
