@@ -1,1 +1,401 @@
+//! The deterministic engine through its Rust API: effects, operation ids, replay, snapshots.
 
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use sm4c_runtime::{load, no_files, Effect, Entry, Input, Instance, LoadOptions, Machine, Options, Status, Timed};
+use std::sync::Arc;
+
+fn machine(doc: Value) -> Arc<Machine> {
+    Arc::new(load(&doc, &mut no_files, LoadOptions::default()).expect("valid definition"))
+}
+
+fn start(m: &Arc<Machine>, id: &str, data: Value) -> (Instance, Vec<Effect>) {
+    let mut i = Instance::new(m.clone(), id, Options::default());
+    let out = i.handle(Timed {
+        at: 1_000,
+        input: Input::Start { data },
+    });
+    (i, out.effects)
+}
+
+/// A saga with a waited call, retries, a parallel race, events and timeouts.
+fn saga() -> Value {
+    json!({
+        "id": "saga", "name": "saga", "version": "1",
+        "functions": [{"name": "charge", "operation": "http://x/api.json#charge"},
+                      {"name": "notify", "operation": "http://x/api.json#notify"}],
+        "retries": [{"name": "r", "delay": "PT1S", "multiplier": 2, "maxAttempts": 2, "jitter": 0.5}],
+        "events": [{"name": "paid", "type": "payment.done", "correlation": [{"contextAttributeName": "orderId"}]},
+                   {"name": "out", "type": "order.request"}],
+        "states": [
+            {"name": "Charge", "start": true,
+             "enterAction": {"type": "sequence", "actions": [
+                 {"name": "charge", "type": "invokeFunction", "functionName": "charge", "waitForCompletion": true,
+                  "arguments": {"amount": "${ .amount }"},
+                  "errorHandlers": [{"condition": "${ .type == \"functionError\" }", "retryPolicy": "r"}]},
+                 {"name": "ask", "type": "sendEvent", "event": "out", "expression": "${ {id: .id} }"},
+                 {"name": "race", "type": "parallel", "completionType": "xor", "actions": [
+                     {"type": "delay", "timeout": "PT5S"},
+                     {"type": "invokeFunction", "functionName": "notify", "waitForCompletion": true}]}]},
+             "enterResultHandler": "${ .charge = $value }",
+             "transitions": [
+                 {"nextState": "Done", "eventGroups": [{"events": ["paid"], "resultHandler": "${ .paid = ($value | .data) }"}]},
+                 {"nextState": "Late", "timeout": "PT1M"}]},
+            {"name": "Done"},
+            {"name": "Late"}
+        ]
+    })
+}
+
+#[test]
+fn invoke_function_emits_effect_with_deterministic_op_and_waits() {
+    let m = machine(saga());
+    let (i, effects) = start(&m, "o-1", json!({"amount": 5, "id": "o-1"}));
+    assert_eq!(i.status(), Status::Running);
+    assert_eq!(
+        effects,
+        vec![Effect::InvokeFunction {
+            op: "1.enter/0".into(),
+            function: "charge".into(),
+            operation: "http://x/api.json#charge".into(),
+            function_type: "rest".into(),
+            arguments: json!({"amount": 5}),
+            wait: true,
+        }]
+    );
+    // The same instance id gives the same effects: operation ids derive from positions, not randomness.
+    let (_, again) = start(&m, "o-1", json!({"amount": 5, "id": "o-1"}));
+    assert_eq!(effects, again);
+}
+
+#[test]
+fn retries_use_policy_delays_and_deterministic_jitter() {
+    let m = machine(saga());
+    let (mut i, _) = start(&m, "o-1", json!({"amount": 5}));
+    let fail = |op: &str| Input::Failed {
+        op: op.into(),
+        error: sm4c_runtime::ErrorInfo::new("functionError", "down"),
+    };
+    let out = i.handle(Timed {
+        at: 2_000,
+        input: fail("1.enter/0"),
+    });
+    let Some(Effect::StartTimer { timer, due }) = out.effects.first().cloned() else {
+        panic!("{:?}", out.effects)
+    };
+    assert_eq!(timer, "1.enter/0:retry");
+    assert!((2_500..=3_500).contains(&due), "1s ± 50% after 2000, got {due}");
+    let out = i.handle(Timed {
+        at: due,
+        input: Input::TimerFired { timer },
+    });
+    assert!(matches!(&out.effects[0], Effect::InvokeFunction { op, .. } if op == "1.enter/0#2"));
+    let out = i.handle(Timed {
+        at: due + 10,
+        input: fail("1.enter/0#2"),
+    });
+    let Some(Effect::StartTimer { due: due2, .. }) = out.effects.first().cloned() else {
+        panic!()
+    };
+    assert!((due + 10 + 1_000..=due + 10 + 3_000).contains(&due2), "2s ± 50%");
+    // Same id, same failures, same jitter.
+    let (mut j, _) = start(&m, "o-1", json!({"amount": 5}));
+    let out = j.handle(Timed {
+        at: 2_000,
+        input: fail("1.enter/0"),
+    });
+    assert!(matches!(out.effects[0], Effect::StartTimer { due: d, .. } if d == due));
+    // Third failure: retries exhausted, the error propagates and fails the instance.
+    i.handle(Timed {
+        at: due2,
+        input: Input::TimerFired {
+            timer: "1.enter/0#2:retry".into(),
+        },
+    });
+    i.handle(Timed {
+        at: due2 + 1,
+        input: fail("1.enter/0#3"),
+    });
+    assert_eq!(i.status(), Status::Failed);
+    assert_eq!(i.error().unwrap().message, "down");
+    assert_eq!(i.error().unwrap().state.as_deref(), Some("Charge"));
+}
+
+#[test]
+fn sent_event_ids_are_deterministic_and_xor_cancels_the_loser() {
+    let m = machine(saga());
+    let (mut i, _) = start(&m, "o-1", json!({"amount": 5, "id": "o-1"}));
+    let out = i.handle(Timed {
+        at: 2_000,
+        input: Input::Completed {
+            op: "1.enter/0".into(),
+            result: json!("ok"),
+        },
+    });
+    let sent = out.effects.iter().find_map(|e| match e {
+        Effect::SendEvent { event, .. } => Some(event.clone()),
+        _ => None,
+    });
+    let sent = sent.expect("an event is sent");
+    assert_eq!(sent["id"], "o-1/1.enter/1");
+    assert_eq!(sent["type"], "order.request");
+    assert_eq!(sent["sm4cinstanceid"], "o-1");
+    assert_eq!(sent["data"], json!({"id": "o-1"}));
+    // The delay (5 s) wins the race; the notify call is cancelled.
+    let out = i.handle(Timed {
+        at: 7_000,
+        input: Input::TimerFired {
+            timer: "1.enter/2/0:delay".into(),
+        },
+    });
+    assert!(
+        out.effects.contains(&Effect::CancelOperation {
+            op: "1.enter/2/1".into()
+        }),
+        "{:?}",
+        out.effects
+    );
+    assert_eq!(i.status(), Status::Waiting);
+    assert_eq!(
+        i.data()["charge"],
+        json!({"charge": "ok", "ask": null, "race": {"0": null}})
+    );
+}
+
+#[test]
+fn events_that_arrive_early_wait_in_the_inbox_and_correlation_binds() {
+    let m = machine(saga());
+    let (mut i, _) = start(&m, "o-1", json!({"amount": 5}));
+    let ev = |id: &str, order: &str| json!({"specversion": "1.0", "id": id, "source": "s", "type": "payment.done", "orderid": order, "data": {"n": id}});
+    // Arrives while the enter action still runs.
+    i.handle(Timed {
+        at: 1_500,
+        input: Input::Event { event: ev("e1", "A") },
+    });
+    i.handle(Timed {
+        at: 2_000,
+        input: Input::Completed {
+            op: "1.enter/0".into(),
+            result: json!(1),
+        },
+    });
+    i.handle(Timed {
+        at: 2_100,
+        input: Input::Completed {
+            op: "1.enter/2/1".into(),
+            result: json!(2),
+        },
+    });
+    assert_eq!(i.status(), Status::Completed);
+    assert_eq!(i.state_name(), Some("Done"));
+    assert_eq!(i.data()["paid"], json!({"n": "e1"}));
+}
+
+#[test]
+fn timeout_transition_fires_when_no_event_comes() {
+    let m = machine(saga());
+    let (mut i, _) = start(&m, "o-1", json!({}));
+    i.handle(Timed {
+        at: 2_000,
+        input: Input::Completed {
+            op: "1.enter/0".into(),
+            result: json!(1),
+        },
+    });
+    let out = i.handle(Timed {
+        at: 2_100,
+        input: Input::Completed {
+            op: "1.enter/2/1".into(),
+            result: json!(2),
+        },
+    });
+    let due = out.effects.iter().find_map(|e| match e {
+        Effect::StartTimer { timer, due } if timer == "1.timeout" => Some(*due),
+        _ => None,
+    });
+    assert_eq!(due, Some(2_100 + 60_000));
+    i.handle(Timed {
+        at: 62_100,
+        input: Input::TimerFired {
+            timer: "1.timeout".into(),
+        },
+    });
+    assert_eq!(i.state_name(), Some("Late"));
+    assert_eq!(i.status(), Status::Completed);
+}
+
+#[test]
+fn replay_rebuilds_the_instance_and_detects_a_changed_definition() {
+    let m = machine(saga());
+    let (mut i, _) = start(&m, "o-1", json!({"amount": 5}));
+    let mut journal = vec![];
+    let mut fresh = Instance::new(m.clone(), "o-1", Options::default());
+    journal.extend(
+        fresh
+            .handle(Timed {
+                at: 1_000,
+                input: Input::Start {
+                    data: json!({"amount": 5}),
+                },
+            })
+            .entries,
+    );
+    for t in [
+        Timed {
+            at: 2_000,
+            input: Input::Completed {
+                op: "1.enter/0".into(),
+                result: json!("ok"),
+            },
+        },
+        Timed {
+            at: 3_000,
+            input: Input::Completed {
+                op: "1.enter/2/1".into(),
+                result: json!("sent"),
+            },
+        },
+    ] {
+        i.handle(t.clone());
+        journal.extend(fresh.handle(t).entries);
+    }
+    assert!(
+        journal.iter().any(|e| matches!(e, Entry::Effect(_))),
+        "effects are journaled"
+    );
+    let replayed = Instance::replay(m.clone(), "o-1", &journal, Options::default()).expect("replay");
+    assert_eq!(replayed.snapshot(), i.snapshot());
+
+    let mut changed = saga();
+    changed["functions"][0]["name"] = json!("charge");
+    changed["states"][0]["enterAction"]["actions"][0]["arguments"] = json!({"amount": "${ .amount * 2 }"});
+    let err = match Instance::replay(machine(changed), "o-1", &journal, Options::default()) {
+        Err(e) => e,
+        Ok(_) => panic!("a changed definition must not replay silently"),
+    };
+    assert_eq!(err.index, 1, "{err}");
+    assert!(err.to_string().contains("journal entry 1"), "{err}");
+}
+
+#[test]
+fn snapshots_survive_serialization() {
+    let m = machine(saga());
+    let (mut i, _) = start(&m, "o-1", json!({"amount": 5}));
+    i.handle(Timed {
+        at: 2_000,
+        input: Input::Completed {
+            op: "1.enter/0".into(),
+            result: json!("ok"),
+        },
+    });
+    let text = serde_json::to_string(i.snapshot()).unwrap();
+    let mut j = Instance::from_snapshot(m.clone(), serde_json::from_str(&text).unwrap(), Options::default());
+    let t = Timed {
+        at: 3_000,
+        input: Input::TimerFired {
+            timer: "1.enter/2/0:delay".into(),
+        },
+    };
+    assert_eq!(i.handle(t.clone()), j.handle(t));
+    assert_eq!(i.snapshot(), j.snapshot());
+}
+
+#[test]
+fn wait_for_completion_false_takes_null_and_goes_on() {
+    let m = machine(json!({
+        "id": "f", "name": "f", "version": "1",
+        "functions": [{"name": "fire", "operation": "http://x#y"}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "fire", "arguments": {"a": 1}},
+            "enterResultHandler": "${ .r = $value }"}]
+    }));
+    let (i, effects) = start(&m, "f-1", json!({}));
+    assert_eq!(i.status(), Status::Completed);
+    assert_eq!(i.data(), json!({"r": null}));
+    assert!(matches!(&effects[0], Effect::InvokeFunction { wait: false, .. }));
+}
+
+#[test]
+fn an_endless_loop_of_transitions_fails_instead_of_hanging() {
+    let m = machine(json!({
+        "id": "l", "name": "l", "version": "1",
+        "states": [{"name": "A", "start": true, "transitions": [{"condition": "${ true }"}]}]
+    }));
+    let mut i = Instance::new(
+        m,
+        "l-1",
+        Options {
+            max_transitions: 1_000,
+            ..Options::default()
+        },
+    );
+    i.handle(Timed {
+        at: 0,
+        input: Input::Start { data: json!({}) },
+    });
+    assert_eq!(i.status(), Status::Failed);
+    assert_eq!(i.error().unwrap().kind, "limitExceeded");
+}
+
+/// Drives the saga with a random but legal sequence of inputs.
+fn drive(m: &Arc<Machine>, choices: &[(u8, u16)]) -> (Instance, Vec<Entry>) {
+    let mut i = Instance::new(m.clone(), "p-1", Options::default());
+    let mut journal = i
+        .handle(Timed {
+            at: 0,
+            input: Input::Start {
+                data: json!({"amount": 3}),
+            },
+        })
+        .entries;
+    let mut pending: Vec<String> = vec![
+        "1.enter/0".into(),
+        "1.enter/2/1".into(),
+        "1.enter/0#2".into(),
+        "1.enter/0#3".into(),
+    ];
+    let mut now = 0;
+    for (kind, dt) in choices {
+        now += *dt as i64;
+        let input = match kind % 5 {
+            0 => match i.timers().iter().next() {
+                Some((t, due)) => {
+                    now = now.max(*due);
+                    Input::TimerFired { timer: t.clone() }
+                }
+                None => continue,
+            },
+            1 => Input::Completed {
+                op: pending[(*dt as usize) % pending.len()].clone(),
+                result: json!(dt),
+            },
+            2 => Input::Failed {
+                op: pending[(*dt as usize) % pending.len()].clone(),
+                error: sm4c_runtime::ErrorInfo::new("functionError", "x"),
+            },
+            3 => Input::Event {
+                event: json!({"specversion": "1.0", "id": format!("e{dt}"), "source": "s", "type": "payment.done", "orderid": "A", "data": dt}),
+            },
+            _ => {
+                pending.push(format!("1.enter/0#{}", dt % 4));
+                continue;
+            }
+        };
+        journal.extend(i.handle(Timed { at: now, input }).entries);
+    }
+    (i, journal)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn replaying_a_journal_reproduces_the_instance(choices in prop::collection::vec((0u8..5, 0u16..5000), 0..40)) {
+        let m = machine(saga());
+        let (live, journal) = drive(&m, &choices);
+        let replayed = Instance::replay(m.clone(), "p-1", &journal, Options::default()).expect("replay succeeds");
+        prop_assert_eq!(replayed.snapshot(), live.snapshot());
+        // And a snapshot taken anywhere continues identically.
+        let restored = Instance::from_snapshot(m.clone(), serde_json::from_value(serde_json::to_value(live.snapshot()).unwrap()).unwrap(), Options::default());
+        prop_assert_eq!(restored.snapshot(), live.snapshot());
+    }
+}

@@ -1,1 +1,94 @@
+//! The JSON Schema in `schemas/` accepts every sample and reference definition, is what
+//! `sm4c schema` prints, and agrees with the validator on invalid definitions.
 
+use serde_json::{json, Value};
+use sm4c_runtime::{load, no_files, LoadOptions};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn schema() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("schemas/sm4c.schema.json")).unwrap()).unwrap()
+}
+
+fn definitions() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root().join("samples")).unwrap().flatten() {
+        let d = e.path();
+        if d.join("definition.json").exists() {
+            out.push(d.join("definition.json"));
+        }
+        if let Ok(subs) = std::fs::read_dir(d.join("subflows")) {
+            out.extend(subs.flatten().map(|e| e.path()));
+        }
+    }
+    let reference = root().join("../shared/reference/sm4c");
+    for e in std::fs::read_dir(&reference)
+        .expect("../shared/reference/sm4c beside the repository")
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "json") {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn schema_accepts_samples_and_reference_definitions() {
+    let validator = jsonschema::validator_for(&schema()).expect("schema compiles");
+    let defs = definitions();
+    assert!(defs.len() >= 9);
+    for p in defs {
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&doc)
+            .map(|e| format!("{} at {}", e, e.instance_path))
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", p.display());
+        assert!(
+            load(&doc, &mut no_files, LoadOptions::default()).is_ok(),
+            "validator refuses {}",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn schema_and_validator_agree_on_invalid_definitions() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    let ok_state = json!({"name": "A", "start": true});
+    let cases = vec![
+        json!({"id": "x", "name": "x", "version": "1"}),
+        json!({"id": "x", "name": "x", "version": "1", "states": []}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "teleport"}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "delay", "timeout": "soon"}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "foreach", "input": ".a", "maxParallel": 0, "action": {"type": "injectData", "expression": "1"}}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "parallel", "completionType": "n_of_m", "actions": [{"type": "injectData", "expression": "1"}]}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "sequence", "actions": []}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A"}]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [ok_state.clone(), {"name": "B", "start": true}]}),
+        json!({"id": "x", "version": "1", "states": [ok_state.clone()]}),
+        json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "injectData"}}]}),
+    ];
+    for doc in cases {
+        assert!(!validator.is_valid(&doc), "schema accepts {doc}");
+        assert!(
+            load(&doc, &mut no_files, LoadOptions::default()).is_err(),
+            "validator accepts {doc}"
+        );
+    }
+}
+
+#[test]
+fn sm4c_schema_prints_the_schema_file() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .arg("schema")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed, schema());
+}
