@@ -143,11 +143,20 @@ fn natives() -> Vec<Fun<Data>> {
             }
         }
     }));
+    let getp: Fun<Data> = run(("__getp", v(1), |mut cv| {
+        let path = cv.0.pop_var();
+        bome(crate::fast::get_path(&cv.1, &path).map_err(jaq_core::Error::str))
+    }));
+    let setp: Fun<Data> = run(("__setp", v(2), |mut cv| {
+        let x = cv.0.pop_var();
+        let path = cv.0.pop_var();
+        bome(crate::fast::set_path(cv.1, &path, x).map_err(jaq_core::Error::str))
+    }));
     jaq_core::funs::<Data>()
         .chain(jaq_std::funs::<Data>())
         .chain(jaq_json::funs::<Data>())
         .filter(|(name, _, _)| !NATIVE_OUT.contains(name))
-        .chain([tick])
+        .chain([tick, getp, setp])
         .collect()
 }
 
@@ -204,7 +213,13 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         Term::Arr(a) => Term::Arr(a.map(b)),
         Term::Obj(kvs) => Term::Obj(kvs.into_iter().map(|(k, v)| (fuel_term(k), v.map(fuel_term))).collect()),
         Term::Neg(x) => Term::Neg(b(x)),
-        Term::BinOp(l, op, r) => Term::BinOp(b(l), fuel_op(op), b(r)),
+        Term::BinOp(l, op, r) => match (crate::fast::simple_path(&l), op) {
+            (
+                Some(path),
+                op @ (BinaryOp::Assign | BinaryOp::Update | BinaryOp::UpdateMath(_) | BinaryOp::UpdateAlt),
+            ) => assignment(path, op, fuel_term(*r)),
+            (_, op) => Term::BinOp(b(l), fuel_op(op), b(r)),
+        },
         Term::Label(l, x) => Term::Label(l, b(x)),
         Term::Fold(f, x, pat, args) => {
             Term::Fold(f, b(x), fuel_pattern(pat), args.into_iter().map(fuel_term).collect())
@@ -234,6 +249,24 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
             ),
         ),
         other => other,
+    }
+}
+
+/// `.a.b = r` and friends with jq's semantics (a missing or null parent becomes an object), which
+/// jaq's own updates do not have: `r as $__v | __setp(["a","b"]; $__v)`, and so on.
+fn assignment<'a>(path: Term<&'a str>, op: BinaryOp<&'a str>, r: Term<&'a str>) -> Term<&'a str> {
+    let pipe = |l: Term<&'a str>, pat: Option<Pattern<&'a str>>, r: Term<&'a str>| {
+        Term::BinOp(Box::new(l), BinaryOp::Pipe(pat), Box::new(r))
+    };
+    let get = || Term::Call("__getp", vec![path.clone()]);
+    let set = |x: Term<&'a str>| Term::Call("__setp", vec![path.clone(), x]);
+    let var = || Term::Var("$__v");
+    let bind = |body: Term<&'a str>| pipe(r.clone(), Some(Pattern::Var("$__v")), body);
+    match op {
+        BinaryOp::Update => set(pipe(get(), None, r.clone())),
+        BinaryOp::UpdateMath(m) => bind(set(Term::BinOp(Box::new(get()), BinaryOp::Math(m), Box::new(var())))),
+        BinaryOp::UpdateAlt => bind(set(Term::BinOp(Box::new(get()), BinaryOp::Alt, Box::new(var())))),
+        _ => bind(set(var())),
     }
 }
 
@@ -282,6 +315,8 @@ pub struct Expr(Arc<Compiled>);
 
 struct Compiled {
     source: String,
+    /// The same expression for the direct evaluator, when its shape allows.
+    fast: Option<crate::fast::Fast>,
     filter: jaq_core::Filter<Data>,
     limits: Limits,
 }
@@ -338,17 +373,31 @@ impl Expr {
         }
         let main =
             jaq_core::load::parse(&code, |p| p.term()).ok_or_else(|| format!("{code:?} is not a single jq filter"))?;
-        extra.push(Def {
-            name: "__main",
-            args: vec!["$value"],
-            body: fuel_term(main),
-        });
+        // Code that defines nothing cannot recurse by itself: compile it as written (cheaper to run).
+        // Code with its own `def`s is wrapped so that those definitions burn fuel too.
+        let rewritten = fuel_term(main.clone());
+        let direct = !code.contains("def") && format!("{rewritten:?}") == format!("{main:?}");
+        let fast = if code.contains("def") {
+            None
+        } else {
+            crate::fast::compile(&main)
+        };
+        let main_code = if direct {
+            code.as_str()
+        } else {
+            extra.push(Def {
+                name: "__main",
+                args: vec!["$value"],
+                body: rewritten,
+            });
+            "__main($value)"
+        };
         let loader = Loader::new(prelude().iter().cloned().chain(extra));
         let modules = loader
             .load(
                 &arena,
                 File {
-                    code: "__main($value)",
+                    code: main_code,
                     path: (),
                 },
             )
@@ -369,6 +418,7 @@ impl Expr {
             })?;
         Ok(Expr(Arc::new(Compiled {
             source: text.trim().to_string(),
+            fast,
             filter,
             limits,
         })))
@@ -440,6 +490,15 @@ impl Expr {
 
     /// Runs the expression where exactly one output is needed.
     pub fn eval(&self, input: Val, value: Val) -> Result<Val, EvalError> {
+        if let Some(v) = self.0.fast.as_ref().and_then(|f| f.eval(&input, &value)) {
+            return Ok(v);
+        }
+        self.eval_jaq(input, value)
+    }
+
+    /// Runs the expression through jaq only (the reference for the direct evaluator).
+    #[doc(hidden)]
+    pub fn eval_jaq(&self, input: Val, value: Val) -> Result<Val, EvalError> {
         let mut out = self.outputs(input, value, 2)?;
         match out.len() {
             1 => Ok(out.pop().expect("one output")),
@@ -648,6 +707,24 @@ mod tests {
         );
         give(json!({"a": "x"}), "debug | .a", json!("x"));
         give(json!(1), "try error(\"boom\") catch .", json!("boom"));
+    }
+
+    #[test]
+    fn assignments_follow_jq_and_create_missing_objects() {
+        give(json!({}), ".a.b = 1", json!({"a": {"b": 1}}));
+        give(json!(null), ".a = 1", json!({"a": 1}));
+        give(json!({"a": {"b": 1}}), ".a.b += 2", json!({"a": {"b": 3}}));
+        give(json!({"a": {"b": 1}}), ".a.b |= . * 10", json!({"a": {"b": 10}}));
+        give(json!({}), ".x //= 5 | .x //= 6", json!({"x": 5}));
+        give(
+            json!({"n": 2}),
+            ".out.v = (.n | tostring)",
+            json!({"n": 2, "out": {"v": "2"}}),
+        );
+        give(json!({"k": [1]}), ".k[0] = 9", json!({"k": [9]}));
+        let e = Expr::compile(".a.b = 1", &[], Limits::default()).unwrap();
+        let err = e.eval_json(&json!({"a": 1})).unwrap_err();
+        assert!(err.message.contains("cannot index number"), "{err:?}");
     }
 
     #[test]

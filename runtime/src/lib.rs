@@ -25,6 +25,7 @@
 
 pub mod engine;
 pub mod expr;
+mod fast;
 pub mod json;
 pub mod model;
 pub mod timespan;

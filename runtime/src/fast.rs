@@ -1,0 +1,368 @@
+//! A direct evaluator for the simplest jq shapes, the ones that dominate conditions and handlers:
+//! `.a.b`, literals, `$value`, comparisons, arithmetic, `and`/`or`, `|`, `.a.b = x` and `.a += x`.
+//!
+//! It reuses jaq's own operations (`ops::Cmp`, `ops::Math`, `Val` ordering), and it only takes the
+//! happy path: anything unusual (an index into a non-object, an arithmetic error) returns `None` and
+//! the expression runs through jaq, so results and error messages stay exactly jaq's. A property
+//! test checks the two agree.
+
+use jaq_core::load::lex::StrPart;
+use jaq_core::load::parse::{BinaryOp, Term};
+use jaq_core::ops::{Cmp, Math};
+use jaq_core::path::{Opt, Part, Path};
+use jaq_json::{Num, Val};
+
+/// A compiled simple expression.
+#[derive(Debug, Clone)]
+pub enum Fast {
+    /// A constant.
+    Lit(Val),
+    /// `.a.b` applied to the input of this node.
+    Path(Box<Fast>, Vec<Val>),
+    /// `.`.
+    Id,
+    /// `$value`.
+    Value,
+    /// `l <op> r`.
+    Cmp(Box<Fast>, Cmp, Box<Fast>),
+    /// `l <op> r`.
+    Math(Box<Fast>, Math, Box<Fast>),
+    /// `l and r`.
+    And(Box<Fast>, Box<Fast>),
+    /// `l or r`.
+    Or(Box<Fast>, Box<Fast>),
+    /// `l | r`.
+    Pipe(Box<Fast>, Box<Fast>),
+    /// `.a.b = r`.
+    Assign(Vec<Val>, Box<Fast>),
+    /// `.a.b op= r`.
+    Update(Vec<Val>, Math, Box<Fast>),
+}
+
+fn key(t: &Term<&str>) -> Option<Val> {
+    match t {
+        Term::Str(None, parts) => {
+            let mut s = String::new();
+            for p in parts {
+                match p {
+                    StrPart::Str(x) => s.push_str(x),
+                    StrPart::Char(c) => s.push(*c),
+                    StrPart::Term(_) => return None,
+                }
+            }
+            Some(Val::utf8_str(s.into_bytes()))
+        }
+        _ => None,
+    }
+}
+
+fn keys(path: &Path<Term<&str>>) -> Option<Vec<Val>> {
+    path.0
+        .iter()
+        .map(|(part, opt)| match (part, opt) {
+            (Part::Index(i), Opt::Essential) => key(i),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A path written from `.`: `.a.b` (but not `.`, which jq cannot assign to as an object key path).
+fn lhs_path(t: &Term<&str>) -> Option<Vec<Val>> {
+    match t {
+        Term::Path(base, path) if matches!(**base, Term::Id) => keys(path).filter(|k| !k.is_empty()),
+        _ => None,
+    }
+}
+
+/// For `.a.b` (a path of fixed keys from `.`), the keys as a jq array term `["a", "b"]`.
+pub fn simple_path<'a>(t: &Term<&'a str>) -> Option<Term<&'a str>> {
+    let Term::Path(base, path) = t else { return None };
+    if !matches!(**base, Term::Id) || path.0.is_empty() {
+        return None;
+    }
+    let mut items: Option<Term<&'a str>> = None;
+    for (part, opt) in &path.0 {
+        let (Part::Index(k @ Term::Str(None, _)), Opt::Essential) = (part, opt) else {
+            return None;
+        };
+        key(k)?;
+        items = Some(match items {
+            None => k.clone(),
+            Some(prev) => Term::BinOp(Box::new(prev), BinaryOp::Comma, Box::new(k.clone())),
+        });
+    }
+    Some(Term::Arr(items.map(Box::new)))
+}
+
+fn type_name(v: &Val) -> &'static str {
+    match v {
+        Val::Null => "null",
+        Val::Bool(_) => "boolean",
+        Val::Num(_) => "number",
+        Val::TStr(_) | Val::BStr(_) => "string",
+        Val::Arr(_) => "array",
+        Val::Obj(_) => "object",
+    }
+}
+
+fn path_keys(path: &Val) -> Result<Vec<Val>, String> {
+    match path {
+        Val::Arr(a) => Ok(a.iter().cloned().collect()),
+        _ => Err("path must be an array".into()),
+    }
+}
+
+/// `getpath` for object keys with jq's semantics: null yields null; other non-objects are an error.
+pub fn get_path(v: &Val, path: &Val) -> Result<Val, String> {
+    let mut cur = v.clone();
+    for k in path_keys(path)? {
+        cur = get(&cur, &k).ok_or_else(|| format!("cannot index {} with {}", type_name(&cur), k))?;
+    }
+    Ok(cur)
+}
+
+/// `setpath` for object keys with jq's semantics: a null or missing parent becomes an object.
+pub fn set_path(v: Val, path: &Val, x: Val) -> Result<Val, String> {
+    let keys = path_keys(path)?;
+    let mut probe = v.clone();
+    for k in &keys {
+        match get(&probe, k) {
+            Some(next) => probe = next,
+            None => return Err(format!("cannot index {} with {}", type_name(&probe), k)),
+        }
+    }
+    set(v, &keys, x).ok_or_else(|| "cannot update this path".to_string())
+}
+
+/// Compiles a parsed term, if it only uses the shapes above.
+pub fn compile(t: &Term<&str>) -> Option<Fast> {
+    Some(match t {
+        Term::Id => Fast::Id,
+        Term::Var("$value") => Fast::Value,
+        Term::Call("true", args) if args.is_empty() => Fast::Lit(Val::Bool(true)),
+        Term::Call("false", args) if args.is_empty() => Fast::Lit(Val::Bool(false)),
+        Term::Call("null", args) if args.is_empty() => Fast::Lit(Val::Null),
+        Term::Num(n) => Fast::Lit(Val::Num(
+            Num::from_str_radix(n, 10).filter(|_| n.bytes().all(|b| b.is_ascii_digit()))?,
+        )),
+        Term::Str(..) => Fast::Lit(key(t)?),
+        Term::Path(base, path) => {
+            let ks = keys(path)?;
+            let base = compile(base)?;
+            if ks.is_empty() {
+                base
+            } else {
+                Fast::Path(Box::new(base), ks)
+            }
+        }
+        Term::BinOp(l, op, r) => match op {
+            BinaryOp::Cmp(c) => Fast::Cmp(Box::new(compile(l)?), *c, Box::new(compile(r)?)),
+            BinaryOp::Math(m) => Fast::Math(Box::new(compile(l)?), *m, Box::new(compile(r)?)),
+            BinaryOp::And => Fast::And(Box::new(compile(l)?), Box::new(compile(r)?)),
+            BinaryOp::Or => Fast::Or(Box::new(compile(l)?), Box::new(compile(r)?)),
+            BinaryOp::Pipe(None) => Fast::Pipe(Box::new(compile(l)?), Box::new(compile(r)?)),
+            BinaryOp::Assign => Fast::Assign(lhs_path(l)?, Box::new(compile(r)?)),
+            BinaryOp::UpdateMath(m) => Fast::Update(lhs_path(l)?, *m, Box::new(compile(r)?)),
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+fn truthy(v: &Val) -> bool {
+    !matches!(v, Val::Null | Val::Bool(false))
+}
+
+fn get(v: &Val, k: &Val) -> Option<Val> {
+    match v {
+        Val::Null => Some(Val::Null),
+        Val::Obj(m) => Some(m.get(k).cloned().unwrap_or(Val::Null)),
+        _ => None,
+    }
+}
+
+fn set(v: Val, ks: &[Val], x: Val) -> Option<Val> {
+    let Some((k, rest)) = ks.split_first() else {
+        return Some(x);
+    };
+    let mut map = match v {
+        Val::Null => jaq_json::Map::default(),
+        Val::Obj(m) => jaq_json::Rc::unwrap_or_clone(m),
+        _ => return None,
+    };
+    let inner = map.get(k).cloned().unwrap_or(Val::Null);
+    map.insert(k.clone(), set(inner, rest, x)?);
+    Some(Val::obj(map))
+}
+
+impl Fast {
+    /// Evaluates; `None` means "ask jaq" (an edge case or an error).
+    pub fn eval(&self, input: &Val, value: &Val) -> Option<Val> {
+        match self {
+            Fast::Lit(v) => Some(v.clone()),
+            Fast::Id => Some(input.clone()),
+            Fast::Value => Some(value.clone()),
+            Fast::Path(base, ks) => {
+                let mut v = base.eval(input, value)?;
+                for k in ks {
+                    v = get(&v, k)?;
+                }
+                Some(v)
+            }
+            Fast::Cmp(l, c, r) => {
+                let (l, r) = (l.eval(input, value)?, r.eval(input, value)?);
+                Some(Val::Bool(c.run(&l, &r)))
+            }
+            Fast::Math(l, m, r) => {
+                let (l, r) = (l.eval(input, value)?, r.eval(input, value)?);
+                m.run(l, r).ok()
+            }
+            Fast::And(l, r) => {
+                if !truthy(&l.eval(input, value)?) {
+                    return Some(Val::Bool(false));
+                }
+                Some(Val::Bool(truthy(&r.eval(input, value)?)))
+            }
+            Fast::Or(l, r) => {
+                if truthy(&l.eval(input, value)?) {
+                    return Some(Val::Bool(true));
+                }
+                Some(Val::Bool(truthy(&r.eval(input, value)?)))
+            }
+            Fast::Pipe(l, r) => {
+                let mid = l.eval(input, value)?;
+                r.eval(&mid, value)
+            }
+            Fast::Assign(ks, r) => {
+                let x = r.eval(input, value)?;
+                set(input.clone(), ks, x)
+            }
+            Fast::Update(ks, m, r) => {
+                let x = r.eval(input, value)?;
+                let mut cur = input.clone();
+                for k in ks {
+                    cur = get(&cur, k)?;
+                }
+                let new = m.run(cur, x).ok()?;
+                set(input.clone(), ks, new)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::expr::{Expr, Limits};
+    use crate::json::{from_val, to_val};
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn leaf() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(".".to_string()),
+            Just(".a".to_string()),
+            Just(".b".to_string()),
+            Just(".a.b".to_string()),
+            Just(".c.a".to_string()),
+            Just("$value".to_string()),
+            Just("($value | .a)".to_string()),
+            Just("true".to_string()),
+            Just("false".to_string()),
+            Just("null".to_string()),
+            (0u32..5).prop_map(|n| n.to_string()),
+            Just("\"x\"".to_string()),
+            Just("\"a\\nb\"".to_string()),
+        ]
+    }
+
+    fn expr() -> impl Strategy<Value = String> {
+        leaf().prop_recursive(3, 12, 2, |inner| {
+            let ops = prop_oneof![
+                Just("+"),
+                Just("-"),
+                Just("*"),
+                Just("/"),
+                Just("%"),
+                Just("=="),
+                Just("!="),
+                Just("<"),
+                Just("<="),
+                Just(">"),
+                Just(">="),
+                Just("and"),
+                Just("or"),
+                Just("|")
+            ];
+            prop_oneof![
+                (inner.clone(), ops, inner.clone()).prop_map(|(l, op, r)| format!("({l} {op} {r})")),
+                (
+                    prop_oneof![Just(".a"), Just(".a.b"), Just(".c")],
+                    prop_oneof![Just("="), Just("+="), Just("-="), Just("*=")],
+                    inner
+                )
+                    .prop_map(|(p, op, r)| format!("({p} {op} {r})")),
+            ]
+        })
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (-3i64..4).prop_map(Value::from),
+            Just(json!(1.5)),
+            prop_oneof![Just("x"), Just("y"), Just("")].prop_map(Value::from),
+        ];
+        leaf.prop_recursive(2, 8, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
+                (
+                    prop::option::of(inner.clone()),
+                    prop::option::of(inner.clone()),
+                    prop::option::of(inner)
+                )
+                    .prop_map(|(a, b, c)| {
+                        let mut m = serde_json::Map::new();
+                        for (k, v) in [("a", a), ("b", b), ("c", c)] {
+                            if let Some(v) = v {
+                                m.insert(k.into(), v);
+                            }
+                        }
+                        Value::Object(m)
+                    }),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #[test]
+        fn direct_evaluation_agrees_with_jaq(code in expr(), input in value(), v in value()) {
+            let e = Expr::compile(&code, &[], Limits::default()).unwrap();
+            let fast = e.eval(to_val(&input), to_val(&v)).map(|x| from_val(&x));
+            let slow = e.eval_jaq(to_val(&input), to_val(&v)).map(|x| from_val(&x));
+            match (&fast, &slow) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b, "{}", code),
+                (Err(a), Err(b)) => prop_assert_eq!(&a.message, &b.message, "{}", code),
+                _ => prop_assert!(false, "{code}: direct {fast:?} vs jaq {slow:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn common_shapes_take_the_direct_path() {
+        for code in [
+            "${ true }",
+            "${ .count >= .limit }",
+            "${ .count + 1 }",
+            "${ .count = $value }",
+            "${ .result += $value }",
+            "${ .creditCheck += ($value | .Data) }",
+            "${ .a.b == \"Approved\" }",
+        ] {
+            let text = crate::expr::strip(code);
+            let t = jaq_core::load::parse(text, |p| p.term()).unwrap();
+            assert!(super::compile(&t).is_some(), "{code}");
+        }
+    }
+}
