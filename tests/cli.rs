@@ -1,1 +1,971 @@
+//! The `sm4c` command as users see it: exit codes, stdout and stderr of `validate`, `run`,
+//! `graph` and `schema`, run against the real binary.
 
+use serde_json::{json, Value};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const REF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/reference/sm4c");
+
+/// Longest any single command may take before the test calls it a hang.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs `sm4c ARGS`, returning (exit code, stdout, stderr); kills it and panics after [`DEADLINE`].
+fn sm4c(args: &[&str]) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sm4c starts");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            r.read_to_string(&mut s).expect("utf-8 output");
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
+    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if started.elapsed() > DEADLINE {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("sm4c {args:?} still running after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (
+        status.code().unwrap_or(-1),
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
+    )
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+fn write_raw(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write file");
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+/// Writes a JSON document to `dir/name` and returns the path.
+fn write(dir: &Path, name: &str, json: &Value) -> String {
+    write_raw(dir, name, &serde_json::to_string_pretty(json).expect("json"))
+}
+
+/// Writes CloudEvents as NDJSON.
+fn write_events(dir: &Path, name: &str, events: &[Value]) -> String {
+    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
+    write_raw(dir, name, &(lines.join("\n") + "\n"))
+}
+
+/// A definition with `id`, `name` and `version` added to `body`.
+fn sm(body: Value) -> Value {
+    let mut m = json!({"id": "t", "name": "test", "version": "1.0"});
+    for (k, v) in body.as_object().expect("object body") {
+        m[k] = v.clone();
+    }
+    m
+}
+
+fn reference(file: &str) -> String {
+    format!("{REF}/{file}")
+}
+
+fn parse(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{stdout}"))
+}
+
+/// Asserts one stderr line is `FILE: PLACE: ...` and contains every needle.
+fn assert_error(stderr: &str, file: &str, place: &str, needles: &[&str]) {
+    let prefix = format!("{file}: {place}: ");
+    let found = stderr
+        .lines()
+        .any(|l| l.starts_with(&prefix) && needles.iter().all(|n| l.contains(n)));
+    assert!(
+        found,
+        "no stderr line `{prefix}...` containing {needles:?}; stderr:\n{stderr}"
+    );
+}
+
+/// Validates `def` (written into `dir`), expecting exit 2, empty stdout; returns (path, stderr).
+fn invalid(dir: &Path, def: &Value) -> (String, String) {
+    let f = write(dir, "def.json", def);
+    let (code, out, err) = sm4c(&["validate", &f]);
+    assert_eq!(code, 2, "stderr:\n{err}");
+    assert_eq!(out, "");
+    (f, err)
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn one_state(state: Value) -> Value {
+    let mut s = state;
+    s["name"] = json!(s.get("name").cloned().unwrap_or(json!("A")));
+    s["start"] = json!(true);
+    sm(json!({ "states": [s] }))
+}
+
+// ---------------------------------------------------------------- reference definitions
+
+fn credit_check(decision: Option<&str>, extra: &[&str]) -> (i32, String, String) {
+    let d = tmp();
+    let mock = write(
+        d.path(),
+        "mock.json",
+        &json!({"creditCheckFunction": "{ submitted: true }"}),
+    );
+    let events: Vec<Value> = decision
+        .map(|dec| {
+            json!({"specversion":"1.0","id":"e1","source":"creditCheckSource","type":"creditCheckCompleteType",
+                   "customerid":"c-1","data":{"decision": dec}})
+        })
+        .into_iter()
+        .collect();
+    let ev = write_events(d.path(), "events.ndjson", &events);
+    let input = write(d.path(), "input.json", &json!({"customer": {"id": "c-1"}}));
+    let def = reference("customercreditcheck.json");
+    let mut args = vec!["run", &def, "--input", &input, "--mock", &mock, "--events", &ev];
+    args.extend_from_slice(extra);
+    sm4c(&args)
+}
+
+#[test]
+fn reference_helloworld() {
+    let (code, out, err) = sm4c(&["run", &reference("helloworld.json")]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out), json!({"result": "Hello World!"}));
+    assert_eq!(err, "");
+}
+
+#[test]
+fn reference_credit_check_approved() {
+    let (code, out, err) = credit_check(Some("Approved"), &[]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["status"], "approved", "{v}");
+    assert_eq!(v["creditCheck"], json!({"decision": "Approved"}));
+}
+
+#[test]
+fn reference_credit_check_denied() {
+    let (code, out, err) = credit_check(Some("Denied"), &[]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out)["status"], "denied");
+}
+
+#[test]
+fn reference_credit_check_times_out_without_event() {
+    let (code, out, err) = credit_check(None, &["--virtual-time", "-v"]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert!(v.get("status").is_none(), "{v}");
+    assert!(v.get("creditCheck").is_none(), "{v}");
+    assert!(err.contains("CreditCheckTimedOut"), "stderr:\n{err}");
+    assert!(!err.contains("EvaluateDecision"), "stderr:\n{err}");
+}
+
+fn travel(events: &[Value]) -> (i32, String, String) {
+    let d = tmp();
+    let mock = write(
+        d.path(),
+        "mock.json",
+        &json!({
+            "callFlightReservationMicroservice": "{ requested: true }",
+            "callFlightReservationUndoMicroservice": "{ undone: true }",
+            "callHotelReservationMicroservice": "{ requested: true }",
+            "callAutoReservationMicroservice": "{ requested: true }",
+            "reportErrors": "null"
+        }),
+    );
+    let ev = write_events(d.path(), "events.ndjson", events);
+    let input = write(d.path(), "input.json", &json!({"flightDetails": {"to": "AMS"}}));
+    sm4c(&[
+        "run",
+        &reference("travelbookingsaga.json"),
+        "--input",
+        &input,
+        "--mock",
+        &mock,
+        "--events",
+        &ev,
+        "-v",
+    ])
+}
+
+fn reservation(id: &str, ty: &str, data: Value) -> Value {
+    json!({"specversion":"1.0","id":id,"source":"reservationSystem","type":ty,"data":data})
+}
+
+#[test]
+fn reference_travel_saga_books_everything() {
+    let (code, out, err) = travel(&[
+        reservation("f1", "FlightBooked", json!({"flight": "TP662"})),
+        reservation("h1", "HotelBooked", json!({"hotel": "Canal House"})),
+        reservation("a1", "AutoBooked", json!({"car": "Polo"})),
+    ]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["bookedFlight"], json!({"flight": "TP662"}), "{v}");
+    assert_eq!(v["bookedHotel"], json!({"hotel": "Canal House"}), "{v}");
+    assert_eq!(v["bookedAuto"], json!({"car": "Polo"}), "{v}");
+    assert!(v.get("error").is_none(), "{v}");
+    assert!(err.contains("\"Done\""), "stderr:\n{err}");
+}
+
+#[test]
+fn reference_travel_saga_hotel_failure_compensates() {
+    let (code, out, err) = travel(&[
+        reservation("f1", "FlightBooked", json!({"flight": "TP662"})),
+        reservation("h1", "HotelBookingFailed", json!({"reason": "full"})),
+    ]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["error"], json!({"reason": "full"}), "{v}");
+    assert!(v.get("bookedHotel").is_none(), "{v}");
+    for state in ["UndoFlightReservation", "ReportError", "Done"] {
+        assert!(
+            err.contains(&format!("enter state \"{state}\"")),
+            "no {state} in stderr:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn reference_definitions_validate() {
+    let files: Vec<String> = [
+        "helloworld.json",
+        "customercreditcheck.json",
+        "travelbookingsaga.json",
+        "greeting.json",
+    ]
+    .iter()
+    .map(|f| reference(f))
+    .collect();
+    let mut args = vec!["validate"];
+    args.extend(files.iter().map(String::as_str));
+    let (code, out, err) = sm4c(&args);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(out, "");
+    assert_eq!(err, "");
+}
+
+// ---------------------------------------------------------------- bad definitions
+
+#[test]
+fn not_json_names_line_and_column() {
+    let d = tmp();
+    let f = write_raw(d.path(), "def.json", "{\"id\": \"x\",\n  \"name\": }");
+    for cmd in ["validate", "run"] {
+        let (code, out, err) = sm4c(&[cmd, &f]);
+        assert_eq!(code, 2, "{cmd}: stderr:\n{err}");
+        assert_eq!(out, "", "{cmd}");
+        assert_error(&err, &f, "/", &["not valid JSON", "line 2 column 11"]);
+    }
+}
+
+#[test]
+fn missing_states() {
+    let d = tmp();
+    let (f, err) = invalid(d.path(), &sm(json!({})));
+    assert_error(&err, &f, "/", &["missing required field `states`"]);
+}
+
+#[test]
+fn missing_name() {
+    let d = tmp();
+    let (f, err) = invalid(
+        d.path(),
+        &json!({"id": "x", "version": "1.0", "states": [{"name": "A", "start": true}]}),
+    );
+    assert_error(&err, &f, "/", &["missing required field `name`"]);
+    assert_eq!(err.lines().count(), 1, "stderr:\n{err}");
+}
+
+#[test]
+fn zero_start_states() {
+    let d = tmp();
+    let (f, err) = invalid(d.path(), &sm(json!({"states": [{"name": "A"}, {"name": "B"}]})));
+    assert_error(&err, &f, "/states", &["no start state"]);
+}
+
+#[test]
+fn two_start_states() {
+    let d = tmp();
+    let def = sm(json!({"states": [{"name": "A", "start": true}, {"name": "B", "start": true}]}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(&err, &f, "/states/1/start", &["more than one start state", "A", "B"]);
+}
+
+#[test]
+fn duplicate_state_names() {
+    let d = tmp();
+    let def = sm(json!({"states": [{"name": "A", "start": true}, {"name": "A"}]}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(&err, &f, "/states/1/name", &["duplicate state name \"A\""]);
+}
+
+#[test]
+fn unknown_next_state() {
+    let d = tmp();
+    let def = one_state(json!({"transitions": [{"nextState": "Nowhere"}]}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/transitions/0/nextState",
+        &["unknown state \"Nowhere\""],
+    );
+}
+
+#[test]
+fn unknown_function() {
+    let d = tmp();
+    let def = one_state(json!({"enterAction": {"type": "invokeFunction", "functionName": "ghost"}}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/functionName",
+        &["unknown function \"ghost\""],
+    );
+}
+
+#[test]
+fn unknown_event_in_event_group() {
+    let d = tmp();
+    let def = sm(json!({
+        "events": [{"name": "known", "type": "k", "source": "s"}],
+        "states": [
+            {"name": "A", "start": true,
+             "transitions": [{"nextState": "B", "eventGroups": [{"events": ["known", "ghost"]}]}]},
+            {"name": "B"}
+        ]
+    }));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/transitions/0/eventGroups/0/events/1",
+        &["unknown event \"ghost\""],
+    );
+    assert_eq!(err.lines().count(), 1, "stderr:\n{err}");
+}
+
+#[test]
+fn unknown_event_in_send_event() {
+    let d = tmp();
+    let def = one_state(json!({"enterAction": {"type": "sendEvent", "event": "ghost"}}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(&err, &f, "/states/0/enterAction/event", &["unknown event \"ghost\""]);
+}
+
+#[test]
+fn unknown_retry_policy() {
+    let d = tmp();
+    let def = one_state(json!({"enterAction": {
+        "type": "injectData", "expression": "${ 1 }", "errorHandlers": [{"retryPolicy": "ghost"}]
+    }}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/errorHandlers/0/retryPolicy",
+        &["unknown retry policy \"ghost\""],
+    );
+}
+
+#[test]
+fn unknown_subflow() {
+    let d = tmp();
+    let empty = d.path().join("subflows");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let empty = empty.to_str().expect("utf-8");
+    let def =
+        one_state(json!({"enterAction": {"type": "invokeSubflow", "subflowName": "child", "waitForCompletion": true}}));
+    let f = write(d.path(), "def.json", &def);
+    let (code, out, err) = sm4c(&["run", &f, "--subflows", empty]);
+    assert_eq!(code, 2, "stderr:\n{err}");
+    assert_eq!(out, "");
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/subflowName",
+        &["unknown subflow \"child\""],
+    );
+    let (code, _, err) = sm4c(&["validate", &f, "--subflows", empty]);
+    assert_eq!(code, 2, "stderr:\n{err}");
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/subflowName",
+        &["unknown subflow \"child\""],
+    );
+}
+
+#[test]
+fn bad_jq_syntax() {
+    let d = tmp();
+    let def = one_state(json!({"enterAction": {"type": "injectData", "expression": "${ .a | }"}}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/expression",
+        &["invalid jq expression", ".a |"],
+    );
+}
+
+#[test]
+fn jq_sandbox_refuses_env_now_input_halt() {
+    let d = tmp();
+    let def = sm(json!({"states": [
+        {"name": "A", "start": true,
+         "enterAction": {"type": "injectData", "expression": "${ env.HOME }"},
+         "enterResultHandler": "${ .t = now }",
+         "exitResultHandler": "${ halt }",
+         "transitions": [{"nextState": "B", "condition": "${ input == 1 }",
+                          "action": {"type": "injectData", "expression": "${ $ENV.PATH }"}}]},
+        {"name": "B"}
+    ]}));
+    let (f, err) = invalid(d.path(), &def);
+    for (place, name) in [
+        ("/states/0/enterAction/expression", "`env`"),
+        ("/states/0/enterResultHandler", "`now`"),
+        ("/states/0/exitResultHandler", "`halt`"),
+        ("/states/0/transitions/0/condition", "`input`"),
+        ("/states/0/transitions/0/action/expression", "`$ENV`"),
+    ] {
+        assert_error(&err, &f, place, &[name, "not available"]);
+    }
+    assert_eq!(err.lines().count(), 5, "stderr:\n{err}");
+}
+
+#[test]
+fn bad_timespan() {
+    let d = tmp();
+    let def = one_state(json!({"enterAction": {"type": "delay", "timeout": "soon"}}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/timeout",
+        &["invalid timespan \"soon\""],
+    );
+}
+
+#[test]
+fn unknown_action_type() {
+    let d = tmp();
+    let def = one_state(json!({"enterAction": {"type": "teleport"}}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/type",
+        &["unknown action type \"teleport\""],
+    );
+}
+
+#[test]
+fn every_error_is_reported() {
+    let d = tmp();
+    let def = sm(json!({"states": [
+        {"name": "A", "start": true, "enterAction": {"type": "teleport"}, "transitions": [{"nextState": "Nope"}]},
+        {"name": "B", "transitions": [{"nextState": "A", "timeout": "soon"}]}
+    ]}));
+    let (f, err) = invalid(d.path(), &def);
+    assert_error(&err, &f, "/states/0/enterAction/type", &["teleport"]);
+    assert_error(&err, &f, "/states/0/transitions/0/nextState", &["Nope"]);
+    assert_error(&err, &f, "/states/1/transitions/0/timeout", &["soon"]);
+    assert_eq!(err.lines().count(), 3, "stderr:\n{err}");
+    // `run` refuses the same definition the same way, printing nothing on stdout.
+    let (code, out, run_err) = sm4c(&["run", &f]);
+    assert_eq!(code, 2);
+    assert_eq!(out, "");
+    assert_eq!(run_err, err);
+}
+
+#[test]
+fn validate_reports_every_file() {
+    let d = tmp();
+    let good = write(d.path(), "good.json", &one_state(json!({})));
+    let bad1 = write(d.path(), "bad1.json", &sm(json!({})));
+    let bad2 = write(
+        d.path(),
+        "bad2.json",
+        &one_state(json!({"enterAction": {"type": "teleport"}})),
+    );
+    let (code, out, err) = sm4c(&["validate", &bad1, &good, &bad2]);
+    assert_eq!(code, 2);
+    assert_eq!(out, "");
+    assert_error(&err, &bad1, "/", &["`states`"]);
+    assert_error(&err, &bad2, "/states/0/enterAction/type", &["teleport"]);
+    assert!(!err.contains(&good), "stderr:\n{err}");
+}
+
+#[test]
+fn usage_errors_print_nothing_on_stdout() {
+    let d = tmp();
+    let missing = d.path().join("missing.json");
+    let missing = missing.to_str().expect("utf-8");
+    let hello = reference("helloworld.json");
+    for args in [
+        vec!["run"],
+        vec!["run", &hello, "--bogus"],
+        vec!["run", missing],
+        vec!["run", &hello, "--input", missing],
+        vec!["validate"],
+    ] {
+        let (code, out, err) = sm4c(&args);
+        assert_eq!(code, 2, "{args:?}: stderr:\n{err}");
+        assert_eq!(out, "", "{args:?}");
+        assert!(!err.is_empty(), "{args:?}");
+    }
+}
+
+// ---------------------------------------------------------------- bad run inputs
+
+#[test]
+fn input_not_json() {
+    let d = tmp();
+    let input = write_raw(d.path(), "input.json", "{\"a\": nope}");
+    let (code, out, err) = sm4c(&["run", &reference("helloworld.json"), "--input", &input]);
+    assert_eq!(code, 2, "stderr:\n{err}");
+    assert_eq!(out, "");
+    assert_error(&err, &input, "/", &["not valid JSON", "line 1 column"]);
+}
+
+#[test]
+fn events_line_not_json() {
+    let d = tmp();
+    let ev = write_raw(
+        d.path(),
+        "events.ndjson",
+        "{\"specversion\":\"1.0\",\"id\":\"a\",\"source\":\"s\",\"type\":\"t\"}\n{oops\n",
+    );
+    let (code, out, err) = sm4c(&["run", &reference("helloworld.json"), "--events", &ev]);
+    assert_eq!(code, 2, "stderr:\n{err}");
+    assert_eq!(out, "");
+    assert_error(&err, &ev, "line 2", &["not valid JSON"]);
+    assert_eq!(err.lines().count(), 1, "stderr:\n{err}");
+}
+
+#[test]
+fn events_line_missing_id() {
+    let d = tmp();
+    // Line 2 is blank: line numbers still count it.
+    let ev = write_raw(
+        d.path(),
+        "events.ndjson",
+        "{\"specversion\":\"1.0\",\"id\":\"a\",\"source\":\"s\",\"type\":\"t\"}\n\n\
+         {\"specversion\":\"1.0\",\"source\":\"s\",\"type\":\"t\"}\n",
+    );
+    let (code, out, err) = sm4c(&["run", &reference("helloworld.json"), "--events", &ev]);
+    assert_eq!(code, 2, "stderr:\n{err}");
+    assert_eq!(out, "");
+    assert_error(&err, &ev, "line 3", &["`id`"]);
+}
+
+fn parse_state(handlers: Value) -> Value {
+    one_state(json!({
+        "name": "Parse",
+        "enterAction": {"type": "injectData", "expression": "${ .a.b.c | tonumber }", "errorHandlers": handlers},
+        "enterResultHandler": "${ .n = $value }"
+    }))
+}
+
+#[test]
+fn jq_runtime_error_fails_instance() {
+    let d = tmp();
+    let f = write(d.path(), "def.json", &parse_state(json!([])));
+    let input = write(d.path(), "input.json", &json!({"a": {"b": {"c": "abc"}}}));
+    let (code, out, err) = sm4c(&["run", &f, "--input", &input]);
+    assert_eq!(code, 1, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["type"], "expressionError", "{v}");
+    assert_eq!(v["state"], "Parse", "{v}");
+    assert!(v["message"].as_str().is_some_and(|m| m.contains("tonumber")), "{v}");
+    assert_eq!(err.lines().count(), 1, "stderr:\n{err}");
+    assert!(err.contains("Parse") && err.contains("tonumber"), "stderr:\n{err}");
+}
+
+#[test]
+fn jq_runtime_error_caught_by_error_handler() {
+    let d = tmp();
+    let def = parse_state(json!([{"resultHandler": "${ .caught = ($value | .type) }"}]));
+    let f = write(d.path(), "def.json", &def);
+    let input = write(d.path(), "input.json", &json!({"a": {"b": {"c": "abc"}}}));
+    let (code, out, err) = sm4c(&["run", &f, "--input", &input]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["caught"], "expressionError", "{v}");
+    assert_eq!(v["n"], Value::Null, "{v}");
+    assert_eq!(v["a"], json!({"b": {"c": "abc"}}));
+}
+
+#[test]
+fn no_transition_holds() {
+    let d = tmp();
+    let def = sm(json!({"states": [
+        {"name": "Stuck", "start": true, "transitions": [
+            {"nextState": "B", "condition": "${ false }"},
+            {"nextState": "B", "condition": "${ .x == 1 }"}
+        ]},
+        {"name": "B"}
+    ]}));
+    let f = write(d.path(), "def.json", &def);
+    let (code, out, err) = sm4c(&["run", &f]);
+    assert_eq!(code, 1, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["state"], "Stuck", "{v}");
+    assert_eq!(v["type"], "noTransition", "{v}");
+    assert!(err.contains("Stuck"), "stderr:\n{err}");
+}
+
+#[test]
+fn runaway_expression_is_stopped() {
+    let d = tmp();
+    let def = one_state(
+        json!({"name": "Spin", "enterAction": {"type": "injectData", "expression": "${ 0 | until(false; .) }"}}),
+    );
+    let f = write(d.path(), "def.json", &def);
+    // `sm4c` panics if the run outlives DEADLINE: the fuel limit must stop the loop before that.
+    let (code, out, err) = sm4c(&["run", &f]);
+    assert_eq!(code, 1, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["type"], "expressionError", "{v}");
+    assert_eq!(v["state"], "Spin", "{v}");
+    assert!(v["message"].as_str().is_some_and(|m| m.contains("stopped")), "{v}");
+    assert!(err.contains("Spin") && err.contains("stopped"), "stderr:\n{err}");
+}
+
+#[test]
+fn waiting_for_events_that_never_come_fails() {
+    let d = tmp();
+    let def = sm(json!({
+        "events": [{"name": "go", "type": "go", "source": "s"}],
+        "states": [
+            {"name": "Wait", "start": true, "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["go"]}]}]},
+            {"name": "Done"}
+        ]
+    }));
+    let f = write(d.path(), "def.json", &def);
+    let (code, out, err) = sm4c(&["run", &f]);
+    assert_eq!(code, 1, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["state"], "Wait", "{v}");
+    assert!(v["type"].is_string() && v["message"].is_string(), "{v}");
+    assert!(err.contains("Wait"), "stderr:\n{err}");
+}
+
+fn call_state(wait: bool, handlers: Value) -> Value {
+    sm(json!({
+        "functions": [{"name": "f", "operation": "http://example.org/api.json#f"}],
+        "retries": [{"name": "r", "delay": "PT10M", "maxAttempts": 2}],
+        "states": [{"name": "Call", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "f", "waitForCompletion": wait,
+                            "errorHandlers": handlers},
+            "enterResultHandler": "${ .r = $value }"}]
+    }))
+}
+
+#[test]
+fn mock_error_fails_instance() {
+    let d = tmp();
+    let f = write(d.path(), "def.json", &call_state(true, json!([])));
+    let mock = write(d.path(), "mock.json", &json!({"f": "error(\"boom\")"}));
+    let (code, out, err) = sm4c(&["run", &f, "--mock", &mock]);
+    assert_eq!(code, 1, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["message"], "boom", "{v}");
+    assert_eq!(v["type"], "functionError", "{v}");
+    assert_eq!(v["state"], "Call", "{v}");
+    assert!(err.contains("Call") && err.contains("boom"), "stderr:\n{err}");
+}
+
+// ---------------------------------------------------------------- features
+
+#[test]
+fn sent_events_are_recorded_with_deterministic_ids() {
+    let d = tmp();
+    let def = sm(json!({
+        "events": [{"name": "done", "type": "order.done", "source": "shop"}],
+        "states": [{"name": "Send", "start": true,
+            "enterAction": {"type": "sendEvent", "event": "done", "expression": "${ { order: .order } }"}}]
+    }));
+    let f = write(d.path(), "def.json", &def);
+    let input = write(d.path(), "input.json", &json!({"order": "o-7"}));
+    let sent = d.path().join("sent.ndjson");
+    let sent = sent.to_str().expect("utf-8");
+    for _ in 0..2 {
+        let (code, out, err) = sm4c(&["run", &f, "--input", &input, "--sent", sent]);
+        assert_eq!(code, 0, "stderr:\n{err}");
+        assert_eq!(parse(&out), json!({"order": "o-7"}));
+    }
+    let text = std::fs::read_to_string(sent).expect("sent file");
+    let events: Vec<Value> = text.lines().map(parse).collect();
+    assert_eq!(events.len(), 2, "{text}");
+    for e in &events {
+        assert_eq!(e["specversion"], "1.0", "{e}");
+        assert_eq!(e["source"], "shop", "{e}");
+        assert_eq!(e["type"], "order.done", "{e}");
+        assert_eq!(e["data"], json!({"order": "o-7"}), "{e}");
+        assert!(e["id"].as_str().is_some_and(|s| !s.is_empty()), "{e}");
+        assert!(e["sm4cinstanceid"].as_str().is_some_and(|s| !s.is_empty()), "{e}");
+    }
+    assert_eq!(events[0]["id"], events[1]["id"]);
+    assert_eq!(events[0]["sm4cinstanceid"], events[1]["sm4cinstanceid"]);
+}
+
+#[test]
+fn send_event_context_attributes_take_jq_values() {
+    let d = tmp();
+    let def = sm(json!({
+        "events": [{"name": "done", "type": "order.done", "source": "shop"}],
+        "states": [{"name": "Send", "start": true,
+            "enterAction": {"type": "sendEvent", "event": "done", "expression": "${ .order }",
+                            "contextAttributes": {"orderid": "${ .order.id }", "channel": "web"}}}]
+    }));
+    let f = write(d.path(), "def.json", &def);
+    let input = write(d.path(), "input.json", &json!({"order": {"id": "o-42"}}));
+    let sent = d.path().join("sent.ndjson");
+    let sent = sent.to_str().expect("utf-8");
+    let (code, _, err) = sm4c(&["run", &f, "--input", &input, "--sent", sent]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let text = std::fs::read_to_string(sent).expect("sent file");
+    let e = parse(text.lines().next().expect("one event"));
+    assert_eq!(e["orderid"], "o-42", "{e}");
+    assert_eq!(e["channel"], "web", "{e}");
+    assert_eq!(e["data"], json!({"id": "o-42"}), "{e}");
+}
+
+#[test]
+fn retry_policy_exhausted_then_error_propagates() {
+    let d = tmp();
+    let f = write(d.path(), "def.json", &call_state(true, json!([{"retryPolicy": "r"}])));
+    let mock = write(d.path(), "mock.json", &json!({"f": "error(\"boom\")"}));
+    let (code, out, err) = sm4c(&["run", &f, "--mock", &mock, "--virtual-time", "-v"]);
+    assert_eq!(code, 1, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["type"], "functionError", "{v}");
+    assert_eq!(v["message"], "boom", "{v}");
+    let retries = err.lines().filter(|l| l.contains("] retry ")).count();
+    assert_eq!(retries, 2, "stderr:\n{err}");
+    let failures = err.lines().filter(|l| l.contains("failed: boom")).count();
+    assert_eq!(failures, 3, "stderr:\n{err}");
+}
+
+#[test]
+fn wait_for_completion_false_yields_null() {
+    let d = tmp();
+    let mock = write(d.path(), "mock.json", &json!({"f": "{ a: 1 }"}));
+    let f = write(d.path(), "nowait.json", &call_state(false, json!([])));
+    let (code, out, err) = sm4c(&["run", &f, "--mock", &mock]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out), json!({"r": null}));
+    let f = write(d.path(), "wait.json", &call_state(true, json!([])));
+    let (code, out, err) = sm4c(&["run", &f, "--mock", &mock]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out), json!({"r": {"a": 1}}));
+}
+
+#[test]
+fn parallel_xor_takes_the_shorter_branch() {
+    let d = tmp();
+    let branch = |name: &str, delay: &str| {
+        json!({"name": name, "type": "sequence", "actions": [
+            {"type": "delay", "timeout": delay},
+            {"name": "v", "type": "injectData", "expression": format!("${{ \"{name}\" }}")}
+        ]})
+    };
+    let def = one_state(json!({
+        "enterAction": {"type": "parallel", "completionType": "xor",
+                        "actions": [branch("slow", "PT10M"), branch("fast", "PT1M")]},
+        "enterResultHandler": "${ .race = $value }"
+    }));
+    let f = write(d.path(), "def.json", &def);
+    let (code, out, err) = sm4c(&["run", &f, "--virtual-time"]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["race"]["fast"]["v"], "fast", "{v}");
+    assert!(v["race"].get("slow").is_none(), "{v}");
+}
+
+#[test]
+fn foreach_runs_at_most_max_parallel_items_at_once() {
+    let d = tmp();
+    let def = sm(json!({
+        "events": [{"name": "tick", "type": "tick", "source": "fe"}],
+        "states": [{"name": "Each", "start": true,
+            "enterAction": {"type": "foreach", "input": "${ .items }", "maxParallel": 2,
+                "action": {"type": "sequence", "actions": [
+                    {"type": "delay", "timeout": "PT1M"},
+                    {"type": "sendEvent", "event": "tick", "expression": "${ . }"},
+                    {"name": "v", "type": "injectData", "expression": "${ . * 10 }"}
+                ]}},
+            "enterResultHandler": "${ .out = [ $value[] | .v ] }"}]
+    }));
+    let f = write(d.path(), "def.json", &def);
+    let input = write(d.path(), "input.json", &json!({"items": [1, 2, 3, 4, 5]}));
+    let sent = d.path().join("sent.ndjson");
+    let sent = sent.to_str().expect("utf-8");
+    let (code, out, err) = sm4c(&["run", &f, "--input", &input, "--sent", sent, "--virtual-time"]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out)["out"], json!([10, 20, 30, 40, 50]));
+    // Each item waits one minute: two at a time finish in three waves (2, 2, 1).
+    let text = std::fs::read_to_string(sent).expect("sent file");
+    let mut times: Vec<String> = text
+        .lines()
+        .map(|l| parse(l)["time"].as_str().expect("time").to_string())
+        .collect();
+    times.sort();
+    let mut waves: Vec<usize> = Vec::new();
+    for (i, t) in times.iter().enumerate() {
+        if i > 0 && times[i - 1] == *t {
+            *waves.last_mut().expect("wave") += 1;
+        } else {
+            waves.push(1);
+        }
+    }
+    assert_eq!(waves, vec![2, 2, 1], "{text}");
+}
+
+fn exec_timeout_def(key: &str) -> Value {
+    let mut def = sm(json!({
+        "events": [{"name": "go", "type": "go", "source": "s"},
+                   {"name": "late", "type": "late", "source": "t"}],
+        "states": [
+            {"name": "Wait", "start": true, "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["go"]}]}]},
+            {"name": "Done"}
+        ]
+    }));
+    def[key] =
+        json!({"duration": "PT1M", "action": {"type": "sendEvent", "event": "late", "expression": "${ \"late\" }"}});
+    def
+}
+
+fn check_exec_timeout(key: &str) {
+    let d = tmp();
+    let f = write(d.path(), "def.json", &exec_timeout_def(key));
+    let sent = d.path().join("sent.ndjson");
+    let sent = sent.to_str().expect("utf-8");
+    let (code, out, err) = sm4c(&["run", &f, "--sent", sent, "--virtual-time"]);
+    assert_eq!(code, 1, "{key}: stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["type"], "timeout", "{key}: {v}");
+    assert_eq!(v["state"], "Wait", "{key}: {v}");
+    assert!(err.contains("Wait"), "{key}: stderr:\n{err}");
+    let text = std::fs::read_to_string(sent).unwrap_or_default();
+    assert!(
+        text.lines().any(|l| parse(l)["type"] == "late"),
+        "{key}: the timeout action did not send its event: {text:?}"
+    );
+    // With the awaited event in the inbox the timeout never fires.
+    let ev = write_events(
+        d.path(),
+        "go.ndjson",
+        &[json!({"specversion":"1.0","id":"g","source":"s","type":"go"})],
+    );
+    let (code, out, err) = sm4c(&["run", &f, "--events", &ev, "--virtual-time"]);
+    assert_eq!(code, 0, "{key}: stderr:\n{err}");
+    assert_eq!(parse(&out), json!({}));
+}
+
+#[test]
+fn execution_timeout() {
+    check_exec_timeout("timeout");
+}
+
+#[test]
+fn exec_timeout_alias() {
+    check_exec_timeout("execTimeout");
+}
+
+fn graph_def(dir: &Path) -> String {
+    write(
+        dir,
+        "def.json",
+        &sm(json!({"states": [
+            {"name": "Count", "start": true, "transitions": [
+                {"nextState": "Done", "condition": "${ .count >= 3 }"},
+                {"condition": "${ .count < 3 }", "action": {"type": "injectData", "expression": "${ .count + 1 }"},
+                 "resultHandler": "${ .count = $value }"}
+            ]},
+            {"name": "Done"}
+        ]})),
+    )
+}
+
+#[test]
+fn graph_dot() {
+    let d = tmp();
+    let f = graph_def(d.path());
+    let (code, out, err) = sm4c(&["graph", &f, "--format", "dot"]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert!(out.contains("digraph"), "{out}");
+    assert!(out.contains(".count >= 3"), "{out}");
+    assert!(out.contains("Count") && out.contains("Done"), "{out}");
+}
+
+#[test]
+fn graph_mermaid_is_default() {
+    let d = tmp();
+    let f = graph_def(d.path());
+    let (code, out, err) = sm4c(&["graph", &f]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert!(out.contains("stateDiagram-v2"), "{out}");
+    assert!(out.contains(".count >= 3"), "{out}");
+    let (code, explicit, _) = sm4c(&["graph", &f, "--format", "mermaid"]);
+    assert_eq!(code, 0);
+    assert_eq!(explicit, out);
+}
+
+#[test]
+fn graph_of_invalid_definition_fails() {
+    let d = tmp();
+    let f = write(d.path(), "def.json", &sm(json!({})));
+    let (code, out, err) = sm4c(&["graph", &f]);
+    assert_eq!(code, 2);
+    assert_eq!(out, "");
+    assert_error(&err, &f, "/", &["`states`"]);
+}
+
+#[test]
+fn schema_is_json() {
+    let (code, out, err) = sm4c(&["schema"]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let v = parse(&out);
+    assert!(v["$defs"].is_object(), "no $defs object");
+}
+
+// ---------------------------------------------------------------- long runs
+
+#[test]
+fn counter_loop_of_ten_thousand_iterations() {
+    let d = tmp();
+    let def = sm(json!({"states": [
+        {"name": "Count", "start": true, "transitions": [
+            {"nextState": "Done", "condition": "${ .count >= 10000 }"},
+            {"condition": "${ .count < 10000 }",
+             "action": {"type": "injectData", "expression": "${ .count + 1 }"},
+             "resultHandler": "${ .count = $value }"}
+        ]},
+        {"name": "Done"}
+    ]}));
+    let f = write(d.path(), "def.json", &def);
+    let input = write(d.path(), "input.json", &json!({"count": 0}));
+    let (code, out, err) = sm4c(&["run", &f, "--input", &input]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out), json!({"count": 10000}));
+}

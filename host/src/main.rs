@@ -195,6 +195,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(p) => files::load_events(p).map_err(|e| errs.extend(e)).unwrap_or_default(),
         None => Vec::new(),
     };
+    let Some(machine) = machine.filter(|_| errs.is_empty()) else {
+        return Ok(report(&errs));
+    };
     let sent = match &args.sent {
         Some(p) => Some(Mutex::new(
             std::fs::OpenOptions::new()
@@ -205,9 +208,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         )),
         None => None,
     };
-    let Some(machine) = machine.filter(|_| errs.is_empty()) else {
-        return Ok(report(&errs));
-    };
+
     let machine = Arc::new(machine);
     let host = Arc::new(MockHost { mocks, subflows, sent });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

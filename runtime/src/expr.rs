@@ -7,7 +7,7 @@
 //! Expressions that use a refused function are rejected when the definition is loaded.
 //!
 //! # Bounded evaluation
-//! Every evaluation gets a budget of *fuel* ([`Limits::fuel`], default 10 million). Each call of a
+//! Every evaluation gets a budget of *fuel* ([`Limits::fuel`], default one million). Each call of a
 //! jq definition (`map`, `select`, `until`, `range`, a user's own `def`) burns one unit, and that is
 //! the only way jq can loop, because every recursive or iterating standard filter is a definition here
 //! (`range/3` is redefined recursively for this reason). When the fuel runs out the evaluation stops
@@ -38,7 +38,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            fuel: 10_000_000,
+            fuel: 1_000_000,
             stack_bytes: 512 * 1024,
         }
     }

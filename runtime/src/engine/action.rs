@@ -128,7 +128,8 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
     let op = op_id(path, attempt);
     let expr_err = |e: crate::expr::EvalError| {
         let mut err = ErrorInfo::new("expressionError", e.message);
-        err.details = e.value;
+        // A value given to jq `error(...)` is kept when it carries more than the message.
+        err.details = e.value.filter(|v| !v.is_string());
         err
     };
     let pending = |node| {
@@ -168,7 +169,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                     Err(e) if *wait => Step::Fail(ErrorInfo {
                         kind: "functionError".into(),
                         message: format!("function {}: {}", f.name, e.message),
-                        details: e.value,
+                        details: e.value.filter(|v| !v.is_string()),
                         state: None,
                     }),
                     Err(_) => Step::Done(Val::Null),
