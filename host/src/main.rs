@@ -12,11 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
-// The engine allocates many small, short-lived jq values; mimalloc handles that pattern
-// markedly faster than the system allocator (measured on the counter-loop benchmark).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const SCHEMA: &str = include_str!("../../schemas/sm4c.schema.json");
 
 #[derive(Parser)]

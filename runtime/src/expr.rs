@@ -187,7 +187,7 @@ fn tick<'a>() -> Term<&'a str> {
     Term::Call("__tick", Vec::new())
 }
 
-fn fuel_def<'a>(def: Def<&'a str>) -> Def<&'a str> {
+fn fuel_def(def: Def<&str>) -> Def<&str> {
     Def {
         name: def.name,
         args: def.args,
@@ -270,14 +270,14 @@ fn assignment<'a>(path: Term<&'a str>, op: BinaryOp<&'a str>, r: Term<&'a str>) 
     }
 }
 
-fn fuel_op<'a>(op: BinaryOp<&'a str>) -> BinaryOp<&'a str> {
+fn fuel_op(op: BinaryOp<&str>) -> BinaryOp<&str> {
     match op {
         BinaryOp::Pipe(Some(p)) => BinaryOp::Pipe(Some(fuel_pattern(p))),
         other => other,
     }
 }
 
-fn fuel_pattern<'a>(p: Pattern<&'a str>) -> Pattern<&'a str> {
+fn fuel_pattern(p: Pattern<&str>) -> Pattern<&str> {
     match p {
         Pattern::Var(x) => Pattern::Var(x),
         Pattern::Arr(ps) => Pattern::Arr(ps.into_iter().map(fuel_pattern).collect()),

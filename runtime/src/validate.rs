@@ -728,9 +728,7 @@ impl V {
             return None;
         };
         let name = self.opt_str(o, p, "name");
-        let Some(raw_type) = self.req_str(o, p, "type") else {
-            return None;
-        };
+        let raw_type = self.req_str(o, p, "type")?;
         let Some(ty) = ACTION_TYPES.iter().find(|t| t.eq_ignore_ascii_case(&raw_type)) else {
             self.err(
                 &format!("{p}/type"),
@@ -976,7 +974,3 @@ pub fn no_files(uri: &str) -> Result<Value, String> {
     Err(format!("cannot resolve {uri:?}: no file resolver was given"))
 }
 
-#[allow(dead_code)]
-fn unused(_: &str) -> &str {
-    strip("")
-}

@@ -538,8 +538,8 @@ fn deliver_raw(cx: &mut Cx, run: &mut Run, signal: &Signal) -> Option<Raw> {
                     out.push(J(v));
                     let op = op_id(&run.path, run.attempt);
                     let input = run.input.0.clone();
-                    for i in *index + 1..actions.len() {
-                        match start(cx, actions[i], input.clone(), format!("{op}/{i}"), 1) {
+                    for (i, &next) in actions.iter().enumerate().skip(*index + 1) {
+                        match start(cx, next, input.clone(), format!("{op}/{i}"), 1) {
                             Step::Done(v) => out.push(J(v)),
                             Step::Fail(e) => return Some(Raw::Err(e)),
                             Step::Pending(r) => {
