@@ -1,6 +1,6 @@
 //! Raw JSON to a validated [`Machine`], reporting every error with its JSON pointer.
 
-use crate::expr::{is_expression, strip, Expr, ExprFunction, Limits};
+use crate::expr::{is_expression, Expr, ExprFunction, Limits};
 use crate::model::*;
 use crate::timespan;
 use serde_json::{Map, Value};
