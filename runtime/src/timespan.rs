@@ -140,7 +140,19 @@ mod tests {
 
     #[test]
     fn refused() {
-        for s in ["", "soon", "PT", "P1M", "PT5", "00:61:00", "10", "1:2", "-PT1S", "00:00:1e1", "00:00:10."] {
+        for s in [
+            "",
+            "soon",
+            "PT",
+            "P1M",
+            "PT5",
+            "00:61:00",
+            "10",
+            "1:2",
+            "-PT1S",
+            "00:00:1e1",
+            "00:00:10.",
+        ] {
             assert!(parse(s).is_err(), "{s} accepted");
         }
     }

@@ -973,4 +973,3 @@ impl V {
 pub fn no_files(uri: &str) -> Result<Value, String> {
     Err(format!("cannot resolve {uri:?}: no file resolver was given"))
 }
-
