@@ -15,3 +15,8 @@ pub mod mock;
 
 pub use host::{BoxFuture, FunctionCall, Host};
 pub use memory::{Clock, Config, InMemoryHost, Outcome, TraceSink};
+
+/// The README's Rust examples, run as doctests so they cannot go stale.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeExamples;
