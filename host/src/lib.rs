@@ -7,11 +7,15 @@
 //!
 //! The example on [`InMemoryHost`] embeds the runtime with a function written as a Rust closure.
 
+pub mod client;
+pub mod durable;
 pub mod files;
 pub mod graph;
 mod host;
 pub mod memory;
 pub mod mock;
+pub mod serve;
+pub mod store;
 
 pub use host::{BoxFuture, FunctionCall, Host};
 pub use memory::{Clock, Config, InMemoryHost, Outcome, TraceSink};

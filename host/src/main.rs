@@ -49,6 +49,29 @@ enum Command {
     },
     /// Print the JSON Schema of the definition language.
     Schema,
+    /// Serve durable instances over HTTP, stored in SQLite.
+    Serve(ServeArgs),
+    #[command(flatten)]
+    Client(sm4c_host::client::ClientCommand),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The SQLite store file.
+    #[arg(long, default_value = "./sm4c.db")]
+    db: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Folder of definitions to register at start (all must be valid).
+    #[arg(long)]
+    definitions: Option<PathBuf>,
+    /// JSON object mapping function names to jq expressions, as for `sm4c run`.
+    #[arg(long)]
+    mock: Option<PathBuf>,
+    /// How long an event that reached no instance is kept for one that starts waiting (e.g. 5m).
+    #[arg(long, default_value = "5m")]
+    event_window: String,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -118,6 +141,14 @@ fn main() -> ExitCode {
             print!("{SCHEMA}");
             ExitCode::SUCCESS
         }
+        Command::Serve(args) => match serve(args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("sm4c: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Client(cmd) => sm4c_host::client::run(cmd),
     }
 }
 
@@ -284,4 +315,112 @@ fn print_trace(id: &str, t: &Trace) {
         Trace::Finished { status } => format!("instance {}", status.as_str()),
     };
     eprintln!("[{id}] {line}");
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    use sm4c_host::durable::{DurableHost, HostError, Limits as HostLimits};
+    use sm4c_host::store::SqliteStore;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let park_ms =
+        sm4c_runtime::timespan::parse(&args.event_window).map_err(|e| anyhow::anyhow!("--event-window: {e}"))?;
+    let mut errs = Vec::new();
+    let mut docs = Vec::new();
+    if let Some(dir) = &args.definitions {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        for p in paths {
+            match files::load_definition(&p, Limits::default()) {
+                Ok(m) => docs.push((p, m.source.clone())),
+                Err(e) => errs.extend(e),
+            }
+        }
+    }
+    let mocks = match &args.mock {
+        Some(p) => files::load_mocks(p, Limits::default())
+            .map_err(|e| errs.extend(e))
+            .unwrap_or_default(),
+        None => HashMap::new(),
+    };
+    if !errs.is_empty() {
+        return Ok(report(&errs));
+    }
+    let store = match SqliteStore::open(&args.db) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("sm4c: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let host = Arc::new(MockHost {
+            mocks,
+            subflows: HashMap::new(),
+            sent: None,
+        });
+        let limits = HostLimits {
+            park_ms,
+            ..HostLimits::default()
+        };
+        let durable = match DurableHost::start(store, host, limits) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("sm4c: cannot start: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        };
+        for (path, doc) in docs {
+            match durable.define(doc).await {
+                Ok(_) => {}
+                Err(HostError::Store(e)) => {
+                    eprintln!("{}: /: {e}", path.display());
+                    return Ok(ExitCode::from(2));
+                }
+                Err(e) => {
+                    eprintln!("{}: /: {e}", path.display());
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
+        let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("sm4c: cannot listen on {}: {e}", args.listen);
+                return Ok(ExitCode::from(2));
+            }
+        };
+        tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), "sm4c serving");
+        let app = sm4c_host::serve::router(durable.clone());
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        durable.shutdown().await;
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
 }

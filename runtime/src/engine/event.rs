@@ -92,6 +92,19 @@ pub fn mismatch(def: &EventDef, event: &Value, data: &Val, bindings: &BTreeMap<S
     None
 }
 
+/// True when the event's `type` and `source` fit the definition (correlation not considered).
+pub fn kind_matches(def: &EventDef, event: &Value) -> bool {
+    let ty = attribute_text(event, "type");
+    let source = attribute_text(event, "source");
+    match (&def.event_type, &def.source) {
+        (None, None) => ty.as_deref() == Some(def.name.as_str()),
+        (t, s) => {
+            t.as_ref().is_none_or(|t| ty.as_deref() == Some(t.as_str()))
+                && s.as_ref().is_none_or(|s| source.as_deref() == Some(s.as_str()))
+        }
+    }
+}
+
 /// Records the correlation values an event binds (rules without a value bind on first match).
 pub fn bind(def: &EventDef, event: &Value, bindings: &mut BTreeMap<String, String>) {
     for rule in def.correlation.iter().filter(|r| r.value.is_none()) {

@@ -109,6 +109,9 @@ pub struct Snapshot {
     pub data: J,
     /// Current state.
     pub state: Option<StateId>,
+    /// Current state's name.
+    #[serde(default)]
+    pub state_name: Option<String>,
     /// Count of states entered (part of operation ids).
     pub visit: u64,
     /// Transitions fired in this visit (part of operation ids).
@@ -236,6 +239,7 @@ impl Instance {
             status: Status::Created,
             data: J(Val::Null),
             state: None,
+            state_name: None,
             visit: 0,
             firings: 0,
             phase: Phase::Idle,
@@ -446,6 +450,10 @@ impl Instance {
                     self.signal(&mut out, &Signal::Timer(&timer))
                 }
             }
+            Input::Abort { error } => {
+                self.fail(&mut out, error);
+                Next::Stop
+            }
             Input::Cancel { reason } => {
                 let mut e = ErrorInfo::new(
                     "cancelled",
@@ -545,6 +553,9 @@ impl Instance {
                     self.s.state = Some(s);
                     self.s.status = Status::Running;
                     let st = &m.states[s];
+                    if self.s.state_name.as_deref() != Some(st.name.as_str()) {
+                        self.s.state_name = Some(st.name.clone());
+                    }
                     self.cx(out).trace(|| Trace::StateEntered { state: st.name.clone() });
                     match st.enter {
                         None => Next::Entered(Val::Null),

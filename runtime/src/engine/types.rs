@@ -51,6 +51,11 @@ pub enum Input {
         /// The timer id from the effect.
         timer: String,
     },
+    /// The host ends the instance as failed (a limit it enforces, a replay mismatch).
+    Abort {
+        /// Why.
+        error: ErrorInfo,
+    },
     /// The instance is cancelled.
     Cancel {
         /// Why, for the record.

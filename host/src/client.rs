@@ -1,0 +1,356 @@
+//! The CLI client of `sm4c serve`: `start`, `list`, `show`, `history`, `send`, `cancel`.
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Options every client command takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Remote {
+    /// The server.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// Print the server's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Client commands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Start an instance of a registered definition.
+    Start {
+        /// Definition id.
+        definition: String,
+        /// JSON input file (default `{}`).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Instance id (the same id again starts nothing new).
+        #[arg(long)]
+        id: Option<String>,
+        /// Definition version (default: the newest).
+        #[arg(long)]
+        version: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List instances.
+    List {
+        /// Only instances with this status.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only instances of this definition.
+        #[arg(long)]
+        definition: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show an instance.
+    Show {
+        /// Instance id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show an instance's history (its journal).
+    History {
+        /// Instance id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Send a CloudEvent (a JSON file in structured format).
+    Send {
+        /// The event file.
+        file: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cancel an instance.
+    Cancel {
+        /// Instance id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn read_json(p: &PathBuf) -> Result<Value, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: not valid JSON: {e}", p.display()))
+}
+
+/// Runs a client command; exit 0 on success, 1 when the server refuses, 2 for usage or connection errors.
+pub fn run(cmd: ClientCommand) -> ExitCode {
+    match exec(cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("sm4c: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+type Failure = (u8, String);
+
+fn call(remote: &Remote, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, Failure> {
+    let client = reqwest::blocking::Client::new();
+    let url = format!("{}{}", remote.server.trim_end_matches('/'), path);
+    let mut req = match method {
+        "POST" => client.post(&url),
+        _ => client.get(&url),
+    };
+    if let Some((ctype, bytes)) = body {
+        req = req.header("content-type", ctype).body(bytes);
+    }
+    let resp = req
+        .send()
+        .map_err(|e| (2, format!("cannot reach {}: {e}", remote.server)))?;
+    let status = resp.status();
+    let value: Value = resp.json().unwrap_or(Value::Null);
+    if status.is_success() {
+        Ok(value)
+    } else {
+        let msg = value["message"].as_str().unwrap_or("request failed").to_string();
+        let code = value["error"].as_str().unwrap_or("error").to_string();
+        Err((1, format!("{code} ({}): {msg}", status.as_u16())))
+    }
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn table(rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn exec(cmd: ClientCommand) -> Result<(), Failure> {
+    match cmd {
+        ClientCommand::Start {
+            definition,
+            input,
+            id,
+            version,
+            remote,
+        } => {
+            let input = match &input {
+                Some(p) => read_json(p).map_err(|e| (2, e))?,
+                None => json!({}),
+            };
+            let mut body = json!({"definition": definition, "input": input});
+            if let Some(id) = id {
+                body["id"] = json!(id);
+            }
+            if let Some(v) = version {
+                body["version"] = json!(v);
+            }
+            let v = call(
+                &remote,
+                "POST",
+                "/instances",
+                Some(("application/json", body.to_string().into_bytes())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else if v["created"] == json!(true) {
+                println!("started {}", s(&v["id"]));
+            } else {
+                println!("{} already exists; nothing new was started", s(&v["id"]));
+            }
+        }
+        ClientCommand::List {
+            status,
+            definition,
+            remote,
+        } => {
+            let mut all = Vec::new();
+            let mut after = String::new();
+            loop {
+                let mut q = format!("/instances?limit=1000&after={}", enc(&after));
+                if let Some(st) = &status {
+                    q += &format!("&status={}", enc(st));
+                }
+                if let Some(d) = &definition {
+                    q += &format!("&definition={}", enc(d));
+                }
+                let page = call(&remote, "GET", &q, None)?;
+                all.extend(page["instances"].as_array().cloned().unwrap_or_default());
+                match page["next"].as_str() {
+                    Some(n) => after = n.to_string(),
+                    None => break,
+                }
+            }
+            if remote.json {
+                print_json(&Value::Array(all));
+            } else {
+                let mut rows = vec![vec![
+                    "ID".into(),
+                    "DEFINITION".into(),
+                    "VERSION".into(),
+                    "STATUS".into(),
+                    "STATE".into(),
+                    "STARTED".into(),
+                ]];
+                for i in &all {
+                    rows.push(vec![
+                        s(&i["id"]),
+                        s(&i["definition"]),
+                        s(&i["version"]),
+                        s(&i["status"]),
+                        s(&i["state"]),
+                        s(&i["startedAt"]),
+                    ]);
+                }
+                table(&rows);
+            }
+        }
+        ClientCommand::Show { id, remote } => {
+            let v = call(&remote, "GET", &format!("/instances/{}", enc(&id)), None)?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                let mut rows = vec![];
+                for k in ["id", "definition", "version", "status", "state", "startedAt", "endedAt"] {
+                    rows.push(vec![format!("{k}:"), s(&v[k])]);
+                }
+                if let Some(p) = v.get("parent") {
+                    rows.push(vec![
+                        "parent:".into(),
+                        format!("{} (operation {})", s(&p["instance"]), s(&p["operation"])),
+                    ]);
+                }
+                if let Some(e) = v.get("error") {
+                    rows.push(vec![
+                        "error:".into(),
+                        format!("{}: {}", s(&e["type"]), s(&e["message"])),
+                    ]);
+                }
+                table(&rows);
+                println!(
+                    "data:\n{}",
+                    serde_json::to_string_pretty(&v["data"]).unwrap_or_default()
+                );
+            }
+        }
+        ClientCommand::History { id, remote } => {
+            let mut all = Vec::new();
+            let mut after = String::new();
+            loop {
+                let page = call(
+                    &remote,
+                    "GET",
+                    &format!("/instances/{}/history?limit=1000&after={}", enc(&id), enc(&after)),
+                    None,
+                )?;
+                all.extend(page["entries"].as_array().cloned().unwrap_or_default());
+                match page["next"].as_str() {
+                    Some(n) => after = n.to_string(),
+                    None => break,
+                }
+            }
+            if remote.json {
+                print_json(&Value::Array(all));
+            } else {
+                for e in &all {
+                    println!("{:>5}  {}", s(&e["seq"]), describe(e));
+                }
+            }
+        }
+        ClientCommand::Send { file, remote } => {
+            let event = read_json(&file).map_err(|e| (2, e))?;
+            let v = call(
+                &remote,
+                "POST",
+                "/events",
+                Some(("application/cloudevents+json", event.to_string().into_bytes())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else if v["parked"] == json!(true) {
+                println!("reached no instance yet; kept for one that starts waiting for it");
+            } else {
+                let ids: Vec<String> = v["reached"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(s)
+                    .collect();
+                println!("reached {}", ids.join(", "));
+            }
+        }
+        ClientCommand::Cancel { id, remote } => {
+            let v = call(
+                &remote,
+                "POST",
+                &format!("/instances/{}/cancel", enc(&id)),
+                Some(("application/json", b"{}".to_vec())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                println!("{} {}", s(&v["id"]), s(&v["status"]));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One journal entry as a line.
+fn describe(e: &Value) -> String {
+    match e["entry"].as_str() {
+        Some("input") => {
+            let what = s(&e["input"]);
+            let extra = match what.as_str() {
+                "completed" | "failed" => format!(" {}", s(&e["op"])),
+                "timerFired" => format!(" {}", s(&e["timer"])),
+                "event" => format!(" {} ({})", s(&e["event"]["type"]), s(&e["event"]["id"])),
+                _ => String::new(),
+            };
+            format!("{}  input {what}{extra}", s(&e["time"]))
+        }
+        Some("effect") => {
+            let what = s(&e["effect"]);
+            let extra = match what.as_str() {
+                "invokeFunction" => format!(" {} ({})", s(&e["function"]), s(&e["op"])),
+                "startSubflow" => format!(" {} ({})", s(&e["definition"]), s(&e["op"])),
+                "sendEvent" => format!(" {} ({})", s(&e["event"]["type"]), s(&e["event"]["id"])),
+                "startTimer" | "cancelTimer" => format!(" {}", s(&e["timer"])),
+                _ => format!(" {}", s(&e["op"])),
+            };
+            format!("                          effect {what}{extra}")
+        }
+        _ => {
+            let mut t = e.clone();
+            if let Some(o) = t.as_object_mut() {
+                o.remove("entry");
+                o.remove("seq");
+            }
+            format!("                          {}", t)
+        }
+    }
+}

@@ -1,0 +1,837 @@
+//! The durable host: instances that survive crashes and restarts.
+//!
+//! One task decides for every instance, one input at a time (the decider model: one decision at a
+//! time per execution). Inputs are handled in batches; a batch's journal entries, snapshots, timers,
+//! calls in flight and sent events are committed to the [`Store`] in one transaction (group commit),
+//! and only then are its effects performed. An instance that waits holds no memory here: it is
+//! loaded from the store when something arrives for it. After a crash, timers come back from the
+//! store (firing at once if they came due meanwhile) and calls that were in flight are made again
+//! with the same operation id.
+
+use crate::host::{FunctionCall, Host};
+use crate::store::{Batch, InstanceWrite, Store, StoreError};
+use serde_json::{json, Value};
+use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
+use sm4c_runtime::{
+    load, Effect, Entry, ErrorInfo, Input, Instance, LoadOptions, Machine, Millis, Options, Status, Timed,
+    ValidationError,
+};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+/// Limits the durable host enforces.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long an event that reached no instance is kept for one that starts waiting (ms).
+    pub park_ms: u64,
+    /// Largest journal of one instance (entries); past it the instance fails.
+    pub max_journal: i64,
+    /// Inputs handled per batch (one commit).
+    pub batch: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            park_ms: 5 * 60 * 1000,
+            max_journal: 100_000,
+            batch: 512,
+        }
+    }
+}
+
+/// Registered definitions by id and version.
+#[derive(Default)]
+pub struct Registry {
+    machines: HashMap<(String, String), Arc<Machine>>,
+    /// Newest version of each id, by registration order.
+    latest: HashMap<String, String>,
+    order: Vec<(String, String)>,
+}
+
+impl Registry {
+    /// A definition by id and optional version (newest registered when none).
+    pub fn get(&self, id: &str, version: Option<&str>) -> Option<Arc<Machine>> {
+        let v = version.map(str::to_string).or_else(|| self.latest.get(id).cloned())?;
+        self.machines.get(&(id.to_string(), v)).cloned()
+    }
+
+    /// Every definition, in registration order.
+    pub fn all(&self) -> Vec<Arc<Machine>> {
+        self.order
+            .iter()
+            .filter_map(|k| self.machines.get(k).cloned())
+            .collect()
+    }
+
+    fn insert(&mut self, m: Arc<Machine>) {
+        let key = (m.id.clone(), m.version.clone());
+        if !self.machines.contains_key(&key) {
+            self.order.push(key.clone());
+        }
+        self.latest.insert(m.id.clone(), m.version.clone());
+        self.machines.insert(key, m);
+    }
+}
+
+/// Why a request to the durable host failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The definition is invalid.
+    #[error("invalid definition")]
+    Invalid(Vec<ValidationError>),
+    /// Unknown definition.
+    #[error("no definition {0:?}")]
+    UnknownDefinition(String),
+    /// Unknown instance.
+    #[error("no instance {0:?}")]
+    UnknownInstance(String),
+    /// The instance has ended.
+    #[error("instance {0:?} has already ended")]
+    Ended(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The host has stopped.
+    #[error("the server is shutting down")]
+    Stopped,
+}
+
+/// Where an event went.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Delivery {
+    /// Instances it reached.
+    pub reached: Vec<String>,
+    /// True when it reached none and is kept for an instance that starts waiting for it.
+    pub parked: bool,
+}
+
+enum Cmd {
+    Define(Value, oneshot::Sender<Result<(Arc<Machine>, bool), HostError>>),
+    Start {
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+        reply: oneshot::Sender<Result<(String, bool), HostError>>,
+    },
+    Event(Value, oneshot::Sender<Result<Delivery, HostError>>),
+    Cancel(String, oneshot::Sender<Result<(), HostError>>),
+    Result {
+        instance: String,
+        op: String,
+        result: Result<Value, ErrorInfo>,
+    },
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// A handle to the durable host's task.
+#[derive(Clone)]
+pub struct DurableHost {
+    tx: mpsc::UnboundedSender<Cmd>,
+    store: Arc<dyn Store>,
+    registry: Arc<RwLock<Registry>>,
+}
+
+fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+impl DurableHost {
+    /// Opens the host on a store: loads definitions, timers and calls in flight, checks every
+    /// unfinished instance's journal against its definition, and starts the deciding task.
+    pub fn start(store: Arc<dyn Store>, host: Arc<dyn Host>, limits: Limits) -> Result<DurableHost, HostError> {
+        let mut registry = Registry::default();
+        for doc in store.definitions()? {
+            match load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()) {
+                Ok(m) => registry.insert(Arc::new(m)),
+                Err(errs) => return Err(HostError::Invalid(errs)),
+            }
+        }
+        let registry = Arc::new(RwLock::new(registry));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut lp = Loop {
+            store: store.clone(),
+            host,
+            registry: registry.clone(),
+            limits,
+            tx: tx.downgrade(),
+            cache: HashMap::new(),
+            timers: BTreeSet::new(),
+            queue: Vec::new(),
+            in_flight: HashMap::new(),
+            batch: Batch::default(),
+            after: Vec::new(),
+            parked_count: 0,
+        };
+        lp.recover()?;
+        tokio::spawn(lp.run(rx));
+        Ok(DurableHost { tx, store, registry })
+    }
+
+    /// The store, for reads.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The registered definitions.
+    pub fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T, HostError>>) -> Cmd) -> Result<T, HostError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).map_err(|_| HostError::Stopped)?;
+        rx.await.map_err(|_| HostError::Stopped)?
+    }
+
+    /// Registers a definition (`true` when new). The same id and version with other content is refused.
+    pub async fn define(&self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
+        self.ask(|r| Cmd::Define(doc, r)).await
+    }
+
+    /// Starts an instance (`true` when new; an existing id starts nothing and is returned).
+    pub async fn start_instance(
+        &self,
+        definition: &str,
+        version: Option<&str>,
+        id: Option<String>,
+        input: Value,
+    ) -> Result<(String, bool), HostError> {
+        let (definition, version) = (definition.to_string(), version.map(str::to_string));
+        self.ask(|reply| Cmd::Start {
+            definition,
+            version,
+            id,
+            input,
+            reply,
+        })
+        .await
+    }
+
+    /// Delivers a CloudEvent (JSON structured form).
+    pub async fn deliver(&self, event: Value) -> Result<Delivery, HostError> {
+        self.ask(|r| Cmd::Event(event, r)).await
+    }
+
+    /// Cancels an instance.
+    pub async fn cancel(&self, id: &str) -> Result<(), HostError> {
+        let id = id.to_string();
+        self.ask(|r| Cmd::Cancel(id, r)).await
+    }
+
+    /// Finishes the current batch and stops deciding.
+    pub async fn shutdown(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Shutdown(reply)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+struct Slot {
+    inst: Instance,
+    parent: Option<(String, String, bool)>,
+    calls: Vec<(String, Value)>,
+    journal_len: i64,
+    /// Entries not yet committed.
+    entries: Vec<Entry>,
+    dirty: bool,
+    was_waiting: bool,
+}
+
+struct Loop {
+    store: Arc<dyn Store>,
+    host: Arc<dyn Host>,
+    registry: Arc<RwLock<Registry>>,
+    limits: Limits,
+    tx: mpsc::WeakUnboundedSender<Cmd>,
+    /// Instances touched in the current batch only.
+    cache: HashMap<String, Slot>,
+    timers: BTreeSet<(Millis, String, String)>,
+    queue: Vec<(String, Input)>,
+    in_flight: HashMap<(String, String), AbortHandle>,
+    batch: Batch,
+    /// Effects to perform once the batch is committed.
+    after: Vec<(String, Effect)>,
+    parked_count: usize,
+}
+
+fn engine_options() -> Options {
+    Options {
+        journal: true,
+        trace: true,
+        ..Options::default()
+    }
+}
+
+impl Loop {
+    fn machine(&self, id: &str, version: &str) -> Option<Arc<Machine>> {
+        self.registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id, Some(version))
+    }
+
+    /// Restores timers and calls in flight; checks unfinished instances against their definitions.
+    fn recover(&mut self) -> Result<(), HostError> {
+        for (inst, timer, due) in self.store.timers()? {
+            self.timers.insert((due, inst, timer));
+        }
+        let mut ids: BTreeSet<String> = self.timers.iter().map(|(_, i, _)| i.clone()).collect();
+        for (inst, _op, effect) in self.store.calls()? {
+            ids.insert(inst.clone());
+            if let Ok(e) = serde_json::from_value::<Effect>(effect) {
+                self.after.push((inst, e));
+            }
+        }
+        let all: Vec<(String, String)> = self.registry.read().unwrap_or_else(|p| p.into_inner()).order.clone();
+        ids.extend(self.store.active(&all)?);
+        for id in ids {
+            self.verify(&id)?;
+        }
+        self.parked_count = self.store.parked(now_ms())?.len();
+        Ok(())
+    }
+
+    /// Replays an unfinished instance's journal; a mismatch fails the instance, naming the entry.
+    fn verify(&mut self, id: &str) -> Result<(), HostError> {
+        let Some(stored) = self.store.instance(id)? else {
+            return Ok(());
+        };
+        if stored.snapshot.status.is_final() {
+            return Ok(());
+        }
+        let Some(m) = self.machine(&stored.snapshot.definition, &stored.snapshot.version) else {
+            return Ok(());
+        };
+        let journal: Vec<Entry> = self
+            .store
+            .history(id, 0, usize::MAX)?
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        if let Err(e) = Instance::replay(m, id, &journal, engine_options()) {
+            let error = ErrorInfo::new("replayMismatch", e.to_string()).with_details(json!({"entry": e.index}));
+            self.queue.push((id.to_string(), Input::Abort { error }));
+        }
+        Ok(())
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        // Calls that were in flight at a crash are made again (same operation ids).
+        let pending = std::mem::take(&mut self.after);
+        for (inst, e) in pending {
+            self.perform(&inst, e);
+        }
+        let mut shutdown: Option<oneshot::Sender<()>> = None;
+        loop {
+            // Take what has arrived, up to a batch.
+            while self.queue.len() < self.limits.batch {
+                match rx.try_recv() {
+                    Ok(Cmd::Shutdown(r)) => {
+                        shutdown = Some(r);
+                        break;
+                    }
+                    Ok(cmd) => self.command(cmd),
+                    Err(_) => break,
+                }
+            }
+            self.fire_due();
+            if !self.queue.is_empty() {
+                self.step();
+                continue;
+            }
+            if let Some(r) = shutdown.take() {
+                let _ = r.send(());
+                return;
+            }
+            let wait = self.timers.first().map(|(due, ..)| (*due - now_ms()).max(0) as u64);
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(Cmd::Shutdown(r)) => shutdown = Some(r),
+                    Some(cmd) => self.command(cmd),
+                    None => return,
+                },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(wait.unwrap_or(3_600_000))) => {}
+            }
+        }
+    }
+
+    fn fire_due(&mut self) {
+        let now = now_ms();
+        while let Some(first) = self.timers.first().cloned() {
+            if first.0 > now {
+                break;
+            }
+            self.timers.remove(&first);
+            self.queue.push((first.1, Input::TimerFired { timer: first.2 }));
+        }
+    }
+
+    /// Handles the queued inputs, commits them, then performs their effects.
+    fn step(&mut self) {
+        let mut queue = std::mem::take(&mut self.queue);
+        let mut processed = 0;
+        while !queue.is_empty() && processed < self.limits.batch {
+            let (id, input) = queue.remove(0);
+            self.handle(&id, input);
+            processed += 1;
+            // Inputs produced while handling (sent events routed locally, child completions) go next.
+            queue.append(&mut self.queue);
+        }
+        self.queue = queue;
+        self.unpark_for_waiting();
+        self.commit();
+    }
+
+    fn slot(&mut self, id: &str) -> Option<&mut Slot> {
+        if !self.cache.contains_key(id) {
+            let stored = self.store.instance(id).ok()??;
+            let m = self.machine(&stored.snapshot.definition, &stored.snapshot.version)?;
+            let calls: Vec<(String, Value)> = Vec::new();
+            let was_waiting = stored.snapshot.status == Status::Waiting;
+            let inst = Instance::from_snapshot(m, stored.snapshot, engine_options());
+            self.cache.insert(
+                id.to_string(),
+                Slot {
+                    inst,
+                    parent: stored.parent,
+                    calls,
+                    journal_len: stored.journal_len,
+                    entries: Vec::new(),
+                    dirty: false,
+                    was_waiting,
+                },
+            );
+            // Calls in flight are kept with the instance; reload them for this batch.
+            if let Ok(all) = self.store.calls() {
+                let mine: Vec<(String, Value)> = all
+                    .into_iter()
+                    .filter(|(i, _, _)| i == id)
+                    .map(|(_, op, e)| (op, e))
+                    .collect();
+                if let Some(s) = self.cache.get_mut(id) {
+                    s.calls = mine;
+                }
+            }
+        }
+        self.cache.get_mut(id)
+    }
+
+    fn handle(&mut self, id: &str, input: Input) {
+        let now = now_ms();
+        let max_journal = self.limits.max_journal;
+        let Some(slot) = self.slot(id) else { return };
+        let was_final = slot.inst.status().is_final();
+        if was_final {
+            return;
+        }
+        if let Input::Completed { op, .. } | Input::Failed { op, .. } = &input {
+            slot.calls.retain(|(o, _)| o != op);
+        }
+        let mut out = slot.inst.handle(Timed { at: now, input });
+        if slot.journal_len + (slot.entries.len() + out.entries.len()) as i64 > max_journal
+            && !slot.inst.status().is_final()
+        {
+            let error = ErrorInfo::new(
+                "limitExceeded",
+                format!("the journal of this instance reached its limit of {max_journal} entries"),
+            );
+            let more = slot.inst.handle(Timed {
+                at: now,
+                input: Input::Abort { error },
+            });
+            out.entries.extend(more.entries);
+            out.effects.extend(more.effects);
+        }
+        slot.entries.extend(out.entries);
+        slot.dirty = true;
+        for e in &out.effects {
+            match e {
+                Effect::InvokeFunction { op, wait: true, .. } => slot
+                    .calls
+                    .push((op.clone(), serde_json::to_value(e).unwrap_or(Value::Null))),
+                Effect::CancelOperation { op } => slot.calls.retain(|(o, _)| o != op),
+                _ => {}
+            }
+        }
+        let finished = !was_final && slot.inst.status().is_final();
+        let parent = slot.parent.clone();
+        let (status, data, error) = (slot.inst.status(), slot.inst.data(), slot.inst.error().cloned());
+        if status.is_final() {
+            slot.calls.clear();
+        }
+        for e in out.effects {
+            if let Effect::SendEvent { event, .. } = &e {
+                self.batch.outbox.push((id.to_string(), event.clone(), now));
+                self.route(event.clone(), Some(id));
+            }
+            self.after.push((id.to_string(), e));
+        }
+        if finished {
+            if let Some((p, op, true)) = parent {
+                let input = match status {
+                    Status::Completed => Input::Completed { op, result: data },
+                    s => {
+                        let cause = error.map(|e| e.message).unwrap_or_default();
+                        let e = ErrorInfo::new("subflowError", format!("subflow {id} ended {}: {cause}", s.as_str()))
+                            .with_details(json!({"instance": id, "status": s.as_str()}));
+                        Input::Failed { op, error: e }
+                    }
+                };
+                self.queue.push((p, input));
+            }
+        }
+    }
+
+    /// Sends an event to the instance it names, else to every unfinished instance with a matching
+    /// event definition; parks it when it reaches none. `from` does not receive its own event.
+    fn route(&mut self, event: Value, from: Option<&str>) -> Delivery {
+        if from.is_none() {
+            if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
+                if self.slot(&target).is_some() {
+                    self.queue.push((target.clone(), Input::Event { event }));
+                    return Delivery {
+                        reached: vec![target],
+                        parked: false,
+                    };
+                }
+            }
+        }
+        let candidates = self.candidates(&event, from);
+        if candidates.is_empty() {
+            if from.is_none() {
+                self.batch.parked.push((event, now_ms() + self.limits.park_ms as i64));
+                self.parked_count += 1;
+            }
+            return Delivery {
+                reached: Vec::new(),
+                parked: from.is_none(),
+            };
+        }
+        for id in &candidates {
+            self.queue.push((id.clone(), Input::Event { event: event.clone() }));
+        }
+        Delivery {
+            reached: candidates,
+            parked: false,
+        }
+    }
+
+    /// Unfinished instances with an event definition that matches the event.
+    fn candidates(&mut self, event: &Value, from: Option<&str>) -> Vec<String> {
+        let defs: Vec<(String, String)> = {
+            let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+            reg.all()
+                .iter()
+                .filter(|m| m.events.iter().any(|d| kind_matches(d, event)))
+                .map(|m| (m.id.clone(), m.version.clone()))
+                .collect()
+        };
+        if defs.is_empty() {
+            return Vec::new();
+        }
+        let mut ids: Vec<String> = self.store.active(&defs).unwrap_or_default();
+        for (id, slot) in &self.cache {
+            if !slot.inst.status().is_final()
+                && defs
+                    .iter()
+                    .any(|(d, v)| *d == slot.inst.snapshot().definition && *v == slot.inst.snapshot().version)
+                && !ids.contains(id)
+            {
+                ids.push(id.clone());
+            }
+        }
+        ids.retain(|id| Some(id.as_str()) != from);
+        ids.into_iter().filter(|id| self.accepts(id, event)).collect()
+    }
+
+    fn accepts(&mut self, id: &str, event: &Value) -> bool {
+        let Some(slot) = self.slot(id) else { return false };
+        if slot.inst.status().is_final() {
+            return false;
+        }
+        let m = slot.inst.machine().clone();
+        let snap = slot.inst.snapshot();
+        m.events
+            .iter()
+            .any(|d| mismatch(d, event, &snap.data.0, &snap.bindings).is_none())
+    }
+
+    /// Hands parked events to instances that now wait for them.
+    fn unpark_for_waiting(&mut self) {
+        if self.parked_count == 0 {
+            return;
+        }
+        let waiting: Vec<String> = self
+            .cache
+            .iter()
+            .filter(|(_, s)| s.inst.status() == Status::Waiting && !s.was_waiting)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let parked = self.store.parked(now_ms()).unwrap_or_default();
+        self.parked_count = parked.len();
+        for (seq, event) in parked {
+            if let Some(id) = waiting.iter().find(|id| self.accepts(id, &event)).cloned() {
+                self.batch.unparked.push(seq);
+                self.parked_count = self.parked_count.saturating_sub(1);
+                self.queue.push((id, Input::Event { event }));
+            }
+        }
+    }
+
+    fn commit(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        for (_, slot) in self.cache.iter_mut().filter(|(_, s)| s.dirty) {
+            slot.journal_len += slot.entries.len() as i64;
+            batch.instances.push(InstanceWrite {
+                snapshot: slot.inst.snapshot().clone(),
+                parent: slot.parent.clone(),
+                entries: std::mem::take(&mut slot.entries),
+                calls: slot.calls.clone(),
+            });
+        }
+        if let Err(e) = self.store.commit(&batch) {
+            // The decisions of this batch cannot be made durable: stop rather than act on them.
+            eprintln!("sm4c: cannot write to the store: {e}; stopping");
+            std::process::exit(3);
+        }
+        // Waiting instances hold no memory: keep nothing past the batch.
+        self.cache.clear();
+        let effects = std::mem::take(&mut self.after);
+        for (inst, e) in effects {
+            self.perform(&inst, e);
+        }
+    }
+
+    fn perform(&mut self, id: &str, effect: Effect) {
+        match effect {
+            Effect::InvokeFunction {
+                op,
+                function,
+                operation,
+                function_type,
+                arguments,
+                wait,
+            } => {
+                let call = FunctionCall {
+                    instance: id.to_string(),
+                    op: op.clone(),
+                    function,
+                    operation,
+                    function_type,
+                    arguments,
+                };
+                let fut = self.host.invoke(call);
+                let tx = self.tx.clone();
+                let (instance, op2) = (id.to_string(), op.clone());
+                let task = tokio::spawn(async move {
+                    let result = fut.await;
+                    if let Some(tx) = tx.upgrade() {
+                        let _ = tx.send(Cmd::Result {
+                            instance,
+                            op: op2,
+                            result,
+                        });
+                    }
+                });
+                if wait {
+                    self.in_flight.insert((id.to_string(), op), task.abort_handle());
+                }
+            }
+            Effect::StartSubflow {
+                op,
+                definition,
+                input,
+                wait,
+            } => {
+                let child = format!("{id}/{op}");
+                let machine = self
+                    .registry
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&definition, None);
+                match machine {
+                    Some(m) => {
+                        let exists = self.store.instance(&child).ok().flatten().is_some();
+                        if !exists {
+                            self.create(&child, m, Some((id.to_string(), op, wait)));
+                            self.queue.push((child, Input::Start { data: input }));
+                        }
+                    }
+                    None if wait => {
+                        let e = ErrorInfo::new(
+                            "subflowError",
+                            format!("no definition with id {definition:?} for invokeSubflow"),
+                        );
+                        self.queue.push((id.to_string(), Input::Failed { op, error: e }));
+                    }
+                    None => {}
+                }
+            }
+            Effect::SendEvent { event, .. } => {
+                let host = self.host.clone();
+                tokio::spawn(async move {
+                    let _ = host.send_event(event).await;
+                });
+            }
+            Effect::StartTimer { timer, due } => {
+                self.timers.insert((due, id.to_string(), timer));
+            }
+            Effect::CancelTimer { timer } => {
+                self.timers.retain(|(_, i, t)| !(i == id && *t == timer));
+            }
+            Effect::CancelOperation { op } => {
+                if let Some(task) = self.in_flight.remove(&(id.to_string(), op.clone())) {
+                    task.abort();
+                }
+                let child = format!("{id}/{op}");
+                if self
+                    .store
+                    .instance(&child)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|s| !s.snapshot.status.is_final())
+                {
+                    self.queue.push((
+                        child,
+                        Input::Cancel {
+                            reason: Some("the parent no longer waits".into()),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+
+    fn create(&mut self, id: &str, m: Arc<Machine>, parent: Option<(String, String, bool)>) {
+        let inst = Instance::new(m, id, engine_options());
+        self.cache.insert(
+            id.to_string(),
+            Slot {
+                inst,
+                parent,
+                calls: Vec::new(),
+                journal_len: 0,
+                entries: Vec::new(),
+                dirty: true,
+                was_waiting: false,
+            },
+        );
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Define(doc, reply) => {
+                let _ = reply.send(self.define(doc));
+            }
+            Cmd::Start {
+                definition,
+                version,
+                id,
+                input,
+                reply,
+            } => {
+                let m = self
+                    .registry
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&definition, version.as_deref());
+                let Some(m) = m else {
+                    let what = match version {
+                        Some(v) => format!("{definition} version {v}"),
+                        None => definition,
+                    };
+                    let _ = reply.send(Err(HostError::UnknownDefinition(what)));
+                    return;
+                };
+                let id = id.unwrap_or_else(|| new_id(&m.id));
+                match self.store.instance(&id) {
+                    Ok(Some(_)) => {
+                        let _ = reply.send(Ok((id, false)));
+                    }
+                    _ if self.cache.contains_key(&id) => {
+                        let _ = reply.send(Ok((id, false)));
+                    }
+                    Ok(None) => {
+                        self.create(&id, m, None);
+                        self.queue.push((id.clone(), Input::Start { data: input }));
+                        // Starting is acknowledged once its first step is committed.
+                        self.step();
+                        let _ = reply.send(Ok((id, true)));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e.into()));
+                    }
+                }
+            }
+            Cmd::Event(event, reply) => {
+                let delivery = self.route(event, None);
+                self.step();
+                let _ = reply.send(Ok(delivery));
+            }
+            Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.inst.status()) {
+                None => {
+                    let _ = reply.send(Err(HostError::UnknownInstance(id)));
+                }
+                Some(s) if s.is_final() => {
+                    let _ = reply.send(Err(HostError::Ended(id)));
+                }
+                Some(_) => {
+                    self.queue.push((
+                        id,
+                        Input::Cancel {
+                            reason: Some("cancelled through the API".into()),
+                        },
+                    ));
+                    self.step();
+                    let _ = reply.send(Ok(()));
+                }
+            },
+            Cmd::Result { instance, op, result } => {
+                if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
+                    let input = match result {
+                        Ok(result) => Input::Completed { op, result },
+                        Err(error) => Input::Failed { op, error },
+                    };
+                    self.queue.push((instance, input));
+                }
+            }
+            Cmd::Shutdown(_) => {}
+        }
+    }
+
+    fn define(&mut self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
+        let m = load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).map_err(HostError::Invalid)?;
+        let created = self.store.put_definition(&m.id, &m.version, &doc)?;
+        let m = Arc::new(m);
+        if created || self.machine(&m.id, &m.version).is_none() {
+            self.registry
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(m.clone());
+        }
+        Ok((m, created))
+    }
+}
+
+fn new_id(definition: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{definition}-{:x}{:04x}", nanos, n & 0xffff)
+}

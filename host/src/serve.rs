@@ -1,0 +1,319 @@
+//! `sm4c serve`: the HTTP API over the durable host.
+
+use crate::durable::{DurableHost, HostError};
+use crate::store::StoreError;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sm4c_runtime::engine::rfc3339;
+use sm4c_runtime::Entry;
+
+/// Largest request body accepted (bytes).
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// The OpenAPI document of this API.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// An API error: a status and `{"error": CODE, "message": ...}`.
+pub struct ApiError(StatusCode, &'static str, String, Option<Value>);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({"error": self.1, "message": self.2});
+        if let Some(d) = self.3 {
+            body["details"] = d;
+        }
+        (self.0, Json(body)).into_response()
+    }
+}
+
+impl From<HostError> for ApiError {
+    fn from(e: HostError) -> Self {
+        match e {
+            HostError::Invalid(errs) => {
+                let details: Vec<Value> = errs
+                    .iter()
+                    .map(|e| json!({"pointer": if e.pointer.is_empty() { "/" } else { &e.pointer }, "message": e.message}))
+                    .collect();
+                let message = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+                ApiError(StatusCode::BAD_REQUEST, "invalidDefinition", message, Some(Value::Array(details)))
+            }
+            HostError::UnknownDefinition(d) => {
+                ApiError(StatusCode::NOT_FOUND, "unknownDefinition", format!("no definition {d:?}"), None)
+            }
+            HostError::UnknownInstance(i) => ApiError(StatusCode::NOT_FOUND, "unknownInstance", format!("no instance {i:?}"), None),
+            HostError::Ended(i) => ApiError(StatusCode::CONFLICT, "instanceEnded", format!("instance {i:?} has already ended"), None),
+            HostError::Store(StoreError::Conflict { id, version }) => ApiError(
+                StatusCode::CONFLICT,
+                "definitionConflict",
+                format!("definition {id:?} version {version:?} is already registered with different content; register a new version"),
+                None,
+            ),
+            other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string(), None),
+        }
+    }
+}
+
+/// JSON bodies with our error shape for malformed input.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupportedMediaType",
+                "send JSON with Content-Type: application/json".into(),
+                None,
+            )),
+            Err(JsonRejection::BytesRejection(e)) => Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payloadTooLarge",
+                format!("the body is larger than {MAX_BODY} bytes ({e})"),
+                None,
+            )),
+            Err(e) => Err(ApiError(StatusCode::BAD_REQUEST, "malformedJson", e.body_text(), None)),
+        }
+    }
+}
+
+/// The API's routes.
+pub fn router(host: DurableHost) -> Router {
+    Router::new()
+        .route("/definitions", post(post_definition).get(list_definitions))
+        .route("/definitions/{id}", get(get_definition))
+        .route("/instances", post(post_instance).get(list_instances))
+        .route("/instances/{id}", get(get_instance))
+        .route("/instances/{id}/history", get(history))
+        .route("/instances/{id}/cancel", post(cancel))
+        .route("/events", post(post_event))
+        .route("/events/sent", get(sent))
+        .route(
+            "/openapi.json",
+            get(|| async { ([("content-type", "application/json")], OPENAPI) }),
+        )
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .fallback(|| async {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                "notFound",
+                "no such endpoint; see /openapi.json".into(),
+                None,
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(host)
+}
+
+async fn post_definition(State(h): State<DurableHost>, Body(doc): Body<Value>) -> Result<Response, ApiError> {
+    let (m, created) = h.define(doc).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"id": m.id, "version": m.version, "name": m.name}))).into_response())
+}
+
+async fn list_definitions(State(h): State<DurableHost>) -> Json<Value> {
+    let list: Vec<Value> = h
+        .registry()
+        .all()
+        .iter()
+        .map(|m| json!({"id": m.id, "version": m.version, "name": m.name, "description": m.description}))
+        .collect();
+    Json(json!({"definitions": list}))
+}
+
+async fn get_definition(State(h): State<DurableHost>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let reg = h.registry();
+    let versions: Vec<Value> = reg
+        .all()
+        .iter()
+        .filter(|m| m.id == id)
+        .map(|m| json!({"version": m.version, "definition": m.source}))
+        .collect();
+    let latest = reg.get(&id, None).ok_or(HostError::UnknownDefinition(id.clone()))?;
+    Ok(Json(
+        json!({"id": id, "latest": latest.version, "definition": latest.source, "versions": versions}),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    definition: String,
+    version: Option<String>,
+    input: Option<Value>,
+    id: Option<String>,
+}
+
+async fn post_instance(State(h): State<DurableHost>, Body(b): Body<StartBody>) -> Result<Response, ApiError> {
+    if b.id.as_deref().is_some_and(|i| i.is_empty() || i.len() > 200) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalidId",
+            "an instance id must have 1 to 200 characters".into(),
+            None,
+        ));
+    }
+    let input = b.input.unwrap_or_else(|| json!({}));
+    let (id, created) = h
+        .start_instance(&b.definition, b.version.as_deref(), b.id, input)
+        .await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"id": id, "created": created}))).into_response())
+}
+
+fn instance_json(h: &DurableHost, id: &str) -> Result<Value, ApiError> {
+    let s = h
+        .store()
+        .instance(id)
+        .map_err(HostError::from)?
+        .ok_or_else(|| HostError::UnknownInstance(id.to_string()))?;
+    let snap = &s.snapshot;
+    let mut v = json!({
+        "id": snap.id,
+        "definition": snap.definition,
+        "version": snap.version,
+        "status": snap.status.as_str(),
+        "state": snap.state_name,
+        "data": sm4c_runtime::json::from_val(&snap.data.0),
+        "startedAt": snap.started_at.map(rfc3339),
+    });
+    if let Some(e) = &snap.error {
+        v["error"] = e.to_json();
+    }
+    if let Some(t) = snap.ended_at {
+        v["endedAt"] = json!(rfc3339(t));
+    }
+    if let Some((p, op, _)) = &s.parent {
+        v["parent"] = json!({"instance": p, "operation": op});
+    }
+    Ok(v)
+}
+
+async fn get_instance(State(h): State<DurableHost>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(instance_json(&h, &id)?))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    definition: Option<String>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
+    match after {
+        None | Some("") => Ok(0),
+        Some(a) => a.parse().map_err(|_| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                "invalidCursor",
+                format!("`after` must be a cursor from a previous page, not {a:?}"),
+                None,
+            )
+        }),
+    }
+}
+
+async fn list_instances(State(h): State<DurableHost>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = h
+        .store()
+        .list(
+            q.status.as_deref(),
+            q.definition.as_deref(),
+            cursor(q.after.as_deref())?,
+            limit,
+        )
+        .map_err(HostError::from)?;
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|r| r.seq.to_string()))
+        .flatten();
+    Ok(Json(json!({"instances": rows, "next": next})))
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// A journal entry as a person reads it.
+fn readable(seq: i64, e: &Entry) -> Value {
+    let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+    v["seq"] = json!(seq);
+    if let Entry::Input(t) = e {
+        v["time"] = json!(rfc3339(t.at));
+    }
+    v
+}
+
+async fn history(
+    State(h): State<DurableHost>,
+    Path(id): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    instance_json(&h, &id)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = h
+        .store()
+        .history(&id, cursor(q.after.as_deref())?, limit)
+        .map_err(HostError::from)?;
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|r| r.0.to_string()))
+        .flatten();
+    let entries: Vec<Value> = rows.iter().map(|(s, e)| readable(*s, e)).collect();
+    Ok(Json(json!({"id": id, "entries": entries, "next": next})))
+}
+
+async fn cancel(State(h): State<DurableHost>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    h.cancel(&id).await?;
+    Ok(Json(instance_json(&h, &id)?))
+}
+
+async fn post_event(State(h): State<DurableHost>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payloadTooLarge",
+            format!("the body is larger than {MAX_BODY} bytes"),
+            None,
+        )
+    })?;
+    // cloudevents-sdk reads both content modes: `ce-*` headers (binary) or application/cloudevents+json (structured).
+    let event = cloudevents::binding::http::to_event(&parts.headers, bytes.to_vec()).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalidCloudEvent",
+            format!("not a CloudEvent in the HTTP binding (binary or structured mode): {e}"),
+            None,
+        )
+    })?;
+    let value = serde_json::to_value(&event)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e.to_string(), None))?;
+    let delivery = h.deliver(value).await?;
+    Ok((StatusCode::ACCEPTED, Json(delivery)).into_response())
+}
+
+async fn sent(State(h): State<DurableHost>, Query(q): Query<PageQuery>) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = h
+        .store()
+        .outbox(cursor(q.after.as_deref())?, limit)
+        .map_err(HostError::from)?;
+    let next = rows.last().map(|r| r.0.to_string());
+    let events: Vec<Value> = rows
+        .into_iter()
+        .map(|(s, i, e)| json!({"seq": s, "instance": i, "event": e}))
+        .collect();
+    Ok(Json(json!({"events": events, "next": next})))
+}

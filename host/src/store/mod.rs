@@ -1,0 +1,141 @@
+//! Where durable instances live: definitions, instance snapshots, journals, timers, calls in
+//! flight, the outbox of sent events and events waiting for an instance.
+//!
+//! The durable host writes a whole batch of steps (from many instances) in one [`Batch`], which a
+//! store commits atomically: that is the group commit. [`SqliteStore`] keeps everything in one
+//! SQLite file; [`MemoryStore`] serves tests.
+
+mod memory;
+mod sqlite;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+use serde::Serialize;
+use serde_json::Value;
+use sm4c_runtime::{Entry, Millis, Snapshot};
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The same definition id and version is registered with other content.
+    #[error(
+        "definition {id:?} version {version:?} is already registered with different content; register a new version"
+    )]
+    Conflict {
+        /// Definition id.
+        id: String,
+        /// Version.
+        version: String,
+    },
+    /// The file is not an sm4c store.
+    #[error("{0}")]
+    Foreign(String),
+    /// SQLite failed.
+    #[error("store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored document could not be read back.
+    #[error("store: corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// What one batch writes.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Instances written, each with the journal entries appended since its last write.
+    pub instances: Vec<InstanceWrite>,
+    /// Sent events, in order.
+    pub outbox: Vec<(String, Value, Millis)>,
+    /// Events that reached no instance: (event, expires at).
+    pub parked: Vec<(Value, Millis)>,
+    /// Parked events handed to an instance (by their sequence number).
+    pub unparked: Vec<i64>,
+}
+
+/// One instance's write in a batch.
+#[derive(Debug)]
+pub struct InstanceWrite {
+    /// The instance after the step.
+    pub snapshot: Snapshot,
+    /// Parent instance and operation, for subflow children.
+    pub parent: Option<(String, String, bool)>,
+    /// Journal entries to append.
+    pub entries: Vec<Entry>,
+    /// Calls the instance waits for, now (operation id, effect JSON).
+    pub calls: Vec<(String, Value)>,
+}
+
+/// An instance as listings show it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Instance id.
+    pub id: String,
+    /// Definition id.
+    pub definition: String,
+    /// Definition version.
+    pub version: String,
+    /// Status.
+    pub status: String,
+    /// Current state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Start time (RFC 3339).
+    pub started_at: Option<String>,
+    /// End time (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Parent instance, for subflows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Sequence number, for cursors.
+    #[serde(skip)]
+    pub seq: i64,
+}
+
+/// A stored instance.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// Its snapshot.
+    pub snapshot: Snapshot,
+    /// Parent link.
+    pub parent: Option<(String, String, bool)>,
+    /// Journal length.
+    pub journal_len: i64,
+}
+
+/// Storage for the durable host.
+pub trait Store: Send + Sync + 'static {
+    /// Registers a definition; `Ok(false)` when the same content is already registered.
+    fn put_definition(&self, id: &str, version: &str, doc: &Value) -> Result<bool, StoreError>;
+    /// Every registered definition.
+    fn definitions(&self) -> Result<Vec<Value>, StoreError>;
+    /// One instance.
+    fn instance(&self, id: &str) -> Result<Option<Stored>, StoreError>;
+    /// Commits a batch atomically.
+    fn commit(&self, batch: &Batch) -> Result<(), StoreError>;
+    /// Instances, newest last, filtered, after a cursor.
+    fn list(
+        &self,
+        status: Option<&str>,
+        definition: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Summary>, StoreError>;
+    /// Journal entries of an instance with their sequence numbers, after a cursor.
+    fn history(&self, id: &str, after: i64, limit: usize) -> Result<Vec<(i64, Entry)>, StoreError>;
+    /// Every active timer: (instance, timer, due).
+    fn timers(&self) -> Result<Vec<(String, String, Millis)>, StoreError>;
+    /// Every call an instance waits for: (instance, op, effect).
+    fn calls(&self) -> Result<Vec<(String, String, Value)>, StoreError>;
+    /// Ids of instances that have not ended, of the given definitions.
+    fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError>;
+    /// Sent events after a sequence number: (seq, instance, event).
+    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, Value)>, StoreError>;
+    /// Parked events not expired at `now`: (seq, event).
+    fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError>;
+}
+
+fn time(ms: Option<Millis>) -> Option<String> {
+    ms.map(sm4c_runtime::engine::rfc3339)
+}
