@@ -595,7 +595,14 @@ fn jq_runtime_error_fails_instance() {
     let v = parse(&out);
     assert_eq!(v["type"], "expressionError", "{v}");
     assert_eq!(v["state"], "Parse", "{v}");
-    assert!(v["message"].as_str().is_some_and(|m| m.contains("tonumber")), "{v}");
+    // The message is jq's own text; the expression comes with it in details.
+    assert!(v["message"].as_str().is_some_and(|m| m.contains("abc")), "{v}");
+    assert!(
+        v["details"]["expression"]
+            .as_str()
+            .is_some_and(|m| m.contains("tonumber")),
+        "{v}"
+    );
     assert_eq!(err.lines().count(), 1, "stderr:\n{err}");
     assert!(err.contains("Parse") && err.contains("tonumber"), "stderr:\n{err}");
 }

@@ -290,7 +290,16 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 s if s.is_final() => "failed",
                 _ => "cannot proceed",
             };
-            eprintln!("sm4c: instance {what} in state {state:?}: {}", error.message);
+            let context = match error
+                .details
+                .as_ref()
+                .and_then(|d| d.get("expression"))
+                .and_then(Value::as_str)
+            {
+                Some(expr) => format!(" (in {expr})"),
+                None => String::new(),
+            };
+            eprintln!("sm4c: instance {what} in state {state:?}: {}{context}", error.message);
             Ok(ExitCode::from(1))
         }
     }

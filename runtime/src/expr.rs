@@ -128,21 +128,39 @@ fn stack_address() -> usize {
     std::hint::black_box(&probe) as *const u8 as usize
 }
 
+/// Burns one unit of fuel; the halt code when fuel or stack is exhausted.
+fn burn(env: &Env) -> Result<(), i32> {
+    if stack_address().abs_diff(env.base) > env.stack_bytes {
+        return Err(OUT_OF_STACK);
+    }
+    match env.fuel.get() {
+        0 => Err(OUT_OF_FUEL),
+        n => {
+            env.fuel.set(n - 1);
+            Ok(())
+        }
+    }
+}
+
 fn natives() -> Vec<Fun<Data>> {
-    let tick: Fun<Data> = run(("__tick", v(0), |cv| {
-        let env = cv.0.data();
-        if stack_address().abs_diff(env.base) > env.stack_bytes {
-            return box_once(Err(Exn::halt(OUT_OF_STACK)));
-        }
-        let fuel = env.fuel;
-        match fuel.get() {
-            0 => box_once(Err(Exn::halt(OUT_OF_FUEL))),
-            n => {
-                fuel.set(n - 1);
-                bome(Ok(cv.1))
-            }
-        }
-    }));
+    // `__tick` passes its input through (also as a path and under updates, so definitions such as
+    // `select` and `first` still work in `del(...)` and `|=`), burning one unit of fuel.
+    let tick: Fun<Data> = (
+        "__tick",
+        v(0),
+        jaq_core::Native::new(|cv| match burn(cv.0.data()) {
+            Ok(()) => bome(Ok(cv.1)),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        })
+        .with_paths(|cv| match burn(cv.0.data()) {
+            Ok(()) => box_once(Ok(cv.1)),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        })
+        .with_update(|cv, f| match burn(cv.0.data()) {
+            Ok(()) => f(cv.1),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        }),
+    );
     let getp: Fun<Data> = run(("__getp", v(1), |mut cv| {
         let path = cv.0.pop_var();
         bome(crate::fast::get_path(&cv.1, &path).map_err(jaq_core::Error::str))
@@ -337,6 +355,8 @@ pub struct EvalError {
     pub value: Option<Value>,
     /// True when the fuel ran out.
     pub out_of_fuel: bool,
+    /// The expression as written.
+    pub expression: String,
 }
 
 impl Expr {
@@ -455,15 +475,22 @@ impl Expr {
     fn exn_error<'a>(&self, exn: Exn<'a, Val>) -> EvalError {
         match exn.get_err() {
             Ok(err) => {
+                // The message is the error's own text, so handlers can match `error("x")` as "x";
+                // the expression goes with it in `value` for diagnosis.
                 let payload = err.into_val();
-                let (text, value) = match &payload {
-                    Val::TStr(_) | Val::BStr(_) => (from_val(&payload).as_str().unwrap_or_default().to_string(), None),
-                    other => (other.to_string(), Some(from_val(other))),
-                };
-                EvalError {
-                    message: format!("{text} (in {})", self.0.source),
-                    value: value.or(Some(Value::String(text))),
-                    out_of_fuel: false,
+                match &payload {
+                    Val::TStr(_) | Val::BStr(_) => EvalError {
+                        message: crate::json::as_str(&payload).unwrap_or_default(),
+                        value: None,
+                        out_of_fuel: false,
+                        expression: self.0.source.clone(),
+                    },
+                    other => EvalError {
+                        message: other.to_string(),
+                        value: Some(from_val(other)),
+                        out_of_fuel: false,
+                        expression: self.0.source.clone(),
+                    },
                 }
             }
             Err(exn) => {
@@ -483,6 +510,7 @@ impl Expr {
                     message,
                     value: None,
                     out_of_fuel: true,
+                    expression: self.0.source.clone(),
                 }
             }
         }
@@ -506,6 +534,7 @@ impl Expr {
                 message: format!("expression yielded no value (in {})", self.0.source),
                 value: None,
                 out_of_fuel: false,
+                expression: self.0.source.clone(),
             }),
             _ => Err(EvalError {
                 message: format!(
@@ -514,6 +543,7 @@ impl Expr {
                 ),
                 value: None,
                 out_of_fuel: false,
+                expression: self.0.source.clone(),
             }),
         }
     }
@@ -587,32 +617,58 @@ fn snippet(code: &str, at: &str) -> String {
 }
 
 /// Rewrites `fn:name` into calls of generated definitions, returning the indices used.
+/// Text inside string literals is left alone (but `\(...)` interpolations are code); `fn:` not
+/// followed by a name (as in the object `{fn: 1}`) is ordinary jq.
 fn rewrite_fn_calls(code: &str, functions: &[ExprFunction]) -> Result<(String, Vec<usize>), String> {
     let bytes = code.as_bytes();
     let mut out = String::with_capacity(code.len());
     let mut used = Vec::new();
     let mut i = 0;
     let mut in_str = false;
+    // Paren depth of each open interpolation, innermost last; `depth` counts parens in code.
+    let mut interpolations: Vec<usize> = Vec::new();
+    let mut depth = 0usize;
     while i < bytes.len() {
         let c = bytes[i];
         if in_str {
-            if c == b'\\' && i + 1 < bytes.len() {
-                out.push_str(&code[i..i + 2]);
+            if c == b'\\' && bytes.get(i + 1) == Some(&b'(') {
+                out.push_str("\\(");
                 i += 2;
+                depth += 1;
+                interpolations.push(depth);
+                in_str = false;
+                continue;
+            }
+            if c == b'\\' && i + 1 < bytes.len() {
+                let ch = code[i + 1..].chars().next().expect("in bounds");
+                out.push('\\');
+                out.push(ch);
+                i += 1 + ch.len_utf8();
                 continue;
             }
             if c == b'"' {
                 in_str = false;
             }
-            out.push(c as char);
-            i += 1;
+            let ch = code[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
             continue;
         }
-        if c == b'"' {
-            in_str = true;
+        match c {
+            b'"' => in_str = true,
+            b'(' => depth += 1,
+            b')' => {
+                if interpolations.last() == Some(&depth) {
+                    interpolations.pop();
+                    in_str = true;
+                }
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
         }
         let boundary = i == 0 || !is_ident(bytes[i - 1]);
-        if boundary && code[i..].starts_with("fn:") {
+        let names_follow = bytes.get(i + 3).is_some_and(|b| b.is_ascii_alphabetic() || *b == b'_');
+        if boundary && names_follow && code[i..].starts_with("fn:") {
             let rest = &code[i + 3..];
             let found = functions
                 .iter()
@@ -635,11 +691,12 @@ fn rewrite_fn_calls(code: &str, functions: &[ExprFunction]) -> Result<(String, V
                         .chars()
                         .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
                         .collect();
-                    return Err(format!("unknown expression function fn:{name} (declare it in `functions` with \"type\": \"expression\")"));
+                    return Err(format!(
+                        "unknown expression function fn:{name} (declare it in `functions` with \"type\": \"expression\")"
+                    ));
                 }
             }
         }
-        // Copy one UTF-8 character.
         let ch = code[i..].chars().next().expect("in bounds");
         out.push(ch);
         i += ch.len_utf8();
@@ -728,6 +785,39 @@ mod tests {
     }
 
     #[test]
+    fn path_expressions_work_through_definitions() {
+        let items = json!({"items": [{"id": 1, "done": false}, {"id": 2, "done": false}]});
+        give(
+            items.clone(),
+            "del(.items[] | select(.id == 1))",
+            json!({"items": [{"id": 2, "done": false}]}),
+        );
+        give(
+            items.clone(),
+            "(.items[] | select(.id == 2) | .done) |= not",
+            json!({"items": [{"id": 1, "done": false}, {"id": 2, "done": true}]}),
+        );
+        give(items, "[paths(type == \"boolean\")] | length", json!(2));
+        give(json!({"a": {"b": 1}}), "delpaths([[\"a\", \"b\"]])", json!({"a": {}}));
+        give(
+            json!({"a": true}),
+            "(.. | select(type == \"boolean\")) |= not",
+            json!({"a": false}),
+        );
+    }
+
+    #[test]
+    fn error_messages_are_the_raised_text() {
+        let e = Expr::compile("${ error(\"card declined\") }", &[], Limits::default()).unwrap();
+        let err = e.eval_json(&json!(null)).unwrap_err();
+        assert_eq!(err.message, "card declined");
+        assert_eq!(err.expression, "${ error(\"card declined\") }");
+        let e = Expr::compile("error({code: 42})", &[], Limits::default()).unwrap();
+        let err = e.eval_json(&json!(null)).unwrap_err();
+        assert_eq!(err.value, Some(json!({"code": 42})));
+    }
+
+    #[test]
     fn value_variable() {
         let e = Expr::compile("${ .x = $value }", &[], Limits::default()).unwrap();
         let out = e.eval(to_val(&json!({})), to_val(&json!([1]))).unwrap();
@@ -811,6 +901,10 @@ mod tests {
         assert_eq!(e.eval_json(&json!({"n": 3})).unwrap(), json!(12));
         let e = Expr::compile("${ \"fn:double\" }", &fns, Limits::default()).unwrap();
         assert_eq!(e.eval_json(&json!(null)).unwrap(), json!("fn:double"));
+        let e = Expr::compile("${ {fn: 1, a: (2 | fn:double)} }", &fns, Limits::default()).unwrap();
+        assert_eq!(e.eval_json(&json!(null)).unwrap(), json!({"fn": 1, "a": 4}));
+        let e = Expr::compile("${ \"n=\\(.n | fn:double)!\" }", &fns, Limits::default()).unwrap();
+        assert_eq!(e.eval_json(&json!({"n": 5})).unwrap(), json!("n=10!"));
         let err = Expr::compile("${ fn:nope }", &fns, Limits::default()).unwrap_err();
         assert!(err.contains("fn:nope"), "{err}");
         let cyc = vec![ExprFunction {

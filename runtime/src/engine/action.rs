@@ -127,10 +127,12 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
     let action = &m.actions[id];
     let op = op_id(path, attempt);
     let expr_err = |e: crate::expr::EvalError| {
-        let mut err = ErrorInfo::new("expressionError", e.message);
+        let mut details = serde_json::json!({"expression": e.expression});
         // A value given to jq `error(...)` is kept when it carries more than the message.
-        err.details = e.value.filter(|v| !v.is_string());
-        err
+        if let Some(v) = e.value {
+            details["value"] = v;
+        }
+        ErrorInfo::new("expressionError", e.message).with_details(details)
     };
     let pending = |node| {
         Step::Pending(Run {

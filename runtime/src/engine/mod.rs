@@ -525,18 +525,24 @@ impl Instance {
         let st = &self.machine.states[self.s.state.unwrap_or(0)];
         match &st.input_filter {
             None => Ok(self.s.data.0.clone()),
-            Some(f) => f
-                .eval(self.s.data.0.clone(), Val::Null)
-                .map_err(|e| ErrorInfo::new("expressionError", format!("inputFilter failed: {}", e.message))),
+            Some(f) => f.eval(self.s.data.0.clone(), Val::Null).map_err(|e| {
+                ErrorInfo::new(
+                    "expressionError",
+                    format!("inputFilter failed: {} (in {})", e.message, e.expression),
+                )
+            }),
         }
     }
 
     /// Applies a result handler: jq over the global data with the result as `$value`.
     fn apply(&mut self, handler: Option<&crate::expr::Expr>, value: Val, what: &str) -> Result<(), ErrorInfo> {
         if let Some(h) = handler {
-            let d = h
-                .eval(self.s.data.0.clone(), value)
-                .map_err(|e| ErrorInfo::new("expressionError", format!("{what} failed: {}", e.message)))?;
+            let d = h.eval(self.s.data.0.clone(), value).map_err(|e| {
+                ErrorInfo::new(
+                    "expressionError",
+                    format!("{what} failed: {} (in {})", e.message, e.expression),
+                )
+            })?;
             self.s.data = J(d);
         }
         Ok(())
@@ -689,7 +695,10 @@ impl Instance {
                                 out,
                                 ErrorInfo::new(
                                     "expressionError",
-                                    format!("condition of transition {i} failed: {}", e.message),
+                                    format!(
+                                        "condition of transition {i} failed: {} (in {})",
+                                        e.message, e.expression
+                                    ),
                                 ),
                             )
                         }
@@ -776,7 +785,7 @@ impl Instance {
                             Err(e) => {
                                 return Err(ErrorInfo::new(
                                     "expressionError",
-                                    format!("event group condition failed: {}", e.message),
+                                    format!("event group condition failed: {} (in {})", e.message, e.expression),
                                 ))
                             }
                         }
@@ -797,7 +806,10 @@ impl Instance {
                 Err(e) => {
                     return Err(ErrorInfo::new(
                         "expressionError",
-                        format!("condition of transition {t} failed: {}", e.message),
+                        format!(
+                            "condition of transition {t} failed: {} (in {})",
+                            e.message, e.expression
+                        ),
                     ))
                 }
             }
