@@ -72,6 +72,7 @@ fn schema_and_validator_agree_on_invalid_definitions() {
         json!({"id": "x", "name": "x", "version": "1", "states": [ok_state.clone(), {"name": "B", "start": true}]}),
         json!({"id": "x", "version": "1", "states": [ok_state.clone()]}),
         json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "injectData"}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "events": [{"name": "e"}], "states": [{"name": "A", "start": true, "enterAction": {"type": "sendEvent", "event": "e", "contextAttributes": {"id": "x"}}}]}),
     ];
     for doc in cases {
         assert!(!validator.is_valid(&doc), "schema accepts {doc}");

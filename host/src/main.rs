@@ -113,8 +113,26 @@ struct RunArgs {
     expression_fuel: u64,
 }
 
+/// Stack for the thread that runs instances: deeply nested data is converted and dropped
+/// recursively, and jq may nest a value as deep as its fuel allows.
+const STACK: usize = 512 << 20;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match std::thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(move || dispatch(cli))
+        .map(|t| t.join())
+    {
+        Ok(Ok(code)) => code,
+        _ => {
+            eprintln!("sm4c: internal error");
+            ExitCode::from(3)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Validate { files, subflows } => validate(&files, subflows.as_deref()),
         Command::Run(args) => match run(args) {
@@ -296,8 +314,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .and_then(|d| d.get("expression"))
                 .and_then(Value::as_str)
             {
-                Some(expr) => format!(" (in {expr})"),
-                None => String::new(),
+                Some(expr) if !error.message.contains(expr) => format!(" (in {expr})"),
+                _ => String::new(),
             };
             eprintln!("sm4c: instance {what} in state {state:?}: {}{context}", error.message);
             Ok(ExitCode::from(1))
@@ -370,7 +388,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(STACK)
+        .build()?;
     rt.block_on(async move {
         let host = Arc::new(MockHost {
             mocks,

@@ -232,8 +232,13 @@ fn wall_clock() -> Millis {
         .unwrap_or(0)
 }
 
+/// How deep subflows may nest (a definition that starts itself would otherwise never end).
+pub const MAX_SUBFLOW_DEPTH: usize = 32;
+
 struct Slot {
     inst: Instance,
+    /// 0 for a top-level instance, parent's depth + 1 for a subflow.
+    depth: usize,
     journal: Vec<Entry>,
     /// (parent instance, operation id, parent waits)
     parent: Option<(String, String, bool)>,
@@ -385,11 +390,16 @@ impl Loop {
     }
 
     fn create(&mut self, id: &str, machine: Arc<Machine>, parent: Option<(String, String, bool)>) {
+        let depth = parent
+            .as_ref()
+            .and_then(|(p, _, _)| self.instances.get(p))
+            .map_or(0, |s| s.depth + 1);
         let inst = Instance::new(machine, id, self.config.options);
         self.instances.insert(
             id.to_string(),
             Slot {
                 inst,
+                depth,
                 journal: Vec::new(),
                 parent,
                 children: HashMap::new(),
@@ -526,6 +536,17 @@ impl Loop {
                 input,
                 wait,
             } => match self.host.subflow(&definition) {
+                Some(_) if self.instances.get(id).is_some_and(|s| s.depth + 1 > MAX_SUBFLOW_DEPTH) => {
+                    let e = ErrorInfo::new(
+                        "subflowError",
+                        format!(
+                            "subflow {definition:?} would nest deeper than {MAX_SUBFLOW_DEPTH} levels (does a subflow start itself?)"
+                        ),
+                    );
+                    if wait {
+                        self.queue.push_back((id.to_string(), Input::Failed { op, error: e }));
+                    }
+                }
                 Some(machine) => {
                     let child = format!("{id}/{op}");
                     if let Some(slot) = self.instances.get_mut(id) {

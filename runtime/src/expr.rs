@@ -84,6 +84,7 @@ const DEF_OUT: &[&str] = &["halt", "halt_error", "debug", "stderr"];
 
 /// Definitions we add: sandboxed replacements, and `range/3` as a recursion that burns fuel.
 const OUR_DEFS: &str = r#"
+def fromjson: __json_depth | __fromjson;
 def debug: .;
 def debug(msgs): .;
 def stderr: .;
@@ -128,6 +129,35 @@ fn stack_address() -> usize {
     std::hint::black_box(&probe) as *const u8 as usize
 }
 
+/// Deepest nesting `fromjson` accepts.
+pub const MAX_JSON_DEPTH: usize = 10_000;
+
+/// The deepest nesting of arrays and objects in a JSON text (strings skipped).
+fn json_nesting(text: &str) -> usize {
+    let (mut depth, mut max, mut in_str, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_str {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// Burns one unit of fuel; the halt code when fuel or stack is exhausted.
 fn burn(env: &Env) -> Result<(), i32> {
     if stack_address().abs_diff(env.base) > env.stack_bytes {
@@ -170,10 +200,25 @@ fn natives() -> Vec<Fun<Data>> {
         let path = cv.0.pop_var();
         bome(crate::fast::set_path(cv.1, &path, x).map_err(jaq_core::Error::str))
     }));
+    // Deeply nested JSON would exhaust the stack while it is parsed and later converted.
+    let depth: Fun<Data> = run(("__json_depth", v(0), |cv| {
+        let deep = crate::json::as_str(&cv.1).is_some_and(|s| json_nesting(&s) > MAX_JSON_DEPTH);
+        if deep {
+            bome(Err(jaq_core::Error::str(format!(
+                "fromjson: the text nests deeper than {MAX_JSON_DEPTH} levels"
+            ))))
+        } else {
+            bome(Ok(cv.1))
+        }
+    }));
     jaq_core::funs::<Data>()
         .chain(jaq_std::funs::<Data>())
-        .chain(jaq_json::funs::<Data>())
+        .chain(jaq_json::funs::<Data>().map(|(name, args, f)| match name {
+            "fromjson" => ("__fromjson", args, f),
+            _ => (name, args, f),
+        }))
         .filter(|(name, _, _)| !NATIVE_OUT.contains(name))
+        .chain([depth])
         .chain([tick, getp, setp])
         .collect()
 }
@@ -779,6 +824,10 @@ mod tests {
             json!({"n": 2, "out": {"v": "2"}}),
         );
         give(json!({"k": [1]}), ".k[0] = 9", json!({"k": [9]}));
+        give(json!({}), ".a[0] = 1", json!({"a": [1]}));
+        give(json!({}), ".a[2].b = 1", json!({"a": [null, null, {"b": 1}]}));
+        give(json!({"a": [1]}), ".a[0] += 1", json!({"a": [2]}));
+        give(json!(null), ".results[1] = \"x\"", json!({"results": [null, "x"]}));
         let e = Expr::compile(".a.b = 1", &[], Limits::default()).unwrap();
         let err = e.eval_json(&json!({"a": 1})).unwrap_err();
         assert!(err.message.contains("cannot index number"), "{err:?}");
@@ -815,6 +864,14 @@ mod tests {
         let e = Expr::compile("error({code: 42})", &[], Limits::default()).unwrap();
         let err = e.eval_json(&json!(null)).unwrap_err();
         assert_eq!(err.value, Some(json!({"code": 42})));
+    }
+
+    #[test]
+    fn fromjson_refuses_absurd_nesting() {
+        give(json!("[[1]]"), "fromjson", json!([[1]]));
+        give(json!("\"[[\""), "fromjson", json!("[["));
+        let e = Expr::compile("\"[\" * 100000 | fromjson", &[], Limits::default()).unwrap();
+        assert!(e.eval_json(&json!(null)).unwrap_err().message.contains("nests deeper"));
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub enum Fast {
 
 fn key(t: &Term<&str>) -> Option<Val> {
     match t {
+        Term::Num(n) if !n.is_empty() && n.len() < 10 && n.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(Val::Num(Num::from_str_radix(n, 10)?))
+        }
         Term::Str(None, parts) => {
             let mut s = String::new();
             for p in parts {
@@ -82,7 +85,7 @@ pub fn simple_path<'a>(t: &Term<&'a str>) -> Option<Term<&'a str>> {
     }
     let mut items: Option<Term<&'a str>> = None;
     for (part, opt) in &path.0 {
-        let (Part::Index(k @ Term::Str(None, _)), Opt::Essential) = (part, opt) else {
+        let (Part::Index(k @ (Term::Str(None, _) | Term::Num(_))), Opt::Essential) = (part, opt) else {
             return None;
         };
         key(k)?;
@@ -173,26 +176,54 @@ fn truthy(v: &Val) -> bool {
     !matches!(v, Val::Null | Val::Bool(false))
 }
 
-fn get(v: &Val, k: &Val) -> Option<Val> {
-    match v {
-        Val::Null => Some(Val::Null),
-        Val::Obj(m) => Some(m.get(k).cloned().unwrap_or(Val::Null)),
+fn index(k: &Val) -> Option<usize> {
+    match k {
+        Val::Num(Num::Int(i)) if *i >= 0 => Some(*i as usize),
         _ => None,
     }
 }
+
+fn get(v: &Val, k: &Val) -> Option<Val> {
+    match (v, k) {
+        (Val::Null, _) => Some(Val::Null),
+        (Val::Obj(m), Val::TStr(_)) => Some(m.get(k).cloned().unwrap_or(Val::Null)),
+        (Val::Arr(a), _) => Some(a.get(index(k)?).cloned().unwrap_or(Val::Null)),
+        _ => None,
+    }
+}
+
+/// Largest array index an assignment may create (jq pads with nulls up to it).
+const MAX_INDEX: usize = 1 << 20;
 
 fn set(v: Val, ks: &[Val], x: Val) -> Option<Val> {
     let Some((k, rest)) = ks.split_first() else {
         return Some(x);
     };
-    let mut map = match v {
-        Val::Null => jaq_json::Map::default(),
-        Val::Obj(m) => jaq_json::Rc::unwrap_or_clone(m),
-        _ => return None,
-    };
-    let inner = map.get(k).cloned().unwrap_or(Val::Null);
-    map.insert(k.clone(), set(inner, rest, x)?);
-    Some(Val::obj(map))
+    match (v, k) {
+        (v @ (Val::Null | Val::Obj(_)), Val::TStr(_)) => {
+            let mut map = match v {
+                Val::Obj(m) => jaq_json::Rc::unwrap_or_clone(m),
+                _ => jaq_json::Map::default(),
+            };
+            let inner = map.get(k).cloned().unwrap_or(Val::Null);
+            map.insert(k.clone(), set(inner, rest, x)?);
+            Some(Val::obj(map))
+        }
+        (v @ (Val::Null | Val::Arr(_)), Val::Num(_)) => {
+            let i = index(k).filter(|i| *i <= MAX_INDEX)?;
+            let mut arr = match v {
+                Val::Arr(a) => jaq_json::Rc::unwrap_or_clone(a),
+                _ => Vec::new(),
+            };
+            if arr.len() <= i {
+                arr.resize(i + 1, Val::Null);
+            }
+            let inner = std::mem::take(&mut arr[i]);
+            arr[i] = set(inner, rest, x)?;
+            Some(Val::Arr(arr.into()))
+        }
+        _ => None,
+    }
 }
 
 impl Fast {

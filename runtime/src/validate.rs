@@ -176,6 +176,21 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
     })
 }
 
+/// Attributes `sendEvent` may not set through `contextAttributes`.
+const RESERVED_ATTRIBUTES: &[&str] = &[
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "subject",
+    "time",
+    "datacontenttype",
+    "dataschema",
+    "data",
+    "data_base64",
+    "sm4cinstanceid",
+];
+
 /// Action types, matched without regard to case.
 const ACTION_TYPES: &[&str] = &[
     "delay",
@@ -901,7 +916,26 @@ impl V {
                     None | Some(Value::Null) => {}
                     Some(Value::Object(m)) => {
                         for (k, val) in m {
-                            let t = self.template(val, &format!("{p}/contextAttributes/{}", esc(k)));
+                            let ap = format!("{p}/contextAttributes/{}", esc(k));
+                            let lower = k.to_ascii_lowercase();
+                            if RESERVED_ATTRIBUTES.contains(&lower.as_str()) {
+                                self.err(
+                                    &ap,
+                                    &format!("{k:?} is a CloudEvents attribute the runtime sets; choose another name"),
+                                );
+                                continue;
+                            }
+                            if lower.is_empty() || !lower.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                            {
+                                self.err(
+                                    &ap,
+                                    &format!(
+                                        "{k:?} is not a valid CloudEvents attribute name (letters and digits only)"
+                                    ),
+                                );
+                                continue;
+                            }
+                            let t = self.template(val, &ap);
                             attributes.push((k.clone(), t));
                         }
                     }
@@ -950,6 +984,22 @@ impl V {
     fn children(&mut self, o: &Map<String, Value>, p: &str) -> Option<Vec<ActionId>> {
         match o.get("actions") {
             Some(Value::Array(list)) if !list.is_empty() => {
+                // Outputs are keyed by name (else index): two children with one key would lose an output.
+                let mut keys: Vec<String> = Vec::new();
+                for (i, c) in list.iter().enumerate() {
+                    let key = c
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| i.to_string());
+                    if keys.contains(&key) {
+                        self.err(
+                            &format!("{p}/actions/{i}/name"),
+                            &format!("another action here already has the output key {key:?}"),
+                        );
+                    }
+                    keys.push(key);
+                }
                 let ids: Vec<Option<ActionId>> = list
                     .iter()
                     .enumerate()
@@ -972,4 +1022,81 @@ impl V {
 /// A resolver for definitions without URI references: every reference is refused.
 pub fn no_files(uri: &str) -> Result<Value, String> {
     Err(format!("cannot resolve {uri:?}: no file resolver was given"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn errors(doc: Value) -> Vec<String> {
+        match load(&doc, &mut no_files, LoadOptions::default()) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn sibling_output_keys_must_differ() {
+        let errs = errors(
+            json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "parallel", "actions": [
+                {"name": "a", "type": "injectData", "expression": "1"},
+                {"type": "injectData", "expression": "2"},
+                {"name": "a", "type": "injectData", "expression": "3"}]}}]}),
+        );
+        assert_eq!(
+            errs,
+            vec!["/states/0/enterAction/actions/2/name: another action here already has the output key \"a\""]
+        );
+    }
+
+    #[test]
+    fn sent_events_cannot_overwrite_core_attributes() {
+        let errs = errors(
+            json!({"id": "x", "name": "x", "version": "1", "events": [{"name": "e"}],
+            "states": [{"name": "A", "start": true, "enterAction": {"type": "sendEvent", "event": "e",
+                "contextAttributes": {"Type": "x", "bad-name": "y", "customerId": "${ .id }"}}}]}),
+        );
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].contains("/contextAttributes/Type") || errs[1].contains("/contextAttributes/Type"),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter().any(|e| e.contains("bad-name") && e.contains("not a valid")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_pointer() {
+        let errs = errors(
+            json!({"id": "x", "name": "x", "version": "1", "functions": [{"name": "f", "operation": "o"}],
+            "states": [
+                {"name": "A", "start": true, "transitions": [{"nextState": "Nowhere"}],
+                 "enterAction": {"type": "invokeFunction", "functionName": "g"}},
+                {"name": "A", "enterAction": {"type": "delay", "timeout": "soon"}}]}),
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("/states/1/name: duplicate state name")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("/states/0/transitions/0/nextState: unknown state")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("/states/0/enterAction/functionName: unknown function")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("/states/1/enterAction/timeout: invalid timespan")),
+            "{errs:?}"
+        );
+    }
 }
