@@ -168,6 +168,7 @@ impl DurableHost {
             in_flight: HashMap::new(),
             batch: Batch::default(),
             after: Vec::new(),
+            replies: Vec::new(),
             parked_count: 0,
         };
         lp.recover()?;
@@ -260,6 +261,8 @@ struct Loop {
     batch: Batch,
     /// Effects to perform once the batch is committed.
     after: Vec<(String, Effect)>,
+    /// Answers to requests, sent once the batch is committed (so many requests share one commit).
+    replies: Vec<Box<dyn FnOnce() + Send>>,
     parked_count: usize,
 }
 
@@ -344,7 +347,7 @@ impl Loop {
                 }
             }
             self.fire_due();
-            if !self.queue.is_empty() {
+            if !self.queue.is_empty() || !self.replies.is_empty() {
                 self.step();
                 continue;
             }
@@ -608,6 +611,9 @@ impl Loop {
         }
         // Waiting instances hold no memory: keep nothing past the batch.
         self.cache.clear();
+        for reply in std::mem::take(&mut self.replies) {
+            reply();
+        }
         let effects = std::mem::take(&mut self.after);
         for (inst, e) in effects {
             self.perform(&inst, e);
@@ -656,6 +662,32 @@ impl Loop {
                 wait,
             } => {
                 let child = format!("{id}/{op}");
+                let mut depth = 0;
+                let mut cur = id.to_string();
+                while let Ok(Some(crate::store::Stored {
+                    parent: Some((p, _, _)),
+                    ..
+                })) = self.store.instance(&cur)
+                {
+                    depth += 1;
+                    cur = p;
+                    if depth > crate::memory::MAX_SUBFLOW_DEPTH {
+                        break;
+                    }
+                }
+                if depth + 1 > crate::memory::MAX_SUBFLOW_DEPTH {
+                    if wait {
+                        let e = ErrorInfo::new(
+                            "subflowError",
+                            format!(
+                                "subflow {definition:?} would nest deeper than {} levels",
+                                crate::memory::MAX_SUBFLOW_DEPTH
+                            ),
+                        );
+                        self.queue.push((id.to_string(), Input::Failed { op, error: e }));
+                    }
+                    return;
+                }
                 let machine = self
                     .registry
                     .read()
@@ -767,8 +799,9 @@ impl Loop {
                         self.create(&id, m, None);
                         self.queue.push((id.clone(), Input::Start { data: input }));
                         // Starting is acknowledged once its first step is committed.
-                        self.step();
-                        let _ = reply.send(Ok((id, true)));
+                        self.replies.push(Box::new(move || {
+                            let _ = reply.send(Ok((id, true)));
+                        }));
                     }
                     Err(e) => {
                         let _ = reply.send(Err(e.into()));
@@ -777,8 +810,9 @@ impl Loop {
             }
             Cmd::Event(event, reply) => {
                 let delivery = self.route(event, None);
-                self.step();
-                let _ = reply.send(Ok(delivery));
+                self.replies.push(Box::new(move || {
+                    let _ = reply.send(Ok(delivery));
+                }));
             }
             Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.inst.status()) {
                 None => {
@@ -794,8 +828,9 @@ impl Loop {
                             reason: Some("cancelled through the API".into()),
                         },
                     ));
-                    self.step();
-                    let _ = reply.send(Ok(()));
+                    self.replies.push(Box::new(move || {
+                        let _ = reply.send(Ok(()));
+                    }));
                 }
             },
             Cmd::Result { instance, op, result } => {
