@@ -1,0 +1,1 @@
+//! Crash and durability tests (being written).
