@@ -339,18 +339,39 @@ fn describe(e: &Value) -> String {
                 "invokeFunction" => format!(" {} ({})", s(&e["function"]), s(&e["op"])),
                 "startSubflow" => format!(" {} ({})", s(&e["definition"]), s(&e["op"])),
                 "sendEvent" => format!(" {} ({})", s(&e["event"]["type"]), s(&e["event"]["id"])),
-                "startTimer" | "cancelTimer" => format!(" {}", s(&e["timer"])),
+                "startTimer" => format!(
+                    " {} due {}",
+                    s(&e["timer"]),
+                    e["due"].as_i64().map(sm4c_runtime::engine::rfc3339).unwrap_or_default()
+                ),
+                "cancelTimer" => format!(" {}", s(&e["timer"])),
                 _ => format!(" {}", s(&e["op"])),
             };
             format!("                          effect {what}{extra}")
         }
         _ => {
-            let mut t = e.clone();
-            if let Some(o) = t.as_object_mut() {
-                o.remove("entry");
-                o.remove("seq");
+            let pad = "                          ";
+            match e["step"].as_str().unwrap_or_default() {
+                "stateEntered" => format!("{pad}enter state {}", s(&e["state"])),
+                "transitionFired" => format!(
+                    "{pad}transition {} of {} ({}) -> {}",
+                    s(&e["transition"]),
+                    s(&e["state"]),
+                    s(&e["trigger"]),
+                    e["next"].as_str().unwrap_or("(stays)")
+                ),
+                "eventConsumed" => format!("{pad}event {} consumed ({})", s(&e["event"]), s(&e["id"])),
+                "actionCompleted" => format!("{pad}{} {} completed", s(&e["action"]), s(&e["op"])),
+                "actionFailed" => format!("{pad}{} {} failed: {}", s(&e["action"]), s(&e["op"]), s(&e["message"])),
+                "retrying" => format!(
+                    "{pad}retry {}: attempt {} in {} ms",
+                    s(&e["op"]),
+                    s(&e["attempt"]),
+                    s(&e["delay_ms"])
+                ),
+                "finished" => format!("{pad}instance {}", s(&e["status"])),
+                _ => format!("{pad}{e}"),
             }
-            format!("                          {}", t)
         }
     }
 }
