@@ -1,1 +1,1105 @@
-//! Crash and durability tests (being written).
+//! Crash and durability tests against the real `sm4c serve` binary.
+//!
+//! Every test starts `sm4c serve` as a child process on its own SQLite file and port, and "crashes" it
+//! with SIGKILL (`Child::kill` on Unix), then starts it again on the same file. What must hold:
+//! journals are written before effects; after kill -9 every instance resumes from its journal
+//! (completed actions are not run again, calls in flight are made again with the same operation id,
+//! sent events keep their ids); timers are durable and fire on time, or at once when they came due
+//! while the server was down; a journal that no longer matches its definition fails the instance with
+//! `replayMismatch`; cancelling is durable; a crashed store opens cleanly while a foreign or corrupt
+//! file is refused with exit code 2 and left untouched.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::OpenOptions;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn read_log(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    // The end of the log is what matters when something goes wrong.
+    let start = text.len().saturating_sub(6000);
+    let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    text[start..].to_string()
+}
+
+/// A running `sm4c serve`, killed with SIGKILL when dropped.
+struct Server {
+    child: Option<Child>,
+    base: String,
+    client: Client,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `sm4c serve --db DB [--mock MOCK]` on a free port and waits until `/healthz` answers.
+    fn start(db: &Path, mock: Option<&Path>, log: &Path) -> Server {
+        let port = free_port();
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open the server log");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .arg("--db")
+            .arg(db)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"));
+        if let Some(m) = mock {
+            cmd.arg("--mock").arg(m);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone().expect("clone log handle"))
+            .stderr(out);
+        let child = cmd.spawn().expect("spawn sm4c serve");
+        let mut s = Server {
+            child: Some(child),
+            base: format!("http://127.0.0.1:{port}"),
+            client: Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("http client"),
+            log: log.to_path_buf(),
+        };
+        s.wait_healthy();
+        s
+    }
+
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!(
+                    "sm4c serve exited with {status} before answering /healthz; log:\n{}",
+                    read_log(&self.log)
+                );
+            }
+            if let Ok(r) = self
+                .client
+                .get(format!("{}/healthz", self.base))
+                .timeout(Duration::from_secs(2))
+                .send()
+            {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "sm4c serve did not answer /healthz within 20 s; log:\n{}",
+                    read_log(&self.log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// kill -9, and reap the process.
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        read_log(&self.log)
+    }
+
+    fn send(&self, req: reqwest::blocking::RequestBuilder, what: &str) -> (u16, Value) {
+        let r = req
+            .send()
+            .unwrap_or_else(|e| panic!("{what}: request failed: {e}; server log:\n{}", self.log()));
+        let status = r.status().as_u16();
+        let text = r.text().unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, body)
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        self.send(self.client.get(format!("{}{path}", self.base)), &format!("GET {path}"))
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(
+            self.client.post(format!("{}{path}", self.base)).json(body),
+            &format!("POST {path}"),
+        )
+    }
+
+    fn define(&self, doc: &Value) {
+        let (st, body) = self.post("/definitions", doc);
+        assert!(st == 201 || st == 200, "POST /definitions: {st} {body}");
+    }
+
+    fn start_instance(&self, definition: &str, id: &str, input: Value) {
+        let (st, body) = self.post(
+            "/instances",
+            &json!({"definition": definition, "id": id, "input": input}),
+        );
+        assert_eq!(st, 201, "POST /instances {id}: {body}");
+        assert_eq!(body["id"], id, "POST /instances {id}: {body}");
+    }
+
+    fn instance(&self, id: &str) -> Value {
+        let (st, body) = self.get(&format!("/instances/{id}"));
+        assert_eq!(st, 200, "GET /instances/{id}: {body}");
+        body
+    }
+
+    /// The whole journal of an instance, following the `next` cursor.
+    fn history(&self, id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let (st, body) = self.get(&format!("/instances/{id}/history?limit=1000&after={after}"));
+            assert_eq!(st, 200, "GET /instances/{id}/history: {body}");
+            let entries = body["entries"].as_array().cloned().unwrap_or_default();
+            let n = entries.len();
+            out.extend(entries);
+            match body["next"].as_str() {
+                Some(next) if n > 0 => after = next.to_string(),
+                _ => return out,
+            }
+        }
+    }
+
+    /// Every event in the outbox, following the `next` cursor.
+    fn sent(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let (st, body) = self.get(&format!("/events/sent?limit=1000&after={after}"));
+            assert_eq!(st, 200, "GET /events/sent: {body}");
+            let events = body["events"].as_array().cloned().unwrap_or_default();
+            if events.is_empty() {
+                return out;
+            }
+            out.extend(events);
+            match body["next"].as_str() {
+                Some(next) => after = next.to_string(),
+                None => return out,
+            }
+        }
+    }
+
+    /// Posts a CloudEvent in structured mode.
+    fn post_event(&self, event: &Value) -> (u16, Value) {
+        self.send(
+            self.client
+                .post(format!("{}/events", self.base))
+                .header("content-type", "application/cloudevents+json")
+                .body(event.to_string()),
+            "POST /events",
+        )
+    }
+
+    /// Polls an instance until `done` holds for it.
+    fn wait_instance(&self, id: &str, timeout: Duration, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.instance(id);
+            if done(&v) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "instance {id} did not become {what} within {timeout:?}: {v}\nhistory: {}\nserver log:\n{}",
+                    Value::Array(self.history(id)),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn write_json(path: &Path, v: &Value) {
+    std::fs::write(path, serde_json::to_vec_pretty(v).expect("serialize")).expect("write file");
+}
+
+/// Entries of a journal with a given `entry` kind and `step`/`effect`/`input` tag.
+fn entries<'a>(history: &'a [Value], entry: &str, tag_field: &str, tag: &str) -> Vec<&'a Value> {
+    history
+        .iter()
+        .filter(|e| e["entry"] == entry && e[tag_field] == tag)
+        .collect()
+}
+
+/// Copies a (possibly crashed) store with its WAL so it can be inspected without recovering the original.
+fn snapshot_store(db: &Path, dir: &Path) -> PathBuf {
+    let copy = dir.join("inspect.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let from = PathBuf::from(format!("{}{suffix}", db.display()));
+        let to = PathBuf::from(format!("{}{suffix}", copy.display()));
+        let _ = std::fs::remove_file(&to);
+        if from.exists() {
+            std::fs::copy(&from, &to).expect("copy store file");
+        }
+    }
+    copy
+}
+
+/// Runs `sm4c serve` on a file that must be refused: returns (exit code, stderr).
+fn serve_refused(db: &Path) -> (Option<i32>, String) {
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--db")
+        .arg(db)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sm4c serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            return (status.code(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "sm4c serve --db {} did not exit within 20 s: it accepted the file",
+                db.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn dir_listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    names
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The crash test
+// ---------------------------------------------------------------------------------------------
+
+/// Iterations of the slow mock: long enough (about 0.1–0.3 s in a debug build) that a kill right
+/// after a start lands while the call is being made.
+const SPIN: u64 = 25_000;
+
+fn crash_definition() -> Value {
+    json!({
+        "id": "crash",
+        "name": "Crash test",
+        "version": "1.0",
+        "events": [{
+            "name": "orderPaid",
+            "type": "com.example.paid",
+            "source": "shop",
+            "correlation": [{"contextAttributeName": "orderId", "contextAttributeValue": "${ .orderId }"}]
+        }],
+        "functions": [
+            {"name": "work", "operation": "http://example.org/api.json#work"},
+            {"name": "slow", "operation": "http://example.org/api.json#slow"},
+            {"name": "finish", "operation": "http://example.org/api.json#finish"}
+        ],
+        "retries": [{"name": "slowRetry", "delay": "12s", "maxAttempts": 1}],
+        "states": [
+            {
+                "name": "Prepare",
+                "start": true,
+                "enterAction": {"type": "injectData", "expression": "${ .n * 10 }"},
+                "enterResultHandler": "${ .prepared = $value }",
+                "transitions": [
+                    {"condition": "${ .g == \"A\" }", "nextState": "Sleep"},
+                    {"condition": "${ .g == \"B\" }", "nextState": "AwaitOrder"},
+                    {"condition": "${ .g == \"C\" }", "nextState": "Call"},
+                    {"nextState": "Slow"}
+                ]
+            },
+            {
+                "name": "Sleep",
+                "enterAction": {"type": "delay", "timeout": "12s"},
+                "transitions": [{"nextState": "Done"}]
+            },
+            {
+                "name": "AwaitOrder",
+                "transitions": [{
+                    "nextState": "Done",
+                    "eventGroups": [{"events": ["orderPaid"], "resultHandler": "${ .paid = ($value | .data) }"}]
+                }]
+            },
+            {
+                "name": "Call",
+                "enterAction": {
+                    "type": "sequence",
+                    "actions": [{
+                        "name": "work",
+                        "type": "invokeFunction",
+                        "functionName": "work",
+                        "waitForCompletion": true,
+                        "arguments": {"n": "${ .n }", "g": "${ .g }"},
+                        "errorHandlers": [{"retryPolicy": "slowRetry"}]
+                    }],
+                    "errorHandlers": [{"resultHandler": "${ .handled = ($value | .message) }"}]
+                },
+                "transitions": [{"nextState": "Done"}]
+            },
+            {
+                "name": "Slow",
+                "enterAction": {
+                    "type": "invokeFunction",
+                    "functionName": "slow",
+                    "waitForCompletion": true,
+                    "arguments": {"n": "${ .n }"}
+                },
+                "enterResultHandler": "${ .slow = $value }",
+                "transitions": [{"nextState": "Done"}]
+            },
+            {
+                "name": "Done",
+                "enterAction": {
+                    "type": "invokeFunction",
+                    "functionName": "finish",
+                    "waitForCompletion": true,
+                    "arguments": {"n": "${ .n }"}
+                },
+                "enterResultHandler": "${ .finished = $value }"
+            }
+        ]
+    })
+}
+
+fn crash_mocks() -> Value {
+    json!({
+        "work": "if .g == \"C\" then error(\"flaky\") else {ok: .n} end",
+        "slow": format!("(reduce range(0; {SPIN}) as $i (0; . + 1)) as $x | {{ok: .n, spin: $x}}"),
+        "finish": "{done: .n}"
+    })
+}
+
+fn group(i: usize) -> &'static str {
+    match i {
+        0..=59 => "A",
+        60..=119 => "B",
+        120..=179 => "C",
+        _ => "D",
+    }
+}
+
+fn crash_id(i: usize) -> String {
+    format!("crash-{i:03}")
+}
+
+fn crash_input(i: usize) -> Value {
+    json!({"n": i, "g": group(i), "orderId": format!("order-{i}")})
+}
+
+fn crash_expected(i: usize) -> Value {
+    let mut v = crash_input(i);
+    v["prepared"] = json!(i * 10);
+    match group(i) {
+        "B" => v["paid"] = json!({"amount": i}),
+        "C" => v["handled"] = json!("flaky"),
+        "D" => v["slow"] = json!({"ok": i, "spin": SPIN}),
+        _ => {}
+    }
+    v["finished"] = json!({"done": i});
+    v
+}
+
+/// Is the instance in the mid-flight position its group should be in?
+fn in_position(s: &Server, i: usize) -> bool {
+    let v = s.instance(&crash_id(i));
+    let state_ok = |st: &str| v["status"] == "waiting" && v["state"] == st;
+    match group(i) {
+        "A" => state_ok("Sleep"),
+        "B" => state_ok("AwaitOrder"),
+        "C" => {
+            state_ok("Call")
+                && s.history(&crash_id(i))
+                    .iter()
+                    .any(|e| e["entry"] == "trace" && e["step"] == "retrying")
+        }
+        _ => true,
+    }
+}
+
+/// Checks one finished instance's journal: no completed action ran twice, no effect or input was
+/// recorded twice, timers fired once and not before they were due.
+fn check_journal(id: &str, history: &[Value]) -> Result<(), String> {
+    let mut completed: HashMap<String, usize> = HashMap::new();
+    let mut effects: HashMap<String, usize> = HashMap::new();
+    let mut results: HashMap<String, usize> = HashMap::new();
+    let mut fired: HashMap<String, usize> = HashMap::new();
+    let mut finished = 0;
+    for e in history {
+        match e["entry"].as_str() {
+            Some("trace") if e["step"] == "actionCompleted" => {
+                *completed
+                    .entry(e["op"].as_str().unwrap_or("?").to_string())
+                    .or_default() += 1;
+            }
+            Some("trace") if e["step"] == "finished" => finished += 1,
+            Some("effect") => {
+                let key = format!(
+                    "{} {}",
+                    e["effect"].as_str().unwrap_or("?"),
+                    e["op"].as_str().or(e["timer"].as_str()).unwrap_or("?")
+                );
+                *effects.entry(key).or_default() += 1;
+            }
+            Some("input") if e["input"] == "completed" || e["input"] == "failed" => {
+                *results.entry(e["op"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+            }
+            Some("input") if e["input"] == "timerFired" => {
+                *fired.entry(e["timer"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    let twice = |what: &str, m: &HashMap<String, usize>| -> Result<(), String> {
+        let dups: BTreeMap<&String, &usize> = m.iter().filter(|(_, n)| **n > 1).collect();
+        if dups.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{id}: {what} recorded more than once: {dups:?}"))
+        }
+    };
+    twice("actionCompleted trace (a completed action ran again)", &completed)?;
+    twice("effect", &effects)?;
+    twice("call result input", &results)?;
+    twice("timerFired input", &fired)?;
+    if finished != 1 {
+        return Err(format!("{id}: {finished} `finished` traces"));
+    }
+    // Every call result answers an invokeFunction effect with the same operation id.
+    for op in results.keys() {
+        if !effects.contains_key(&format!("invokeFunction {op}")) {
+            return Err(format!(
+                "{id}: result for op {op} without an invokeFunction effect with that op"
+            ));
+        }
+    }
+    // Timers fire at or after their due time.
+    for t in entries(history, "effect", "effect", "startTimer") {
+        let timer = t["timer"].as_str().unwrap_or("?");
+        let due = t["due"]
+            .as_i64()
+            .ok_or_else(|| format!("{id}: startTimer without `due`: {t}"))?;
+        if let Some(f) = history
+            .iter()
+            .find(|e| e["entry"] == "input" && e["input"] == "timerFired" && e["timer"] == timer)
+        {
+            let at = f["at"]
+                .as_i64()
+                .ok_or_else(|| format!("{id}: timerFired without `at`: {f}"))?;
+            if at < due {
+                return Err(format!("{id}: timer {timer} fired at {at}, before it was due at {due}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("crash.db");
+    let mock = dir.path().join("mocks.json");
+    let log = dir.path().join("server.log");
+    write_json(&mock, &crash_mocks());
+
+    let mut s = Server::start(&db, Some(&mock), &log);
+    s.define(&crash_definition());
+
+    // Groups A, B and C: 180 instances started from 6 threads.
+    std::thread::scope(|scope| {
+        for t in 0..6 {
+            let s = &s;
+            scope.spawn(move || {
+                for i in (t..180).step_by(6) {
+                    s.start_instance("crash", &crash_id(i), crash_input(i));
+                }
+            });
+        }
+    });
+    // Each is mid-flight: A in its delay, B waiting for its event, C in retry backoff.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut pending: Vec<usize> = (0..180).collect();
+    while !pending.is_empty() {
+        pending.retain(|&i| !in_position(&s, i));
+        if !pending.is_empty() && Instant::now() > deadline {
+            let i = pending[0];
+            panic!(
+                "{} instances not mid-flight in time, e.g. {}: {}\nhistory: {}",
+                pending.len(),
+                crash_id(i),
+                s.instance(&crash_id(i)),
+                Value::Array(s.history(&crash_id(i)))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let positioned = t0.elapsed();
+
+    // Group D, one at a time: every start is acknowledged once its invokeFunction effect is committed,
+    // and the slow mock then runs. Kill -9 right after the 10th acknowledgement: its call is in flight.
+    for i in 180..190 {
+        s.start_instance("crash", &crash_id(i), crash_input(i));
+    }
+    s.kill9();
+    let killed_at = now_ms();
+
+    // What the crashed store says (inspected on a copy, so the restart still recovers the original).
+    let copy = snapshot_store(&db, dir.path());
+    let in_flight: Vec<(String, String)> = {
+        let conn = rusqlite::Connection::open(&copy).expect("open copy of crashed store");
+        let mut stmt = conn
+            .prepare("SELECT instance, op FROM calls ORDER BY instance")
+            .expect("prepare");
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("query calls")
+            .collect::<Result<_, _>>()
+            .expect("read calls")
+    };
+    assert!(
+        in_flight.iter().any(|(inst, _)| inst == &crash_id(189)),
+        "the last acknowledged start's call should have been in flight at the crash; calls table: {in_flight:?}"
+    );
+
+    // Restart on the same file: it opens cleanly and serves every instance started before the crash.
+    let restarted_at = now_ms();
+    let s = {
+        drop(s);
+        Server::start(&db, Some(&mock), &log)
+    };
+    for i in 0..190 {
+        let v = s.instance(&crash_id(i));
+        assert_eq!(v["id"], crash_id(i));
+    }
+    // The rest of group D, on the restarted server.
+    for i in 190..200 {
+        s.start_instance("crash", &crash_id(i), crash_input(i));
+    }
+    // Group B's events.
+    for i in 60..120 {
+        let (st, body) = s.post_event(&json!({
+            "specversion": "1.0",
+            "id": format!("pay-{i}"),
+            "source": "shop",
+            "type": "com.example.paid",
+            "orderid": format!("order-{i}"),
+            "datacontenttype": "application/json",
+            "data": {"amount": i}
+        }));
+        assert_eq!(st, 202, "POST /events for {}: {body}", crash_id(i));
+        assert_eq!(
+            body["reached"],
+            json!([crash_id(i)]),
+            "event for {} reached: {body}",
+            crash_id(i)
+        );
+    }
+
+    // Every instance completes with its expected data.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut done = 0;
+        let mut after = String::new();
+        loop {
+            let (st, body) = s.get(&format!(
+                "/instances?status=completed&definition=crash&limit=1000&after={after}"
+            ));
+            assert_eq!(st, 200, "GET /instances: {body}");
+            let rows = body["instances"].as_array().cloned().unwrap_or_default();
+            done += rows.len();
+            match body["next"].as_str() {
+                Some(n) if !rows.is_empty() => after = n.to_string(),
+                _ => break,
+            }
+        }
+        if done == 200 {
+            break;
+        }
+        if Instant::now() > deadline {
+            let stuck: Vec<Value> = (0..200)
+                .map(|i| s.instance(&crash_id(i)))
+                .filter(|v| v["status"] != "completed")
+                .take(5)
+                .collect();
+            panic!(
+                "only {done} of 200 instances completed within 60 s of the restart; e.g. {stuck:?}\nserver log:\n{}",
+                s.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let completed_in = t0.elapsed();
+
+    let mut failures = Vec::new();
+    for i in 0..200 {
+        let id = crash_id(i);
+        let v = s.instance(&id);
+        if v["status"] != "completed" || v["data"] != crash_expected(i) {
+            failures.push(format!(
+                "{id}: status {} data {} (expected {})",
+                v["status"],
+                v["data"],
+                crash_expected(i)
+            ));
+            continue;
+        }
+        let h = s.history(&id);
+        if let Err(e) = check_journal(&id, &h) {
+            failures.push(e);
+            continue;
+        }
+        // Group A's delay was still pending at the restart: it fires on time, not early, not late.
+        if group(i) == "A" {
+            let started = entries(&h, "effect", "effect", "startTimer");
+            let fired = entries(&h, "input", "input", "timerFired");
+            assert_eq!((started.len(), fired.len()), (1, 1), "{id}: {h:?}");
+            let (due, at) = (started[0]["due"].as_i64().unwrap(), fired[0]["at"].as_i64().unwrap());
+            if due > restarted_at && at - due > 2_000 {
+                failures.push(format!("{id}: delay due at {due} fired {} ms late", at - due));
+            }
+        }
+        // Group C retried once after its backoff, with a deterministic attempt id.
+        if group(i) == "C" {
+            let calls: Vec<&str> = entries(&h, "effect", "effect", "invokeFunction")
+                .iter()
+                .filter(|e| e["function"] == "work")
+                .map(|e| e["op"].as_str().unwrap_or("?"))
+                .collect();
+            if calls.len() != 2 || calls[1] != format!("{}#2", calls[0]) {
+                failures.push(format!(
+                    "{id}: work calls {calls:?}, expected a first attempt and one retry `#2`"
+                ));
+            }
+        }
+        // The call that was in flight at the crash was made again with the same operation id.
+        if let Some((_, op)) = in_flight.iter().find(|(inst, _)| *inst == id) {
+            let effects = entries(&h, "effect", "effect", "invokeFunction");
+            let same: Vec<_> = effects.iter().filter(|e| e["op"] == op.as_str()).collect();
+            let answered = h
+                .iter()
+                .filter(|e| e["entry"] == "input" && e["input"] == "completed" && e["op"] == op.as_str())
+                .count();
+            if same.len() != 1 || answered != 1 {
+                failures.push(format!(
+                    "{id}: call {op} in flight at the crash: {} effects, {answered} results",
+                    same.len()
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 200 instances wrong after kill -9 and restart:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "crash test: 180 mid-flight after {positioned:?}, killed at {killed_at}, {} calls in flight, all 200 completed after {completed_in:?}",
+        in_flight.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Timers that came due while the server was down
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_timer_that_came_due_while_down_fires_at_once_after_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("nap.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&json!({
+        "id": "nap", "name": "Nap", "version": "1.0",
+        "states": [
+            {"name": "Nap", "start": true, "enterAction": {"type": "delay", "timeout": "1s"},
+             "transitions": [{"nextState": "Woke"}]},
+            {"name": "Woke", "enterAction": {"type": "injectData", "expression": "${ \"woke\" }"},
+             "enterResultHandler": "${ .status = $value }"}
+        ]
+    }));
+    s.start_instance("nap", "nap-1", json!({}));
+    s.kill9();
+    std::thread::sleep(Duration::from_secs(2));
+
+    let restarted = now_ms();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let v = s.wait_instance(
+        "nap-1",
+        Duration::from_secs(3),
+        "completed promptly after the restart",
+        |v| v["status"] == "completed",
+    );
+    assert_eq!(v["data"], json!({"status": "woke"}));
+
+    let h = s.history("nap-1");
+    let started = entries(&h, "effect", "effect", "startTimer");
+    assert_eq!(started.len(), 1, "one startTimer effect: {h:?}");
+    let due = started[0]["due"].as_i64().expect("startTimer has `due` (ms)");
+    let fired = entries(&h, "input", "input", "timerFired");
+    assert_eq!(fired.len(), 1, "one timerFired input: {h:?}");
+    assert_eq!(fired[0]["timer"], started[0]["timer"]);
+    let at = fired[0]["at"].as_i64().expect("timerFired has `at` (ms)");
+    assert!(
+        fired[0]["time"].is_string(),
+        "timerFired has a readable `time`: {}",
+        fired[0]
+    );
+    assert!(at >= due, "fired at {at}, before due {due}");
+    assert!(
+        due < restarted,
+        "the timer came due while the server was down (due {due}, restart {restarted})"
+    );
+    assert!(
+        at <= restarted + 3_000,
+        "a timer that came due while down fires at once after the restart: fired {} ms after it",
+        at - restarted
+    );
+    check_journal("nap-1", &h).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Replay mismatch
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_journal_that_no_longer_matches_its_definition_fails_the_instance_naming_the_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("drift.db");
+    let log = dir.path().join("server.log");
+    let mock = dir.path().join("mocks.json");
+    write_json(&mock, &json!({"notify": "{sent: .who}"}));
+    let mut s = Server::start(&db, Some(&mock), &log);
+    s.define(&json!({
+        "id": "drift", "name": "Drift", "version": "1.0",
+        "events": [{"name": "reply", "type": "com.example.reply", "source": "test"}],
+        "functions": [{"name": "notify", "operation": "http://example.org/api.json#notify"}],
+        "states": [
+            {"name": "Ask", "start": true,
+             "enterAction": {"type": "invokeFunction", "functionName": "notify", "arguments": {"who": "${ .who }"}},
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["reply"]}]}]},
+            {"name": "Done", "enterAction": {"type": "injectData", "expression": "${ \"done\" }"},
+             "enterResultHandler": "${ .status = $value }"}
+        ]
+    }));
+    s.start_instance("drift", "drift-1", json!({"who": "ada"}));
+    s.wait_instance("drift-1", Duration::from_secs(10), "waiting", |v| {
+        v["status"] == "waiting"
+    });
+    let before = s.history("drift-1");
+    s.kill9();
+
+    // The definition changes under the running instance: the call's argument differs.
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let text: String = conn
+            .query_row("SELECT doc FROM definitions WHERE id = 'drift'", [], |r| r.get(0))
+            .expect("read definition");
+        let mut doc: Value = serde_json::from_str(&text).expect("definition JSON");
+        doc["states"][0]["enterAction"]["arguments"]["who"] = json!("${ .who + \"!\" }");
+        let n = conn
+            .execute("UPDATE definitions SET doc = ?1 WHERE id = 'drift'", [doc.to_string()])
+            .expect("update definition");
+        assert_eq!(n, 1);
+    }
+
+    let s = {
+        drop(s);
+        Server::start(&db, Some(&mock), &log)
+    };
+    let v = s.wait_instance("drift-1", Duration::from_secs(10), "failed", |v| {
+        v["status"] == "failed"
+    });
+    let error = &v["error"];
+    assert_eq!(error["type"], "replayMismatch", "error: {error}");
+    let message = error["message"].as_str().unwrap_or_default();
+    let n: usize = message
+        .strip_prefix("journal entry ")
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the message names the journal entry (`journal entry N: ...`): {message:?}"));
+    assert!(
+        message.contains("invokeFunction") || message.contains("notify"),
+        "the message describes the mismatch: {message:?}"
+    );
+    // The entry it names is the recorded call, as the history API numbers entries.
+    let named = before
+        .iter()
+        .find(|e| e["seq"] == n)
+        .unwrap_or_else(|| panic!("journal entry {n} is not in the history: {before:?}"));
+    assert_eq!(
+        (named["entry"].as_str(), named["effect"].as_str()),
+        (Some("effect"), Some("invokeFunction")),
+        "\"journal entry {n}\" should be the recorded invokeFunction effect (history `seq` {n}), but that entry is {named}; history: {before:?}"
+    );
+    if let Some(d) = error["details"]["entry"].as_u64() {
+        assert_eq!(d as usize, n, "details.entry agrees with the message: {error}");
+    }
+    // The journal before the crash is kept as it was.
+    let after = s.history("drift-1");
+    assert_eq!(&after[..before.len()], &before[..], "the journal was rewritten");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Cancel
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn cancelling_is_recorded_stops_the_instance_and_its_timers_across_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("cancel.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&json!({
+        "id": "snooze", "name": "Snooze", "version": "1.0",
+        "states": [
+            {"name": "Sleep", "start": true, "enterAction": {"type": "delay", "timeout": "3s"},
+             "transitions": [{"nextState": "Woke"}]},
+            {"name": "Woke", "enterAction": {"type": "injectData", "expression": "${ \"woke\" }"},
+             "enterResultHandler": "${ .status = $value }"}
+        ]
+    }));
+    s.start_instance("snooze", "snooze-1", json!({}));
+    s.wait_instance("snooze-1", Duration::from_secs(5), "waiting", |v| {
+        v["status"] == "waiting"
+    });
+
+    let (st, body) = s.post("/instances/snooze-1/cancel", &json!({}));
+    assert_eq!(st, 200, "POST cancel: {body}");
+    assert_eq!(
+        body["status"], "cancelled",
+        "POST cancel answers with the cancelled instance: {body}"
+    );
+    let h = s.history("snooze-1");
+    assert_eq!(
+        entries(&h, "input", "input", "cancel").len(),
+        1,
+        "the cancel request is recorded: {h:?}"
+    );
+    let started = entries(&h, "effect", "effect", "startTimer");
+    let cancelled = entries(&h, "effect", "effect", "cancelTimer");
+    assert_eq!(started.len(), 1, "{h:?}");
+    assert_eq!(cancelled.len(), 1, "cancelling cancels the delay's timer: {h:?}");
+    assert_eq!(cancelled[0]["timer"], started[0]["timer"]);
+    let due = started[0]["due"].as_i64().expect("due");
+
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    assert_eq!(s.instance("snooze-1")["status"], "cancelled");
+    // Past the timer's due time, nothing fires.
+    let wait = (due - now_ms() + 1_500).max(0) as u64;
+    std::thread::sleep(Duration::from_millis(wait));
+    let v = s.instance("snooze-1");
+    assert_eq!(v["status"], "cancelled", "{v}");
+    assert_eq!(v["state"], "Sleep", "{v}");
+    let after = s.history("snooze-1");
+    assert_eq!(after, h, "nothing happened to the cancelled instance after the restart");
+    assert!(entries(&after, "input", "input", "timerFired").is_empty());
+    let (st, body) = s.post("/instances/snooze-1/cancel", &json!({}));
+    assert_eq!(st, 409, "cancelling again: {body}");
+    // The store keeps no timer for it.
+    drop(s);
+    let conn = rusqlite::Connection::open(&db).expect("open store");
+    let timers: i64 = conn
+        .query_row("SELECT COUNT(*) FROM timers WHERE instance = 'snooze-1'", [], |r| {
+            r.get(0)
+        })
+        .expect("count timers");
+    assert_eq!(timers, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Store files that are not sm4c stores
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_foreign_sqlite_file_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("people.db");
+    {
+        let conn = rusqlite::Connection::open(&db).expect("create foreign db");
+        conn.execute_batch(
+            "CREATE TABLE people (id INTEGER PRIMARY KEY, name TEXT NOT NULL);
+             INSERT INTO people (name) VALUES ('ada'), ('grace');",
+        )
+        .expect("fill foreign db");
+    }
+    let bytes = std::fs::read(&db).expect("read foreign db");
+    let listing = dir_listing(dir.path());
+
+    let (code, stderr) = serve_refused(&db);
+    assert_eq!(code, Some(2), "exit code for a foreign SQLite file; stderr: {stderr}");
+    assert!(
+        stderr.contains(&db.display().to_string()),
+        "the message names the file: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("another application") || stderr.contains("not an sm4c store"),
+        "the message says it is not an sm4c store: {stderr:?}"
+    );
+    assert!(
+        std::fs::read(&db).expect("read foreign db") == bytes,
+        "the foreign file was modified by `sm4c serve` (header bytes 18-19: before {:?}, after {:?})",
+        &bytes[18..20],
+        &std::fs::read(&db).unwrap()[18..20]
+    );
+    assert_eq!(
+        dir_listing(dir.path()),
+        listing,
+        "files were left beside the foreign file"
+    );
+}
+
+#[test]
+fn a_corrupted_file_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("garbage.db");
+    // Deterministic pseudo-random bytes.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let bytes: Vec<u8> = (0..8192)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&db, &bytes).expect("write garbage");
+    let listing = dir_listing(dir.path());
+
+    let (code, stderr) = serve_refused(&db);
+    assert_eq!(code, Some(2), "exit code for a corrupted file; stderr: {stderr}");
+    assert!(
+        stderr.contains(&db.display().to_string()),
+        "the message names the file: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("not an sm4c store"),
+        "the message says it is not an sm4c store: {stderr:?}"
+    );
+    assert!(
+        std::fs::read(&db).expect("read garbage") == bytes,
+        "the corrupted file was modified"
+    );
+    assert_eq!(
+        dir_listing(dir.path()),
+        listing,
+        "files were left beside the corrupted file"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Sent events keep their ids across a crash
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_sent_event_has_a_deterministic_id_and_is_not_sent_twice_after_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sent.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&json!({
+        "id": "notifier", "name": "Notifier", "version": "1.0",
+        "events": [
+            {"name": "shipped", "type": "com.example.shipped", "source": "warehouse"},
+            {"name": "ack", "type": "com.example.ack", "source": "test",
+             "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .order }"}]}
+        ],
+        "states": [
+            {"name": "Notify", "start": true,
+             "enterAction": {"type": "sendEvent", "event": "shipped", "expression": "${ {order: .order} }"},
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["ack"]}]}]},
+            {"name": "Done", "enterAction": {"type": "injectData", "expression": "${ \"acked\" }"},
+             "enterResultHandler": "${ .status = $value }"}
+        ]
+    }));
+    s.start_instance("notifier", "i-1", json!({"order": "o-1"}));
+    s.wait_instance("i-1", Duration::from_secs(5), "waiting", |v| v["status"] == "waiting");
+
+    let mine = |sent: Vec<Value>| -> Vec<Value> { sent.into_iter().filter(|e| e["instance"] == "i-1").collect() };
+    let before = mine(s.sent());
+    assert_eq!(before.len(), 1, "one sent event: {before:?}");
+    assert_eq!(
+        before[0]["event"]["id"], "i-1/1.enter",
+        "deterministic id <instance>/<op>: {}",
+        before[0]
+    );
+    assert_eq!(before[0]["event"]["data"], json!({"order": "o-1"}));
+    let h = s.history("i-1");
+    let effect = entries(&h, "effect", "effect", "sendEvent");
+    assert_eq!(effect.len(), 1, "{h:?}");
+    assert_eq!(effect[0]["op"], "1.enter");
+    assert_eq!(
+        effect[0]["event"], before[0]["event"],
+        "the journal records the event that was sent"
+    );
+
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let (st, body) = s.post_event(&json!({
+        "specversion": "1.0", "id": "ack-1", "source": "test", "type": "com.example.ack", "orderid": "o-1"
+    }));
+    assert_eq!(st, 202, "{body}");
+    assert_eq!(body["reached"], json!(["i-1"]));
+    let v = s.wait_instance("i-1", Duration::from_secs(5), "completed", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], json!({"order": "o-1", "status": "acked"}));
+    let after = mine(s.sent());
+    assert_eq!(
+        after, before,
+        "the outbox after the crash: the same single event, same id"
+    );
+    check_journal("i-1", &s.history("i-1")).unwrap();
+}

@@ -1,1 +1,1363 @@
-//! HTTP API tests (being written).
+//! `sm4c serve` as clients see it: the HTTP API and the CLI client commands, run against the real
+//! binary started as a child process (one server and one fresh store per test).
+
+use reqwest::blocking::{Client, RequestBuilder};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+
+/// Longest a server may take to answer `/healthz`, an instance to reach a status, or a command to end.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// Definitions
+// ---------------------------------------------------------------------------------------------
+
+/// Waits for `com.example.paid` from `shop` whose `customerid` is the instance's `.customerId`.
+fn waiter() -> Value {
+    json!({
+        "id": "waiter", "name": "Waiter", "version": "1",
+        "events": [{
+            "name": "paid", "type": "com.example.paid", "source": "shop",
+            "correlation": [{"contextAttributeName": "customerid", "contextAttributeValue": "${ .customerId }"}]
+        }],
+        "states": [
+            {"name": "Wait", "start": true, "transitions": [{
+                "nextState": "Done",
+                "eventGroups": [{"events": ["paid"], "resultHandler": "${ .paid = ($value | .data) }"}]
+            }]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+/// Waits for the `com.example.x` event that [`sender`] sends, correlated on `customerid`.
+fn receiver() -> Value {
+    json!({
+        "id": "receiver", "name": "Receiver", "version": "1",
+        "events": [{
+            "name": "x", "type": "com.example.x", "source": "sender",
+            "correlation": [{"contextAttributeName": "customerid", "contextAttributeValue": "${ .customerId }"}]
+        }],
+        "states": [
+            {"name": "Wait", "start": true, "transitions": [{
+                "nextState": "Done",
+                "eventGroups": [{"events": ["x"], "resultHandler": "${ .got = ($value | .data) }"}]
+            }]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+/// Sends `com.example.x` with data `{n}` and extension `customerid`, then completes.
+fn sender() -> Value {
+    json!({
+        "id": "sender", "name": "Sender", "version": "1",
+        "events": [{"name": "x", "type": "com.example.x", "source": "sender"}],
+        "states": [{"name": "Send", "start": true, "enterAction": {
+            "type": "sendEvent", "event": "x", "expression": "${ {n: .n} }",
+            "contextAttributes": {"customerid": "${ .customerId }"}
+        }}]
+    })
+}
+
+/// Waits 0.2 s, then completes.
+fn delayed() -> Value {
+    json!({
+        "id": "delayed", "name": "Delayed", "version": "1",
+        "states": [
+            {"name": "Pause", "start": true, "enterAction": {"type": "delay", "timeout": "0.2s"},
+             "transitions": [{"nextState": "Done"}]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+/// Calls function `double` and stores its result in `.result`.
+fn doubler() -> Value {
+    json!({
+        "id": "doubler", "name": "Doubler", "version": "1",
+        "functions": [{"name": "double", "operation": "http://example.org/math.json#double"}],
+        "states": [{"name": "Call", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "double", "waitForCompletion": true,
+                            "arguments": {"n": "${ .n }"}},
+            "enterResultHandler": "${ .result = $value }"}]
+    })
+}
+
+/// Completes at once, greeting `.name`.
+fn hello() -> Value {
+    json!({
+        "id": "hello", "name": "Hello", "version": "1",
+        "states": [{"name": "Hello", "start": true,
+            "enterAction": {"type": "injectData", "expression": "${ \"Hello \" + .name }"},
+            "enterResultHandler": "${ .greeting = $value }"}]
+    })
+}
+
+/// Waits for an event that never comes, with an instance timeout of 0.2 s.
+fn expiring() -> Value {
+    let mut d = waiter();
+    d["id"] = json!("expiring");
+    d["timeout"] = json!({"duration": "0.2s"});
+    d
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
+/// A running `sm4c serve`, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    client: Client,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+/// Starts `sm4c serve` on a fresh store with `extra` flags and waits until `/healthz` answers.
+fn serve(extra: &[&str]) -> Server {
+    serve_in(tempfile::tempdir().expect("tempdir"), extra)
+}
+
+fn serve_in(dir: TempDir, extra: &[&str]) -> Server {
+    let port = free_port();
+    let db = dir.path().join("sm4c.db");
+    let log = dir.path().join("server.log");
+    let child = Command::new(BIN)
+        .arg("serve")
+        .arg("--db")
+        .arg(&db)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("sm4c serve starts");
+    let mut server = Server {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        client: client(),
+        log,
+        _dir: dir,
+    };
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = server.client.get(format!("{}/healthz", server.url)).send() {
+            if r.status() == 200 {
+                return server;
+            }
+        }
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!("sm4c serve exited with {status} before answering:\n{}", server.stderr());
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "sm4c serve did not answer /healthz within {DEADLINE:?}:\n{}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends a request and returns (status, JSON body or Null).
+fn answer(req: RequestBuilder) -> (u16, Value) {
+    let resp = req.send().expect("request answered");
+    let status = resp.status().as_u16();
+    let text = resp.text().expect("response body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+impl Server {
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        answer(self.client.get(format!("{}{path}", self.url)))
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        answer(self.client.post(format!("{}{path}", self.url)).json(body))
+    }
+
+    fn define(&self, doc: &Value) {
+        let (code, body) = self.post("/definitions", doc);
+        assert!(code == 201 || code == 200, "defining {}: {code} {body}", doc["id"]);
+    }
+
+    /// Starts an instance and returns its id.
+    fn start(&self, definition: &str, id: &str, input: Value) -> String {
+        let (code, body) = self.post(
+            "/instances",
+            &json!({"definition": definition, "id": id, "input": input}),
+        );
+        assert_eq!(code, 201, "starting {id}: {body}");
+        assert_eq!(body["id"], json!(id));
+        body["id"].as_str().expect("id").to_string()
+    }
+
+    fn instance(&self, id: &str) -> Value {
+        let (code, body) = self.get(&format!("/instances/{id}"));
+        assert_eq!(code, 200, "GET /instances/{id}: {body}");
+        body
+    }
+
+    /// Polls the instance until it has `status`; returns it.
+    fn wait_status(&self, id: &str, status: &str) -> Value {
+        let started = Instant::now();
+        loop {
+            let v = self.instance(id);
+            if v["status"] == json!(status) {
+                return v;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "instance {id} did not become {status} within {DEADLINE:?}; it is {v}"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Posts a CloudEvent in structured mode.
+    fn send_structured(&self, event: &Value) -> (u16, Value) {
+        answer(
+            self.client
+                .post(format!("{}/events", self.url))
+                .header("content-type", "application/cloudevents+json")
+                .body(event.to_string()),
+        )
+    }
+
+    /// Every instance of the listing, walking the pages with `after=next`.
+    fn list_all(&self, query: &str, limit: usize) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after = String::new();
+        for _ in 0..10_000 {
+            let (code, page) = self.get(&format!("/instances?limit={limit}&after={after}{query}"));
+            assert_eq!(code, 200, "{page}");
+            let rows = page["instances"].as_array().expect("instances array");
+            assert!(rows.len() <= limit, "page longer than limit {limit}: {page}");
+            all.extend(rows.iter().cloned());
+            match &page["next"] {
+                Value::Null => return all,
+                Value::String(n) => after = n.clone(),
+                other => panic!("`next` must be a string or null, not {other}"),
+            }
+        }
+        panic!("pagination never ended");
+    }
+}
+
+fn ids(rows: &[Value]) -> Vec<String> {
+    rows.iter().map(|r| r["id"].as_str().expect("id").to_string()).collect()
+}
+
+fn assert_error(code: u16, body: &Value, want_code: u16, want_error: &str) {
+    assert_eq!(code, want_code, "expected {want_code} {want_error}, got {code} {body}");
+    assert_eq!(body["error"], json!(want_error), "error code of {body}");
+    assert!(body["message"].is_string(), "error without a message: {body}");
+}
+
+/// Runs `sm4c ARGS` to its end: (exit code, stdout, stderr).
+fn sm4c(args: &[&str]) -> (i32, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sm4c starts");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            r.read_to_string(&mut s).expect("utf-8 output");
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
+    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sm4c {args:?} still running after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (
+        status.code().unwrap_or(-1),
+        out.join().expect("stdout"),
+        err.join().expect("stderr"),
+    )
+}
+
+fn write(dir: &Path, name: &str, v: &Value) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_string_pretty(v).expect("json")).expect("write file");
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+fn parse(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{stdout}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Service endpoints
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn healthz_openapi_and_unknown_routes() {
+    let s = serve(&[]);
+    assert_eq!(s.get("/healthz"), (200, json!({"status": "ok"})));
+
+    let resp = s.client.get(format!("{}/openapi.json", s.url)).send().expect("openapi");
+    assert_eq!(resp.status().as_u16(), 200);
+    let ctype = resp.headers()["content-type"].to_str().unwrap_or_default().to_string();
+    assert!(ctype.starts_with("application/json"), "content-type {ctype}");
+    let doc: Value = serde_json::from_str(&resp.text().expect("body")).expect("OpenAPI document is JSON");
+    assert!(
+        doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")),
+        "not OpenAPI 3.1: {}",
+        doc["openapi"]
+    );
+    assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+    let routes = [
+        ("/definitions", &["get", "post"][..]),
+        ("/definitions/{id}", &["get"]),
+        ("/instances", &["get", "post"]),
+        ("/instances/{id}", &["get"]),
+        ("/instances/{id}/history", &["get"]),
+        ("/instances/{id}/cancel", &["post"]),
+        ("/events", &["post"]),
+        ("/events/sent", &["get"]),
+        ("/openapi.json", &["get"]),
+        ("/healthz", &["get"]),
+    ];
+    for (path, methods) in routes {
+        let item = &doc["paths"][path];
+        assert!(item.is_object(), "OpenAPI document lacks path {path}");
+        for m in methods {
+            assert!(item[m].is_object(), "OpenAPI document lacks {m} {path}");
+        }
+    }
+
+    let (code, body) = s.get("/no/such/route");
+    assert_eq!(code, 404, "{body}");
+    assert!(
+        body["error"].is_string() && body["message"].is_string(),
+        "404 is not a JSON error: {body}"
+    );
+    let (code, body) = s.post("/nothing-here", &json!({}));
+    assert_eq!(code, 404, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Definitions
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn definitions_register_conflict_invalid_list_and_get() {
+    let s = serve(&[]);
+    let (code, body) = s.post("/definitions", &waiter());
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["id"], json!("waiter"));
+    assert_eq!(body["version"], json!("1"));
+    let (code, body) = s.post("/definitions", &waiter());
+    assert_eq!(code, 200, "same definition again: {body}");
+
+    let mut changed = waiter();
+    changed["description"] = json!("changed");
+    let (code, body) = s.post("/definitions", &changed);
+    assert_error(code, &body, 409, "definitionConflict");
+
+    let mut v2 = waiter();
+    v2["version"] = json!("2");
+    let (code, body) = s.post("/definitions", &v2);
+    assert_eq!(code, 201, "a new version: {body}");
+
+    let invalid = json!({
+        "id": "broken", "name": "Broken", "version": "1",
+        "states": [{"name": "A", "start": true, "transitions": [{"nextState": "Nowhere"}]}]
+    });
+    let (code, body) = s.post("/definitions", &invalid);
+    assert_error(code, &body, 400, "invalidDefinition");
+    let details = body["details"].as_array().expect("details is a list");
+    assert!(!details.is_empty(), "{body}");
+    for d in details {
+        assert!(
+            d["pointer"].as_str().is_some_and(|p| p.starts_with('/')) && d["message"].is_string(),
+            "detail is not {{pointer, message}}: {d}"
+        );
+    }
+    assert!(
+        details
+            .iter()
+            .any(|d| d["pointer"] == json!("/states/0/transitions/0/nextState")),
+        "no detail points at the bad nextState: {body}"
+    );
+    let (code, body) = s.post("/definitions", &json!({"id": "x"}));
+    assert_error(code, &body, 400, "invalidDefinition");
+
+    let (code, body) = s.get("/definitions");
+    assert_eq!(code, 200);
+    let listed: Vec<(Value, Value)> = body["definitions"]
+        .as_array()
+        .expect("definitions array")
+        .iter()
+        .map(|d| (d["id"].clone(), d["version"].clone()))
+        .collect();
+    assert!(listed.contains(&(json!("waiter"), json!("1"))), "{body}");
+    assert!(listed.contains(&(json!("waiter"), json!("2"))), "{body}");
+    assert!(
+        !listed.iter().any(|(id, _)| id == "broken"),
+        "invalid definition was registered: {body}"
+    );
+
+    let (code, body) = s.get("/definitions/waiter");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["id"], json!("waiter"));
+    assert_eq!(body["latest"], json!("2"));
+    assert_eq!(body["definition"], v2);
+    assert_eq!(body["versions"].as_array().map(Vec::len), Some(2), "{body}");
+
+    let (code, body) = s.get("/definitions/nope");
+    assert_eq!(code, 404, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+}
+
+#[test]
+fn definitions_post_rejects_bad_bodies() {
+    let s = serve(&[]);
+    let (code, body) = answer(
+        s.client
+            .post(format!("{}/definitions", s.url))
+            .header("content-type", "application/json")
+            .body("{not json"),
+    );
+    assert_error(code, &body, 400, "malformedJson");
+    let (code, body) = answer(
+        s.client
+            .post(format!("{}/definitions", s.url))
+            .body(waiter().to_string()),
+    );
+    assert_error(code, &body, 415, "unsupportedMediaType");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instances
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn start_instance_is_idempotent_by_id() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let (code, body) = s.post(
+        "/instances",
+        &json!({"definition": "waiter", "id": "w1", "input": {"customerId": "c1"}}),
+    );
+    assert_eq!((code, &body), (201, &json!({"id": "w1", "created": true})));
+
+    // The same id again starts nothing new, even with other input.
+    let (code, body) = s.post(
+        "/instances",
+        &json!({"definition": "waiter", "id": "w1", "input": {"customerId": "other"}}),
+    );
+    assert_eq!((code, &body), (200, &json!({"id": "w1", "created": false})));
+    let v = s.instance("w1");
+    assert_eq!(
+        v["data"],
+        json!({"customerId": "c1"}),
+        "the second start changed the instance: {v}"
+    );
+    assert_eq!(s.list_all("&definition=waiter", 100).len(), 1);
+
+    // Without an id, the server picks one; without input the data is {}.
+    let (code, body) = s.post("/instances", &json!({"definition": "waiter"}));
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["created"], json!(true));
+    let id = body["id"].as_str().expect("generated id").to_string();
+    assert!(!id.is_empty() && id != "w1");
+    assert_eq!(s.instance(&id)["data"], json!({}));
+
+    // A version may be named.
+    let (code, body) = s.post(
+        "/instances",
+        &json!({"definition": "waiter", "version": "1", "id": "w2"}),
+    );
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(s.instance("w2")["version"], json!("1"));
+}
+
+#[test]
+fn start_instance_errors() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let (code, body) = s.post("/instances", &json!({"definition": "nope"}));
+    assert_error(code, &body, 404, "unknownDefinition");
+    let (code, body) = s.post("/instances", &json!({"definition": "waiter", "version": "9"}));
+    assert_error(code, &body, 404, "unknownDefinition");
+    let (code, body) = s.post("/instances", &json!({"definition": "waiter", "colour": "red"}));
+    assert_error(code, &body, 400, "malformedJson");
+    let (code, body) = s.post("/instances", &json!({"input": {}}));
+    assert_error(code, &body, 400, "malformedJson");
+    let (code, body) = answer(
+        s.client
+            .post(format!("{}/instances", s.url))
+            .header("content-type", "application/json")
+            .body(r#"{"definition": "waiter""#),
+    );
+    assert_error(code, &body, 400, "malformedJson");
+    let (code, body) = answer(
+        s.client
+            .post(format!("{}/instances", s.url))
+            .body(json!({"definition": "waiter"}).to_string()),
+    );
+    assert_error(code, &body, 415, "unsupportedMediaType");
+    assert!(s.list_all("", 100).is_empty(), "a refused start created an instance");
+}
+
+#[test]
+fn instance_shape_and_statuses() {
+    let s = serve(&[]);
+    for d in [waiter(), hello(), doubler(), expiring()] {
+        s.define(&d);
+    }
+
+    let w = s.start("waiter", "w", json!({"customerId": "c1"}));
+    let v = s.wait_status(&w, "waiting");
+    for k in ["id", "definition", "version", "status", "state", "data", "startedAt"] {
+        assert!(v.get(k).is_some(), "{k} missing from {v}");
+    }
+    assert_eq!(v["id"], json!("w"));
+    assert_eq!(v["definition"], json!("waiter"));
+    assert_eq!(v["version"], json!("1"));
+    assert_eq!(v["state"], json!("Wait"));
+    assert_eq!(v["data"], json!({"customerId": "c1"}));
+    assert!(v.get("endedAt").is_none(), "a waiting instance has endedAt: {v}");
+    assert!(v.get("error").is_none(), "{v}");
+    let started = v["startedAt"].as_str().expect("startedAt is a string");
+    assert!(
+        started.len() >= 20 && started.as_bytes()[10] == b'T' && (started.ends_with('Z') || started.contains('+')),
+        "startedAt is not RFC 3339: {started}"
+    );
+
+    s.start("hello", "h", json!({"name": "Ada"}));
+    let v = s.wait_status("h", "completed");
+    assert_eq!(v["data"]["greeting"], json!("Hello Ada"));
+    assert!(v["endedAt"].is_string(), "a completed instance has no endedAt: {v}");
+    assert!(v.get("error").is_none(), "{v}");
+
+    // No --mock: the call fails and so does the instance.
+    s.start("doubler", "d", json!({"n": 2}));
+    let v = s.wait_status("d", "failed");
+    assert!(
+        v["error"]["type"].is_string() && v["error"]["message"].is_string(),
+        "{v}"
+    );
+    assert!(v["endedAt"].is_string(), "{v}");
+
+    s.start("expiring", "e", json!({"customerId": "c9"}));
+    let v = s.wait_status("e", "timedOut");
+    assert!(v["endedAt"].is_string(), "{v}");
+
+    let (code, body) = s.get("/instances/nope");
+    assert_error(code, &body, 404, "unknownInstance");
+}
+
+#[test]
+fn delay_runs_on_the_server_clock() {
+    let s = serve(&[]);
+    s.define(&delayed());
+    let t0 = Instant::now();
+    s.start("delayed", "p", json!({}));
+    let v = s.instance("p");
+    assert_ne!(v["status"], json!("completed"), "the 0.2s delay finished at once: {v}");
+    assert_eq!(v["state"], json!("Pause"));
+    let v = s.wait_status("p", "completed");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(200),
+        "completed after {:?}",
+        t0.elapsed()
+    );
+    assert!(v["endedAt"].is_string());
+}
+
+#[test]
+fn mock_functions_answer_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = write(dir.path(), "mocks.json", &json!({"double": ".n * 2"}));
+    let s = serve_in(dir, &["--mock", &mock]);
+    s.define(&doubler());
+    s.start("doubler", "d", json!({"n": 21}));
+    let v = s.wait_status("d", "completed");
+    assert_eq!(v["data"], json!({"n": 21, "result": 42}));
+}
+
+#[test]
+fn list_instances_paginates_and_filters() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.define(&hello());
+    let mut waiting = Vec::new();
+    let mut done = Vec::new();
+    for i in 0..13 {
+        waiting.push(s.start("waiter", &format!("w{i:02}"), json!({"customerId": format!("c{i}")})));
+    }
+    for i in 0..12 {
+        done.push(s.start("hello", &format!("h{i:02}"), json!({"name": "x"})));
+    }
+    for id in &done {
+        s.wait_status(id, "completed");
+    }
+
+    for limit in [1, 7, 25, 1000] {
+        let all = ids(&s.list_all("", limit));
+        let unique: HashSet<&String> = all.iter().collect();
+        assert_eq!(unique.len(), all.len(), "duplicates with limit {limit}: {all:?}");
+        let mut want: Vec<String> = waiting.iter().chain(&done).cloned().collect();
+        let mut got = all.clone();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "limit {limit}");
+    }
+
+    let rows = s.list_all("", 100);
+    for r in &rows {
+        for k in ["id", "definition", "version", "status"] {
+            assert!(r.get(k).is_some(), "{k} missing from listed {r}");
+        }
+    }
+
+    let mut got = ids(&s.list_all("&status=waiting", 5));
+    got.sort();
+    assert_eq!(got, waiting);
+    let mut got = ids(&s.list_all("&status=completed", 5));
+    got.sort();
+    assert_eq!(got, done);
+    let mut got = ids(&s.list_all("&definition=hello", 4));
+    got.sort();
+    assert_eq!(got, done);
+    assert!(s.list_all("&definition=waiter&status=completed", 10).is_empty());
+
+    // The last page says there is no next one.
+    let (code, page) = s.get("/instances?limit=1000");
+    assert_eq!(code, 200);
+    assert_eq!(page["next"], Value::Null, "{}", page["next"]);
+
+    for bad in ["abc", "-x", "1.5"] {
+        let (code, body) = s.get(&format!("/instances?after={bad}"));
+        assert_error(code, &body, 400, "invalidCursor");
+    }
+}
+
+#[test]
+fn history_entries_and_paging() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "w", json!({"customerId": "c1"}));
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid",
+        "customerid": "c1", "datacontenttype": "application/json", "data": {"amount": 5}
+    }));
+    assert_eq!(code, 202, "{body}");
+    s.wait_status("w", "completed");
+
+    let (code, body) = s.get("/instances/w/history");
+    assert_eq!(code, 200, "{body}");
+    let entries = body["entries"].as_array().expect("entries").clone();
+    assert!(entries.len() >= 3, "{body}");
+    let mut last = i64::MIN;
+    for e in &entries {
+        let seq = e["seq"].as_i64().unwrap_or_else(|| panic!("entry without seq: {e}"));
+        assert!(seq > last, "seqs not increasing: {body}");
+        last = seq;
+        let kind = e["entry"].as_str().unwrap_or_else(|| panic!("entry without kind: {e}"));
+        assert!(["input", "effect", "trace"].contains(&kind), "entry {kind}");
+        if kind == "input" {
+            assert!(e["time"].is_string(), "input without time: {e}");
+        }
+    }
+    assert_eq!(entries[0]["entry"], json!("input"));
+    assert_eq!(entries[0]["input"], json!("start"), "{}", entries[0]);
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["entry"] == json!("input") && e["event"]["id"] == json!("e1")),
+        "the event is not in the history: {body}"
+    );
+
+    // Page by 2 and compare.
+    let mut paged = Vec::new();
+    let mut after = String::new();
+    for _ in 0..1000 {
+        let (code, page) = s.get(&format!("/instances/w/history?limit=2&after={after}"));
+        assert_eq!(code, 200, "{page}");
+        let rows = page["entries"].as_array().expect("entries");
+        assert!(rows.len() <= 2);
+        paged.extend(rows.iter().cloned());
+        match &page["next"] {
+            Value::String(n) => after = n.clone(),
+            Value::Null => break,
+            other => panic!("next {other}"),
+        }
+    }
+    assert_eq!(paged, entries);
+
+    let (code, body) = s.get("/instances/w/history?after=zzz");
+    assert_error(code, &body, 400, "invalidCursor");
+    let (code, body) = s.get("/instances/nope/history");
+    assert_error(code, &body, 404, "unknownInstance");
+}
+
+#[test]
+fn cancel_instance() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "w", json!({"customerId": "c1"}));
+    let (code, body) = s.post("/instances/w/cancel", &json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["id"], json!("w"));
+    assert_eq!(body["status"], json!("cancelled"), "{body}");
+    assert!(body["endedAt"].is_string(), "{body}");
+    assert_eq!(s.instance("w")["status"], json!("cancelled"));
+
+    let (code, body) = s.post("/instances/w/cancel", &json!({}));
+    assert_error(code, &body, 409, "instanceEnded");
+    let (code, body) = s.post("/instances/nope/cancel", &json!({}));
+    assert_error(code, &body, 404, "unknownInstance");
+
+    // A cancelled instance no longer receives events.
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid", "customerid": "c1"
+    }));
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body["reached"], json!([]), "{body}");
+    assert_eq!(s.instance("w")["status"], json!("cancelled"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn event_binary_mode_reaches_correlated_instance() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "w1", json!({"customerId": "c1"}));
+    s.start("waiter", "w2", json!({"customerId": "c2"}));
+    let (code, body) = answer(
+        s.client
+            .post(format!("{}/events", s.url))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", "evt-1")
+            .header("ce-source", "shop")
+            .header("ce-type", "com.example.paid")
+            .header("ce-customerid", "c1")
+            .header("content-type", "application/json")
+            .body(r#"{"amount": 5}"#),
+    );
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body, json!({"reached": ["w1"], "parked": false}));
+    let v = s.wait_status("w1", "completed");
+    assert_eq!(v["data"]["paid"], json!({"amount": 5}), "{v}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.instance("w2")["status"], json!("waiting"));
+}
+
+#[test]
+fn event_structured_mode_reaches_every_matching_instance() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "a", json!({"customerId": "same"}));
+    s.start("waiter", "b", json!({"customerId": "same"}));
+    s.start("waiter", "c", json!({"customerId": "other"}));
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid",
+        "customerid": "same", "datacontenttype": "application/json", "data": {"amount": 9}
+    }));
+    assert_eq!(code, 202, "{body}");
+    let mut reached: Vec<String> = serde_json::from_value(body["reached"].clone()).expect("reached list");
+    reached.sort();
+    assert_eq!(reached, ["a", "b"], "{body}");
+    assert_eq!(body["parked"], json!(false));
+    for id in ["a", "b"] {
+        assert_eq!(s.wait_status(id, "completed")["data"]["paid"], json!({"amount": 9}));
+    }
+    assert_eq!(s.instance("c")["status"], json!("waiting"));
+
+    // Wrong type or source reaches nobody (and is parked).
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "e2", "source": "elsewhere", "type": "com.example.paid", "customerid": "other"
+    }));
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body, json!({"reached": [], "parked": true}));
+    assert_eq!(s.instance("c")["status"], json!("waiting"));
+}
+
+#[test]
+fn event_with_sm4cinstanceid_goes_to_that_instance_only() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "a", json!({"customerId": "same"}));
+    s.start("waiter", "b", json!({"customerId": "same"}));
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid",
+        "customerid": "same", "sm4cinstanceid": "b", "data": {"to": "b"}
+    }));
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body, json!({"reached": ["b"], "parked": false}));
+    assert_eq!(s.wait_status("b", "completed")["data"]["paid"], json!({"to": "b"}));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.instance("a")["status"], json!("waiting"));
+
+    // Binary mode: the extension is a ce- header.
+    let (code, body) = answer(
+        s.client
+            .post(format!("{}/events", s.url))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", "e2")
+            .header("ce-source", "shop")
+            .header("ce-type", "com.example.paid")
+            .header("ce-customerid", "same")
+            .header("ce-sm4cinstanceid", "a")
+            .header("content-type", "application/json")
+            .body(r#"{"to": "a"}"#),
+    );
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body, json!({"reached": ["a"], "parked": false}));
+    assert_eq!(s.wait_status("a", "completed")["data"]["paid"], json!({"to": "a"}));
+}
+
+#[test]
+fn parked_event_is_given_to_an_instance_that_starts_waiting() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "early", "source": "shop", "type": "com.example.paid",
+        "customerid": "c7", "data": {"early": true}
+    }));
+    assert_eq!(code, 202, "{body}");
+    assert_eq!(body, json!({"reached": [], "parked": true}));
+
+    // Another customer's instance does not take it.
+    s.start("waiter", "other", json!({"customerId": "c8"}));
+    s.start("waiter", "w", json!({"customerId": "c7"}));
+    let v = s.wait_status("w", "completed");
+    assert_eq!(v["data"]["paid"], json!({"early": true}));
+    assert_eq!(s.instance("other")["status"], json!("waiting"));
+
+    // It was given once: a later instance for the same customer keeps waiting.
+    s.start("waiter", "w-again", json!({"customerId": "c7"}));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.instance("w-again")["status"], json!("waiting"));
+}
+
+#[test]
+fn parked_event_expires_after_the_event_window() {
+    let s = serve(&["--event-window", "300ms"]);
+    s.define(&waiter());
+    let (code, body) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "early", "source": "shop", "type": "com.example.paid", "customerid": "c7"
+    }));
+    assert_eq!((code, &body), (202, &json!({"reached": [], "parked": true})));
+    std::thread::sleep(Duration::from_millis(800));
+    s.start("waiter", "late", json!({"customerId": "c7"}));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        s.instance("late")["status"],
+        json!("waiting"),
+        "an expired event was delivered"
+    );
+}
+
+#[test]
+fn events_that_are_not_cloudevents_are_refused() {
+    let s = serve(&[]);
+    let post = || s.client.post(format!("{}/events", s.url));
+    // Plain JSON with no ce- headers.
+    let (code, body) = answer(post().header("content-type", "application/json").body(r#"{"a": 1}"#));
+    assert_error(code, &body, 400, "invalidCloudEvent");
+    // Structured mode without a type.
+    let (code, body) = answer(
+        post()
+            .header("content-type", "application/cloudevents+json")
+            .body(json!({"specversion": "1.0", "id": "x", "source": "s"}).to_string()),
+    );
+    assert_error(code, &body, 400, "invalidCloudEvent");
+    // Structured mode that is not JSON.
+    let (code, body) = answer(
+        post()
+            .header("content-type", "application/cloudevents+json")
+            .body("{nope"),
+    );
+    assert_error(code, &body, 400, "invalidCloudEvent");
+    // Binary mode without ce-id.
+    let (code, body) = answer(
+        post()
+            .header("ce-specversion", "1.0")
+            .header("ce-source", "shop")
+            .header("ce-type", "t")
+            .header("content-type", "application/json")
+            .body("{}"),
+    );
+    assert_error(code, &body, 400, "invalidCloudEvent");
+}
+
+#[test]
+fn sent_events_go_to_the_outbox_and_to_waiting_instances() {
+    let s = serve(&[]);
+    s.define(&sender());
+    s.define(&receiver());
+    s.start("receiver", "b", json!({"customerId": "c1"}));
+    s.start("receiver", "b-other", json!({"customerId": "c2"}));
+    s.start("sender", "a", json!({"customerId": "c1", "n": 3}));
+    s.wait_status("a", "completed");
+    let v = s.wait_status("b", "completed");
+    assert_eq!(v["data"]["got"], json!({"n": 3}), "{v}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.instance("b-other")["status"], json!("waiting"));
+
+    let (code, body) = s.get("/events/sent");
+    assert_eq!(code, 200, "{body}");
+    let events = body["events"].as_array().expect("events").clone();
+    assert_eq!(events.len(), 1, "{body}");
+    let e = &events[0];
+    assert!(e["seq"].is_i64(), "{e}");
+    assert_eq!(e["instance"], json!("a"));
+    assert_eq!(e["event"]["type"], json!("com.example.x"));
+    assert_eq!(e["event"]["source"], json!("sender"));
+    assert_eq!(e["event"]["customerid"], json!("c1"));
+    assert_eq!(e["event"]["data"], json!({"n": 3}));
+    assert_eq!(
+        e["event"]["sm4cinstanceid"],
+        json!("a"),
+        "a sent event lacks sm4cinstanceid: {e}"
+    );
+
+    // Following `next` gives only newer events.
+    let next = body["next"].as_str().expect("next cursor").to_string();
+    let (code, page) = s.get(&format!("/events/sent?after={next}"));
+    assert_eq!(code, 200);
+    assert_eq!(page["events"], json!([]), "{page}");
+    s.start("sender", "a2", json!({"customerId": "c2", "n": 4}));
+    s.wait_status("a2", "completed");
+    s.wait_status("b-other", "completed");
+    let (code, page) = s.get(&format!("/events/sent?after={next}"));
+    assert_eq!(code, 200);
+    let newer = page["events"].as_array().expect("events");
+    assert_eq!(newer.len(), 1, "{page}");
+    assert_eq!(newer[0]["instance"], json!("a2"));
+    assert_eq!(newer[0]["event"]["sm4cinstanceid"], json!("a2"));
+    let (code, body) = s.get("/events/sent?after=bad");
+    assert_error(code, &body, 400, "invalidCursor");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits and concurrency
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn bodies_over_one_mebibyte_are_refused() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let big = "x".repeat(1024 * 1024 + 16);
+
+    let body = json!({"definition": "waiter", "id": "big", "input": {"blob": big}});
+    let (code, resp) = s.post("/instances", &body);
+    assert_error(code, &resp, 413, "payloadTooLarge");
+    let (code, _) = s.get("/instances/big");
+    assert_eq!(code, 404, "a refused start created an instance");
+
+    let (code, resp) = answer(
+        s.client
+            .post(format!("{}/events", s.url))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", "big")
+            .header("ce-source", "shop")
+            .header("ce-type", "com.example.paid")
+            .header("content-type", "application/json")
+            .body(json!({"blob": big}).to_string()),
+    );
+    assert_error(code, &resp, 413, "payloadTooLarge");
+
+    let (code, resp) = s.send_structured(&json!({
+        "specversion": "1.0", "id": "big2", "source": "shop", "type": "com.example.paid", "data": {"blob": big}
+    }));
+    assert_error(code, &resp, 413, "payloadTooLarge");
+
+    // Just under the limit is fine.
+    let ok = "y".repeat(1024 * 1024 - 200);
+    let (code, resp) = s.post(
+        "/instances",
+        &json!({"definition": "waiter", "id": "fits", "input": {"blob": ok}}),
+    );
+    assert_eq!(code, 201, "{resp}");
+}
+
+#[test]
+fn concurrent_starts_with_distinct_ids() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let codes: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..50)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || {
+                    s.post(
+                        "/instances",
+                        &json!({"definition": "waiter", "id": format!("c{i}"), "input": {"customerId": i}}),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    for (code, body) in &codes {
+        assert_eq!(*code, 201, "{body}");
+        assert_eq!(body["created"], json!(true));
+    }
+    let mut got = ids(&s.list_all("", 1000));
+    got.sort();
+    let mut want: Vec<String> = (0..50).map(|i| format!("c{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn concurrent_starts_with_the_same_id() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let results: Vec<(u16, Value, u16)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..50)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || {
+                    let (code, body) = s.post(
+                        "/instances",
+                        &json!({"definition": "waiter", "id": "same", "input": {"customerId": i}}),
+                    );
+                    // Whoever was told the instance exists can read it at once.
+                    let (get, _) = s.get("/instances/same");
+                    (code, body, get)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    let created = results.iter().filter(|(c, ..)| *c == 201).count();
+    let existing = results.iter().filter(|(c, ..)| *c == 200).count();
+    assert_eq!((created, existing), (1, 49), "{results:?}");
+    for (code, body, _) in &results {
+        assert_eq!(body["id"], json!("same"));
+        assert_eq!(body["created"], json!(*code == 201));
+    }
+    assert_eq!(ids(&s.list_all("", 1000)), ["same"]);
+    let not_found = results.iter().filter(|(.., get)| *get != 200).count();
+    assert_eq!(
+        not_found, 0,
+        "GET /instances/same right after POST answered 200/201 was not 200 for {not_found} of 50 requests"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start-up and shutdown
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn definitions_folder_is_registered_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).expect("mkdir");
+    write(&defs, "waiter.json", &waiter());
+    write(&defs, "hello.json", &hello());
+    std::fs::write(defs.join("README.txt"), "not a definition").expect("write");
+    let s = serve_in(dir, &["--definitions", defs.to_str().expect("path")]);
+    let (code, body) = s.get("/definitions");
+    assert_eq!(code, 200);
+    let mut listed: Vec<String> = body["definitions"]
+        .as_array()
+        .expect("definitions")
+        .iter()
+        .map(|d| d["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, ["hello", "waiter"]);
+    let (code, _) = s.get("/definitions/waiter");
+    assert_eq!(code, 200);
+    s.start("hello", "h", json!({"name": "Bo"}));
+    assert_eq!(s.wait_status("h", "completed")["data"]["greeting"], json!("Hello Bo"));
+}
+
+#[test]
+fn invalid_definition_in_folder_exits_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).expect("mkdir");
+    write(&defs, "good.json", &waiter());
+    let bad = write(
+        &defs,
+        "bad.json",
+        &json!({"id": "bad", "name": "Bad", "version": "1",
+                "states": [{"name": "A", "start": true, "transitions": [{"nextState": "Nowhere"}]}]}),
+    );
+    let db = dir.path().join("sm4c.db");
+    let port = free_port().to_string();
+    let (code, _, err) = sm4c(&[
+        "serve",
+        "--db",
+        db.to_str().expect("path"),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--definitions",
+        defs.to_str().expect("path"),
+    ]);
+    assert_eq!(code, 2, "stderr: {err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with(&format!("{bad}: /states/0/transitions/0/nextState: "))),
+        "no `FILE: /pointer: message` line for {bad}:\n{err}"
+    );
+}
+
+#[test]
+fn foreign_db_file_exits_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("random.db");
+    let bytes: Vec<u8> = (0..8192u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&db, bytes).expect("write");
+    let port = free_port().to_string();
+    let (code, _, err) = sm4c(&[
+        "serve",
+        "--db",
+        db.to_str().expect("path"),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    assert_eq!(code, 2, "stderr: {err}");
+    assert!(err.contains("not an sm4c store"), "stderr: {err}");
+}
+
+#[test]
+fn sigterm_stops_the_server_with_exit_0() {
+    let mut s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "w", json!({"customerId": "c1"}));
+    let pid = s.child.id().to_string();
+    let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+    assert!(ok.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "server still running {DEADLINE:?} after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "exit status {status}; stderr:\n{}", s.stderr());
+}
+
+// ---------------------------------------------------------------------------------------------
+// CLI client
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn cli_client_commands_with_json() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write(dir.path(), "in.json", &json!({"customerId": "c1"}));
+    let url = s.url.as_str();
+
+    let (code, out, err) = sm4c(&[
+        "start", "waiter", "--input", &input, "--id", "w1", "--server", url, "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(parse(&out), json!({"id": "w1", "created": true}));
+    let (code, out, err) = sm4c(&["start", "waiter", "--id", "w1", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(parse(&out), json!({"id": "w1", "created": false}));
+    let (code, out, err) = sm4c(&["start", "waiter", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let other = parse(&out)["id"].as_str().expect("generated id").to_string();
+
+    let (code, out, err) = sm4c(&["list", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let mut got = ids(parse(&out).as_array().expect("list is an array"));
+    got.sort();
+    let mut want = vec!["w1".to_string(), other.clone()];
+    want.sort();
+    assert_eq!(got, want);
+
+    let (code, out, err) = sm4c(&["show", "w1", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = parse(&out);
+    assert_eq!(v["id"], json!("w1"));
+    assert_eq!(v["status"], json!("waiting"));
+    assert_eq!(v["data"], json!({"customerId": "c1"}));
+
+    let event = write(
+        dir.path(),
+        "event.json",
+        &json!({"specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid",
+                "customerid": "c1", "datacontenttype": "application/json", "data": {"amount": 1}}),
+    );
+    let (code, out, err) = sm4c(&["send", &event, "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(parse(&out), json!({"reached": ["w1"], "parked": false}));
+    s.wait_status("w1", "completed");
+
+    let (code, out, err) = sm4c(&["list", "--status", "completed", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ids(parse(&out).as_array().expect("array")), ["w1"]);
+    let (code, out, err) = sm4c(&["list", "--status", "waiting", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ids(parse(&out).as_array().expect("array")), [other.clone()]);
+
+    let (code, out, err) = sm4c(&["history", "w1", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let h = parse(&out);
+    let entries = h.as_array().expect("history is an array");
+    assert!(entries.len() >= 3, "{h}");
+    assert!(
+        entries.iter().all(|e| e["seq"].is_i64() && e["entry"].is_string()),
+        "{h}"
+    );
+    assert!(entries.iter().any(|e| e["event"]["id"] == json!("e1")), "{h}");
+
+    let (code, out, err) = sm4c(&["cancel", &other, "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = parse(&out);
+    assert_eq!(v["id"], json!(other));
+    assert_eq!(v["status"], json!("cancelled"));
+    let (code, _, err) = sm4c(&["cancel", &other, "--server", url, "--json"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("already ended"), "{err}");
+}
+
+#[test]
+fn cli_client_tables() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "w1", json!({"customerId": "c1"}));
+    let url = s.url.as_str();
+
+    let (code, out, err) = sm4c(&["list", "--server", url]);
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    let header = lines.next().expect("header line");
+    for col in ["ID", "DEFINITION", "VERSION", "STATUS", "STATE"] {
+        assert!(header.contains(col), "header {header:?} lacks {col}");
+    }
+    let row = lines.next().expect("a row");
+    for field in ["w1", "waiter", "waiting", "Wait"] {
+        assert!(row.split_whitespace().any(|f| f == field), "row {row:?} lacks {field}");
+    }
+    assert!(serde_json::from_str::<Value>(&out).is_err(), "table mode printed JSON");
+
+    let (code, out, err) = sm4c(&["show", "w1", "--server", url]);
+    assert_eq!(code, 0, "{err}");
+    for (k, v) in [
+        ("id:", "w1"),
+        ("definition:", "waiter"),
+        ("status:", "waiting"),
+        ("state:", "Wait"),
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(k) && l.split_whitespace().any(|f| f == v)),
+            "show lacks {k} {v}:\n{out}"
+        );
+    }
+    assert!(out.contains("\"customerId\": \"c1\""), "show lacks the data:\n{out}");
+
+    let (code, out, err) = sm4c(&["start", "waiter", "--id", "w2", "--server", url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("w2"), "{out}");
+    let (code, out, err) = sm4c(&["history", "w2", "--server", url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("input start"), "{out}");
+    let (code, out, err) = sm4c(&["cancel", "w2", "--server", url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("w2") && out.contains("cancelled"), "{out}");
+}
+
+#[test]
+fn cli_client_errors() {
+    let s = serve(&[]);
+    let url = s.url.as_str();
+    for args in [
+        vec!["show", "nope", "--server", url],
+        vec!["show", "nope", "--server", url, "--json"],
+        vec!["history", "nope", "--server", url, "--json"],
+        vec!["cancel", "nope", "--server", url, "--json"],
+    ] {
+        let (code, out, err) = sm4c(&args);
+        assert_eq!(code, 1, "{args:?}: stdout {out} stderr {err}");
+        assert!(
+            err.contains("no instance \"nope\""),
+            "{args:?}: server message missing from stderr: {err}"
+        );
+    }
+    let (code, _, err) = sm4c(&["start", "nope", "--server", url, "--json"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no definition \"nope\""), "{err}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_event = write(dir.path(), "e.json", &json!({"hello": 1}));
+    let (code, _, err) = sm4c(&["send", &not_event, "--server", url, "--json"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("invalidCloudEvent"), "{err}");
+
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    for args in [
+        vec!["list", "--server", dead.as_str()],
+        vec!["show", "x", "--server", dead.as_str(), "--json"],
+        vec!["start", "waiter", "--server", dead.as_str()],
+    ] {
+        let (code, _, err) = sm4c(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(!err.is_empty());
+    }
+}

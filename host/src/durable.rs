@@ -439,21 +439,18 @@ impl Loop {
         if let Input::Completed { op, .. } | Input::Failed { op, .. } = &input {
             slot.calls.retain(|(o, _)| o != op);
         }
-        let mut out = slot.inst.handle(Timed { at: now, input });
-        if slot.journal_len + (slot.entries.len() + out.entries.len()) as i64 > max_journal
-            && !slot.inst.status().is_final()
-        {
-            let error = ErrorInfo::new(
-                "limitExceeded",
-                format!("the journal of this instance reached its limit of {max_journal} entries"),
-            );
-            let more = slot.inst.handle(Timed {
-                at: now,
-                input: Input::Abort { error },
-            });
-            out.entries.extend(more.entries);
-            out.effects.extend(more.effects);
-        }
+        // A full journal takes no more inputs: the instance fails instead (one burst may overshoot).
+        let input = if slot.journal_len + slot.entries.len() as i64 >= max_journal {
+            Input::Abort {
+                error: ErrorInfo::new(
+                    "limitExceeded",
+                    format!("the journal of this instance reached its limit of {max_journal} entries"),
+                ),
+            }
+        } else {
+            input
+        };
+        let out = slot.inst.handle(Timed { at: now, input });
         slot.entries.extend(out.entries);
         slot.dirty = true;
         for e in &out.effects {
@@ -869,4 +866,163 @@ fn new_id(definition: &str) -> String {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     format!("{definition}-{:x}{:04x}", nanos, n & 0xffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::BoxFuture;
+    use crate::store::MemoryStore;
+
+    struct Echo;
+    impl Host for Echo {
+        fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+            Box::pin(async move { Ok(json!({"echo": call.arguments, "op": call.op})) })
+        }
+    }
+
+    fn start(limits: Limits) -> (DurableHost, Arc<MemoryStore>) {
+        let store = Arc::new(MemoryStore::default());
+        let host = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts");
+        (host, store)
+    }
+
+    async fn settle(h: &DurableHost, id: &str) -> sm4c_runtime::Snapshot {
+        for _ in 0..200 {
+            let s = h.store().instance(id).unwrap().unwrap().snapshot;
+            if s.status.is_final() {
+                return s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        h.store().instance(id).unwrap().unwrap().snapshot
+    }
+
+    fn waiter() -> Value {
+        json!({"id": "w", "name": "w", "version": "1",
+            "events": [{"name": "go", "type": "go", "correlation": [{"contextAttributeName": "orderId", "contextAttributeValue": "${ .order }"}]}],
+            "states": [{"name": "Wait", "start": true, "transitions": [
+                {"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+                {"name": "Done"}]})
+    }
+
+    fn go(order: &str) -> Value {
+        json!({"specversion": "1.0", "id": format!("e-{order}"), "source": "t", "type": "go", "orderid": order, "data": order})
+    }
+
+    #[tokio::test]
+    async fn events_reach_correlated_instances_and_early_events_wait_in_the_window() {
+        let (h, _) = start(Limits::default());
+        h.define(waiter()).await.unwrap();
+        // Sent before any instance waits: parked.
+        let d = h.deliver(go("B")).await.unwrap();
+        assert_eq!(
+            d,
+            Delivery {
+                reached: vec![],
+                parked: true
+            }
+        );
+        h.start_instance("w", None, Some("a".into()), json!({"order": "A"}))
+            .await
+            .unwrap();
+        h.start_instance("w", None, Some("b".into()), json!({"order": "B"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            settle(&h, "b").await.status,
+            Status::Completed,
+            "the parked event reached b"
+        );
+        let d = h.deliver(go("A")).await.unwrap();
+        assert_eq!(d.reached, vec!["a".to_string()], "correlation picks a only");
+        let a = settle(&h, "a").await;
+        assert_eq!(a.status, Status::Completed);
+        assert_eq!(sm4c_runtime::json::from_val(&a.data.0)["got"], "A");
+    }
+
+    #[tokio::test]
+    async fn journal_limit_fails_the_instance_with_a_clear_error() {
+        let (h, _) = start(Limits {
+            max_journal: 20,
+            ..Limits::default()
+        });
+        h.define(json!({"id": "loop", "name": "loop", "version": "1", "states": [{"name": "A", "start": true,
+            "transitions": [{"condition": "${ .n < 100 }", "action": {"type": "delay", "timeout": "1ms"}, "resultHandler": "${ .n += 1 }"},
+                            {"nextState": "B"}]}, {"name": "B"}]}))
+            .await
+            .unwrap();
+        h.start_instance("loop", None, Some("l".into()), json!({"n": 0}))
+            .await
+            .unwrap();
+        let s = settle(&h, "l").await;
+        assert_eq!(s.status, Status::Failed);
+        let e = s.error.unwrap();
+        assert_eq!(e.kind, "limitExceeded");
+        assert!(e.message.contains("20 entries"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn subflows_are_linked_in_both_journals_and_calls_carry_their_op() {
+        let (h, store) = start(Limits::default());
+        h.define(json!({"id": "child", "name": "c", "version": "1",
+            "functions": [{"name": "f", "operation": "x#f"}],
+            "states": [{"name": "C", "start": true, "enterAction": {"type": "invokeFunction", "functionName": "f",
+                "arguments": {"n": "${ .n }"}, "waitForCompletion": true}, "enterResultHandler": "${ .r = $value }"}]}))
+            .await
+            .unwrap();
+        h.define(json!({"id": "parent", "name": "p", "version": "1", "states": [{"name": "P", "start": true,
+            "enterAction": {"type": "invokeSubflow", "subflowName": "child", "arguments": {"n": 7}, "waitForCompletion": true},
+            "enterResultHandler": "${ .child = $value }"}]}))
+            .await
+            .unwrap();
+        let (id, created) = h
+            .start_instance("parent", None, Some("p".into()), json!({}))
+            .await
+            .unwrap();
+        assert!(created);
+        let p = settle(&h, &id).await;
+        assert_eq!(p.status, Status::Completed);
+        let data = sm4c_runtime::json::from_val(&p.data.0);
+        assert_eq!(data["child"]["r"], json!({"echo": {"n": 7}, "op": "1.enter"}));
+        let child = store.instance("p/1.enter").unwrap().expect("child stored");
+        assert_eq!(child.parent, Some(("p".to_string(), "1.enter".to_string(), true)));
+        let parent_journal = store.history("p", 0, 1000).unwrap();
+        assert!(parent_journal.iter().any(
+            |(_, e)| matches!(e, Entry::Effect(Effect::StartSubflow { definition, .. }) if definition == "child")
+        ));
+        // The same id again starts nothing new.
+        let (_, created) = h
+            .start_instance("parent", None, Some("p".into()), json!({}))
+            .await
+            .unwrap();
+        assert!(!created);
+    }
+
+    #[tokio::test]
+    async fn definitions_are_versioned_and_conflicts_refused() {
+        let (h, _) = start(Limits::default());
+        let mut d = waiter();
+        assert!(h.define(d.clone()).await.unwrap().1);
+        assert!(!h.define(d.clone()).await.unwrap().1, "same content again is not new");
+        d["states"][0]["name"] = json!("Waiting");
+        d["states"][0]["start"] = json!(true);
+        assert!(matches!(
+            h.define(d.clone()).await,
+            Err(HostError::Store(StoreError::Conflict { .. }))
+        ));
+        d["version"] = json!("2");
+        assert!(h.define(d).await.unwrap().1);
+        let (id, _) = h
+            .start_instance("w", Some("1"), None, json!({"order": "X"}))
+            .await
+            .unwrap();
+        assert_eq!(h.store().instance(&id).unwrap().unwrap().snapshot.version, "1");
+        let (id2, _) = h.start_instance("w", None, None, json!({"order": "X"})).await.unwrap();
+        assert_eq!(
+            h.store().instance(&id2).unwrap().unwrap().snapshot.version,
+            "2",
+            "newest by default"
+        );
+    }
 }

@@ -292,10 +292,12 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let error = match (&outcome.error, status.is_final()) {
                 (Some(e), _) => e.clone(),
                 (None, _) => {
-                    let mut e = sm4c_runtime::ErrorInfo::new(
-                        "stuck",
-                        "the instance waits for events that never arrive and has no timer or call to wait for",
-                    );
+                    let why = if outcome.pending_timers == 0 {
+                        "the instance waits for events that never arrive and has no timer or call to wait for"
+                    } else {
+                        "the instance still runs after a million timers under --virtual-time (an endless timer loop?)"
+                    };
+                    let mut e = sm4c_runtime::ErrorInfo::new("stuck", why);
                     e.state = outcome.state.clone();
                     e
                 }

@@ -69,6 +69,8 @@ pub struct Outcome {
     pub error: Option<ErrorInfo>,
     /// The journal (when journaling is on).
     pub journal: Vec<Entry>,
+    /// Timers the instance still has.
+    pub pending_timers: usize,
 }
 
 /// Runs state machine instances in-process.
@@ -156,6 +158,7 @@ impl InMemoryHost {
             in_flight: HashMap::new(),
             watchers: Vec::new(),
             counter: 0,
+            virtual_jumps: 0,
         };
         tokio::spawn(lp.run(rx));
         InMemoryHost { tx }
@@ -221,6 +224,7 @@ impl InMemoryHost {
             data: Value::Null,
             error: Some(ErrorInfo::new("hostError", "the in-memory host has stopped")),
             journal: Vec::new(),
+            pending_timers: 0,
         })
     }
 }
@@ -231,6 +235,9 @@ fn wall_clock() -> Millis {
         .map(|d| d.as_millis() as Millis)
         .unwrap_or(0)
 }
+
+/// Jumps of the virtual clock after which the host stops firing timers (an endless timer loop).
+pub const MAX_VIRTUAL_JUMPS: u64 = 1_000_000;
 
 /// How deep subflows may nest (a definition that starts itself would otherwise never end).
 pub const MAX_SUBFLOW_DEPTH: usize = 32;
@@ -260,6 +267,8 @@ struct Loop {
     in_flight: HashMap<(String, String), AbortHandle>,
     watchers: Vec<(String, bool, oneshot::Sender<Outcome>)>,
     counter: u64,
+    /// Times the virtual clock jumped to a timer.
+    virtual_jumps: u64,
 }
 
 impl Loop {
@@ -289,6 +298,12 @@ impl Loop {
             }
             match (self.config.clock, next_due) {
                 (Clock::Virtual { .. }, Some(due)) if self.in_flight.is_empty() => {
+                    if self.virtual_jumps >= MAX_VIRTUAL_JUMPS {
+                        // An endless timer loop: report the instances as they stand instead of spinning.
+                        self.timers.clear();
+                        continue;
+                    }
+                    self.virtual_jumps += 1;
                     self.vnow = self.vnow.max(due);
                     self.fire_due();
                 }
@@ -368,6 +383,7 @@ impl Loop {
                         data: Value::Null,
                         error: Some(ErrorInfo::new("hostError", format!("no instance {id:?}"))),
                         journal: Vec::new(),
+                        pending_timers: 0,
                     });
                 }
             },
@@ -614,5 +630,6 @@ fn outcome(slot: &Slot) -> Outcome {
         data: slot.inst.data(),
         error: slot.inst.error().cloned(),
         journal: slot.journal.clone(),
+        pending_timers: slot.inst.timers().len(),
     }
 }
