@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use cloudevents::AttributesReader;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_runtime::engine::rfc3339;
@@ -82,6 +83,20 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> 
             )),
             Err(e) => Err(ApiError(StatusCode::BAD_REQUEST, "malformedJson", e.body_text(), None)),
         }
+    }
+}
+
+/// Query strings with our error shape.
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(v)| Params(v))
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidQuery", e.body_text(), None))
     }
 }
 
@@ -223,7 +238,7 @@ fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
     }
 }
 
-async fn list_instances(State(h): State<DurableHost>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+async fn list_instances(State(h): State<DurableHost>, Params(q): Params<ListQuery>) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = h
         .store()
@@ -259,7 +274,7 @@ fn readable(seq: i64, e: &Entry) -> Value {
 async fn history(
     State(h): State<DurableHost>,
     Path(id): Path<String>,
-    Query(q): Query<PageQuery>,
+    Params(q): Params<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
     instance_json(&h, &id)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
@@ -298,13 +313,33 @@ async fn post_event(State(h): State<DurableHost>, req: Request) -> Result<Respon
             None,
         )
     })?;
-    let value = serde_json::to_value(&event)
+    let mut value = serde_json::to_value(&event)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e.to_string(), None))?;
+    // In binary mode the body arrives as bytes; a JSON body is JSON data, as in structured mode.
+    if let Some(cloudevents::Data::Binary(bytes)) = event.data() {
+        let json_type = event
+            .datacontenttype()
+            .is_some_and(|t| t.starts_with("application/json") || t.contains("+json") || t.starts_with("text/json"));
+        if json_type {
+            let data: Value = serde_json::from_slice(bytes).map_err(|e| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    "invalidCloudEvent",
+                    format!("the event says its data is JSON but it is not: {e}"),
+                    None,
+                )
+            })?;
+            if let Some(o) = value.as_object_mut() {
+                o.remove("data_base64");
+                o.insert("data".into(), data);
+            }
+        }
+    }
     let delivery = h.deliver(value).await?;
     Ok((StatusCode::ACCEPTED, Json(delivery)).into_response())
 }
 
-async fn sent(State(h): State<DurableHost>, Query(q): Query<PageQuery>) -> Result<Json<Value>, ApiError> {
+async fn sent(State(h): State<DurableHost>, Params(q): Params<PageQuery>) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = h
         .store()
