@@ -38,10 +38,18 @@ fn now_ms() -> i64 {
 
 fn read_log(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    // The end of the log is what matters when something goes wrong.
-    let start = text.len().saturating_sub(6000);
+    // A panic's first lines, then the end of the log, are what matter when something goes wrong.
+    let panic = text
+        .find("panicked at")
+        .map(|i| {
+            let from = text[..i].rfind('\n').map_or(0, |n| n + 1);
+            let lines: Vec<&str> = text[from..].lines().take(4).collect();
+            format!("[first panic]\n{}\n[...]\n", lines.join("\n"))
+        })
+        .unwrap_or_default();
+    let start = text.len().saturating_sub(4000);
     let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    text[start..].to_string()
+    format!("{panic}{}", &text[start..])
 }
 
 /// A running `sm4c serve`, killed with SIGKILL when dropped.
@@ -445,12 +453,19 @@ fn crash_expected(i: usize) -> Value {
 /// Is the instance in the mid-flight position its group should be in?
 fn in_position(s: &Server, i: usize) -> bool {
     let v = s.instance(&crash_id(i));
-    let state_ok = |st: &str| v["status"] == "waiting" && v["state"] == st;
+    // An instance in an action (a delay, a call, a retry backoff) is `running`; one waiting on its
+    // transitions (events, timeouts) is `waiting`.
+    let state_ok = |st: &str, status: &str| v["status"] == status && v["state"] == st;
     match group(i) {
-        "A" => state_ok("Sleep"),
-        "B" => state_ok("AwaitOrder"),
+        "A" => {
+            state_ok("Sleep", "running")
+                && s.history(&crash_id(i))
+                    .iter()
+                    .any(|e| e["entry"] == "effect" && e["effect"] == "startTimer")
+        }
+        "B" => state_ok("AwaitOrder", "waiting"),
         "C" => {
-            state_ok("Call")
+            state_ok("Call", "running")
                 && s.history(&crash_id(i))
                     .iter()
                     .any(|e| e["entry"] == "trace" && e["step"] == "retrying")
@@ -507,11 +522,13 @@ fn check_journal(id: &str, history: &[Value]) -> Result<(), String> {
     if finished != 1 {
         return Err(format!("{id}: {finished} `finished` traces"));
     }
-    // Every call result answers an invokeFunction effect with the same operation id.
+    // Every result answers an invokeFunction or startSubflow effect with the same operation id.
     for op in results.keys() {
-        if !effects.contains_key(&format!("invokeFunction {op}")) {
+        if !effects.contains_key(&format!("invokeFunction {op}"))
+            && !effects.contains_key(&format!("startSubflow {op}"))
+        {
             return Err(format!(
-                "{id}: result for op {op} without an invokeFunction effect with that op"
+                "{id}: result for op {op} without an invokeFunction or startSubflow effect with that op"
             ));
         }
     }
@@ -549,6 +566,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
     s.define(&crash_definition());
 
     // Groups A, B and C: 180 instances started from 6 threads.
+    let t_start = Instant::now();
     std::thread::scope(|scope| {
         for t in 0..6 {
             let s = &s;
@@ -559,6 +577,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
             });
         }
     });
+    let started_in = t_start.elapsed();
     // Each is mid-flight: A in its delay, B waiting for its event, C in retry backoff.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut pending: Vec<usize> = (0..180).collect();
@@ -736,7 +755,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
         failures.join("\n")
     );
     eprintln!(
-        "crash test: 180 mid-flight after {positioned:?}, killed at {killed_at}, {} calls in flight, all 200 completed after {completed_in:?}",
+        "crash test: 180 started in {started_in:?}, mid-flight after {positioned:?}, killed at {killed_at}, {} calls in flight, all 200 completed after {completed_in:?}",
         in_flight.len()
     );
 }
@@ -863,26 +882,35 @@ fn a_journal_that_no_longer_matches_its_definition_fails_the_instance_naming_the
         .and_then(|rest| rest.split(':').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the message names the journal entry (`journal entry N: ...`): {message:?}"));
-    assert!(
-        message.contains("invokeFunction") || message.contains("notify"),
-        "the message describes the mismatch: {message:?}"
-    );
-    // The entry it names is the recorded call, as the history API numbers entries.
-    let named = before
-        .iter()
-        .find(|e| e["seq"] == n)
-        .unwrap_or_else(|| panic!("journal entry {n} is not in the history: {before:?}"));
-    assert_eq!(
-        (named["entry"].as_str(), named["effect"].as_str()),
-        (Some("effect"), Some("invokeFunction")),
-        "\"journal entry {n}\" should be the recorded invokeFunction effect (history `seq` {n}), but that entry is {named}; history: {before:?}"
-    );
-    if let Some(d) = error["details"]["entry"].as_u64() {
-        assert_eq!(d as usize, n, "details.entry agrees with the message: {error}");
-    }
     // The journal before the crash is kept as it was.
     let after = s.history("drift-1");
     assert_eq!(&after[..before.len()], &before[..], "the journal was rewritten");
+
+    let mut problems = Vec::new();
+    // The entry it names is the recorded call, as the history API numbers entries (`seq`).
+    match before.iter().find(|e| e["seq"] == n) {
+        Some(named) if named["entry"] == "effect" && named["effect"] == "invokeFunction" => {}
+        named => problems.push(format!(
+            "\"journal entry {n}\" should be the recorded invokeFunction effect, but the history entry with seq {n} is {}",
+            named.map_or("absent".to_string(), Value::to_string)
+        )),
+    }
+    if let Some(d) = error["details"]["entry"].as_u64() {
+        if d as usize != n {
+            problems.push(format!("details.entry {d} disagrees with the message's entry {n}"));
+        }
+    }
+    // The mismatch itself is named: the call's arguments changed (who: "ada" then, "ada!" now).
+    if !(message.contains("notify") && message.contains("ada!")) {
+        problems.push(
+            "the message should say what differs (the call's arguments, \"ada\" recorded vs \"ada!\" now)".to_string(),
+        );
+    }
+    assert!(
+        problems.is_empty(),
+        "replayMismatch error {error}\n{}\nhistory: {before:?}",
+        problems.join("\n")
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -905,9 +933,9 @@ fn cancelling_is_recorded_stops_the_instance_and_its_timers_across_a_crash() {
         ]
     }));
     s.start_instance("snooze", "snooze-1", json!({}));
-    s.wait_instance("snooze-1", Duration::from_secs(5), "waiting", |v| {
-        v["status"] == "waiting"
-    });
+    // In its delay the instance is `running` (an action is under way), not `waiting`.
+    let v = s.instance("snooze-1");
+    assert!(v["status"] == "running" && v["state"] == "Sleep", "{v}");
 
     let (st, body) = s.post("/instances/snooze-1/cancel", &json!({}));
     assert_eq!(st, 200, "POST cancel: {body}");
@@ -1102,4 +1130,398 @@ fn a_sent_event_has_a_deterministic_id_and_is_not_sent_twice_after_a_crash() {
         "the outbox after the crash: the same single event, same id"
     );
     check_journal("i-1", &s.history("i-1")).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Repeated kill -9 under load
+// ---------------------------------------------------------------------------------------------
+
+/// Instances loop five times through a call (a slow mock, so calls are in flight at each kill) and a
+/// short delay, while the server is killed -9 and restarted over and over. Every instance still ends
+/// with each step done exactly once.
+#[test]
+fn repeated_kill_nine_under_load_repeats_no_completed_step() {
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("storm.db");
+    let mock = dir.path().join("mocks.json");
+    let log = dir.path().join("server.log");
+    write_json(
+        &mock,
+        &json!({"inc": "(reduce range(0; 3000) as $i (0; . + 1)) as $x | {n: (.n + 1)}"}),
+    );
+    let definition = json!({
+        "id": "storm", "name": "Storm", "version": "1.0",
+        "functions": [{"name": "inc", "operation": "http://example.org/api.json#inc"}],
+        "states": [
+            {"name": "Step", "start": true,
+             "enterAction": {"type": "invokeFunction", "functionName": "inc", "waitForCompletion": true,
+                             "arguments": {"n": "${ .n }"}},
+             "enterResultHandler": "${ .n = $value.n | .trail += [$value.n] }",
+             "transitions": [{"condition": "${ .n < 5 }", "nextState": "Pause"}, {"nextState": "End"}]},
+            {"name": "Pause", "enterAction": {"type": "delay", "timeout": "200ms"},
+             "transitions": [{"nextState": "Step"}]},
+            {"name": "End"}
+        ]
+    });
+    const N: usize = 60;
+    let id = |i: usize| format!("storm-{i:02}");
+
+    let mut s = Server::start(&db, Some(&mock), &log);
+    s.define(&definition);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let s = &s;
+            scope.spawn(move || {
+                for i in (t..N).step_by(4) {
+                    s.start_instance("storm", &id(i), json!({"n": 0, "trail": []}));
+                }
+            });
+        }
+    });
+    let mut kills = 0;
+    let mut in_flight_seen = 0;
+    for round in 0..6 {
+        std::thread::sleep(Duration::from_millis(400 + 150 * (round % 3)));
+        s.kill9();
+        kills += 1;
+        let copy = snapshot_store(&db, dir.path());
+        let calls: i64 = rusqlite::Connection::open(&copy)
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM calls", [], |r| r.get(0)))
+            .expect("count calls in the crashed store");
+        in_flight_seen += calls;
+        drop(s);
+        s = Server::start(&db, Some(&mock), &log);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..N {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let v = s.wait_instance(&id(i), left, "completed", |v| {
+            v["status"]
+                .as_str()
+                .is_some_and(|st| st != "running" && st != "waiting")
+        });
+        assert_eq!(v["status"], "completed", "{v}");
+        assert_eq!(
+            v["data"],
+            json!({"n": 5, "trail": [1, 2, 3, 4, 5]}),
+            "{}: each step once",
+            id(i)
+        );
+    }
+    let mut failures = Vec::new();
+    for i in 0..N {
+        if let Err(e) = check_journal(&id(i), &s.history(&id(i))) {
+            failures.push(e);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {N} journals wrong after {kills} kills:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "storm: {N} instances, {kills} kills, {in_flight_seen} calls in flight at the kills, done after {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. A subflow whose start was recorded just before the crash
+// ---------------------------------------------------------------------------------------------
+
+/// The parent's `startSubflow` effect is committed, then the server dies before the child instance
+/// is created (here: while a slow call from the same step is being made). After the restart the
+/// child must be started (at least once, same id `<parent>/<op>`) and the parent must complete.
+#[test]
+fn a_subflow_recorded_but_not_started_at_the_crash_is_started_after_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("subflow.db");
+    let mock = dir.path().join("mocks.json");
+    let log = dir.path().join("server.log");
+    write_json(
+        &mock,
+        &json!({"slow": "(reduce range(0; 100000) as $i (0; . + 1)) as $x | {ok: .n}"}),
+    );
+    let mut s = Server::start(&db, Some(&mock), &log);
+    s.define(&json!({
+        "id": "child", "name": "Child", "version": "1.0",
+        "states": [{"name": "C", "start": true,
+                    "enterAction": {"type": "injectData", "expression": "${ .k * 2 }"},
+                    "enterResultHandler": "${ .doubled = $value }"}]
+    }));
+    s.define(&json!({
+        "id": "parent", "name": "Parent", "version": "1.0",
+        "functions": [{"name": "slow", "operation": "http://example.org/api.json#slow"}],
+        "states": [{"name": "P", "start": true,
+                    "enterAction": {"type": "parallel", "completionType": "and", "actions": [
+                        {"name": "slow", "type": "invokeFunction", "functionName": "slow",
+                         "waitForCompletion": true, "arguments": {"n": 1}},
+                        {"name": "child", "type": "invokeSubflow", "subflowName": "child",
+                         "waitForCompletion": true, "arguments": {"k": 7}}
+                    ]},
+                    "enterResultHandler": "${ .out = $value }"}]
+    }));
+    let expected = json!({"out": {"slow": {"ok": 1}, "child": {"k": 7, "doubled": 14}}});
+
+    // Without a crash it works.
+    s.start_instance("parent", "p-0", json!({}));
+    let v = s.wait_instance("p-0", Duration::from_secs(20), "completed", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], expected);
+
+    // Kill -9 right after the start is acknowledged: both effects are committed, the slow call is
+    // being made and the child is not created yet.
+    s.start_instance("parent", "p-1", json!({}));
+    s.kill9();
+    let copy = snapshot_store(&db, dir.path());
+    let journal: Vec<String> = rusqlite::Connection::open(&copy)
+        .and_then(|c| {
+            let mut st = c.prepare("SELECT entry FROM journal WHERE instance = 'p-1' ORDER BY seq")?;
+            let rows = st.query_map([], |r| r.get(0))?.collect::<Result<Vec<String>, _>>();
+            rows
+        })
+        .expect("read the crashed journal");
+    assert!(
+        journal.iter().any(|e| e.contains("\"startSubflow\"")),
+        "the startSubflow effect was committed before the crash: {journal:?}"
+    );
+
+    let s = {
+        drop(s);
+        Server::start(&db, Some(&mock), &log)
+    };
+    let v = s.wait_instance("p-1", Duration::from_secs(10), "completed after the restart", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], expected);
+    let child = s.instance("p-1/1.enter/1");
+    assert_eq!(child["status"], "completed", "{child}");
+    check_journal("p-1", &s.history("p-1")).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Acknowledged events survive a crash
+// ---------------------------------------------------------------------------------------------
+
+/// An event answered with 202 is durable: delivered to a waiting instance, or parked for one that
+/// starts waiting later, it is not lost by a kill -9 right after the answer.
+#[test]
+fn acknowledged_events_survive_kill_nine_delivered_or_parked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("events.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&json!({
+        "id": "waiter", "name": "Waiter", "version": "1.0",
+        "events": [{"name": "go", "type": "com.example.go", "source": "test",
+                    "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .order }"}]}],
+        "states": [
+            {"name": "Wait", "start": true,
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+            {"name": "Done"}
+        ]
+    }));
+    let go = |order: &str| {
+        json!({"specversion": "1.0", "id": format!("go-{order}"), "source": "test", "type": "com.example.go",
+               "orderid": order, "datacontenttype": "application/json", "data": {"order": order}})
+    };
+
+    // Delivered, then kill -9 at once.
+    s.start_instance("waiter", "w-1", json!({"order": "A"}));
+    s.wait_instance("w-1", Duration::from_secs(5), "waiting", |v| v["status"] == "waiting");
+    let (st, body) = s.post_event(&go("A"));
+    assert_eq!(st, 202, "{body}");
+    assert_eq!(body["reached"], json!(["w-1"]));
+    s.kill9();
+    s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let v = s.wait_instance("w-1", Duration::from_secs(5), "completed", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], json!({"order": "A", "got": {"order": "A"}}));
+
+    // Parked (no instance waits for it yet), then kill -9 at once.
+    let (st, body) = s.post_event(&go("B"));
+    assert_eq!(st, 202, "{body}");
+    assert_eq!(body["parked"], true, "{body}");
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    s.start_instance("waiter", "w-2", json!({"order": "B"}));
+    let v = s.wait_instance("w-2", Duration::from_secs(5), "completed by the parked event", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], json!({"order": "B", "got": {"order": "B"}}));
+    check_journal("w-1", &s.history("w-1")).unwrap();
+    check_journal("w-2", &s.history("w-2")).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. A damaged sm4c store
+// ---------------------------------------------------------------------------------------------
+
+/// A real sm4c store whose pages were overwritten (a disk fault, a bad copy) is refused with exit 2
+/// and a message that names the file, and is not modified.
+#[test]
+fn a_damaged_sm4c_store_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("damaged.db");
+    let log = dir.path().join("server.log");
+    {
+        let s = Server::start(&db, None, &log);
+        for i in 0..20 {
+            s.define(&json!({
+                "id": format!("d{i}"), "name": "D", "version": "1.0",
+                "states": [{"name": "A", "start": true,
+                            "enterAction": {"type": "injectData", "expression": format!("${{ {{v: {i}}} }}")},
+                            "enterResultHandler": "${ .r = $value }"}]
+            }));
+            s.start_instance(&format!("d{i}"), &format!("x-{i}"), json!({"pad": "x".repeat(500)}));
+        }
+    }
+    // Move everything into the main file, then damage pages 2 to 4.
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .expect("checkpoint");
+    }
+    let mut bytes = std::fs::read(&db).expect("read store");
+    assert!(bytes.len() >= 4 * 4096, "store is {} bytes", bytes.len());
+    for (i, b) in bytes.iter_mut().enumerate().take(4 * 4096).skip(4096) {
+        *b = (i.wrapping_mul(7919) % 251) as u8;
+    }
+    std::fs::write(&db, &bytes).expect("write damaged store");
+    let listing = dir_listing(dir.path());
+
+    let (code, stderr) = serve_refused(&db);
+    assert_eq!(code, Some(2), "exit code for a damaged store; stderr: {stderr}");
+    assert!(
+        stderr.contains(&db.display().to_string()),
+        "the message names the damaged file: {stderr:?}"
+    );
+    assert!(
+        std::fs::read(&db).expect("read store") == bytes,
+        "the damaged file was modified"
+    );
+    assert_eq!(
+        dir_listing(dir.path()),
+        listing,
+        "files were left beside the damaged file"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3b, 3c. More definitions that changed under a running instance
+// ---------------------------------------------------------------------------------------------
+
+/// Starts `def` as instance `id` (which then waits for an event), kills the server, rewrites the
+/// stored definition with `change`, restarts and returns the server.
+fn change_definition_under(dir: &Path, def: Value, id: &str, change: impl FnOnce(&mut Value)) -> (Server, Vec<Value>) {
+    let db = dir.join("drift.db");
+    let log = dir.join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&def);
+    let def_id = def["id"].as_str().unwrap().to_string();
+    s.start_instance(&def_id, id, json!({"n": 4}));
+    s.wait_instance(id, Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    let before = s.history(id);
+    s.kill9();
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let text: String = conn
+            .query_row("SELECT doc FROM definitions WHERE id = ?1", [&def_id], |r| r.get(0))
+            .expect("read definition");
+        let mut doc: Value = serde_json::from_str(&text).expect("definition JSON");
+        change(&mut doc);
+        conn.execute(
+            "UPDATE definitions SET doc = ?1 WHERE id = ?2",
+            [doc.to_string(), def_id],
+        )
+        .expect("update definition");
+    }
+    drop(s);
+    (Server::start(&db, None, &log), before)
+}
+
+fn waiting_definition() -> Value {
+    json!({
+        "id": "drift2", "name": "Drift", "version": "1.0",
+        "events": [{"name": "reply", "type": "com.example.reply", "source": "test"}],
+        "states": [
+            {"name": "Prepare", "start": true, "transitions": [{"nextState": "Ask"}]},
+            {"name": "Ask",
+             "enterAction": {"type": "injectData", "expression": "${ .n * 10 }"},
+             "enterResultHandler": "${ .asked = $value }",
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["reply"]}]}]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+/// The brief's own example: the waiting state's `injectData` expression changed. Replaying the
+/// journal with the new definition gives other data than the instance has, so the journal no longer
+/// matches its definition.
+#[test]
+fn a_changed_inject_data_expression_under_a_waiting_instance_is_a_replay_mismatch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, before) = change_definition_under(dir.path(), waiting_definition(), "drift2-1", |doc| {
+        doc["states"][1]["enterAction"]["expression"] = json!("${ .n * 20 }");
+    });
+    let v = s.wait_instance("drift2-1", Duration::from_secs(5), "failed", |v| {
+        v["status"] != "waiting" && v["status"] != "running"
+    });
+    assert_eq!(
+        (v["status"].as_str(), v["error"]["type"].as_str()),
+        (Some("failed"), Some("replayMismatch")),
+        "an instance whose enter action's injectData changed under it (data {} recorded with `.n * 10`, the definition now says `.n * 20`) should fail with replayMismatch; it is {v}\njournal: {before:?}",
+        v["data"]
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap_or("").contains("journal entry"),
+        "{}",
+        v["error"]
+    );
+}
+
+/// The state the instance waits in no longer exists in its definition. That must not take the server
+/// down: the instance fails with `replayMismatch` and other instances keep running.
+#[test]
+fn an_instance_whose_state_was_removed_from_its_definition_fails_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, before) = change_definition_under(dir.path(), waiting_definition(), "drift2-1", |doc| {
+        // Ask and Done are gone; Prepare now ends the instance.
+        doc["states"] = json!([{"name": "Prepare", "start": true}]);
+        doc["events"] = json!([]);
+    });
+    // An event for it arrives (the instance is loaded from its snapshot, if it is still waiting).
+    let (st, body) = s.post_event(
+        &json!({"specversion": "1.0", "id": "r-1", "source": "test", "type": "com.example.reply",
+                                          "sm4cinstanceid": "drift2-1"}),
+    );
+    assert_eq!(st, 202, "POST /events: {body}\nserver log:\n{}", s.log());
+    // The server still works.
+    s.define(&json!({"id": "other", "name": "Other", "version": "1.0",
+                     "states": [{"name": "A", "start": true, "enterAction": {"type": "injectData", "expression": "${ 1 }"},
+                                 "enterResultHandler": "${ .one = $value }"}]}));
+    s.start_instance("other", "other-1", json!({}));
+    let v = s.wait_instance("other-1", Duration::from_secs(5), "completed", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], json!({"one": 1}));
+    let v = s.wait_instance("drift2-1", Duration::from_secs(5), "failed", |v| {
+        v["status"] != "waiting" && v["status"] != "running"
+    });
+    assert_eq!(
+        (v["status"].as_str(), v["error"]["type"].as_str()),
+        (Some("failed"), Some("replayMismatch")),
+        "the instance waited in state Ask, which its definition no longer has: {v}\njournal: {before:?}"
+    );
 }

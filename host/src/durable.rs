@@ -166,6 +166,7 @@ impl DurableHost {
             timers: BTreeSet::new(),
             queue: Vec::new(),
             in_flight: HashMap::new(),
+            fire_and_forget: Default::default(),
             batch: Batch::default(),
             after: Vec::new(),
             replies: Vec::new(),
@@ -258,6 +259,8 @@ struct Loop {
     timers: BTreeSet<(Millis, String, String)>,
     queue: Vec<(String, Input)>,
     in_flight: HashMap<(String, String), AbortHandle>,
+    /// Calls nobody waits for, until they return.
+    fire_and_forget: std::collections::HashSet<(String, String)>,
     batch: Batch,
     /// Effects to perform once the batch is committed.
     after: Vec<(String, Effect)>,
@@ -320,8 +323,25 @@ impl Loop {
             .into_iter()
             .map(|(_, e)| e)
             .collect();
-        if let Err(e) = Instance::replay(m, id, &journal, engine_options()) {
-            let error = ErrorInfo::new("replayMismatch", e.to_string()).with_details(json!({"entry": e.index}));
+        let error = match Instance::replay(m, id, &journal, engine_options()) {
+            Err(e) => Some(ErrorInfo::new("replayMismatch", e.to_string()).with_details(json!({"entry": e.index}))),
+            Ok(replayed) => {
+                // Same effects, but does the journal still lead to the saved instance?
+                let diffs = sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), &stored.snapshot);
+                (!diffs.is_empty()).then(|| {
+                    ErrorInfo::new(
+                        "replayMismatch",
+                        format!(
+                            "journal entry {}: replaying the journal against the definition no longer gives the saved instance: {}",
+                            journal.len(),
+                            diffs.join("; ")
+                        ),
+                    )
+                    .with_details(json!({"entry": journal.len()}))
+                })
+            }
+        };
+        if let Some(error) = error {
             self.queue.push((id.to_string(), Input::Abort { error }));
         }
         Ok(())
@@ -347,7 +367,7 @@ impl Loop {
                 }
             }
             self.fire_due();
-            if !self.queue.is_empty() || !self.replies.is_empty() {
+            if !self.queue.is_empty() || !self.replies.is_empty() || self.cache.values().any(|s| s.dirty) {
                 self.step();
                 continue;
             }
@@ -400,7 +420,10 @@ impl Loop {
             let m = self.machine(&stored.snapshot.definition, &stored.snapshot.version)?;
             let calls: Vec<(String, Value)> = Vec::new();
             let was_waiting = stored.snapshot.status == Status::Waiting;
+            let saved_status = stored.snapshot.status;
             let inst = Instance::from_snapshot(m, stored.snapshot, engine_options());
+            // A snapshot that no longer fits its definition comes back failed: that must be saved.
+            let changed = inst.status() != saved_status;
             self.cache.insert(
                 id.to_string(),
                 Slot {
@@ -409,7 +432,7 @@ impl Loop {
                     calls,
                     journal_len: stored.journal_len,
                     entries: Vec::new(),
-                    dirty: false,
+                    dirty: changed,
                     was_waiting,
                 },
             );
@@ -450,12 +473,30 @@ impl Loop {
         } else {
             input
         };
-        let out = slot.inst.handle(Timed { at: now, input });
+        // A bug in the engine must not stop the decider for every other instance.
+        let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            slot.inst.handle(Timed { at: now, input })
+        })) {
+            Ok(out) => out,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                slot.inst.force_fail(ErrorInfo::new(
+                    "internalError",
+                    format!("the engine failed on this instance: {what}"),
+                ));
+                Default::default()
+            }
+        };
         slot.entries.extend(out.entries);
         slot.dirty = true;
         for e in &out.effects {
             match e {
-                Effect::InvokeFunction { op, wait: true, .. } => slot
+                // Kept until performed (subflows) or answered (calls), so a crash cannot lose them.
+                Effect::InvokeFunction { op, .. } | Effect::StartSubflow { op, .. } => slot
                     .calls
                     .push((op.clone(), serde_json::to_value(e).unwrap_or(Value::Null))),
                 Effect::CancelOperation { op } => slot.calls.retain(|(o, _)| o != op),
@@ -650,6 +691,8 @@ impl Loop {
                 });
                 if wait {
                     self.in_flight.insert((id.to_string(), op), task.abort_handle());
+                } else {
+                    self.fire_and_forget.insert((id.to_string(), op));
                 }
             }
             Effect::StartSubflow {
@@ -693,9 +736,14 @@ impl Loop {
                 match machine {
                     Some(m) => {
                         let exists = self.store.instance(&child).ok().flatten().is_some();
-                        if !exists {
-                            self.create(&child, m, Some((id.to_string(), op, wait)));
+                        if !exists && !self.cache.contains_key(&child) {
+                            self.create(&child, m, Some((id.to_string(), op.clone(), wait)));
                             self.queue.push((child, Input::Start { data: input }));
+                        }
+                        // Started: the parent no longer needs to remember to start it.
+                        if let Some(slot) = self.slot(id) {
+                            slot.calls.retain(|(o, _)| *o != op);
+                            slot.dirty = true;
                         }
                     }
                     None if wait => {
@@ -831,7 +879,13 @@ impl Loop {
                 }
             },
             Cmd::Result { instance, op, result } => {
-                if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
+                if self.fire_and_forget.remove(&(instance.clone(), op.clone())) {
+                    // Nobody waits for the result; the call is done, so it is no longer in flight.
+                    if let Some(slot) = self.slot(&instance) {
+                        slot.calls.retain(|(o, _)| *o != op);
+                        slot.dirty = true;
+                    }
+                } else if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
                     let input = match result {
                         Ok(result) => Input::Completed { op, result },
                         Err(error) => Input::Failed { op, error },

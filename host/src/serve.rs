@@ -106,9 +106,9 @@ pub fn router(host: DurableHost) -> Router {
         .route("/definitions", post(post_definition).get(list_definitions))
         .route("/definitions/{id}", get(get_definition))
         .route("/instances", post(post_instance).get(list_instances))
-        .route("/instances/{id}", get(get_instance))
-        .route("/instances/{id}/history", get(history))
-        .route("/instances/{id}/cancel", post(cancel))
+        // Subflow instance ids contain `/` (`parent/1.enter/0`), so the rest of the path is the id,
+        // with `/history` and `/cancel` recognised at its end.
+        .route("/instances/{*rest}", get(instance_get).post(instance_post))
         .route("/events", post(post_event))
         .route("/events/sent", get(sent))
         .route(
@@ -212,8 +212,27 @@ fn instance_json(h: &DurableHost, id: &str) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-async fn get_instance(State(h): State<DurableHost>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(instance_json(&h, &id)?))
+async fn instance_get(
+    State(h): State<DurableHost>,
+    Path(rest): Path<String>,
+    q: Params<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    match rest.strip_suffix("/history") {
+        Some(id) => history(h, id.to_string(), q.0).await,
+        None => Ok(Json(instance_json(&h, &rest)?)),
+    }
+}
+
+async fn instance_post(State(h): State<DurableHost>, Path(rest): Path<String>) -> Result<Json<Value>, ApiError> {
+    match rest.strip_suffix("/cancel") {
+        Some(id) => cancel(h, id.to_string()).await,
+        None => Err(ApiError(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "methodNotAllowed",
+            "POST /instances/{id}/cancel cancels an instance; see /openapi.json".into(),
+            None,
+        )),
+    }
 }
 
 #[derive(Deserialize)]
@@ -271,11 +290,7 @@ fn readable(seq: i64, e: &Entry) -> Value {
     v
 }
 
-async fn history(
-    State(h): State<DurableHost>,
-    Path(id): Path<String>,
-    Params(q): Params<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+async fn history(h: DurableHost, id: String, q: PageQuery) -> Result<Json<Value>, ApiError> {
     instance_json(&h, &id)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = h
@@ -289,7 +304,7 @@ async fn history(
     Ok(Json(json!({"id": id, "entries": entries, "next": next})))
 }
 
-async fn cancel(State(h): State<DurableHost>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn cancel(h: DurableHost, id: String) -> Result<Json<Value>, ApiError> {
     h.cancel(&id).await?;
     Ok(Json(instance_json(&h, &id)?))
 }

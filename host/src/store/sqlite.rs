@@ -46,24 +46,24 @@ impl SqliteStore {
     /// Opens (or creates) a store file. A file from a crashed server opens cleanly (SQLite recovers
     /// its WAL); a file that is not an sm4c store is refused.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
-        let describe = |e: rusqlite::Error| {
+        let name = path.display().to_string();
+        let not_ours = |e: rusqlite::Error| {
             StoreError::Foreign(format!(
-                "{} is not an sm4c store (not a readable SQLite database: {e})",
-                path.display()
+                "{name} is not an sm4c store (not a readable SQLite database: {e})"
             ))
         };
-        let conn = Connection::open(path).map_err(describe)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(describe)?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        let damaged = |e: rusqlite::Error| StoreError::Foreign(format!("{name} is a damaged sm4c store: {e}"));
+        let conn = Connection::open(path).map_err(not_ours)?;
+        // Identify the file before changing anything in it (a foreign file must stay untouched).
         let tables: Vec<String> = conn
             .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
             .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-            .map_err(describe)?;
+            .map_err(not_ours)?;
         if !tables.is_empty() {
             let format: Option<String> = if tables.iter().any(|t| t == "sm4c_meta") {
                 conn.query_row("SELECT value FROM sm4c_meta WHERE key = 'format'", [], |r| r.get(0))
-                    .optional()?
+                    .optional()
+                    .map_err(damaged)?
             } else {
                 None
             };
@@ -71,28 +71,32 @@ impl SqliteStore {
                 Some(FORMAT) => {}
                 Some(other) => {
                     return Err(StoreError::Foreign(format!(
-                        "{} is an sm4c store of format {other:?}; this version reads {FORMAT:?}",
-                        path.display()
+                        "{name} is an sm4c store of format {other:?}; this version reads {FORMAT:?}"
                     )))
                 }
                 None => {
                     return Err(StoreError::Foreign(format!(
-                        "{} is a SQLite database of another application (tables: {}); give sm4c its own file",
-                        path.display(),
+                        "{name} is a SQLite database of another application (tables: {}); give sm4c its own file",
                         tables.join(", ")
                     )))
                 }
             }
+            let check: String = conn
+                .query_row("PRAGMA quick_check", [], |r| r.get(0))
+                .map_err(damaged)?;
+            if check != "ok" {
+                return Err(StoreError::Foreign(format!("{name} is a damaged sm4c store: {check}")));
+            }
         }
-        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(damaged)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(damaged)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(damaged)?;
+        conn.execute_batch(SCHEMA).map_err(damaged)?;
         conn.execute(
             "INSERT OR IGNORE INTO sm4c_meta (key, value) VALUES ('format', ?1)",
             [FORMAT],
-        )?;
-        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
-        if check != "ok" {
-            return Err(StoreError::Foreign(format!("{} is damaged: {check}", path.display())));
-        }
+        )
+        .map_err(damaged)?;
         Ok(SqliteStore { conn: Mutex::new(conn) })
     }
 

@@ -264,11 +264,84 @@ impl Instance {
 
     /// An instance restored from a snapshot taken by [`Instance::snapshot`].
     pub fn from_snapshot(machine: Arc<Machine>, snapshot: Snapshot, options: Options) -> Instance {
-        Instance {
+        let mut inst = Instance {
             machine,
             s: snapshot,
             options,
             burst: 0,
+        };
+        if let Err(why) = inst.fits() {
+            let e = ErrorInfo::new(
+                "replayMismatch",
+                format!("the saved instance does not fit its definition: {why}"),
+            );
+            inst.force_fail(e);
+        }
+        inst
+    }
+
+    /// Ends the instance as failed without running any of its definition (for instances that can no
+    /// longer run: a snapshot that does not fit, an internal error).
+    pub fn force_fail(&mut self, mut error: ErrorInfo) {
+        if error.state.is_none() {
+            error.state = self.s.state_name.clone();
+        }
+        if self.s.state.is_some_and(|s| s >= self.machine.states.len()) {
+            self.s.state = None;
+        }
+        self.s.phase = Phase::Ended;
+        self.s.timers.clear();
+        self.s.state_timer = None;
+        self.s.status = Status::Failed;
+        self.s.error = Some(error);
+        self.s.ended_at = Some(self.s.now);
+    }
+
+    /// Checks that every index in the snapshot exists in the definition.
+    fn fits(&self) -> Result<(), String> {
+        let m = &self.machine;
+        if self.s.status.is_final() {
+            return Ok(());
+        }
+        let state = match self.s.state {
+            Some(s) if s >= m.states.len() => {
+                return Err(format!("it is in state number {s}, which the definition lacks"))
+            }
+            Some(s) => Some(&m.states[s]),
+            None => None,
+        };
+        if let (Some(st), Some(name)) = (state, &self.s.state_name) {
+            if &st.name != name {
+                return Err(format!(
+                    "it is in state {name:?}, but that position now holds state {:?}",
+                    st.name
+                ));
+            }
+        }
+        fn run_fits(m: &Machine, r: &Run) -> bool {
+            if r.action >= m.actions.len() {
+                return false;
+            }
+            match &r.node {
+                action::Node::Sequence { child, .. } => run_fits(m, child),
+                action::Node::Parallel { running, .. } | action::Node::Foreach { running, .. } => {
+                    running.iter().all(|(_, c)| run_fits(m, c))
+                }
+                _ => true,
+            }
+        }
+        let ok = match &self.s.phase {
+            Phase::Enter { run } | Phase::TimeoutAction { run } => run_fits(m, run),
+            Phase::Transition { transition, run } => {
+                state.is_some_and(|st| *transition < st.transitions.len()) && run_fits(m, run)
+            }
+            Phase::Exit { next, run } => *next < m.states.len() && run_fits(m, run),
+            Phase::Idle | Phase::Waiting | Phase::Ended => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err("the action it is running no longer exists".into())
         }
     }
 
@@ -297,8 +370,9 @@ impl Instance {
                 Err(ReplayError {
                     index: at,
                     message: format!(
-                        "the definition now asks for {} after the input at entry {input_index}, which the journal does not have",
-                        describe(&produced[pos])
+                        "the definition now asks for {} after the input at entry {}, which the journal does not have",
+                        describe(&produced[pos]),
+                        input_index + 1
                     ),
                 })
             } else {
@@ -318,17 +392,18 @@ impl Instance {
                         Some(p) if p == recorded => {}
                         Some(p) => {
                             return Err(ReplayError {
-                                index: i,
+                                index: i + 1,
                                 message: format!(
-                                    "the journal has {} but the definition now asks for {}",
+                                    "the journal has {} but the definition now asks for {}{}",
                                     describe(recorded),
-                                    describe(p)
+                                    describe(p),
+                                    differences(recorded, p)
                                 ),
                             })
                         }
                         None => {
                             return Err(ReplayError {
-                                index: i,
+                                index: i + 1,
                                 message: format!(
                                     "the journal has {} but the definition no longer asks for it",
                                     describe(recorded)
@@ -378,7 +453,10 @@ impl Instance {
 
     /// The current state's name.
     pub fn state_name(&self) -> Option<&str> {
-        self.s.state.map(|s| self.machine.states[s].name.as_str())
+        self.s
+            .state
+            .and_then(|s| self.machine.states.get(s))
+            .map(|s| s.name.as_str())
     }
 
     /// Active timers and their due times.
@@ -876,6 +954,45 @@ impl Instance {
         self.s.error = error;
         self.s.ended_at = Some(self.s.now);
     }
+}
+
+/// What differs between two effects, field by field (`; arguments: {..} in the journal, {..} now`).
+fn differences(recorded: &Effect, produced: &Effect) -> String {
+    let (a, b) = (
+        serde_json::to_value(recorded).unwrap_or_default(),
+        serde_json::to_value(produced).unwrap_or_default(),
+    );
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for (k, v) in a {
+        let w = b.get(k).unwrap_or(&Value::Null);
+        if v != w {
+            out += &format!("; {k}: {v} in the journal, {w} now");
+        }
+    }
+    out
+}
+
+/// Fields in which a replayed snapshot differs from the saved one, with both values.
+pub fn snapshot_differences(replayed: &Snapshot, saved: &Snapshot) -> Vec<String> {
+    let (a, b) = (
+        serde_json::to_value(replayed).unwrap_or_default(),
+        serde_json::to_value(saved).unwrap_or_default(),
+    );
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return Vec::new();
+    };
+    a.iter()
+        .filter(|(k, v)| b.get(k.as_str()) != Some(*v))
+        .map(|(k, v)| {
+            format!(
+                "{k} replays to {v} but the instance has {}",
+                b.get(k.as_str()).unwrap_or(&Value::Null)
+            )
+        })
+        .collect()
 }
 
 /// A short description of an effect, for replay messages.
