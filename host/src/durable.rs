@@ -518,16 +518,8 @@ impl Loop {
         }
         if finished {
             if let Some((p, op, true)) = parent {
-                let input = match status {
-                    Status::Completed => Input::Completed { op, result: data },
-                    s => {
-                        let cause = error.map(|e| e.message).unwrap_or_default();
-                        let e = ErrorInfo::new("subflowError", format!("subflow {id} ended {}: {cause}", s.as_str()))
-                            .with_details(json!({"instance": id, "status": s.as_str()}));
-                        Input::Failed { op, error: e }
-                    }
-                };
-                self.queue.push((p, input));
+                self.queue
+                    .push((p, crate::host::subflow_result(id, op, status, data, error)));
             }
         }
     }

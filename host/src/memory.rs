@@ -494,18 +494,7 @@ impl Loop {
             }
         }
         if let Some((parent, op, true)) = slot.parent.clone() {
-            let input = match o.status {
-                Status::Completed => Input::Completed { op, result: o.data },
-                _ => {
-                    let cause = o.error.map(|e| e.message).unwrap_or_default();
-                    let mut e = ErrorInfo::new(
-                        "subflowError",
-                        format!("subflow {id} ended {}: {cause}", o.status.as_str()),
-                    );
-                    e.details = Some(serde_json::json!({"instance": id, "status": o.status.as_str()}));
-                    Input::Failed { op, error: e }
-                }
-            };
+            let input = crate::host::subflow_result(id, op, o.status, o.data, o.error);
             self.queue.push_back((parent, input));
         }
     }

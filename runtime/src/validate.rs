@@ -176,21 +176,6 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
     })
 }
 
-/// Attributes `sendEvent` may not set through `contextAttributes`.
-const RESERVED_ATTRIBUTES: &[&str] = &[
-    "specversion",
-    "id",
-    "source",
-    "type",
-    "subject",
-    "time",
-    "datacontenttype",
-    "dataschema",
-    "data",
-    "data_base64",
-    "sm4cinstanceid",
-];
-
 /// Action types, matched without regard to case.
 const ACTION_TYPES: &[&str] = &[
     "delay",
@@ -918,7 +903,7 @@ impl V {
                         for (k, val) in m {
                             let ap = format!("{p}/contextAttributes/{}", esc(k));
                             let lower = k.to_ascii_lowercase();
-                            if RESERVED_ATTRIBUTES.contains(&lower.as_str()) {
+                            if crate::engine::event::CORE.contains(&lower.as_str()) || lower == "sm4cinstanceid" {
                                 self.err(
                                     &ap,
                                     &format!("{k:?} is a CloudEvents attribute the runtime sets; choose another name"),

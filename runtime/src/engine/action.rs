@@ -185,15 +185,10 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                         arguments: from_val(&args),
                         wait: *wait,
                     });
-                    if !*wait {
-                        return Step::Done(Val::Null);
+                    match waiting(cx, op, *timeout_ms, *wait) {
+                        Some(node) => pending(node),
+                        None => Step::Done(Val::Null),
                     }
-                    let timer = timeout_ms.map(|ms| {
-                        let t = format!("{op}:timeout");
-                        cx.start_timer(&t, ms);
-                        t
-                    });
-                    pending(Node::Call { op, timer })
                 }
             }
         }
@@ -213,15 +208,10 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                 input: from_val(&args),
                 wait: *wait,
             });
-            if !*wait {
-                return Step::Done(Val::Null);
+            match waiting(cx, op, *timeout_ms, *wait) {
+                Some(node) => pending(node),
+                None => Step::Done(Val::Null),
             }
-            let timer = timeout_ms.map(|ms| {
-                let t = format!("{op}:timeout");
-                cx.start_timer(&t, ms);
-                t
-            });
-            pending(Node::Call { op, timer })
         }
         ActionKind::SendEvent {
             event,
@@ -314,6 +304,20 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             }
         }
     }
+}
+
+/// After a call or subflow effect: nothing when the action does not wait (its output is null),
+/// else the node that waits, with the action's `timeout` timer.
+fn waiting(cx: &mut Cx, op: String, timeout_ms: Option<u64>, wait: bool) -> Option<Node> {
+    if !wait {
+        return None;
+    }
+    let timer = timeout_ms.map(|ms| {
+        let t = format!("{op}:timeout");
+        cx.start_timer(&t, ms);
+        t
+    });
+    Some(Node::Call { op, timer })
 }
 
 fn json_type(v: &Val) -> &'static str {

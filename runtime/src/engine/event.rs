@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
 /// The CloudEvents context attributes that are not extensions.
-const CORE: &[&str] = &[
+pub const CORE: &[&str] = &[
     "specversion",
     "id",
     "source",
