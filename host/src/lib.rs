@@ -14,6 +14,7 @@ pub mod graph;
 mod host;
 pub mod memory;
 pub mod mock;
+pub mod rest;
 pub mod serve;
 pub mod store;
 

@@ -72,6 +72,8 @@ struct ServeArgs {
     /// How long an event that reached no instance is kept for one that starts waiting (e.g. 5m).
     #[arg(long, default_value = "5m")]
     event_window: String,
+    #[command(flatten)]
+    rest: RestArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -111,6 +113,50 @@ struct RunArgs {
     /// Definition calls one jq evaluation may make (its fuel).
     #[arg(long, default_value_t = Limits::default().fuel)]
     expression_fuel: u64,
+    #[command(flatten)]
+    rest: RestArgs,
+}
+
+/// Where REST functions go (functions without a mock are called for real).
+#[derive(clap::Args, Clone, Default)]
+struct RestArgs {
+    /// Base URL for an OpenAPI document, replacing its `servers`: DOCUMENT=URL (repeatable).
+    #[arg(long = "rest-server", value_name = "DOCUMENT=URL")]
+    servers: Vec<String>,
+    /// A header sent with every call to a document's operations, for credentials:
+    /// DOCUMENT=NAME:VALUE, or DOCUMENT=NAME:env:VAR to read the value from the environment (repeatable).
+    #[arg(long = "rest-header", value_name = "DOCUMENT=NAME:VALUE")]
+    headers: Vec<String>,
+}
+
+impl RestArgs {
+    fn config(&self) -> anyhow::Result<sm4c_host::rest::RestConfig> {
+        let mut c = sm4c_host::rest::RestConfig::default();
+        for s in &self.servers {
+            let (doc, url) = s
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--rest-server {s:?}: expected DOCUMENT=URL"))?;
+            c.servers.insert(doc.to_string(), url.to_string());
+        }
+        for h in &self.headers {
+            let (doc, header) = h
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--rest-header: expected DOCUMENT=NAME:VALUE"))?;
+            let (name, value) = header
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("--rest-header: expected DOCUMENT=NAME:VALUE"))?;
+            let value = match value.strip_prefix("env:") {
+                Some(var) => std::env::var(var)
+                    .with_context(|| format!("--rest-header {doc}={name}: environment variable {var} is not set"))?,
+                None => value.to_string(),
+            };
+            c.headers
+                .entry(doc.to_string())
+                .or_default()
+                .push((name.trim().to_string(), value.trim().to_string()));
+        }
+        Ok(c)
+    }
 }
 
 /// Stack for the thread that runs instances: deeply nested data is converted and dropped
@@ -254,7 +300,14 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     let machine = Arc::new(machine);
-    let host = Arc::new(MockHost { mocks, subflows, sent });
+    let base = args.file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, args.rest.config()?));
+    let host = Arc::new(MockHost {
+        mocks,
+        subflows,
+        sent,
+        rest: Some(rest),
+    });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let verbose = args.verbose;
     let config = Config {
@@ -390,6 +443,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
+    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, args.rest.config()?));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(STACK)
@@ -399,6 +454,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             mocks,
             subflows: HashMap::new(),
             sent: None,
+            rest: Some(rest),
         });
         let limits = HostLimits {
             park_ms,

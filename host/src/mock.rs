@@ -16,24 +16,32 @@ pub struct MockHost {
     pub subflows: HashMap<String, Arc<Machine>>,
     /// Where sent events are appended as NDJSON.
     pub sent: Option<Mutex<std::fs::File>>,
+    /// Real calls of `rest` functions that have no mock.
+    pub rest: Option<Arc<crate::rest::RestInvoker>>,
 }
 
 impl Host for MockHost {
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
         let result = match self.mocks.get(&call.function) {
             Some(expr) => expr.eval_json(&call.arguments).map_err(|e| {
-                let message = match &e.value {
-                    Some(Value::String(s)) => s.clone(),
-                    _ => e.message.clone(),
-                };
-                let mut err = ErrorInfo::new("functionError", message);
+                let mut err = ErrorInfo::new("functionError", e.message.clone());
                 err.details = e.value.filter(|v| !v.is_string());
                 err
             }),
-            None => Err(ErrorInfo::new(
-                "functionError",
-                format!("function {:?} has no mock: give one with --mock (a JSON object of function names to jq expressions)", call.function),
-            )),
+            None => match (&self.rest, call.function_type.as_str()) {
+                (Some(rest), "rest") => {
+                    let rest = rest.clone();
+                    return Box::pin(async move { rest.call(&call).await });
+                }
+                (_, "rpc") => Err(ErrorInfo::new(
+                    "functionError",
+                    format!("function {:?} is a gRPC function, and gRPC calls are not available yet: give a mock with --mock", call.function),
+                )),
+                _ => Err(ErrorInfo::new(
+                    "functionError",
+                    format!("function {:?} has no mock: give one with --mock (a JSON object of function names to jq expressions)", call.function),
+                )),
+            },
         };
         Box::pin(async move { result })
     }

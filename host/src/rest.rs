@@ -1,0 +1,253 @@
+//! REST functions described by OpenAPI: `operation` is `<document URI>#<operationId>`.
+//!
+//! Arguments fill the operation's path, query and header parameters by name; the arguments left
+//! over form the JSON body. The server comes from the document's `servers`, unless the host
+//! configuration overrides it per document. Every call carries `Idempotency-Key:
+//! <instance>/<operation id>`, the same on every retry of the same step after a crash. A JSON
+//! response is the result; anything else (a non-2xx status, a timeout, a refused connection) is a
+//! `functionError` that error handlers and retry policies see.
+
+use crate::host::FunctionCall;
+use serde_json::{json, Map, Value};
+use sm4c_runtime::ErrorInfo;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Host configuration for REST functions. Credentials live here, never in definitions.
+#[derive(Debug, Clone, Default)]
+pub struct RestConfig {
+    /// Base URL per OpenAPI document (as written in `operation`, before `#`), replacing its `servers`.
+    pub servers: HashMap<String, String>,
+    /// Extra headers per document (credentials); never logged.
+    pub headers: HashMap<String, Vec<(String, String)>>,
+    /// Longest a call may take (default 30 s); the action's own `timeout` can be shorter.
+    pub timeout: Option<Duration>,
+}
+
+/// Calls REST functions; connections to the same host are reused.
+pub struct RestInvoker {
+    client: reqwest::Client,
+    base: PathBuf,
+    config: RestConfig,
+    docs: Mutex<HashMap<String, Arc<Value>>>,
+}
+
+struct Operation {
+    method: reqwest::Method,
+    server: String,
+    path: String,
+    params: Vec<(String, String)>,
+}
+
+fn err(message: String, details: Value) -> ErrorInfo {
+    ErrorInfo::new("functionError", message).with_details(details)
+}
+
+impl RestInvoker {
+    /// Relative `file://` documents resolve against `base` (the definitions' folder).
+    pub fn new(base: &Path, config: RestConfig) -> RestInvoker {
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout.unwrap_or(Duration::from_secs(30)))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .unwrap_or_default();
+        RestInvoker {
+            client,
+            base: base.to_path_buf(),
+            config,
+            docs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn document(&self, uri: &str) -> Result<Arc<Value>, ErrorInfo> {
+        if let Some(d) = self.docs.lock().unwrap_or_else(|p| p.into_inner()).get(uri) {
+            return Ok(d.clone());
+        }
+        let text = if uri.starts_with("http://") || uri.starts_with("https://") {
+            let resp = self.client.get(uri).send().await.map_err(|e| {
+                err(
+                    format!("cannot fetch OpenAPI document {uri}: {e}"),
+                    json!({"document": uri}),
+                )
+            })?;
+            resp.text().await.map_err(|e| {
+                err(
+                    format!("cannot read OpenAPI document {uri}: {e}"),
+                    json!({"document": uri}),
+                )
+            })?
+        } else {
+            let path = crate::files::resolve_uri(&self.base, uri).map_err(|e| err(e, json!({"document": uri})))?;
+            std::fs::read_to_string(&path).map_err(|e| {
+                err(
+                    format!("cannot read OpenAPI document {}: {e}", path.display()),
+                    json!({"document": uri}),
+                )
+            })?
+        };
+        let doc: Value = serde_json::from_str(&text)
+            .or_else(|_| serde_yaml_ng::from_str::<Value>(&text))
+            .map_err(|e| {
+                err(
+                    format!("OpenAPI document {uri} is neither JSON nor YAML: {e}"),
+                    json!({"document": uri}),
+                )
+            })?;
+        let doc = Arc::new(doc);
+        self.docs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uri.to_string(), doc.clone());
+        Ok(doc)
+    }
+
+    fn operation(&self, uri: &str, doc: &Value, id: &str) -> Result<Operation, ErrorInfo> {
+        let missing = || {
+            err(
+                format!("OpenAPI document {uri} has no operation {id:?}"),
+                json!({"document": uri, "operationId": id}),
+            )
+        };
+        let paths = doc.get("paths").and_then(Value::as_object).ok_or_else(missing)?;
+        for (path, item) in paths {
+            for method in ["get", "put", "post", "delete", "patch", "head", "options"] {
+                let Some(op) = item.get(method) else { continue };
+                if op.get("operationId").and_then(Value::as_str) != Some(id) {
+                    continue;
+                }
+                let mut params = Vec::new();
+                for list in [item.get("parameters"), op.get("parameters")].into_iter().flatten() {
+                    for p in list.as_array().into_iter().flatten() {
+                        if let (Some(name), Some(place)) = (
+                            p.get("name").and_then(Value::as_str),
+                            p.get("in").and_then(Value::as_str),
+                        ) {
+                            params.retain(|(n, _): &(String, String)| n != name);
+                            params.push((name.to_string(), place.to_string()));
+                        }
+                    }
+                }
+                let server = self
+                    .config
+                    .servers
+                    .get(uri)
+                    .cloned()
+                    .or_else(|| {
+                        op.pointer("/servers/0/url")
+                            .or_else(|| doc.pointer("/servers/0/url"))
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    })
+                    .ok_or_else(|| {
+                        err(
+                            format!("OpenAPI document {uri} names no server; give one with --rest-server {uri}=URL"),
+                            json!({"document": uri}),
+                        )
+                    })?;
+                let method =
+                    reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap_or(reqwest::Method::GET);
+                return Ok(Operation {
+                    method,
+                    server,
+                    path: path.clone(),
+                    params,
+                });
+            }
+        }
+        Err(missing())
+    }
+
+    /// Performs a call of a `rest` function.
+    pub async fn call(&self, call: &FunctionCall) -> Result<Value, ErrorInfo> {
+        let (uri, id) = call.operation.rsplit_once('#').ok_or_else(|| {
+            err(
+                format!(
+                    "operation {:?} of function {} must be <OpenAPI document URI>#<operationId>",
+                    call.operation, call.function
+                ),
+                json!({"operation": call.operation}),
+            )
+        })?;
+        let doc = self.document(uri).await?;
+        let op = self.operation(uri, &doc, id)?;
+        let mut args: Map<String, Value> = match &call.arguments {
+            Value::Object(m) => m.clone(),
+            Value::Null => Map::new(),
+            other => {
+                return Err(err(
+                    format!("arguments of function {} must be an object, not {other}", call.function),
+                    Value::Null,
+                ))
+            }
+        };
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let mut path = op.path.clone();
+        let mut query = Vec::new();
+        let mut headers = Vec::new();
+        for (name, place) in &op.params {
+            let Some(v) = args.remove(name) else { continue };
+            match place.as_str() {
+                "path" => path = path.replace(&format!("{{{name}}}"), &encode(&text(&v))),
+                "query" => query.push((name.clone(), text(&v))),
+                "header" => headers.push((name.clone(), text(&v))),
+                _ => {}
+            }
+        }
+        let url = format!("{}{}", op.server.trim_end_matches('/'), path);
+        let mut req = self
+            .client
+            .request(op.method.clone(), &url)
+            .query(&query)
+            .header("Idempotency-Key", format!("{}/{}", call.instance, call.op))
+            .header("Accept", "application/json");
+        for (k, v) in headers.iter().chain(self.config.headers.get(uri).into_iter().flatten()) {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        if !args.is_empty() {
+            req = req.json(&Value::Object(args));
+        }
+        let target = format!("{} {url}", op.method);
+        let resp = req.send().await.map_err(|e| {
+            let kind = if e.is_timeout() {
+                "timeout"
+            } else if e.is_connect() {
+                "connection"
+            } else {
+                "request"
+            };
+            err(
+                format!("{target} failed: {kind}: {e}"),
+                json!({"kind": kind, "url": url}),
+            )
+        })?;
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        let parsed = if body.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&body).unwrap_or(Value::String(body))
+        };
+        if status.is_success() {
+            Ok(parsed)
+        } else {
+            Err(err(
+                format!("{target} answered {}", status.as_u16()),
+                json!({"status": status.as_u16(), "body": parsed}),
+            ))
+        }
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
