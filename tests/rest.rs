@@ -203,9 +203,7 @@ fn retries_reach_the_server_with_their_idempotency_keys_and_yaml_documents_work(
     let server = api(seen.clone());
     let dir = tempfile::tempdir().unwrap();
     // A YAML document whose servers are wrong, corrected by --rest-server.
-    let yaml = format!(
-        "openapi: 3.0.1\nservers:\n  - url: http://127.0.0.1:9\npaths:\n  /flaky:\n    get:\n      operationId: flaky\n"
-    );
+    let yaml = "openapi: 3.0.1\nservers:\n  - url: http://127.0.0.1:9\npaths:\n  /flaky:\n    get:\n      operationId: flaky\n";
     std::fs::write(dir.path().join("api.yaml"), yaml).unwrap();
     let mut flaky = call("x", "flaky", json!({}));
     flaky["errorHandlers"] = json!([{"retryPolicy": "again"}]);
