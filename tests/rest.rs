@@ -238,3 +238,69 @@ fn an_unreachable_server_is_a_function_error() {
     assert_eq!(out["type"], "functionError");
     assert_eq!(out["details"]["kind"], "connection", "{out}");
 }
+
+#[test]
+fn rest_functions_work_through_sm4c_serve() {
+    let server = api(Seen::default());
+    let dir = tempfile::tempdir().unwrap();
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).unwrap();
+    // The document gets its own extension so that serve does not read it as a definition.
+    std::fs::write(defs.join("api.openapi"), openapi(&server).to_string()).unwrap();
+    let def = definition(
+        "file://api.openapi",
+        json!({"name": "A", "start": true,
+        "enterAction": call("item", "getItem", json!({"id": "${ .id }", "verbose": 1})),
+        "enterResultHandler": "${ .item = $value }"}),
+    );
+    std::fs::write(defs.join("def.json"), def.to_string()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+        .arg(&defs)
+        .arg("--db")
+        .arg(dir.path().join("s.db"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _guard = Kill(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking::Client::new();
+    let up = (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        client.get(format!("{base}/healthz")).send().is_ok()
+    });
+    assert!(up, "server did not start");
+    let r = client
+        .post(format!("{base}/instances"))
+        .json(&json!({"definition": "rest", "id": "r1", "input": {"id": "42"}}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let mut v = Value::Null;
+    for _ in 0..100 {
+        v = client
+            .get(format!("{base}/instances/r1"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if v["status"] == "completed" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["data"]["item"], json!({"id": "42", "verbose": "1", "tenant": null}));
+}
