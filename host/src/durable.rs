@@ -437,12 +437,7 @@ impl Loop {
                 },
             );
             // Calls in flight are kept with the instance; reload them for this batch.
-            if let Ok(all) = self.store.calls() {
-                let mine: Vec<(String, Value)> = all
-                    .into_iter()
-                    .filter(|(i, _, _)| i == id)
-                    .map(|(_, op, e)| (op, e))
-                    .collect();
+            if let Ok(mine) = self.store.calls_of(id) {
                 if let Some(s) = self.cache.get_mut(id) {
                     s.calls = mine;
                 }

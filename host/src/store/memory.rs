@@ -172,6 +172,10 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    fn calls_of(&self, instance: &str) -> Result<Vec<(String, Value)>, StoreError> {
+        Ok(self.inner().calls.get(instance).cloned().unwrap_or_default())
+    }
+
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {
         let i = self.inner();
         let mut rows: Vec<(i64, String)> = i

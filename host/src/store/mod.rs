@@ -128,6 +128,8 @@ pub trait Store: Send + Sync + 'static {
     fn timers(&self) -> Result<Vec<(String, String, Millis)>, StoreError>;
     /// Every call an instance waits for: (instance, op, effect).
     fn calls(&self) -> Result<Vec<(String, String, Value)>, StoreError>;
+    /// The calls one instance waits for: (op, effect).
+    fn calls_of(&self, instance: &str) -> Result<Vec<(String, Value)>, StoreError>;
     /// Ids of instances that have not ended, of the given definitions.
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError>;
     /// Sent events after a sequence number: (seq, instance, event).

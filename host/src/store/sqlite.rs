@@ -305,6 +305,15 @@ impl Store for SqliteStore {
         rows.into_iter().map(|(i, o, e)| Ok((i, o, parse(&e)?))).collect()
     }
 
+    fn calls_of(&self, instance: &str) -> Result<Vec<(String, Value)>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT op, effect FROM calls WHERE instance = ?1")?;
+        let rows: Vec<(String, String)> = stmt
+            .query_map([instance], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        rows.into_iter().map(|(o, e)| Ok((o, parse(&e)?))).collect()
+    }
+
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
