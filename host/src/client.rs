@@ -75,15 +75,6 @@ pub enum ClientCommand {
     },
 }
 
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 fn read_json(p: &PathBuf) -> Result<Value, String> {
     let text = std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{}: not valid JSON: {e}", p.display()))
@@ -190,12 +181,12 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             let mut all = Vec::new();
             let mut after = String::new();
             loop {
-                let mut q = format!("/instances?limit=1000&after={}", enc(&after));
+                let mut q = format!("/instances?limit=1000&after={}", crate::rest::encode(&after));
                 if let Some(st) = &status {
-                    q += &format!("&status={}", enc(st));
+                    q += &format!("&status={}", crate::rest::encode(st));
                 }
                 if let Some(d) = &definition {
-                    q += &format!("&definition={}", enc(d));
+                    q += &format!("&definition={}", crate::rest::encode(d));
                 }
                 let page = call(&remote, "GET", &q, None)?;
                 all.extend(page["instances"].as_array().cloned().unwrap_or_default());
@@ -229,7 +220,12 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             }
         }
         ClientCommand::Show { id, remote } => {
-            let v = call(&remote, "GET", &format!("/instances/{}", enc(&id)), None)?;
+            let v = call(
+                &remote,
+                "GET",
+                &format!("/instances/{}", crate::rest::encode(&id)),
+                None,
+            )?;
             if remote.json {
                 print_json(&v);
             } else {
@@ -263,7 +259,11 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 let page = call(
                     &remote,
                     "GET",
-                    &format!("/instances/{}/history?limit=1000&after={}", enc(&id), enc(&after)),
+                    &format!(
+                        "/instances/{}/history?limit=1000&after={}",
+                        crate::rest::encode(&id),
+                        crate::rest::encode(&after)
+                    ),
                     None,
                 )?;
                 all.extend(page["entries"].as_array().cloned().unwrap_or_default());
@@ -307,7 +307,7 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             let v = call(
                 &remote,
                 "POST",
-                &format!("/instances/{}/cancel", enc(&id)),
+                &format!("/instances/{}/cancel", crate::rest::encode(&id)),
                 Some(("application/json", b"{}".to_vec())),
             )?;
             if remote.json {

@@ -647,37 +647,16 @@ impl Loop {
 
     fn perform(&mut self, id: &str, effect: Effect) {
         match effect {
-            Effect::InvokeFunction {
-                op,
-                function,
-                operation,
-                function_type,
-                arguments,
-                wait,
-            } => {
-                let call = FunctionCall {
-                    instance: id.to_string(),
-                    op: op.clone(),
-                    function,
-                    operation,
-                    function_type,
-                    arguments,
+            Effect::InvokeFunction { .. } => {
+                let Some((call, wait)) = FunctionCall::from_effect(id, &effect) else {
+                    return;
                 };
-                let fut = self.host.invoke(call);
-                let tx = self.tx.clone();
-                let (instance, op2) = (id.to_string(), op.clone());
-                let task = tokio::spawn(async move {
-                    let result = fut.await;
-                    if let Some(tx) = tx.upgrade() {
-                        let _ = tx.send(Cmd::Result {
-                            instance,
-                            op: op2,
-                            result,
-                        });
-                    }
+                let op = call.op.clone();
+                let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
+                    Cmd::Result { instance, op, result }
                 });
                 if wait {
-                    self.in_flight.insert((id.to_string(), op), task.abort_handle());
+                    self.in_flight.insert((id.to_string(), op), task);
                 } else {
                     self.fire_and_forget.insert((id.to_string(), op));
                 }

@@ -1,7 +1,7 @@
 //! The `Host` trait: what an application gives the runtime so its state machines can touch the world.
 
 use serde_json::Value;
-use sm4c_runtime::{ErrorInfo, Input, Machine, Status};
+use sm4c_runtime::{Effect, ErrorInfo, Input, Machine, Status};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,6 +25,51 @@ pub struct FunctionCall {
     pub function_type: String,
     /// Resolved arguments.
     pub arguments: Value,
+}
+
+impl FunctionCall {
+    /// The call an `InvokeFunction` effect of `instance` asks for, and whether the instance waits.
+    pub fn from_effect(instance: &str, effect: &Effect) -> Option<(FunctionCall, bool)> {
+        match effect {
+            Effect::InvokeFunction {
+                op,
+                function,
+                operation,
+                function_type,
+                arguments,
+                wait,
+            } => Some((
+                FunctionCall {
+                    instance: instance.to_string(),
+                    op: op.clone(),
+                    function: function.clone(),
+                    operation: operation.clone(),
+                    function_type: function_type.clone(),
+                    arguments: arguments.clone(),
+                },
+                *wait,
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Performs a call on its own task; its result comes back to a host's loop as `wrap(instance, op, result)`.
+pub(crate) fn spawn_call<C: Send + 'static>(
+    host: &Arc<dyn Host>,
+    call: FunctionCall,
+    tx: tokio::sync::mpsc::WeakUnboundedSender<C>,
+    wrap: fn(String, String, Result<Value, ErrorInfo>) -> C,
+) -> tokio::task::AbortHandle {
+    let (instance, op) = (call.instance.clone(), call.op.clone());
+    let fut = host.invoke(call);
+    tokio::spawn(async move {
+        let result = fut.await;
+        if let Some(tx) = tx.upgrade() {
+            let _ = tx.send(wrap(instance, op, result));
+        }
+    })
+    .abort_handle()
 }
 
 /// The integration points of the seed's host: invoking functions, publishing sent events and

@@ -243,7 +243,8 @@ impl RestInvoker {
     }
 }
 
-fn encode(s: &str) -> String {
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
