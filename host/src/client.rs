@@ -117,6 +117,25 @@ fn call(remote: &Remote, method: &str, path: &str, body: Option<(&str, Vec<u8>)>
     }
 }
 
+/// Every item of a paginated listing: follows the `next` cursor until the last page.
+fn pages(remote: &Remote, path: &str, key: &str) -> Result<Vec<Value>, Failure> {
+    let mut all = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = call(
+            remote,
+            "GET",
+            &format!("{path}&after={}", crate::rest::encode(&after)),
+            None,
+        )?;
+        all.extend(page[key].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            Some(n) => after = n.to_string(),
+            None => return Ok(all),
+        }
+    }
+}
+
 fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -178,23 +197,14 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             definition,
             remote,
         } => {
-            let mut all = Vec::new();
-            let mut after = String::new();
-            loop {
-                let mut q = format!("/instances?limit=1000&after={}", crate::rest::encode(&after));
-                if let Some(st) = &status {
-                    q += &format!("&status={}", crate::rest::encode(st));
-                }
-                if let Some(d) = &definition {
-                    q += &format!("&definition={}", crate::rest::encode(d));
-                }
-                let page = call(&remote, "GET", &q, None)?;
-                all.extend(page["instances"].as_array().cloned().unwrap_or_default());
-                match page["next"].as_str() {
-                    Some(n) => after = n.to_string(),
-                    None => break,
-                }
+            let mut q = "/instances?limit=1000".to_string();
+            if let Some(st) = &status {
+                q += &format!("&status={}", crate::rest::encode(st));
             }
+            if let Some(d) = &definition {
+                q += &format!("&definition={}", crate::rest::encode(d));
+            }
+            let all = pages(&remote, &q, "instances")?;
             if remote.json {
                 print_json(&Value::Array(all));
             } else {
@@ -253,25 +263,11 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             }
         }
         ClientCommand::History { id, remote } => {
-            let mut all = Vec::new();
-            let mut after = String::new();
-            loop {
-                let page = call(
-                    &remote,
-                    "GET",
-                    &format!(
-                        "/instances/{}/history?limit=1000&after={}",
-                        crate::rest::encode(&id),
-                        crate::rest::encode(&after)
-                    ),
-                    None,
-                )?;
-                all.extend(page["entries"].as_array().cloned().unwrap_or_default());
-                match page["next"].as_str() {
-                    Some(n) => after = n.to_string(),
-                    None => break,
-                }
-            }
+            let all = pages(
+                &remote,
+                &format!("/instances/{}/history?limit=1000", crate::rest::encode(&id)),
+                "entries",
+            )?;
             if remote.json {
                 print_json(&Value::Array(all));
             } else {

@@ -190,14 +190,20 @@ pub fn load_events(path: &Path) -> Result<Vec<Value>, Vec<FileError>> {
     }
 }
 
-/// Loads every `*.json` definition in a folder, indexed by `id`.
-pub fn load_folder(dir: &Path, limits: Limits) -> Result<HashMap<String, Arc<Machine>>, Vec<FileError>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| vec![ferr(dir, "/", format!("cannot read folder: {e}"))])?;
+/// The `*.json` files of a folder, sorted by name.
+pub fn json_files(dir: &Path) -> Result<Vec<PathBuf>, FileError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ferr(dir, "/", format!("cannot read folder: {e}")))?;
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     paths.sort();
+    Ok(paths)
+}
+
+/// Loads every `*.json` definition in a folder, indexed by `id`.
+pub fn load_folder(dir: &Path, limits: Limits) -> Result<HashMap<String, Arc<Machine>>, Vec<FileError>> {
+    let paths = json_files(dir).map_err(|e| vec![e])?;
     let mut out = HashMap::new();
     let mut errs = Vec::new();
     for p in paths {

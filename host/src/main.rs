@@ -414,12 +414,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut errs = Vec::new();
     let mut docs = Vec::new();
     if let Some(dir) = &args.definitions {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        paths.sort();
+        let paths = match files::json_files(dir) {
+            Ok(p) => p,
+            Err(e) => return Ok(report(&[e])),
+        };
         for p in paths {
             match files::load_definition(&p, Limits::default()) {
                 Ok(m) => docs.push((p, m.source.clone())),
