@@ -400,16 +400,17 @@ impl Loop {
 
     /// Handles the queued inputs, commits them, then performs their effects.
     fn step(&mut self) {
-        let mut queue = std::mem::take(&mut self.queue);
+        // A deque: an event fanned out to many instances must not cost a shift per input.
+        let mut queue: std::collections::VecDeque<(String, Input)> = std::mem::take(&mut self.queue).into();
         let mut processed = 0;
-        while !queue.is_empty() && processed < self.limits.batch {
-            let (id, input) = queue.remove(0);
+        while processed < self.limits.batch {
+            let Some((id, input)) = queue.pop_front() else { break };
             self.handle(&id, input);
             processed += 1;
             // Inputs produced while handling (sent events routed locally, child completions) go next.
-            queue.append(&mut self.queue);
+            queue.extend(self.queue.drain(..));
         }
-        self.queue = queue;
+        self.queue = queue.into();
         self.unpark_for_waiting();
         self.commit();
     }
