@@ -66,6 +66,15 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Explain where a CloudEvent (a JSON file in structured format) would go: the instances it
+    /// would reach and, for near misses, the attribute or correlation rule that turned it away.
+    /// Nothing is delivered.
+    ExplainEvent {
+        /// The event file.
+        file: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Cancel an instance.
     Cancel {
         /// Instance id.
@@ -286,6 +295,13 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             )?;
             if remote.json {
                 print_json(&v);
+            } else if v["queued"] == json!(true) {
+                println!(
+                    "queued on {} partition {} offset {}",
+                    s(&v["topic"]),
+                    s(&v["partition"]),
+                    s(&v["offset"])
+                );
             } else if v["parked"] == json!(true) {
                 println!("reached no instance yet; kept for one that starts waiting for it");
             } else {
@@ -297,6 +313,20 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                     .map(s)
                     .collect();
                 println!("reached {}", ids.join(", "));
+            }
+        }
+        ClientCommand::ExplainEvent { file, remote } => {
+            let event = read_json(&file).map_err(|e| (2, e))?;
+            let v = call(
+                &remote,
+                "POST",
+                "/events/explain",
+                Some(("application/cloudevents+json", event.to_string().into_bytes())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                print!("{}", explain_text(&v));
             }
         }
         ClientCommand::Cancel { id, remote } => {
@@ -314,6 +344,53 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// An explanation as a person reads it.
+fn explain_text(v: &Value) -> String {
+    let mut out = String::new();
+    let ev = &v["event"];
+    out.push_str(&format!(
+        "event {} (type {}, source {})\n",
+        s(&ev["id"]),
+        s(&ev["type"]),
+        s(&ev["source"])
+    ));
+    let list = |k: &str| v[k].as_array().cloned().unwrap_or_default();
+    for d in list("starts") {
+        out.push_str(&format!(
+            "starts a new instance of {} {}\n",
+            s(&d["definition"]),
+            s(&d["version"])
+        ));
+    }
+    let reached = list("reached");
+    if reached.is_empty() {
+        out.push_str("reaches no instance\n");
+    }
+    for r in reached {
+        out.push_str(&format!(
+            "reaches {} ({}, state {}) as event {}\n",
+            s(&r["instance"]),
+            s(&r["definition"]),
+            s(&r["state"]),
+            s(&r["event"])
+        ));
+    }
+    for r in list("nearMisses") {
+        out.push_str(&format!("turned away by {}: {}\n", s(&r["instance"]), s(&r["reason"])));
+    }
+    for d in list("definitions") {
+        if d["matches"] != json!(true) {
+            out.push_str(&format!(
+                "definition {} {} does not declare it: {}\n",
+                s(&d["id"]),
+                s(&d["version"]),
+                s(&d["reason"])
+            ));
+        }
+    }
+    out
 }
 
 /// One journal entry as a line.

@@ -67,7 +67,7 @@ impl Registry {
             .collect()
     }
 
-    fn insert(&mut self, m: Arc<Machine>) {
+    pub(crate) fn insert(&mut self, m: Arc<Machine>) {
         let key = (m.id.clone(), m.version.clone());
         if !self.machines.contains_key(&key) {
             self.order.push(key.clone());
@@ -95,6 +95,12 @@ pub enum HostError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A cursor that did not come from a previous page.
+    #[error("`after` must be a cursor from a previous page, not {0:?}")]
+    InvalidCursor(String),
+    /// A service the host depends on (the Kafka cluster) did not answer in time.
+    #[error("{0}")]
+    Unavailable(String),
     /// The host has stopped.
     #[error("the server is shutting down")]
     Stopped,
@@ -269,7 +275,7 @@ struct Loop {
     parked_count: usize,
 }
 
-fn engine_options() -> Options {
+pub(crate) fn engine_options() -> Options {
     Options {
         journal: true,
         trace: true,

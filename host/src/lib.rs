@@ -12,9 +12,11 @@
 
 pub mod client;
 pub mod durable;
+pub mod explain;
 pub mod files;
 pub mod graph;
 mod host;
+pub mod kafka;
 pub mod memory;
 pub mod mock;
 pub mod rest;

@@ -74,6 +74,34 @@ struct ServeArgs {
     event_window: String,
     #[command(flatten)]
     rest: RestArgs,
+    #[command(flatten)]
+    kafka: KafkaArgs,
+}
+
+#[derive(clap::Args)]
+struct KafkaArgs {
+    /// Run on Kafka (bootstrap servers): instances are spread over the workers of a consumer group
+    /// and kept in Kafka topics; `--db` is not used.
+    #[arg(long, value_name = "BOOTSTRAP")]
+    kafka: Option<String>,
+    /// Consumer group of the workers.
+    #[arg(long, default_value = "sm4c", requires = "kafka")]
+    group: String,
+    /// Prefix of the topics.
+    #[arg(long, default_value = "sm4c", requires = "kafka")]
+    topic_prefix: String,
+    /// Another topic to consume incoming CloudEvents from (repeatable).
+    #[arg(long = "events-topic", value_name = "TOPIC", requires = "kafka")]
+    events_topics: Vec<String>,
+    /// A librdkafka setting for every client, e.g. security.protocol=SASL_SSL (repeatable).
+    #[arg(long = "kafka-config", value_name = "KEY=VALUE", requires = "kafka")]
+    kafka_config: Vec<String>,
+    /// exactly-once (transactions) or at-least-once (brokers without transactions).
+    #[arg(long, default_value = "exactly-once", value_parser = ["exactly-once", "at-least-once"], requires = "kafka")]
+    delivery: String,
+    /// Partitions of the topics created at start.
+    #[arg(long, default_value_t = 8, requires = "kafka")]
+    partitions: i32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -434,6 +462,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if !errs.is_empty() {
         return Ok(report(&errs));
     }
+    if let Some(bootstrap) = &args.kafka.kafka {
+        return serve_kafka(&args, bootstrap, docs, mocks, park_ms);
+    }
     let store = match SqliteStore::open(&args.db) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -491,6 +522,66 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .with_graceful_shutdown(shutdown_signal())
             .await?;
         durable.shutdown().await;
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn serve_kafka(
+    args: &ServeArgs,
+    bootstrap: &str,
+    docs: Vec<(PathBuf, serde_json::Value)>,
+    mocks: HashMap<String, sm4c_runtime::Expr>,
+    park_ms: u64,
+) -> anyhow::Result<ExitCode> {
+    let mut config = sm4c_host::kafka::KafkaConfig::new(bootstrap);
+    config.group = args.kafka.group.clone();
+    config.prefix = args.kafka.topic_prefix.clone();
+    config.events_topics = args.kafka.events_topics.clone();
+    config.exactly_once = args.kafka.delivery == "exactly-once";
+    config.partitions = args.kafka.partitions;
+    config.event_window_ms = park_ms as i64;
+    for kv in &args.kafka.kafka_config {
+        let Some((k, v)) = kv.split_once('=') else {
+            eprintln!("sm4c: --kafka-config {kv:?}: expected KEY=VALUE");
+            return Ok(ExitCode::from(2));
+        };
+        config.settings.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
+    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, args.rest.config()?));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(STACK)
+        .build()?;
+    rt.block_on(async move {
+        let host = Arc::new(MockHost {
+            mocks,
+            subflows: HashMap::new(),
+            sent: None,
+            rest: Some(rest),
+        });
+        let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
+        let kafka = match sm4c_host::kafka::KafkaHost::start(config, docs, host).await {
+            Ok(k) => k,
+            Err(e) => {
+                eprintln!("sm4c: cannot start on Kafka: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        };
+        let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("sm4c: cannot listen on {}: {e}", args.listen);
+                return Ok(ExitCode::from(2));
+            }
+        };
+        tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, "sm4c serving on Kafka");
+        let app = sm4c_host::serve::router(kafka.clone());
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        kafka.shutdown().await;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })

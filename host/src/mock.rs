@@ -9,6 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 /// Functions answered by jq expressions over the call's arguments.
+#[derive(Default)]
 pub struct MockHost {
     /// Mock expressions by function name.
     pub mocks: HashMap<String, Expr>,

@@ -1,7 +1,11 @@
-//! `sm4c serve`: the HTTP API over the durable host.
+//! `sm4c serve`: the HTTP API, over the durable host (SQLite) or the Kafka host.
+//!
+//! Both implement [`Backend`], so the API, the CLI client and the OpenAPI document are the same
+//! in both modes.
 
 use crate::durable::{DurableHost, HostError};
-use crate::store::StoreError;
+use crate::host::BoxFuture;
+use crate::store::{StoreError, Stored, Summary};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -12,7 +16,142 @@ use cloudevents::AttributesReader;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_runtime::engine::rfc3339;
-use sm4c_runtime::Entry;
+use sm4c_runtime::{Entry, Machine};
+use std::sync::Arc;
+
+/// A page of sent events and the cursor of the next one.
+pub type SentPage = (Vec<Value>, Option<String>);
+
+/// What the HTTP API runs on.
+pub trait Backend: Send + Sync + 'static {
+    /// Registers a definition; `true` when it is new.
+    fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>>;
+    /// Every registered definition (all versions).
+    fn machines(&self) -> Vec<Arc<Machine>>;
+    /// The latest version of a definition.
+    fn latest(&self, id: &str) -> Option<Arc<Machine>>;
+    /// Starts an instance; `true` when it is new (an existing id is not started again).
+    fn start_instance(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>>;
+    /// One instance.
+    fn instance(&self, id: &str) -> Result<Option<Stored>, HostError>;
+    /// Instances, oldest first, after a cursor.
+    fn list(
+        &self,
+        status: Option<&str>,
+        definition: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>>;
+    /// Journal entries of an instance after a cursor.
+    fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>>;
+    /// Cancels an instance.
+    fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>>;
+    /// Delivers (or queues) an incoming CloudEvent; the JSON answered with 202.
+    fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
+    /// Sent events after a cursor: (events, next cursor).
+    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>>;
+    /// Which instances an event would reach, and why the others turn it away.
+    fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
+}
+
+impl Backend for DurableHost {
+    fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {
+        Box::pin(DurableHost::define(self, doc))
+    }
+    fn machines(&self) -> Vec<Arc<Machine>> {
+        self.registry().all()
+    }
+    fn latest(&self, id: &str) -> Option<Arc<Machine>> {
+        self.registry().get(id, None)
+    }
+    fn start_instance(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+        Box::pin(async move { DurableHost::start_instance(self, &definition, version.as_deref(), id, input).await })
+    }
+    fn instance(&self, id: &str) -> Result<Option<Stored>, HostError> {
+        Ok(self.store().instance(id)?)
+    }
+    fn list(
+        &self,
+        status: Option<&str>,
+        definition: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>> {
+        let r = self
+            .store()
+            .list(status, definition, after, limit)
+            .map_err(HostError::from);
+        Box::pin(async move { r })
+    }
+    fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>> {
+        let r = self.store().history(id, after, limit).map_err(HostError::from);
+        Box::pin(async move { r })
+    }
+    fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move { DurableHost::cancel(self, &id).await })
+    }
+    fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            let d = DurableHost::deliver(self, event).await?;
+            Ok(serde_json::to_value(d).unwrap_or(Value::Null))
+        })
+    }
+    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>> {
+        let r = after
+            .parse::<i64>()
+            .or_else(|_| {
+                if after.is_empty() {
+                    Ok(0)
+                } else {
+                    Err(HostError::InvalidCursor(after.to_string()))
+                }
+            })
+            .and_then(|after| {
+                let rows = self.store().outbox(after, limit)?;
+                let next = rows.last().map(|r| r.0.to_string());
+                let events = rows
+                    .into_iter()
+                    .map(|(s, i, e)| json!({"seq": s, "instance": i, "event": e}))
+                    .collect();
+                Ok((events, next))
+            });
+        Box::pin(async move { r })
+    }
+    fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
+        let r = (|| {
+            let machines = self.registry().all();
+            let defs: Vec<(String, String)> = machines
+                .iter()
+                .filter(|m| {
+                    m.events
+                        .iter()
+                        .any(|d| sm4c_runtime::engine::event::kind_matches(d, &event))
+                })
+                .map(|m| (m.id.clone(), m.version.clone()))
+                .collect();
+            let mut snaps = Vec::new();
+            for id in self.store().active(&defs)? {
+                if let Some(s) = self.store().instance(&id)? {
+                    snaps.push(s.snapshot);
+                }
+            }
+            Ok(crate::explain::explain(&machines, snaps.iter(), &event))
+        })();
+        Box::pin(async move { r })
+    }
+}
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -55,6 +194,13 @@ impl From<HostError> for ApiError {
                 format!("definition {id:?} version {version:?} is already registered with different content; register a new version"),
                 None,
             ),
+            HostError::InvalidCursor(c) => ApiError(
+                StatusCode::BAD_REQUEST,
+                "invalidCursor",
+                format!("`after` must be a cursor from a previous page, not {c:?}"),
+                None,
+            ),
+            HostError::Unavailable(m) => ApiError(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
             other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string(), None),
         }
     }
@@ -101,7 +247,8 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
 }
 
 /// The API's routes.
-pub fn router(host: DurableHost) -> Router {
+pub fn router(backend: impl Backend) -> Router {
+    let host: Api = Arc::new(backend);
     Router::new()
         .route("/definitions", post(post_definition).get(list_definitions))
         .route("/definitions/{id}", get(get_definition))
@@ -110,6 +257,7 @@ pub fn router(host: DurableHost) -> Router {
         // with `/history` and `/cancel` recognised at its end.
         .route("/instances/{*rest}", get(instance_get).post(instance_post))
         .route("/events", post(post_event))
+        .route("/events/explain", post(post_explain))
         .route("/events/sent", get(sent))
         .route(
             "/openapi.json",
@@ -128,31 +276,31 @@ pub fn router(host: DurableHost) -> Router {
         .with_state(host)
 }
 
-async fn post_definition(State(h): State<DurableHost>, Body(doc): Body<Value>) -> Result<Response, ApiError> {
+async fn post_definition(State(h): State<Api>, Body(doc): Body<Value>) -> Result<Response, ApiError> {
     let (m, created) = h.define(doc).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"id": m.id, "version": m.version, "name": m.name}))).into_response())
 }
 
-async fn list_definitions(State(h): State<DurableHost>) -> Json<Value> {
+type Api = Arc<dyn Backend>;
+
+async fn list_definitions(State(h): State<Api>) -> Json<Value> {
     let list: Vec<Value> = h
-        .registry()
-        .all()
+        .machines()
         .iter()
         .map(|m| json!({"id": m.id, "version": m.version, "name": m.name, "description": m.description}))
         .collect();
     Json(json!({"definitions": list}))
 }
 
-async fn get_definition(State(h): State<DurableHost>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let reg = h.registry();
-    let versions: Vec<Value> = reg
-        .all()
+async fn get_definition(State(h): State<Api>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let versions: Vec<Value> = h
+        .machines()
         .iter()
         .filter(|m| m.id == id)
         .map(|m| json!({"version": m.version, "definition": m.source}))
         .collect();
-    let latest = reg.get(&id, None).ok_or(HostError::UnknownDefinition(id.clone()))?;
+    let latest = h.latest(&id).ok_or(HostError::UnknownDefinition(id.clone()))?;
     Ok(Json(
         json!({"id": id, "latest": latest.version, "definition": latest.source, "versions": versions}),
     ))
@@ -167,7 +315,7 @@ struct StartBody {
     id: Option<String>,
 }
 
-async fn post_instance(State(h): State<DurableHost>, Body(b): Body<StartBody>) -> Result<Response, ApiError> {
+async fn post_instance(State(h): State<Api>, Body(b): Body<StartBody>) -> Result<Response, ApiError> {
     if b.id.as_deref().is_some_and(|i| i.is_empty() || i.len() > 200) {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
@@ -177,18 +325,14 @@ async fn post_instance(State(h): State<DurableHost>, Body(b): Body<StartBody>) -
         ));
     }
     let input = b.input.unwrap_or_else(|| json!({}));
-    let (id, created) = h
-        .start_instance(&b.definition, b.version.as_deref(), b.id, input)
-        .await?;
+    let (id, created) = h.start_instance(b.definition, b.version, b.id, input).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"id": id, "created": created}))).into_response())
 }
 
-fn instance_json(h: &DurableHost, id: &str) -> Result<Value, ApiError> {
+fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
     let s = h
-        .store()
-        .instance(id)
-        .map_err(HostError::from)?
+        .instance(id)?
         .ok_or_else(|| HostError::UnknownInstance(id.to_string()))?;
     let snap = &s.snapshot;
     let mut v = json!({
@@ -213,7 +357,7 @@ fn instance_json(h: &DurableHost, id: &str) -> Result<Value, ApiError> {
 }
 
 async fn instance_get(
-    State(h): State<DurableHost>,
+    State(h): State<Api>,
     Path(rest): Path<String>,
     q: Params<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
@@ -223,7 +367,7 @@ async fn instance_get(
     }
 }
 
-async fn instance_post(State(h): State<DurableHost>, Path(rest): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result<Json<Value>, ApiError> {
     match rest.strip_suffix("/cancel") {
         Some(id) => cancel(h, id.to_string()).await,
         None => Err(ApiError(
@@ -257,17 +401,16 @@ fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
     }
 }
 
-async fn list_instances(State(h): State<DurableHost>, Params(q): Params<ListQuery>) -> Result<Json<Value>, ApiError> {
+async fn list_instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = h
-        .store()
         .list(
             q.status.as_deref(),
             q.definition.as_deref(),
             cursor(q.after.as_deref())?,
             limit,
         )
-        .map_err(HostError::from)?;
+        .await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.seq.to_string()))
         .flatten();
@@ -290,13 +433,10 @@ fn readable(seq: i64, e: &Entry) -> Value {
     v
 }
 
-async fn history(h: DurableHost, id: String, q: PageQuery) -> Result<Json<Value>, ApiError> {
+async fn history(h: Api, id: String, q: PageQuery) -> Result<Json<Value>, ApiError> {
     instance_json(&h, &id)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let rows = h
-        .store()
-        .history(&id, cursor(q.after.as_deref())?, limit)
-        .map_err(HostError::from)?;
+    let rows = h.history(&id, cursor(q.after.as_deref())?, limit).await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.0.to_string()))
         .flatten();
@@ -304,12 +444,24 @@ async fn history(h: DurableHost, id: String, q: PageQuery) -> Result<Json<Value>
     Ok(Json(json!({"id": id, "entries": entries, "next": next})))
 }
 
-async fn cancel(h: DurableHost, id: String) -> Result<Json<Value>, ApiError> {
-    h.cancel(&id).await?;
+async fn cancel(h: Api, id: String) -> Result<Json<Value>, ApiError> {
+    h.cancel(id.clone()).await?;
     Ok(Json(instance_json(&h, &id)?))
 }
 
-async fn post_event(State(h): State<DurableHost>, req: Request) -> Result<Response, ApiError> {
+async fn post_event(State(h): State<Api>, req: Request) -> Result<Response, ApiError> {
+    let value = read_event(req).await?;
+    let delivery = h.deliver(value).await?;
+    Ok((StatusCode::ACCEPTED, Json(delivery)).into_response())
+}
+
+async fn post_explain(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
+    let value = read_event(req).await?;
+    Ok(Json(h.explain(value).await?))
+}
+
+/// A CloudEvent from an HTTP request in either content mode, as its JSON (structured) form.
+async fn read_event(req: Request) -> Result<Value, ApiError> {
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
         ApiError(
@@ -350,20 +502,11 @@ async fn post_event(State(h): State<DurableHost>, req: Request) -> Result<Respon
             }
         }
     }
-    let delivery = h.deliver(value).await?;
-    Ok((StatusCode::ACCEPTED, Json(delivery)).into_response())
+    Ok(value)
 }
 
-async fn sent(State(h): State<DurableHost>, Params(q): Params<PageQuery>) -> Result<Json<Value>, ApiError> {
+async fn sent(State(h): State<Api>, Params(q): Params<PageQuery>) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let rows = h
-        .store()
-        .outbox(cursor(q.after.as_deref())?, limit)
-        .map_err(HostError::from)?;
-    let next = rows.last().map(|r| r.0.to_string());
-    let events: Vec<Value> = rows
-        .into_iter()
-        .map(|(s, i, e)| json!({"seq": s, "instance": i, "event": e}))
-        .collect();
+    let (events, next) = h.sent(q.after.as_deref().unwrap_or(""), limit).await?;
     Ok(Json(json!({"events": events, "next": next})))
 }

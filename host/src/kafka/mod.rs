@@ -1,0 +1,749 @@
+//! The Kafka host: state machines that consume and send CloudEvents on Kafka topics, spread over
+//! the workers of a consumer group, with Kafka as the only store.
+//!
+//! # How it works
+//!
+//! - **Instances live in partitions.** An instance belongs to partition `partition_of(id)` of
+//!   the commands topic; the worker the group assigns that partition to owns the instance and
+//!   is the only one deciding for it (one decision task at a time per execution, as in SWF).
+//! - **Everything an instance reacts to is a command** on its partition: starts, cancels, events
+//!   routed from the events topics, call results, timers that came due. The owner reads a batch,
+//!   runs the engine, and in one Kafka transaction produces the new instance states (state
+//!   topic, compacted), journal entries, sent events and commands for other instances, and
+//!   commits the batch's input offsets.
+//! - **A new owner restores** the partition from the state topic, re-arms timers and performs
+//!   calls in flight again (with the same operation id), then goes on from the committed offset.
+//! - **Events are routed** by the owner of their events partition: to the instance named by
+//!   `sm4cinstanceid`, else to every commands partition, where each owner matches its own
+//!   instances; an event no instance takes within the window is dead-lettered once every
+//!   partition has said so.
+//!
+//! # Example
+//!
+//! An application runs state machines inside its own service with its own librdkafka settings:
+//!
+//! ```no_run
+//! use sm4c_host::kafka::{KafkaConfig, KafkaHost};
+//! use sm4c_host::mock::MockHost;
+//! use std::sync::Arc;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = KafkaConfig::new("localhost:9092");
+//! config.group = "orders".into();
+//! config.settings.push(("security.protocol".into(), "plaintext".into()));
+//! let definition = serde_json::from_str(&std::fs::read_to_string("order-saga.json")?)?;
+//! let functions = Arc::new(MockHost::default());
+//! let host = KafkaHost::start(config, vec![definition], functions).await?;
+//! // ... the service runs; instances start from events or from `host.start_instance(..)`.
+//! host.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod view;
+mod wire;
+mod worker;
+
+pub use wire::{partition_of, start_id};
+
+use crate::durable::{HostError, Registry};
+use crate::host::{BoxFuture, Host};
+use crate::serve::Backend;
+use crate::store::{Stored, Summary};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde_json::{json, Value};
+use sm4c_runtime::{load, Entry, LoadOptions, Machine};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use wire::{Command, JournalRecord, Quiet};
+
+/// How long API calls wait for the cluster to take a command into account.
+const API_WAIT: Duration = Duration::from_secs(30);
+
+/// Settings of a Kafka host.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// Consumer group of the workers (default `sm4c`).
+    pub group: String,
+    /// Prefix of the topics (default `sm4c`).
+    pub prefix: String,
+    /// More topics to consume incoming CloudEvents from, besides `<prefix>.events`.
+    pub events_topics: Vec<String>,
+    /// librdkafka settings for every client (TLS, SASL, timeouts...).
+    pub settings: Vec<(String, String)>,
+    /// Transactions (exactly once); `false` for at least once, on brokers without transactions.
+    pub exactly_once: bool,
+    /// Partitions of the topics created at start.
+    pub partitions: i32,
+    /// How long an event that reached no instance is kept for one (ms).
+    pub event_window_ms: i64,
+    /// Journal entries an instance may have.
+    pub max_journal: i64,
+}
+
+impl KafkaConfig {
+    /// Defaults for a cluster.
+    pub fn new(bootstrap: &str) -> Self {
+        KafkaConfig {
+            bootstrap: bootstrap.to_string(),
+            group: "sm4c".into(),
+            prefix: "sm4c".into(),
+            events_topics: Vec::new(),
+            settings: Vec::new(),
+            exactly_once: true,
+            partitions: 8,
+            event_window_ms: 5 * 60_000,
+            max_journal: 100_000,
+        }
+    }
+}
+
+/// Topic names.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    /// Incoming CloudEvents: `<prefix>.events` and the extra ones.
+    pub events: Vec<String>,
+    /// Sent CloudEvents (default destination): `<prefix>.events.out`.
+    pub out: String,
+    /// Events no instance took, unreadable messages: `<prefix>.events.deadletter`.
+    pub deadletter: String,
+    /// Instance commands: `<prefix>.commands`.
+    pub commands: String,
+    /// Instance states (compacted): `<prefix>.state`.
+    pub state: String,
+    /// Journals: `<prefix>.journal`.
+    pub journal: String,
+    /// Definitions (compacted): `<prefix>.definitions`.
+    pub definitions: String,
+}
+
+impl Topics {
+    /// The topics of a prefix.
+    pub fn new(prefix: &str, extra_events: &[String]) -> Topics {
+        let mut events = vec![format!("{prefix}.events")];
+        events.extend(extra_events.iter().cloned());
+        Topics {
+            events,
+            out: format!("{prefix}.events.out"),
+            deadletter: format!("{prefix}.events.deadletter"),
+            commands: format!("{prefix}.commands"),
+            state: format!("{prefix}.state"),
+            journal: format!("{prefix}.journal"),
+            definitions: format!("{prefix}.definitions"),
+        }
+    }
+}
+
+/// Why the Kafka host could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// The cluster or a client failed.
+    #[error("kafka: {0}")]
+    Kafka(String),
+    /// A definition is invalid or conflicts with a registered one.
+    #[error("{0}")]
+    Definition(String),
+}
+
+/// What POST /events answers in Kafka mode: the event is on the events topic.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Delivery {
+    /// Always true: routing happens when a worker consumes it.
+    pub queued: bool,
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+pub(crate) struct Shared {
+    pub cfg: KafkaConfig,
+    pub topics: Topics,
+    pub partitions: i32,
+    pub registry: RwLock<Registry>,
+    pub host: Arc<dyn Host>,
+    pub rt: tokio::runtime::Handle,
+    pub plain: ThreadedProducer<Quiet>,
+    pub stop: AtomicBool,
+    pub owned: AtomicUsize,
+    pub failure: Mutex<Option<String>>,
+}
+
+impl Shared {
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.cfg.bootstrap);
+        for (k, v) in &self.cfg.settings {
+            c.set(k, v);
+        }
+        c
+    }
+
+    pub fn consumer_config(&self, group: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.cfg.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "10");
+        for (k, v) in &self.cfg.settings {
+            c.set(k, v);
+        }
+        c
+    }
+
+    pub fn machine(&self, id: &str, version: &str) -> Option<Arc<Machine>> {
+        self.registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id, Some(version))
+    }
+
+    pub fn machine_or_latest(&self, id: &str, version: Option<&str>) -> Option<Arc<Machine>> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner()).get(id, version)
+    }
+
+    pub fn machines(&self) -> Vec<Arc<Machine>> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner()).all()
+    }
+
+    pub fn fail(&self, why: String) {
+        tracing::error!(error = %why, "kafka worker stopped");
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+}
+
+/// Reads a partition from its beginning to its end (read committed), calling `f(key, payload)`.
+pub(crate) fn read_partition(
+    shared: &Shared,
+    topic: &str,
+    p: i32,
+    mut f: impl FnMut(Option<String>, &[u8]),
+) -> Result<(), String> {
+    let mut c = shared.consumer_config(&format!("{}.reader", shared.cfg.group));
+    c.set("enable.partition.eof", "true");
+    let consumer: BaseConsumer<Quiet> = c
+        .create_with_context(Quiet)
+        .map_err(|e| format!("cannot create a reader: {e}"))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p, Offset::Beginning)
+        .map_err(|e| e.to_string())?;
+    // An empty partition has nothing to read: do not wait for the end-of-partition notice.
+    if let Ok((low, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+        if high <= low {
+            return Ok(());
+        }
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if Instant::now() > deadline {
+            return Err(format!("reading {topic} partition {p} did not reach its end in time"));
+        }
+        match consumer.poll(Duration::from_millis(50)) {
+            Some(Ok(m)) => {
+                let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+                f(key, m.payload().unwrap_or_default());
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(()),
+            Some(Err(e)) => tracing::debug!(error = %e, topic, "reader"),
+            None => {}
+        }
+    }
+}
+
+/// The Kafka host. Cloning it is cheap; every clone talks to the same workers.
+#[derive(Clone)]
+pub struct KafkaHost {
+    shared: Arc<Shared>,
+    view: Arc<view::View>,
+    api: FutureProducer<Quiet>,
+    threads: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
+}
+
+impl KafkaHost {
+    /// Connects, creates missing topics, registers `definitions` (definitions JSON), catches up
+    /// with the instances and definitions already on the cluster, and joins the worker group.
+    /// Function calls go to `host`. Must be called inside a tokio runtime.
+    pub async fn start(
+        config: KafkaConfig,
+        definitions: Vec<Value>,
+        host: Arc<dyn Host>,
+    ) -> Result<KafkaHost, KafkaError> {
+        let topics = Topics::new(&config.prefix, &config.events_topics);
+        let mut base = ClientConfig::new();
+        base.set("bootstrap.servers", &config.bootstrap);
+        for (k, v) in &config.settings {
+            base.set(k, v);
+        }
+        let admin: AdminClient<DefaultClientContext> = base
+            .create()
+            .map_err(|e| KafkaError::Kafka(format!("cannot create an admin client: {e}")))?;
+        let n = config.partitions.max(1);
+        let specs: Vec<(String, i32, bool)> = vec![
+            (topics.commands.clone(), n, false),
+            (topics.state.clone(), n, true),
+            (topics.journal.clone(), n, false),
+            (topics.definitions.clone(), 1, true),
+            (topics.out.clone(), n, false),
+            (topics.deadletter.clone(), 1, false),
+        ]
+        .into_iter()
+        .chain(topics.events.iter().map(|t| (t.clone(), n, false)))
+        .collect();
+        let new: Vec<NewTopic> = specs
+            .iter()
+            .map(|(t, p, compact)| {
+                let nt = NewTopic::new(t, *p, TopicReplication::Fixed(1));
+                if *compact {
+                    nt.set("cleanup.policy", "compact")
+                } else {
+                    nt
+                }
+            })
+            .collect();
+        let created = admin
+            .create_topics(
+                &new,
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+            )
+            .await
+            .map_err(|e| KafkaError::Kafka(format!("cannot create topics at {}: {e}", config.bootstrap)))?;
+        for r in created {
+            if let Err((t, code)) = r {
+                if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                    return Err(KafkaError::Kafka(format!("cannot create topic {t}: {code}")));
+                }
+            }
+        }
+        let plain: ThreadedProducer<Quiet> = {
+            let mut c = base.clone();
+            c.set("enable.idempotence", "true").set("linger.ms", "1");
+            c.create_with_context(Quiet)
+                .map_err(|e| KafkaError::Kafka(format!("cannot create a producer: {e}")))?
+        };
+        let api: FutureProducer<Quiet> = {
+            let mut c = base.clone();
+            c.set("enable.idempotence", "true").set("linger.ms", "0");
+            c.create_with_context(Quiet)
+                .map_err(|e| KafkaError::Kafka(format!("cannot create a producer: {e}")))?
+        };
+        // The commands topic may exist already with another partition count: use what it has.
+        let partitions = {
+            let topic = topics.commands.clone();
+            let probe: BaseConsumer<Quiet> = base
+                .create_with_context(Quiet)
+                .map_err(|e| KafkaError::Kafka(format!("cannot create a client: {e}")))?;
+            tokio::task::spawn_blocking(move || {
+                probe
+                    .fetch_metadata(Some(&topic), Duration::from_secs(30))
+                    .ok()
+                    .and_then(|m| m.topics().first().map(|t| t.partitions().len() as i32))
+            })
+            .await
+            .ok()
+            .flatten()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| KafkaError::Kafka(format!("cannot read the metadata of {}", topics.commands)))?
+        };
+        let shared = Arc::new(Shared {
+            cfg: config,
+            topics,
+            partitions,
+            registry: RwLock::new(Registry::default()),
+            host,
+            rt: tokio::runtime::Handle::current(),
+            plain,
+            stop: AtomicBool::new(false),
+            owned: AtomicUsize::new(0),
+            failure: Mutex::new(None),
+        });
+        let view = Arc::new(view::View::default());
+        let mut threads = Vec::new();
+        {
+            let (s, v) = (shared.clone(), view.clone());
+            threads.push(std::thread::spawn(move || view::run(s, v)));
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !view.ready.load(Ordering::Relaxed) {
+            if let Some(f) = shared.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return Err(KafkaError::Kafka(f));
+            }
+            if Instant::now() > deadline {
+                return Err(KafkaError::Kafka("the state topic could not be read in time".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let me = KafkaHost {
+            shared: shared.clone(),
+            view,
+            api,
+            threads: Arc::new(Mutex::new(threads)),
+        };
+        for doc in definitions {
+            me.register(doc).await.map_err(|e| match e {
+                HostError::Invalid(errs) => {
+                    KafkaError::Definition(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
+                }
+                other => KafkaError::Definition(other.to_string()),
+            })?;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let s = shared.clone();
+            me.threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(std::thread::spawn(move || worker::run(s, rx, tx)));
+        }
+        Ok(me)
+    }
+
+    /// Topic names in use.
+    pub fn topics(&self) -> &Topics {
+        &self.shared.topics
+    }
+
+    /// Commands partitions this worker owns now.
+    pub fn owned_partitions(&self) -> usize {
+        self.shared.owned.load(Ordering::Relaxed)
+    }
+
+    /// Leaves the group and stops the worker.
+    pub async fn shutdown(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.view.stop.store(true, Ordering::Relaxed);
+        let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+    }
+
+    async fn register(&self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
+        let m = load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).map_err(HostError::Invalid)?;
+        if let Some(existing) = self.shared.machine(&m.id, &m.version) {
+            if existing.source == m.source {
+                return Ok((existing, false));
+            }
+            return Err(HostError::Store(crate::store::StoreError::Conflict {
+                id: m.id.clone(),
+                version: m.version.clone(),
+            }));
+        }
+        let key = format!("{}@{}", m.id, m.version);
+        let payload = serde_json::to_vec(&m.source).unwrap_or_default();
+        self.api
+            .send(
+                FutureRecord::to(&self.shared.topics.definitions)
+                    .key(&key)
+                    .payload(&payload),
+                API_WAIT,
+            )
+            .await
+            .map_err(|(e, _)| HostError::Unavailable(format!("cannot write the definition to Kafka: {e}")))?;
+        let m = Arc::new(m);
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(m.clone());
+        Ok((m, true))
+    }
+
+    async fn send_command(&self, id: &str, c: &Command) -> Result<(), HostError> {
+        let payload = serde_json::to_vec(c).unwrap_or_default();
+        self.api
+            .send(
+                FutureRecord::to(&self.shared.topics.commands)
+                    .partition(partition_of(id, self.shared.partitions))
+                    .key(id)
+                    .payload(&payload),
+                API_WAIT,
+            )
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| HostError::Unavailable(format!("cannot write to Kafka: {e}")))
+    }
+
+    async fn wait_for(&self, what: &str, f: impl Fn(&view::View) -> bool) -> Result<(), HostError> {
+        let deadline = Instant::now() + API_WAIT;
+        while !f(&self.view) {
+            if Instant::now() > deadline {
+                return Err(HostError::Unavailable(format!(
+                    "{what} was accepted but no worker has taken it into account yet; check that workers are running"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        Ok(())
+    }
+
+    /// Reads a journal from the journal topic: entries of committed transactions only.
+    fn journal(&self, id: &str) -> Result<Vec<(i64, Entry)>, HostError> {
+        let p = partition_of(id, self.shared.partitions);
+        let consumer: BaseConsumer<Quiet> = self
+            .shared
+            .consumer_config(&self.shared.cfg.group)
+            .create_with_context(Quiet)
+            .map_err(|e| HostError::Unavailable(e.to_string()))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.shared.topics.commands, p);
+        let committed = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .map_err(|e| HostError::Unavailable(format!("cannot read committed offsets: {e}")))?
+            .elements()
+            .first()
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let mut entries: std::collections::BTreeMap<i64, Entry> = Default::default();
+        read_partition(&self.shared, &self.shared.topics.journal, p, |key, payload| {
+            if key.as_deref() == Some(id) {
+                if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
+                    if r.through < committed {
+                        entries.insert(r.seq, r.entry);
+                    }
+                }
+            }
+        })
+        .map_err(HostError::Unavailable)?;
+        Ok(entries.into_iter().collect())
+    }
+}
+
+fn new_id(definition: &str) -> String {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{definition}-{:x}{:04x}{:04x}",
+        nanos,
+        std::process::id() & 0xffff,
+        n & 0xffff
+    )
+}
+
+impl Backend for KafkaHost {
+    fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {
+        Box::pin(self.register(doc))
+    }
+
+    fn machines(&self) -> Vec<Arc<Machine>> {
+        self.shared.machines()
+    }
+
+    fn latest(&self, id: &str) -> Option<Arc<Machine>> {
+        self.shared.machine_or_latest(id, None)
+    }
+
+    fn start_instance(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+        Box::pin(async move {
+            let Some(m) = self.shared.machine_or_latest(&definition, version.as_deref()) else {
+                return Err(HostError::UnknownDefinition(match version {
+                    Some(v) => format!("{definition} version {v}"),
+                    None => definition,
+                }));
+            };
+            let id = id.unwrap_or_else(|| new_id(&m.id));
+            if self.view.get(&id).is_some() {
+                return Ok((id, false));
+            }
+            let c = Command::Start {
+                id: id.clone(),
+                definition: m.id.clone(),
+                version: Some(m.version.clone()),
+                input,
+                parent: None,
+                depth: 0,
+            };
+            self.send_command(&id, &c).await?;
+            self.wait_for("the start", |v| v.get(&id).is_some()).await?;
+            Ok((id, true))
+        })
+    }
+
+    fn instance(&self, id: &str) -> Result<Option<Stored>, HostError> {
+        Ok(self.view.get(id).map(|r| Stored {
+            snapshot: r.snapshot,
+            parent: r.parent,
+            journal_len: r.journal_len,
+        }))
+    }
+
+    fn list(
+        &self,
+        status: Option<&str>,
+        definition: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>> {
+        let rows = self.view.list(status, definition, after, limit);
+        Box::pin(async move { Ok(rows) })
+    }
+
+    fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>> {
+        let id = id.to_string();
+        Box::pin(async move {
+            let len = self.view.get(&id).map(|r| r.journal_len).unwrap_or(0);
+            let me = self.clone();
+            let all = tokio::task::spawn_blocking(move || me.journal(&id))
+                .await
+                .map_err(|e| HostError::Unavailable(e.to_string()))??;
+            Ok(all
+                .into_iter()
+                .filter(|(s, _)| *s > after && *s <= len.max(after))
+                .take(limit)
+                .collect())
+        })
+    }
+
+    fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            match self.view.get(&id) {
+                None => return Err(HostError::UnknownInstance(id)),
+                Some(r) if r.snapshot.status.is_final() => return Err(HostError::Ended(id)),
+                Some(_) => {}
+            }
+            let c = Command::Cancel {
+                id: id.clone(),
+                reason: "cancelled through the API".into(),
+            };
+            self.send_command(&id, &c).await?;
+            self.wait_for("the cancel", |v| {
+                v.get(&id).is_some_and(|r| r.snapshot.status.is_final())
+            })
+            .await
+        })
+    }
+
+    fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            let key = sm4c_runtime::engine::event::attribute_text(&event, "sm4cinstanceid")
+                .or_else(|| sm4c_runtime::engine::event::attribute_text(&event, "id"))
+                .unwrap_or_default();
+            let payload = serde_json::to_vec(&event).unwrap_or_default();
+            let topic = &self.shared.topics.events[0];
+            let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                key: "content-type",
+                value: Some("application/cloudevents+json; charset=UTF-8"),
+            });
+            let (partition, offset) = self
+                .api
+                .send(
+                    FutureRecord::to(topic).key(&key).payload(&payload).headers(headers),
+                    API_WAIT,
+                )
+                .await
+                .map(|d| (d.partition, d.offset))
+                .map_err(|(e, _)| HostError::Unavailable(format!("cannot write the event to Kafka: {e}")))?;
+            Ok(serde_json::to_value(worker::queued(topic, partition, offset)).unwrap_or(Value::Null))
+        })
+    }
+
+    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<crate::serve::SentPage, HostError>> {
+        let after = after.to_string();
+        Box::pin(async move {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || me.read_sent(&after, limit))
+                .await
+                .map_err(|e| HostError::Unavailable(e.to_string()))?
+        })
+    }
+
+    fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
+        let snaps = self.view.snapshots();
+        let r = crate::explain::explain(&self.shared.machines(), snaps.iter(), &event);
+        Box::pin(async move { Ok(r) })
+    }
+}
+
+impl KafkaHost {
+    /// Sent events on the default out topic; the cursor is `partition:offset,...`.
+    fn read_sent(&self, after: &str, limit: usize) -> Result<crate::serve::SentPage, HostError> {
+        let topic = self.shared.topics.out.clone();
+        let mut pos: Vec<i64> = vec![0; self.shared.partitions as usize];
+        if !after.is_empty() {
+            for part in after.split(',') {
+                let (p, o) = part
+                    .split_once(':')
+                    .and_then(|(p, o)| Some((p.parse::<usize>().ok()?, o.parse::<i64>().ok()?)))
+                    .ok_or_else(|| HostError::InvalidCursor(after.to_string()))?;
+                if p >= pos.len() {
+                    return Err(HostError::InvalidCursor(after.to_string()));
+                }
+                pos[p] = o;
+            }
+        }
+        let mut c = self
+            .shared
+            .consumer_config(&format!("{}.reader", self.shared.cfg.group));
+        c.set("enable.partition.eof", "true");
+        let consumer: BaseConsumer<Quiet> = c
+            .create_with_context(Quiet)
+            .map_err(|e| HostError::Unavailable(e.to_string()))?;
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in pos.iter().enumerate() {
+            tpl.add_partition_offset(&topic, p as i32, Offset::Offset(*o))
+                .map_err(|e| HostError::Unavailable(e.to_string()))?;
+        }
+        consumer
+            .assign(&tpl)
+            .map_err(|e| HostError::Unavailable(e.to_string()))?;
+        let mut done = std::collections::HashSet::new();
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while done.len() < pos.len() && events.len() < limit && Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    use cloudevents::binding::rdkafka::MessageExt;
+                    let event = m
+                        .detach()
+                        .to_event()
+                        .ok()
+                        .and_then(|e| wire::event_json(&e).ok())
+                        .unwrap_or(Value::Null);
+                    pos[m.partition() as usize] = m.offset() + 1;
+                    let instance = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+                    events.push(json!({"seq": format!("{}:{}", m.partition(), m.offset()), "instance": instance, "event": event}));
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                    done.insert(p);
+                }
+                Some(Err(_)) | None => {}
+            }
+        }
+        let next = pos
+            .iter()
+            .enumerate()
+            .map(|(p, o)| format!("{p}:{o}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok((events, Some(next)))
+    }
+}

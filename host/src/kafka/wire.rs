@@ -1,0 +1,301 @@
+//! What goes over Kafka: instance commands, state records, journal records and CloudEvents.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sm4c_runtime::{Entry, ErrorInfo, Snapshot};
+
+/// A message on the commands topic, keyed by instance id (or by nothing for broadcasts).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Command {
+    /// Start an instance (API, start event or a parent's `invokeSubflow`).
+    Start {
+        /// Instance id.
+        id: String,
+        /// Definition id.
+        definition: String,
+        /// Definition version (latest when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<String>,
+        /// Input.
+        input: Value,
+        /// Parent instance, operation and whether it waits.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<(String, String, bool)>,
+        /// Subflow nesting depth.
+        #[serde(default)]
+        depth: u32,
+    },
+    /// Cancel an instance.
+    Cancel {
+        /// Instance id.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// An incoming event for one instance (`target`) or for every instance of the partition.
+    Event {
+        /// The instance the event names, if it names one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<String>,
+        /// The event, in CloudEvents JSON form.
+        event: Value,
+        /// Where it was read (`topic/partition/offset`), so a copy delivered twice is applied once.
+        origin: Origin,
+        /// For broadcasts: the partition that counts the partitions it reached none on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        home: Option<i32>,
+    },
+    /// A call or subflow the instance started has a result.
+    Result {
+        /// Instance id.
+        id: String,
+        /// Operation id.
+        op: String,
+        /// The result or the error.
+        outcome: Outcome,
+    },
+    /// A timer came due.
+    Timer {
+        /// Instance id.
+        id: String,
+        /// Timer id.
+        timer: String,
+    },
+    /// Time passes: parked events past their window leave.
+    Tick,
+    /// A broadcast event stayed unmatched on `partition` for its whole window.
+    Unmatched {
+        /// The event's key (`origin`).
+        key: String,
+        /// The reporting partition.
+        partition: i32,
+        /// The event.
+        event: Value,
+    },
+}
+
+/// A call's result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    /// It returned.
+    Ok(Value),
+    /// It failed.
+    Err(ErrorInfo),
+}
+
+/// Where an incoming event was read.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+impl Origin {
+    /// `topic/partition/offset`.
+    pub fn key(&self) -> String {
+        format!("{}/{}/{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// A record on the state topic. `through` is the last commands offset the writing transaction
+/// consumed: a record whose `through` is not below the committed offset comes from a transaction
+/// that did not commit, and restoring skips it (brokers that do not filter aborted records
+/// cannot then fool a new owner).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateRecord {
+    /// Last consumed commands offset of the writing transaction.
+    pub through: i64,
+    /// The instance, for instance keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceRecord>,
+    /// The partition's own state, for the partition key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionRecord>,
+}
+
+/// An instance as its owner keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceRecord {
+    /// The engine's snapshot.
+    pub snapshot: Snapshot,
+    /// Parent instance, operation, whether it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<(String, String, bool)>,
+    /// Subflow depth.
+    #[serde(default)]
+    pub depth: u32,
+    /// Calls and subflow starts in flight: (op, effect).
+    #[serde(default)]
+    pub calls: Vec<(String, Value)>,
+    /// Journal length.
+    pub journal_len: i64,
+    /// Last applied offset per event source partition (`topic/partition`).
+    #[serde(default)]
+    pub seen: std::collections::BTreeMap<String, i64>,
+    /// Creation order, for listings (ms timestamp of the start command, then its offset).
+    #[serde(default)]
+    pub order: (i64, i64),
+}
+
+/// Events parked on a partition, and the tally of partitions that found no instance for a
+/// broadcast event this partition is home to.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartitionRecord {
+    /// Parked events.
+    pub parked: Vec<Parked>,
+    /// Broadcast event key → (partitions that reported no instance, event, first report time).
+    pub tally: std::collections::BTreeMap<String, (Vec<i32>, Value, i64)>,
+}
+
+/// An event waiting for an instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Parked {
+    /// The event.
+    pub event: Value,
+    /// Where it was read.
+    pub origin: Origin,
+    /// The instance it names, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The home partition of a broadcast.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<i32>,
+    /// When it leaves (ms).
+    pub expires: i64,
+}
+
+/// A journal record, keyed by instance id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalRecord {
+    /// As for [`StateRecord::through`].
+    pub through: i64,
+    /// Sequence number in the instance's journal (from 1).
+    pub seq: i64,
+    /// The entry.
+    pub entry: Entry,
+}
+
+/// The state topic's key for a partition's own record.
+pub const PARTITION_KEY: &str = "\u{0}partition";
+
+/// The partition of an instance id: FNV-1a, so every worker and tool computes the same.
+pub fn partition_of(id: &str, partitions: i32) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in id.as_bytes() {
+        h ^= *b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % partitions.max(1) as u32) as i32
+}
+
+/// The id of the instance a start event starts: derived from the event's `source` and `id`, so
+/// a redelivered event starts nothing new.
+pub fn start_id(definition: &str, source: &str, id: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in source.as_bytes().iter().chain(&[0]).chain(id.as_bytes()) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{definition}-{h:016x}")
+}
+
+/// A CloudEvent read through the SDK, in the JSON form the engine takes; a JSON body sent in
+/// binary mode becomes JSON `data`.
+pub fn event_json(event: &cloudevents::Event) -> Result<Value, String> {
+    use cloudevents::AttributesReader;
+    let mut value = serde_json::to_value(event).map_err(|e| e.to_string())?;
+    if let Some(cloudevents::Data::Binary(bytes)) = event.data() {
+        let json_type = event
+            .datacontenttype()
+            .is_some_and(|t| t.starts_with("application/json") || t.contains("+json") || t.starts_with("text/json"));
+        if json_type {
+            let data: Value = serde_json::from_slice(bytes)
+                .map_err(|e| format!("the event says its data is JSON but it is not: {e}"))?;
+            if let Some(o) = value.as_object_mut() {
+                o.remove("data_base64");
+                o.insert("data".into(), data);
+            }
+        }
+    }
+    if let Some(cloudevents::Data::String(s)) = event.data() {
+        let json_type = event
+            .datacontenttype()
+            .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
+        if json_type {
+            if let Ok(data) = serde_json::from_str::<Value>(s) {
+                value["data"] = data;
+            } else {
+                return Err("the event says its data is JSON but it is not".into());
+            }
+        }
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_and_start_ids_are_stable() {
+        // Fixed values: other workers and tools must compute the same partition for an id.
+        assert_eq!(partition_of("order-1", 8), partition_of("order-1", 8));
+        let spread: std::collections::HashSet<i32> = (0..100).map(|i| partition_of(&format!("i{i}"), 8)).collect();
+        assert_eq!(spread.len(), 8);
+        assert_eq!(start_id("saga", "/shop", "e1"), start_id("saga", "/shop", "e1"));
+        assert_ne!(start_id("saga", "/shop", "e1"), start_id("saga", "/shop", "e2"));
+        assert_ne!(start_id("saga", "/sho", "pe1"), start_id("saga", "/shop", "e1"));
+    }
+}
+
+/// librdkafka's client callbacks, routed to `tracing`: end-of-partition notices are not errors,
+/// and settings meant for the other kind of client are not worth a warning.
+#[derive(Clone, Default)]
+pub struct Quiet;
+
+impl rdkafka::ClientContext for Quiet {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if fac == "CONFWARN" && (message.contains("consumer property") || message.contains("producer property")) {
+            tracing::debug!(target: "librdkafka", "{fac}: {message}");
+            return;
+        }
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "{fac}: {message}"),
+            L::Warning => tracing::warn!(target: "librdkafka", "{fac}: {message}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac}: {message}"),
+            L::Debug => tracing::debug!(target: "librdkafka", "{fac}: {message}"),
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
+            return;
+        }
+        tracing::warn!(target: "librdkafka", error = %error, "{reason}");
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Quiet {}
+
+impl rdkafka::producer::ProducerContext for Quiet {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        if let Err((e, m)) = result {
+            use rdkafka::Message;
+            tracing::warn!(target: "librdkafka", error = %e, topic = m.topic(), "a message was not delivered");
+        }
+    }
+}

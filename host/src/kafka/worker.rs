@@ -1,0 +1,1299 @@
+//! The worker loop: consumes the commands and events topics as a member of the consumer group,
+//! owns the instances of its assigned commands partitions, and decides for them one batch at a
+//! time, each batch in one Kafka transaction with its input offsets.
+
+use super::wire::Quiet;
+use super::wire::{
+    event_json, partition_of, start_id, Command, InstanceRecord, JournalRecord, Origin, Outcome, Parked,
+    PartitionRecord, StateRecord, PARTITION_KEY,
+};
+use super::{Delivery, Shared};
+use crate::durable::engine_options;
+use crate::host::FunctionCall;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde_json::Value;
+use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
+use sm4c_runtime::{Effect, ErrorInfo, Input, Instance, Machine, Status, Timed};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A call's result on its way back to the worker loop.
+pub(crate) struct CallDone {
+    pub instance: String,
+    pub op: String,
+    pub result: Result<Value, ErrorInfo>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A message to produce.
+struct Out {
+    topic: String,
+    partition: Option<i32>,
+    key: Option<String>,
+    payload: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String> {
+    let mut headers = OwnedHeaders::new();
+    for (k, v) in &o.headers {
+        headers = headers.insert(Header {
+            key: k,
+            value: Some(v.as_slice()),
+        });
+    }
+    loop {
+        let mut rec = BaseRecord::to(&o.topic).payload(&o.payload).headers(headers.clone());
+        if let Some(k) = &o.key {
+            rec = rec.key(k);
+        }
+        if let Some(p) = o.partition {
+            rec = rec.partition(p);
+        }
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err((e, _)) => return Err(format!("cannot produce to {}: {e}", o.topic)),
+        }
+    }
+}
+
+fn command(shared: &Shared, partition: i32, key: Option<&str>, c: &Command) -> Out {
+    Out {
+        topic: shared.topics.commands.clone(),
+        partition: Some(partition),
+        key: key.map(str::to_string),
+        payload: serde_json::to_vec(c).unwrap_or_default(),
+        headers: Vec::new(),
+    }
+}
+
+fn deadletter(shared: &Shared, payload: Vec<u8>, mut headers: Vec<(String, Vec<u8>)>, code: &str, why: &str) -> Out {
+    tracing::warn!(code, reason = why, "event dead-lettered");
+    headers.push(("sm4c-deadletter-code".into(), code.as_bytes().to_vec()));
+    headers.push(("sm4c-deadletter-reason".into(), why.as_bytes().to_vec()));
+    Out {
+        topic: shared.topics.deadletter.clone(),
+        partition: None,
+        key: None,
+        payload,
+        headers,
+    }
+}
+
+/// A sent event in binary content mode (or structured, when the SDK cannot map it).
+fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value) -> Out {
+    use cloudevents::binding::rdkafka::{BaseRecordExt, MessageRecord};
+    if let Ok(ev) = serde_json::from_value::<cloudevents::Event>(event.clone()) {
+        if let Ok(rec) = MessageRecord::from_event(ev) {
+            if let Ok(br) = BaseRecord::<str, Vec<u8>>::to(&topic).message_record(&rec) {
+                let mut headers = Vec::new();
+                if let Some(h) = &br.headers {
+                    for x in h.iter() {
+                        headers.push((x.key.to_string(), x.value.map(<[u8]>::to_vec).unwrap_or_default()));
+                    }
+                }
+                let payload = br.payload.cloned().unwrap_or_default();
+                return Out {
+                    topic,
+                    partition: None,
+                    key: Some(instance.to_string()),
+                    payload,
+                    headers,
+                };
+            }
+        }
+    }
+    let _ = shared;
+    Out {
+        topic,
+        partition: None,
+        key: Some(instance.to_string()),
+        payload: serde_json::to_vec(event).unwrap_or_default(),
+        headers: vec![("content-type".into(), b"application/cloudevents+json".to_vec())],
+    }
+}
+
+/// A CloudEvent from a Kafka message, either content mode; a JSON payload with `specversion` and
+/// no headers is read as structured mode too.
+fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
+    use cloudevents::binding::rdkafka::MessageExt;
+    // The SDK unwraps header values and structured payloads: keep what it cannot read away from it.
+    let null_header = m.headers().is_some_and(|h| h.iter().any(|x| x.value.is_none()));
+    let sdk = if null_header || m.payload().is_none() {
+        Err("a header without a value or a message without a payload".to_string())
+    } else {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.to_event()))
+            .unwrap_or_else(|_| Err(cloudevents::message::Error::WrongEncoding {}))
+            .map_err(|e| e.to_string())
+    };
+    match sdk {
+        Ok(ev) => event_json(&ev).map_err(|e| ("unparsableData", e)),
+        Err(e) => {
+            let payload = m.payload().unwrap_or_default();
+            if let Ok(v) = serde_json::from_slice::<Value>(payload) {
+                if v.get("specversion").is_some() {
+                    return match serde_json::from_value::<cloudevents::Event>(v) {
+                        Ok(ev) => event_json(&ev).map_err(|e| ("unparsableData", e)),
+                        Err(e) => Err(("notACloudEvent", format!("not a valid CloudEvent: {e}"))),
+                    };
+                }
+            }
+            Err((
+                "notACloudEvent",
+                format!("not a CloudEvent in the Kafka binding (binary or structured mode): {e}"),
+            ))
+        }
+    }
+}
+
+fn headers_of(m: &OwnedMessage) -> Vec<(String, Vec<u8>)> {
+    let mut v = Vec::new();
+    if let Some(h) = m.headers() {
+        for x in h.iter() {
+            v.push((x.key.to_string(), x.value.map(<[u8]>::to_vec).unwrap_or_default()));
+        }
+    }
+    v
+}
+
+fn txn_producer(shared: &Shared, id: &str) -> Result<ThreadedProducer<Quiet>, String> {
+    let mut c = shared.client_config();
+    c.set("transactional.id", id);
+    c.set("transaction.timeout.ms", "60000");
+    let p: ThreadedProducer<Quiet> = c
+        .create_with_context(Quiet)
+        .map_err(|e| format!("cannot create a producer: {e}"))?;
+    p.init_transactions(TIMEOUT)
+        .map_err(|e| format!("cannot start transactions as {id}: {e}"))?;
+    Ok(p)
+}
+
+/// Commits a batch: in one transaction with the input offsets (exactly once), or produce, flush,
+/// then commit offsets (at least once).
+fn commit(
+    shared: &Shared,
+    consumer: &BaseConsumer<Quiet>,
+    txn: Option<&ThreadedProducer<Quiet>>,
+    outs: &[Out],
+    offsets: &TopicPartitionList,
+) -> Result<(), String> {
+    match txn {
+        Some(p) => {
+            p.begin_transaction().map_err(|e| e.to_string())?;
+            let r = (|| {
+                for o in outs {
+                    produce(p, o)?;
+                }
+                let meta = consumer.group_metadata().ok_or("no consumer group metadata")?;
+                p.send_offsets_to_transaction(offsets, &meta, TIMEOUT)
+                    .map_err(|e| e.to_string())?;
+                p.commit_transaction(TIMEOUT).map_err(|e| e.to_string())
+            })();
+            if let Err(e) = &r {
+                let _ = p.abort_transaction(TIMEOUT);
+                return Err(e.clone());
+            }
+            r
+        }
+        None => {
+            for o in outs {
+                produce(&shared.plain, o)?;
+            }
+            shared.plain.flush(TIMEOUT).map_err(|e| e.to_string())?;
+            consumer
+                .commit(offsets, rdkafka::consumer::CommitMode::Sync)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+struct Slot {
+    inst: Instance,
+    rec: InstanceRecord,
+    entries: Vec<sm4c_runtime::Entry>,
+    dirty: bool,
+}
+
+/// The owner of one commands partition.
+struct Task {
+    partition: i32,
+    txn: Option<ThreadedProducer<Quiet>>,
+    slots: HashMap<String, Slot>,
+    part: PartitionRecord,
+    part_dirty: bool,
+    timers: BTreeSet<(i64, String, String)>,
+    /// Calls in flight: (instance, op) → task.
+    in_flight: HashMap<(String, String), tokio::task::AbortHandle>,
+}
+
+/// Routes one events partition into commands.
+struct Router {
+    txn: Option<ThreadedProducer<Quiet>>,
+}
+
+pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
+    let consumer: BaseConsumer<Quiet> = match shared.consumer_config(&shared.cfg.group).create_with_context(Quiet) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.fail(format!("cannot create the consumer: {e}"));
+            return;
+        }
+    };
+    let mut topics: Vec<&str> = vec![shared.topics.commands.as_str()];
+    topics.extend(shared.topics.events.iter().map(String::as_str));
+    if let Err(e) = consumer.subscribe(&topics) {
+        shared.fail(format!("cannot subscribe to {topics:?}: {e}"));
+        return;
+    }
+    let mut w = Worker {
+        shared: shared.clone(),
+        consumer,
+        tasks: HashMap::new(),
+        routers: HashMap::new(),
+        results_tx,
+    };
+    let mut last_tick = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let mut batch: Vec<OwnedMessage> = Vec::new();
+        let mut wait = Duration::from_millis(20);
+        let started = Instant::now();
+        while batch.len() < 2000 {
+            match w.consumer.poll(wait) {
+                Some(Ok(m)) => batch.push(m.detach()),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "consumer");
+                    break;
+                }
+                None => break,
+            }
+            wait = Duration::ZERO;
+            if started.elapsed() > Duration::from_millis(5) {
+                break;
+            }
+        }
+        w.sync_assignment();
+        let mut groups: Vec<((String, i32), Vec<OwnedMessage>)> = Vec::new();
+        for m in batch {
+            let k = (m.topic().to_string(), m.partition());
+            match groups.iter_mut().find(|(g, _)| *g == k) {
+                Some((_, v)) => v.push(m),
+                None => groups.push((k, vec![m])),
+            }
+        }
+        for ((topic, p), msgs) in groups {
+            tracing::debug!(topic, partition = p, messages = msgs.len(), "batch");
+            w.process(&topic, p, msgs);
+        }
+        w.fire_timers();
+        while let Ok(done) = results.try_recv() {
+            w.result(done);
+        }
+        if last_tick.elapsed() > Duration::from_millis(500) {
+            last_tick = Instant::now();
+            w.tick();
+        }
+        shared.owned.store(w.tasks.len(), Ordering::Relaxed);
+    }
+    for (_, t) in w.tasks.drain() {
+        for (_, h) in t.in_flight {
+            h.abort();
+        }
+    }
+    w.consumer.unsubscribe();
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    consumer: BaseConsumer<Quiet>,
+    tasks: HashMap<i32, Task>,
+    routers: HashMap<(String, i32), Router>,
+    results_tx: mpsc::Sender<CallDone>,
+}
+
+impl Worker {
+    fn assigned(&self) -> HashSet<(String, i32)> {
+        self.consumer
+            .assignment()
+            .map(|a| {
+                a.elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn sync_assignment(&mut self) {
+        let assigned = self.assigned();
+        if assigned.len() != self.tasks.len() + self.routers.len() {
+            tracing::info!(partitions = assigned.len(), "assignment changed");
+        }
+        let commands = self.shared.topics.commands.clone();
+        let gone: Vec<i32> = self
+            .tasks
+            .keys()
+            .filter(|p| !assigned.contains(&(commands.clone(), **p)))
+            .copied()
+            .collect();
+        for p in gone {
+            tracing::info!(partition = p, "partition revoked");
+            if let Some(t) = self.tasks.remove(&p) {
+                for (_, h) in t.in_flight {
+                    h.abort();
+                }
+            }
+        }
+        self.routers.retain(|k, _| assigned.contains(k));
+        // Partitions are restored side by side: a rebalance should not take partitions × round trips.
+        let new: Vec<i32> = assigned
+            .iter()
+            .filter(|(t, p)| *t == commands && !self.tasks.contains_key(p))
+            .map(|(_, p)| *p)
+            .collect();
+        let restored: Vec<(i32, Result<Task, String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = new
+                .iter()
+                .map(|p| {
+                    let me = &*self;
+                    (*p, s.spawn(move || me.restore(*p)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(p, h)| (p, h.join().unwrap_or_else(|_| Err("the restore panicked".into()))))
+                .collect()
+        });
+        for (p, r) in restored {
+            match r {
+                Ok(t) => {
+                    self.tasks.insert(p, t);
+                }
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "cannot restore the partition; retrying");
+                    self.rewind(&commands, p);
+                }
+            }
+        }
+        for (topic, p) in assigned.into_iter().filter(|(t, _)| *t != commands) {
+            if !self.routers.contains_key(&(topic.clone(), p)) {
+                let txn = if self.shared.cfg.exactly_once {
+                    match txn_producer(&self.shared, &format!("{}.{}.{}", self.shared.cfg.group, topic, p)) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            tracing::error!(topic, partition = p, error = %e, "cannot start the router");
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                self.routers.insert((topic, p), Router { txn });
+            }
+        }
+    }
+
+    fn committed(&self, topic: &str, p: i32) -> Result<i64, String> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, p);
+        let c = self
+            .consumer
+            .committed_offsets(tpl, TIMEOUT)
+            .map_err(|e| format!("cannot read committed offsets: {e}"))?;
+        Ok(c.elements()
+            .first()
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+            .unwrap_or(0))
+    }
+
+    /// Moves the consumer back to the committed offset, so uncommitted inputs are read again.
+    fn rewind(&self, topic: &str, p: i32) {
+        let off = match self.committed(topic, p) {
+            Ok(0) => Offset::Beginning,
+            Ok(o) => Offset::Offset(o),
+            Err(_) => Offset::Beginning,
+        };
+        if let Err(e) = self.consumer.seek(topic, p, off, TIMEOUT) {
+            tracing::warn!(topic, partition = p, error = %e, "cannot seek back");
+        }
+    }
+
+    /// Takes over a commands partition: fences its previous owner, reads its state, re-arms
+    /// timers and performs again the calls in flight.
+    fn restore(&self, p: i32) -> Result<Task, String> {
+        let started = Instant::now();
+        let txn = if self.shared.cfg.exactly_once {
+            Some(txn_producer(
+                &self.shared,
+                &format!("{}.{}.{}", self.shared.cfg.group, self.shared.topics.commands, p),
+            )?)
+        } else {
+            None
+        };
+        let t_init = started.elapsed().as_millis() as u64;
+        let committed = self.committed(&self.shared.topics.commands, p)?;
+        let t_committed = started.elapsed().as_millis() as u64;
+        let mut latest: HashMap<String, StateRecord> = HashMap::new();
+        super::read_partition(&self.shared, &self.shared.topics.state, p, |key, payload| {
+            if let (Some(k), Ok(r)) = (key, serde_json::from_slice::<StateRecord>(payload)) {
+                if r.through < committed {
+                    latest.insert(k, r);
+                }
+            }
+        })?;
+        let mut t = Task {
+            partition: p,
+            txn,
+            slots: HashMap::new(),
+            part: PartitionRecord::default(),
+            part_dirty: false,
+            timers: BTreeSet::new(),
+            in_flight: HashMap::new(),
+        };
+        let mut calls = Vec::new();
+        for (k, r) in latest {
+            if k == PARTITION_KEY {
+                t.part = r.partition.unwrap_or_default();
+                continue;
+            }
+            let Some(rec) = r.instance else { continue };
+            let Some(m) = self.shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
+                tracing::error!(
+                    instance = k,
+                    "the definition of this instance is not registered; it stays as it is"
+                );
+                continue;
+            };
+            let inst = Instance::from_snapshot(m, rec.snapshot.clone(), engine_options());
+            if !inst.status().is_final() {
+                for (timer, due) in &inst.snapshot().timers {
+                    t.timers.insert((*due, k.clone(), timer.clone()));
+                }
+                for (_, effect) in &rec.calls {
+                    calls.push((k.clone(), effect.clone()));
+                }
+            }
+            t.slots.insert(
+                k,
+                Slot {
+                    inst,
+                    rec,
+                    entries: Vec::new(),
+                    dirty: false,
+                },
+            );
+        }
+        for (id, effect) in calls {
+            if let Ok(e) = serde_json::from_value::<Effect>(effect) {
+                self.perform_call(&mut t, &id, &e);
+            }
+        }
+        tracing::info!(
+            partition = p,
+            instances = t.slots.len(),
+            fence_ms = t_init,
+            offsets_ms = t_committed,
+            ms = started.elapsed().as_millis() as u64,
+            "partition restored"
+        );
+        Ok(t)
+    }
+
+    fn perform_call(&self, t: &mut Task, id: &str, effect: &Effect) {
+        match effect {
+            Effect::InvokeFunction { .. } => {
+                let Some((call, _wait)) = FunctionCall::from_effect(id, effect) else {
+                    return;
+                };
+                let (instance, op) = (call.instance.clone(), call.op.clone());
+                let fut = self.shared.host.invoke(call);
+                let tx = self.results_tx.clone();
+                let key = (instance.clone(), op.clone());
+                let h = self.shared.rt.spawn(async move {
+                    let result = fut.await;
+                    let _ = tx.send(CallDone { instance, op, result });
+                });
+                t.in_flight.insert(key, h.abort_handle());
+            }
+            Effect::StartSubflow { .. } => {
+                // A subflow start still in flight after a crash: send the start again (the child
+                // ignores a second start).
+                let _ = self
+                    .subflow_start(id, effect, 0)
+                    .map(|(o, _)| produce(&self.shared.plain, &o));
+            }
+            _ => {}
+        }
+    }
+
+    fn subflow_start(&self, id: &str, effect: &Effect, depth: u32) -> Option<(Out, String)> {
+        let Effect::StartSubflow {
+            op,
+            definition,
+            input,
+            wait,
+        } = effect
+        else {
+            return None;
+        };
+        let child = format!("{id}/{op}");
+        let c = Command::Start {
+            id: child.clone(),
+            definition: definition.clone(),
+            version: None,
+            input: input.clone(),
+            parent: Some((id.to_string(), op.clone(), *wait)),
+            depth: depth + 1,
+        };
+        let p = partition_of(&child, self.shared.partitions);
+        Some((command(&self.shared, p, Some(&child), &c), child))
+    }
+
+    fn process(&mut self, topic: &str, p: i32, msgs: Vec<OwnedMessage>) {
+        if topic == self.shared.topics.commands {
+            let Some(mut t) = self.tasks.remove(&p) else { return };
+            match self.decide(&mut t, msgs) {
+                Ok(()) => {
+                    self.tasks.insert(p, t);
+                }
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "batch not committed; the partition is restored and its inputs read again");
+                    for (_, h) in t.in_flight.drain() {
+                        h.abort();
+                    }
+                    self.rewind(topic, p);
+                }
+            }
+        } else {
+            let Some(r) = self.routers.remove(&(topic.to_string(), p)) else {
+                return;
+            };
+            match self.route(&r, topic, p, msgs) {
+                Ok(()) => {
+                    self.routers.insert((topic.to_string(), p), r);
+                }
+                Err(e) => {
+                    tracing::warn!(topic, partition = p, error = %e, "routing batch not committed; read again");
+                    self.rewind(topic, p);
+                }
+            }
+        }
+    }
+
+    /// Turns incoming events into commands for the instances' partitions.
+    fn route(&self, r: &Router, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Result<(), String> {
+        let shared = &self.shared;
+        let n = shared.partitions;
+        let mut outs = Vec::new();
+        let mut last = -1;
+        let machines = shared.machines();
+        for m in &msgs {
+            last = m.offset();
+            let origin = Origin {
+                topic: topic.to_string(),
+                partition: p,
+                offset: m.offset(),
+            };
+            let event = match read_event(m) {
+                Ok(e) => e,
+                Err((code, why)) => {
+                    let mut h = headers_of(m);
+                    h.push(("sm4c-origin".into(), origin.key().into_bytes()));
+                    outs.push(deadletter(
+                        shared,
+                        m.payload().unwrap_or_default().to_vec(),
+                        h,
+                        code,
+                        &why,
+                    ));
+                    continue;
+                }
+            };
+            let mut starts = 0;
+            for mach in machines.iter().filter(|mach| {
+                mach.start_event
+                    .as_ref()
+                    .is_some_and(|s| crate::explain::starts_with(s, &event))
+            }) {
+                let id = start_id(
+                    &mach.id,
+                    &attribute_text(&event, "source").unwrap_or_default(),
+                    &attribute_text(&event, "id").unwrap_or_default(),
+                );
+                let input = event.get("data").cloned().unwrap_or(Value::Null);
+                let c = Command::Start {
+                    id: id.clone(),
+                    definition: mach.id.clone(),
+                    version: Some(mach.version.clone()),
+                    input,
+                    parent: None,
+                    depth: 0,
+                };
+                outs.push(command(shared, partition_of(&id, n), Some(&id), &c));
+                starts += 1;
+            }
+            if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
+                let c = Command::Event {
+                    target: Some(target.clone()),
+                    event,
+                    origin,
+                    home: None,
+                };
+                outs.push(command(shared, partition_of(&target, n), Some(&target), &c));
+                continue;
+            }
+            let wanted = machines
+                .iter()
+                .any(|mach| mach.events.iter().any(|d| kind_matches(d, &event)));
+            if !wanted {
+                if starts == 0 {
+                    let why = format!(
+                        "no registered definition declares an event of type {:?} and source {:?}",
+                        attribute_text(&event, "type").unwrap_or_default(),
+                        attribute_text(&event, "source").unwrap_or_default()
+                    );
+                    let mut h = headers_of(m);
+                    h.push(("sm4c-origin".into(), origin.key().into_bytes()));
+                    outs.push(deadletter(
+                        shared,
+                        m.payload().unwrap_or_default().to_vec(),
+                        h,
+                        "noDefinition",
+                        &why,
+                    ));
+                }
+                continue;
+            }
+            let home = partition_of(&origin.key(), n);
+            for q in 0..n {
+                let c = Command::Event {
+                    target: None,
+                    event: event.clone(),
+                    origin: origin.clone(),
+                    home: Some(home),
+                };
+                outs.push(command(shared, q, None, &c));
+            }
+        }
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset(topic, p, Offset::Offset(last + 1))
+            .map_err(|e| e.to_string())?;
+        commit(shared, &self.consumer, r.txn.as_ref(), &outs, &offsets)
+    }
+
+    /// One batch of commands for one partition, committed in one transaction.
+    fn decide(&mut self, t: &mut Task, msgs: Vec<OwnedMessage>) -> Result<(), String> {
+        let shared = self.shared.clone();
+        let mut d = Decision {
+            shared: &shared,
+            t,
+            outs: Vec::new(),
+            after: Vec::new(),
+            through: -1,
+        };
+        for m in &msgs {
+            d.through = m.offset();
+            let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
+            let Ok(c) = serde_json::from_slice::<Command>(m.payload().unwrap_or_default()) else {
+                tracing::warn!(offset = m.offset(), "not a command; skipped");
+                continue;
+            };
+            d.apply(c, at, m.offset());
+        }
+        d.unpark(now_ms());
+        let through = d.through;
+        let (mut outs, after) = (d.outs, d.after);
+        // The new state of every instance touched, and their journals.
+        for (id, s) in t.slots.iter_mut().filter(|(_, s)| s.dirty) {
+            let p = t.partition;
+            for e in s.entries.drain(..) {
+                s.rec.journal_len += 1;
+                let r = JournalRecord {
+                    through,
+                    seq: s.rec.journal_len,
+                    entry: e,
+                };
+                outs.push(Out {
+                    topic: shared.topics.journal.clone(),
+                    partition: Some(p),
+                    key: Some(id.clone()),
+                    payload: serde_json::to_vec(&r).unwrap_or_default(),
+                    headers: Vec::new(),
+                });
+            }
+            s.rec.snapshot = s.inst.snapshot().clone();
+            let r = StateRecord {
+                through,
+                instance: Some(s.rec.clone()),
+                partition: None,
+            };
+            outs.push(Out {
+                topic: shared.topics.state.clone(),
+                partition: Some(p),
+                key: Some(id.clone()),
+                payload: serde_json::to_vec(&r).unwrap_or_default(),
+                headers: Vec::new(),
+            });
+            s.dirty = false;
+        }
+        if t.part_dirty {
+            let r = StateRecord {
+                through,
+                instance: None,
+                partition: Some(t.part.clone()),
+            };
+            outs.push(Out {
+                topic: shared.topics.state.clone(),
+                partition: Some(t.partition),
+                key: Some(PARTITION_KEY.into()),
+                payload: serde_json::to_vec(&r).unwrap_or_default(),
+                headers: Vec::new(),
+            });
+            t.part_dirty = false;
+        }
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset(&shared.topics.commands, t.partition, Offset::Offset(through + 1))
+            .map_err(|e| e.to_string())?;
+        commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
+        // Committed: now act.
+        for (id, e) in after {
+            match &e {
+                Effect::StartTimer { timer, due } => {
+                    t.timers.insert((*due, id, timer.clone()));
+                }
+                Effect::CancelTimer { timer } => {
+                    t.timers.retain(|(_, i, tm)| !(*i == id && tm == timer));
+                }
+                Effect::InvokeFunction { .. } => self.perform_call(t, &id, &e),
+                Effect::CancelOperation { op } => {
+                    if let Some(h) = t.in_flight.remove(&(id.clone(), op.clone())) {
+                        h.abort();
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn fire_timers(&mut self) {
+        let now = now_ms();
+        let n = self.shared.partitions;
+        for t in self.tasks.values_mut() {
+            while let Some(first) = t.timers.first().cloned() {
+                if first.0 > now {
+                    break;
+                }
+                t.timers.pop_first();
+                let (_, id, timer) = first;
+                let c = Command::Timer { id: id.clone(), timer };
+                if let Err(e) = produce(
+                    &self.shared.plain,
+                    &command(&self.shared, partition_of(&id, n), Some(&id), &c),
+                ) {
+                    tracing::warn!(error = %e, "cannot propose a timer");
+                }
+            }
+        }
+    }
+
+    fn result(&mut self, done: CallDone) {
+        let p = partition_of(&done.instance, self.shared.partitions);
+        if let Some(t) = self.tasks.get_mut(&p) {
+            t.in_flight.remove(&(done.instance.clone(), done.op.clone()));
+        }
+        let c = Command::Result {
+            id: done.instance.clone(),
+            op: done.op,
+            outcome: match done.result {
+                Ok(v) => Outcome::Ok(v),
+                Err(e) => Outcome::Err(e),
+            },
+        };
+        if let Err(e) = produce(&self.shared.plain, &command(&self.shared, p, Some(&done.instance), &c)) {
+            tracing::warn!(error = %e, "cannot hand back a call result");
+        }
+    }
+
+    fn tick(&mut self) {
+        for t in self.tasks.values() {
+            if !t.part.parked.is_empty() || !t.part.tally.is_empty() {
+                let _ = produce(
+                    &self.shared.plain,
+                    &command(&self.shared, t.partition, None, &Command::Tick),
+                );
+            }
+        }
+    }
+}
+
+/// The decisions of one batch.
+struct Decision<'a> {
+    shared: &'a Shared,
+    t: &'a mut Task,
+    outs: Vec<Out>,
+    after: Vec<(String, Effect)>,
+    through: i64,
+}
+
+impl Decision<'_> {
+    fn apply(&mut self, c: Command, at: i64, offset: i64) {
+        let n = self.shared.partitions;
+        match c {
+            Command::Start {
+                id,
+                definition,
+                version,
+                input,
+                parent,
+                depth,
+            } => {
+                if self.t.slots.contains_key(&id) {
+                    return;
+                }
+                let m = self.shared.machine_or_latest(&definition, version.as_deref());
+                let Some(m) = m else {
+                    tracing::warn!(instance = id, definition, "start of an unknown definition");
+                    if let Some((p, op, true)) = parent {
+                        let e = ErrorInfo::new(
+                            "subflowError",
+                            format!("no definition with id {definition:?} for invokeSubflow"),
+                        );
+                        self.command_for(
+                            &p,
+                            Command::Result {
+                                id: p.clone(),
+                                op,
+                                outcome: Outcome::Err(e),
+                            },
+                        );
+                    }
+                    return;
+                };
+                if depth as usize > crate::memory::MAX_SUBFLOW_DEPTH {
+                    if let Some((p, op, true)) = parent {
+                        let e = ErrorInfo::new(
+                            "subflowError",
+                            format!(
+                                "subflow {definition:?} would nest deeper than {} levels",
+                                crate::memory::MAX_SUBFLOW_DEPTH
+                            ),
+                        );
+                        self.command_for(
+                            &p,
+                            Command::Result {
+                                id: p.clone(),
+                                op,
+                                outcome: Outcome::Err(e),
+                            },
+                        );
+                    }
+                    return;
+                }
+                let inst = Instance::new(m, &id, engine_options());
+                let rec = InstanceRecord {
+                    snapshot: inst.snapshot().clone(),
+                    parent,
+                    depth,
+                    calls: Vec::new(),
+                    journal_len: 0,
+                    seen: Default::default(),
+                    order: (at, offset),
+                };
+                self.t.slots.insert(
+                    id.clone(),
+                    Slot {
+                        inst,
+                        rec,
+                        entries: Vec::new(),
+                        dirty: true,
+                    },
+                );
+                self.handle(&id, Input::Start { data: input }, at);
+            }
+            Command::Cancel { id, reason } => {
+                if self.t.slots.get(&id).is_some_and(|s| !s.inst.status().is_final()) {
+                    self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
+                }
+            }
+            Command::Event {
+                target,
+                event,
+                origin,
+                home,
+            } => {
+                let source = format!("{}/{}", origin.topic, origin.partition);
+                match target {
+                    Some(id) => match self.t.slots.get(&id) {
+                        Some(s) if s.rec.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {}
+                        Some(s) if s.inst.status().is_final() => {
+                            let why = format!("instance {id:?} named by sm4cinstanceid has ended");
+                            self.dead(&event, &origin, "instanceEnded", &why);
+                        }
+                        Some(_) if self.accepts(&id, &event) => self.deliver(&id, event, &origin, at),
+                        _ => self.park(Parked {
+                            event,
+                            origin,
+                            target: Some(id),
+                            home: None,
+                            expires: at + self.shared.cfg.event_window_ms,
+                        }),
+                    },
+                    None => {
+                        let mut ids: Vec<String> = self
+                            .t
+                            .slots
+                            .iter()
+                            .filter(|(_, s)| s.rec.seen.get(&source).is_none_or(|o| *o < origin.offset))
+                            .map(|(id, _)| id.clone())
+                            .collect();
+                        ids.sort();
+                        ids.retain(|id| self.accepts(id, &event));
+                        if ids.is_empty() {
+                            self.park(Parked {
+                                event,
+                                origin,
+                                target: None,
+                                home,
+                                expires: at + self.shared.cfg.event_window_ms,
+                            });
+                        } else {
+                            for id in ids {
+                                self.deliver(&id, event.clone(), &origin, at);
+                            }
+                        }
+                    }
+                }
+            }
+            Command::Result { id, op, outcome } => {
+                let Some(s) = self.t.slots.get_mut(&id) else { return };
+                let Some(pos) = s.rec.calls.iter().position(|(o, _)| *o == op) else {
+                    return;
+                };
+                let (_, effect) = s.rec.calls.remove(pos);
+                s.dirty = true;
+                let waits = effect.get("wait").and_then(Value::as_bool).unwrap_or(true);
+                if waits && !s.inst.status().is_final() {
+                    let input = match outcome {
+                        Outcome::Ok(result) => Input::Completed { op, result },
+                        Outcome::Err(error) => Input::Failed { op, error },
+                    };
+                    self.handle(&id, input, at);
+                }
+            }
+            Command::Timer { id, timer } => {
+                if self
+                    .t
+                    .slots
+                    .get(&id)
+                    .is_some_and(|s| s.inst.snapshot().timers.contains_key(&timer))
+                {
+                    self.handle(&id, Input::TimerFired { timer }, at);
+                }
+            }
+            Command::Tick => {
+                let (gone, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.t.part.parked)
+                    .into_iter()
+                    .partition(|p| p.expires <= at);
+                self.t.part.parked = keep;
+                for p in gone {
+                    self.t.part_dirty = true;
+                    match (p.target, p.home) {
+                        (Some(id), _) => {
+                            let why = format!(
+                                "no instance {id:?} (named by sm4cinstanceid) accepted it within the event window"
+                            );
+                            self.dead(&p.event, &p.origin, "noInstance", &why);
+                        }
+                        (None, Some(home)) => {
+                            let c = Command::Unmatched {
+                                key: p.origin.key(),
+                                partition: self.t.partition,
+                                event: p.event,
+                            };
+                            self.outs.push(command(self.shared, home, None, &c));
+                        }
+                        (None, None) => {}
+                    }
+                }
+                let window = self.shared.cfg.event_window_ms;
+                let before = self.t.part.tally.len();
+                self.t
+                    .part
+                    .tally
+                    .retain(|_, (_, _, first)| *first + 2 * window + 60_000 > at);
+                self.t.part_dirty |= before != self.t.part.tally.len();
+            }
+            Command::Unmatched { key, partition, event } => {
+                let entry = self.t.part.tally.entry(key.clone()).or_insert((Vec::new(), event, at));
+                if !entry.0.contains(&partition) {
+                    entry.0.push(partition);
+                }
+                self.t.part_dirty = true;
+                if entry.0.len() as i32 >= n {
+                    let (_, event, _) = self.t.part.tally.remove(&key).unwrap_or_default();
+                    let why =
+                        "no instance accepted it within the event window (type, source or correlation did not match)";
+                    let origin = parse_origin(&key);
+                    self.dead(&event, &origin, "noInstance", why);
+                }
+            }
+        }
+    }
+
+    fn command_for(&mut self, id: &str, c: Command) {
+        let p = partition_of(id, self.shared.partitions);
+        self.outs.push(command(self.shared, p, Some(id), &c));
+    }
+
+    fn dead(&mut self, event: &Value, origin: &Origin, code: &str, why: &str) {
+        let headers = vec![
+            ("content-type".to_string(), b"application/cloudevents+json".to_vec()),
+            ("sm4c-origin".to_string(), origin.key().into_bytes()),
+        ];
+        let o = deadletter(
+            self.shared,
+            serde_json::to_vec(event).unwrap_or_default(),
+            headers,
+            code,
+            why,
+        );
+        self.outs.push(o);
+    }
+
+    fn park(&mut self, p: Parked) {
+        if !self
+            .t
+            .part
+            .parked
+            .iter()
+            .any(|x| x.origin == p.origin && x.target == p.target)
+        {
+            self.t.part.parked.push(p);
+            self.t.part_dirty = true;
+        }
+    }
+
+    fn accepts(&self, id: &str, event: &Value) -> bool {
+        let Some(s) = self.t.slots.get(id) else { return false };
+        if s.inst.status().is_final() {
+            return false;
+        }
+        let snap = s.inst.snapshot();
+        s.inst
+            .machine()
+            .events
+            .iter()
+            .any(|d| mismatch(d, event, &snap.data.0, &snap.bindings).is_none())
+    }
+
+    fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
+        if let Some(s) = self.t.slots.get_mut(id) {
+            s.rec
+                .seen
+                .insert(format!("{}/{}", origin.topic, origin.partition), origin.offset);
+        }
+        self.handle(id, Input::Event { event }, at);
+    }
+
+    /// Parked events for instances that now wait for them.
+    fn unpark(&mut self, at: i64) {
+        if self.t.part.parked.is_empty() {
+            return;
+        }
+        let mut waiting: Vec<String> = self
+            .t
+            .slots
+            .iter()
+            .filter(|(_, s)| s.dirty && s.inst.status() == Status::Waiting)
+            .map(|(id, _)| id.clone())
+            .collect();
+        waiting.sort();
+        if waiting.is_empty() {
+            return;
+        }
+        let parked = std::mem::take(&mut self.t.part.parked);
+        let mut keep = Vec::new();
+        for p in parked {
+            let to: Vec<String> = match &p.target {
+                Some(t) if waiting.contains(t) && self.accepts(t, &p.event) => vec![t.clone()],
+                Some(_) => Vec::new(),
+                None => waiting
+                    .iter()
+                    .filter(|id| self.accepts(id, &p.event))
+                    .cloned()
+                    .collect(),
+            };
+            if to.is_empty() {
+                keep.push(p);
+                continue;
+            }
+            self.t.part_dirty = true;
+            for id in to {
+                self.deliver(&id, p.event.clone(), &p.origin, at);
+            }
+        }
+        self.t.part.parked = keep;
+    }
+
+    fn handle(&mut self, id: &str, input: Input, at: i64) {
+        let shared = self.shared;
+        let Some(slot) = self.t.slots.get_mut(id) else { return };
+        if slot.inst.status().is_final() {
+            return;
+        }
+        let max = shared.cfg.max_journal;
+        let input = if slot.rec.journal_len + slot.entries.len() as i64 >= max {
+            Input::Abort {
+                error: ErrorInfo::new(
+                    "limitExceeded",
+                    format!("the journal of this instance reached its limit of {max} entries"),
+                ),
+            }
+        } else {
+            input
+        };
+        let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.inst.handle(Timed { at, input })))
+        {
+            Ok(out) => out,
+            Err(_) => {
+                slot.inst
+                    .force_fail(ErrorInfo::new("internalError", "the engine failed on this instance"));
+                Default::default()
+            }
+        };
+        slot.entries.extend(out.entries);
+        slot.dirty = true;
+        let depth = slot.rec.depth;
+        let parent = slot.rec.parent.clone();
+        for e in out.effects {
+            match &e {
+                Effect::InvokeFunction { op, .. } => {
+                    slot.rec
+                        .calls
+                        .push((op.clone(), serde_json::to_value(&e).unwrap_or(Value::Null)));
+                    self.after.push((id.to_string(), e));
+                }
+                Effect::StartSubflow { op, .. } => {
+                    slot.rec
+                        .calls
+                        .push((op.clone(), serde_json::to_value(&e).unwrap_or(Value::Null)));
+                    let child = format!("{id}/{op}");
+                    let Effect::StartSubflow {
+                        definition,
+                        input,
+                        wait,
+                        ..
+                    } = &e
+                    else {
+                        continue;
+                    };
+                    let c = Command::Start {
+                        id: child.clone(),
+                        definition: definition.clone(),
+                        version: None,
+                        input: input.clone(),
+                        parent: Some((id.to_string(), op.clone(), *wait)),
+                        depth: depth + 1,
+                    };
+                    let p = partition_of(&child, shared.partitions);
+                    self.outs.push(command(shared, p, Some(&child), &c));
+                    if !*wait {
+                        // Started (once this commits): nothing left to wait for.
+                        slot.rec.calls.retain(|(o, _)| o != op);
+                    }
+                }
+                Effect::SendEvent { event, .. } => {
+                    let topic = sent_topic(slot.inst.machine(), event).unwrap_or_else(|| shared.topics.out.clone());
+                    self.outs.push(sent_event(shared, id, topic, event));
+                }
+                Effect::CancelOperation { op } => {
+                    slot.rec.calls.retain(|(o, _)| o != op);
+                    let child = format!("{id}/{op}");
+                    let c = Command::Cancel {
+                        id: child.clone(),
+                        reason: "the parent no longer waits".into(),
+                    };
+                    let p = partition_of(&child, shared.partitions);
+                    self.outs.push(command(shared, p, Some(&child), &c));
+                    self.after.push((id.to_string(), e));
+                }
+                Effect::StartTimer { .. } | Effect::CancelTimer { .. } => self.after.push((id.to_string(), e)),
+            }
+        }
+        if slot.inst.status().is_final() {
+            slot.rec.calls.clear();
+            // Cancelling or failing a parent cancels the children it waits for.
+            if let Some((p, op, true)) = parent {
+                let status = slot.inst.status();
+                let data = slot.inst.data();
+                let error = slot.inst.error().cloned();
+                let input = crate::host::subflow_result(id, op.clone(), status, data, error);
+                let outcome = match input {
+                    Input::Completed { result, .. } => Outcome::Ok(result),
+                    Input::Failed { error, .. } => Outcome::Err(error),
+                    _ => return,
+                };
+                self.command_for(
+                    &p,
+                    Command::Result {
+                        id: p.clone(),
+                        op,
+                        outcome,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// The topic a sent event goes to: its event definition's `topic` extension.
+fn sent_topic(m: &Arc<Machine>, event: &Value) -> Option<String> {
+    let ty = attribute_text(event, "type")?;
+    m.events
+        .iter()
+        .find(|d| d.sent_type() == ty && d.topic.is_some())
+        .and_then(|d| d.topic.clone())
+}
+
+fn parse_origin(key: &str) -> Origin {
+    let mut parts = key.rsplitn(3, '/');
+    let offset = parts.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
+    let partition = parts.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
+    let topic = parts.next().unwrap_or_default().to_string();
+    Origin {
+        topic,
+        partition,
+        offset,
+    }
+}
+
+/// What POST /events answers in Kafka mode.
+pub(crate) fn queued(topic: &str, partition: i32, offset: i64) -> Delivery {
+    Delivery {
+        queued: true,
+        topic: topic.to_string(),
+        partition,
+        offset,
+    }
+}
