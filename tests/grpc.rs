@@ -521,8 +521,23 @@ fn validate_reports_proto_problems_naming_the_function() {
         ],
         "{err}"
     );
-    // `sm4c run` refuses the definition the same way, before anything runs.
+    // `sm4c run` and `sm4c serve` refuse the definition the same way, before anything runs.
     let (code, _, err) = sm4c(&["run", file.to_str().unwrap()], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("has no method Delete"), "{err}");
+    let db = dir.path().join("s.db");
+    let (code, _, err) = sm4c(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--definitions",
+            dir.path().to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(code, 2);
     assert!(err.contains("has no method Delete"), "{err}");
 }
