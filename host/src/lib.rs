@@ -3,7 +3,8 @@
 //! - [`Host`]: what an application implements so its state machines can call functions,
 //!   publish events and start subflows.
 //! - [`InMemoryHost`]: runs instances in-process on tokio, with a real or virtual [`Clock`].
-//! - [`files`], [`mock`] and [`graph`]: what the `sm4c` command is made of.
+//! - [`files`], [`mock`] and [`graph`]: what the `sm4c` command is made of; [`rest`] and [`grpc`]
+//!   call functions for real, where [`config`] says.
 //!
 //! The example on [`InMemoryHost`] embeds the runtime with a function written as a Rust closure.
 
@@ -11,10 +12,12 @@
 #![allow(clippy::result_large_err)]
 
 pub mod client;
+pub mod config;
 pub mod durable;
 pub mod explain;
 pub mod files;
 pub mod graph;
+pub mod grpc;
 mod host;
 pub mod kafka;
 pub mod memory;

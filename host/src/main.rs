@@ -3,7 +3,9 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
+use sm4c_host::config::CallConfig;
 use sm4c_host::files::{self, FileError};
+use sm4c_host::grpc::{self, GrpcInvoker};
 use sm4c_host::mock::MockHost;
 use sm4c_host::{graph, Clock, Config, InMemoryHost};
 use sm4c_runtime::{Limits, Options, Status, Trace};
@@ -73,7 +75,7 @@ struct ServeArgs {
     #[arg(long, default_value = "5m")]
     event_window: String,
     #[command(flatten)]
-    rest: RestArgs,
+    calls: CallArgs,
     #[command(flatten)]
     kafka: KafkaArgs,
 }
@@ -142,12 +144,17 @@ struct RunArgs {
     #[arg(long, default_value_t = Limits::default().fuel)]
     expression_fuel: u64,
     #[command(flatten)]
-    rest: RestArgs,
+    calls: CallArgs,
 }
 
-/// Where REST functions go (functions without a mock are called for real).
+/// Where functions without a mock go (they are called for real): REST servers and credentials,
+/// gRPC targets, and the configuration file holding them.
 #[derive(clap::Args, Clone, Default)]
-struct RestArgs {
+struct CallArgs {
+    /// TOML file of REST servers and headers per document, gRPC targets, metadata and deadlines per
+    /// service (see the README); the flags below override and extend it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Base URL for an OpenAPI document, replacing its `servers`: DOCUMENT=URL (repeatable).
     #[arg(long = "rest-server", value_name = "DOCUMENT=URL")]
     servers: Vec<String>,
@@ -155,35 +162,31 @@ struct RestArgs {
     /// DOCUMENT=NAME:VALUE, or DOCUMENT=NAME:env:VAR to read the value from the environment (repeatable).
     #[arg(long = "rest-header", value_name = "DOCUMENT=NAME:VALUE")]
     headers: Vec<String>,
+    /// Where a gRPC service runs: package.Service=http://HOST:PORT (repeatable).
+    #[arg(long = "grpc-target", value_name = "SERVICE=URL")]
+    grpc_targets: Vec<String>,
 }
 
-impl RestArgs {
-    fn config(&self) -> anyhow::Result<sm4c_host::rest::RestConfig> {
-        let mut c = sm4c_host::rest::RestConfig::default();
+impl CallArgs {
+    /// The configuration file, then the flags; `Ok(Err(..))` holds the file's errors, to report with the others.
+    fn config(&self) -> anyhow::Result<Result<CallConfig, Vec<FileError>>> {
+        let mut c = match &self.config {
+            Some(p) => match CallConfig::from_file(p) {
+                Ok(c) => c,
+                Err(errs) => return Ok(Err(errs)),
+            },
+            None => CallConfig::default(),
+        };
         for s in &self.servers {
-            let (doc, url) = s
-                .split_once('=')
-                .ok_or_else(|| anyhow::anyhow!("--rest-server {s:?}: expected DOCUMENT=URL"))?;
-            c.servers.insert(doc.to_string(), url.to_string());
+            c.rest_server(s).map_err(anyhow::Error::msg)?;
         }
         for h in &self.headers {
-            let (doc, header) = h
-                .split_once('=')
-                .ok_or_else(|| anyhow::anyhow!("--rest-header: expected DOCUMENT=NAME:VALUE"))?;
-            let (name, value) = header
-                .split_once(':')
-                .ok_or_else(|| anyhow::anyhow!("--rest-header: expected DOCUMENT=NAME:VALUE"))?;
-            let value = match value.strip_prefix("env:") {
-                Some(var) => std::env::var(var)
-                    .with_context(|| format!("--rest-header {doc}={name}: environment variable {var} is not set"))?,
-                None => value.to_string(),
-            };
-            c.headers
-                .entry(doc.to_string())
-                .or_default()
-                .push((name.trim().to_string(), value.trim().to_string()));
+            c.rest_header(h).map_err(anyhow::Error::msg)?;
         }
-        Ok(c)
+        for t in &self.grpc_targets {
+            c.grpc_target(t).map_err(anyhow::Error::msg)?;
+        }
+        Ok(Ok(c))
     }
 }
 
@@ -264,6 +267,7 @@ fn validate(paths: &[PathBuf], subflows: Option<&Path>) -> ExitCode {
     for p in paths {
         match files::load_definition(p, Limits::default()) {
             Ok(m) => {
+                errs.extend(grpc::check_definition(p, &m));
                 if let Some(known) = &known {
                     errs.extend(files::check_subflows(p, &m, known));
                 }
@@ -295,6 +299,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(m) = &machine {
         errs.extend(files::check_subflows(&args.file, m, &subflows));
+        errs.extend(grpc::check_definition(&args.file, m));
     }
     for (id, m) in &subflows {
         errs.extend(files::check_subflows(Path::new(&format!("subflow {id}")), m, &subflows));
@@ -313,6 +318,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(p) => files::load_events(p).map_err(|e| errs.extend(e)).unwrap_or_default(),
         None => Vec::new(),
     };
+    let calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
     let Some(machine) = machine.filter(|_| errs.is_empty()) else {
         return Ok(report(&errs));
     };
@@ -329,12 +335,14 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let machine = Arc::new(machine);
     let base = args.file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, args.rest.config()?));
+    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, calls.rest));
+    let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
     let host = Arc::new(MockHost {
         mocks,
         subflows,
         sent,
         rest: Some(rest),
+        grpc: Some(grpc),
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let verbose = args.verbose;
@@ -448,7 +456,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         for p in paths {
             match files::load_definition(&p, Limits::default()) {
-                Ok(m) => docs.push((p, m.source.clone())),
+                Ok(m) => {
+                    errs.extend(grpc::check_definition(&p, &m));
+                    docs.push((p, m.source.clone()))
+                }
                 Err(e) => errs.extend(e),
             }
         }
@@ -459,11 +470,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_default(),
         None => HashMap::new(),
     };
+    let calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
     if !errs.is_empty() {
         return Ok(report(&errs));
     }
     if let Some(bootstrap) = &args.kafka.kafka {
-        return serve_kafka(&args, bootstrap, docs, mocks, park_ms);
+        return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms);
     }
     let store = match SqliteStore::open(&args.db) {
         Ok(s) => Arc::new(s),
@@ -473,7 +485,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
-    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, args.rest.config()?));
+    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, calls.rest));
+    let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(STACK)
@@ -484,6 +497,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             subflows: HashMap::new(),
             sent: None,
             rest: Some(rest),
+            grpc: Some(grpc),
         });
         let limits = HostLimits {
             park_ms,
@@ -532,6 +546,7 @@ fn serve_kafka(
     bootstrap: &str,
     docs: Vec<(PathBuf, serde_json::Value)>,
     mocks: HashMap<String, sm4c_runtime::Expr>,
+    calls: sm4c_host::config::CallConfig,
     park_ms: u64,
 ) -> anyhow::Result<ExitCode> {
     let mut config = sm4c_host::kafka::KafkaConfig::new(bootstrap);
@@ -549,7 +564,8 @@ fn serve_kafka(
         config.settings.push((k.trim().to_string(), v.trim().to_string()));
     }
     let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
-    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, args.rest.config()?));
+    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, calls.rest));
+    let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(STACK)
@@ -560,6 +576,7 @@ fn serve_kafka(
             subflows: HashMap::new(),
             sent: None,
             rest: Some(rest),
+            grpc: Some(grpc),
         });
         let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
         let kafka = match sm4c_host::kafka::KafkaHost::start(config, docs, host).await {

@@ -1,5 +1,5 @@
-//! The host `sm4c run` uses: functions answered by jq mocks, sent events appended to a file,
-//! subflows from a folder.
+//! The host `sm4c run` and `sm4c serve` use: functions answered by jq mocks, else called for real
+//! (REST, gRPC), sent events appended to a file, subflows from a folder.
 
 use crate::host::{BoxFuture, FunctionCall, Host};
 use serde_json::Value;
@@ -19,6 +19,8 @@ pub struct MockHost {
     pub sent: Option<Mutex<std::fs::File>>,
     /// Real calls of `rest` functions that have no mock.
     pub rest: Option<Arc<crate::rest::RestInvoker>>,
+    /// Real calls of `rpc` functions that have no mock.
+    pub grpc: Option<Arc<crate::grpc::GrpcInvoker>>,
 }
 
 impl Host for MockHost {
@@ -29,15 +31,15 @@ impl Host for MockHost {
                 err.details = e.value.filter(|v| !v.is_string());
                 err
             }),
-            None => match (&self.rest, call.function_type.as_str()) {
-                (Some(rest), "rest") => {
+            None => match (call.function_type.as_str(), &self.rest, &self.grpc) {
+                ("rest", Some(rest), _) => {
                     let rest = rest.clone();
                     return Box::pin(async move { rest.call(&call).await });
                 }
-                (_, "rpc") => Err(ErrorInfo::new(
-                    "functionError",
-                    format!("function {:?} is a gRPC function, and gRPC calls are not available yet: give a mock with --mock", call.function),
-                )),
+                ("rpc", _, Some(grpc)) => {
+                    let grpc = grpc.clone();
+                    return Box::pin(async move { grpc.call(&call).await });
+                }
                 _ => Err(ErrorInfo::new(
                     "functionError",
                     format!("function {:?} has no mock: give one with --mock (a JSON object of function names to jq expressions)", call.function),

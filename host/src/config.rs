@@ -1,0 +1,355 @@
+//! Where function calls go: REST servers and headers per OpenAPI document, gRPC targets,
+//! metadata and deadlines per service. Read from the configuration file (`--config FILE`, TOML),
+//! then amended by the command-line flags, which win.
+//!
+//! ```toml
+//! [rest."file://api.yaml"]            # the document as written in `operation`, before `#`
+//! server = "https://staging.example.com/v1"
+//! headers = { x-api-key = "env:API_KEY", x-tenant = "acme" }
+//!
+//! [grpc."shop.v1.Inventory"]          # package.Service
+//! target = "http://127.0.0.1:50051"
+//! metadata = { authorization = "env:INVENTORY_TOKEN" }
+//! deadline = "5s"
+//! ```
+//!
+//! Header and metadata values are literal or `env:VAR`. They are credentials: no message quotes them.
+
+use crate::files::FileError;
+use crate::grpc::GrpcConfig;
+use crate::rest::RestConfig;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use toml::Spanned;
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
+
+/// Host configuration of function calls.
+#[derive(Debug, Clone, Default)]
+pub struct CallConfig {
+    /// REST functions.
+    pub rest: RestConfig,
+    /// gRPC functions.
+    pub grpc: GrpcConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    rest: BTreeMap<String, RawDocument>,
+    #[serde(default)]
+    grpc: BTreeMap<String, RawService>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDocument {
+    server: Option<Spanned<String>>,
+    #[serde(default)]
+    headers: BTreeMap<String, Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    target: Option<Spanned<String>>,
+    #[serde(default)]
+    metadata: BTreeMap<String, Spanned<String>>,
+    deadline: Option<Spanned<String>>,
+}
+
+/// A TOML key path, quoting the parts that are not bare keys.
+fn key(parts: &[&str]) -> String {
+    parts
+        .iter()
+        .map(|p| {
+            if !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+                p.to_string()
+            } else {
+                format!("{p:?}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// A literal value, or the environment variable `env:VAR` names.
+fn secret(value: &str) -> Result<String, String> {
+    match value.strip_prefix("env:") {
+        Some(var) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set")),
+        None => Ok(value.to_string()),
+    }
+}
+
+/// Checks a gRPC target: plaintext HTTP/2, `http://host:port`.
+pub fn check_target(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| format!("{url:?} is not a URL; expected http://HOST:PORT"))?;
+    match uri.scheme_str() {
+        Some("http") if uri.authority().is_some() => Ok(()),
+        Some("https") => Err(format!(
+            "{url:?}: TLS targets (https) are not supported; use http://HOST:PORT"
+        )),
+        _ => Err(format!("{url:?} is not a URL; expected http://HOST:PORT")),
+    }
+}
+
+fn header(name: &str, value: &str) -> Result<(), String> {
+    reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
+    reqwest::header::HeaderValue::from_str(value)
+        .map(|_| ())
+        .map_err(|_| format!("the value of header {name} is not a valid header value"))
+}
+
+fn metadata(name: &str, value: &str) -> Result<(AsciiMetadataKey, AsciiMetadataValue), String> {
+    let k = AsciiMetadataKey::from_bytes(name.as_bytes()).map_err(|_| {
+        format!("{name:?} is not a metadata name (lower-case letters, digits, '-', '_' and '.'; not ending in -bin)")
+    })?;
+    let v = AsciiMetadataValue::try_from(value)
+        .map_err(|_| format!("the value of metadata {name} is not visible ASCII"))?;
+    Ok((k, v))
+}
+
+fn deadline(value: &str) -> Result<Duration, String> {
+    sm4c_runtime::timespan::parse(value)
+        .map(Duration::from_millis)
+        .map_err(|e| format!("not a duration ({e})"))
+}
+
+/// Hides the value serde quotes in `invalid type: string "…"`, which may be a credential.
+fn redact(message: &str) -> String {
+    let mut out = String::new();
+    let mut rest = message;
+    while let Some(i) = rest.find("string \"") {
+        out.push_str(&rest[..i + "string ".len()]);
+        let mut chars = rest[i + "string \"".len()..].char_indices();
+        let mut end = None;
+        while let Some((j, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    end = Some(i + "string \"".len() + j + 1);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        out.push_str("(value not shown)");
+        rest = end.map_or("", |e| &rest[e..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+impl CallConfig {
+    /// Reads a configuration file; every problem is reported with its line and key.
+    pub fn from_file(path: &Path) -> Result<CallConfig, Vec<FileError>> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            vec![FileError {
+                file: file.clone(),
+                place: "/".into(),
+                message: format!("cannot read: {e}"),
+            }]
+        })?;
+        let line = |at: usize| format!("line {}", text[..at.min(text.len())].matches('\n').count() + 1);
+        let raw: RawFile = toml::from_str(&text).map_err(|e| {
+            vec![FileError {
+                file: file.clone(),
+                place: e.span().map_or_else(|| "/".to_string(), |s| line(s.start)),
+                message: redact(e.message().trim()),
+            }]
+        })?;
+        let mut errs = Vec::new();
+        let mut fail = |at: usize, key: String, message: String| {
+            errs.push(FileError {
+                file: file.clone(),
+                place: line(at),
+                message: format!("{key}: {message}"),
+            })
+        };
+        let mut c = CallConfig::default();
+        for (doc, d) in &raw.rest {
+            if let Some(server) = &d.server {
+                c.rest.servers.insert(doc.clone(), server.get_ref().clone());
+            }
+            for (name, value) in &d.headers {
+                match secret(value.get_ref()).and_then(|v| header(name, &v).map(|_| v)) {
+                    Ok(v) => c.rest.headers.entry(doc.clone()).or_default().push((name.clone(), v)),
+                    Err(m) => fail(value.span().start, key(&["rest", doc, "headers", name]), m),
+                }
+            }
+        }
+        for (service, s) in &raw.grpc {
+            if let Some(target) = &s.target {
+                match check_target(target.get_ref()) {
+                    Ok(()) => {
+                        c.grpc.targets.insert(service.clone(), target.get_ref().clone());
+                    }
+                    Err(m) => fail(target.span().start, key(&["grpc", service, "target"]), m),
+                }
+            }
+            for (name, value) in &s.metadata {
+                match secret(value.get_ref()).and_then(|v| metadata(name, &v)) {
+                    Ok(kv) => c.grpc.metadata.entry(service.clone()).or_default().push(kv),
+                    Err(m) => fail(value.span().start, key(&["grpc", service, "metadata", name]), m),
+                }
+            }
+            if let Some(d) = &s.deadline {
+                match deadline(d.get_ref()) {
+                    Ok(d) => {
+                        c.grpc.deadlines.insert(service.clone(), d);
+                    }
+                    Err(m) => fail(d.span().start, key(&["grpc", service, "deadline"]), m),
+                }
+            }
+        }
+        if errs.is_empty() {
+            Ok(c)
+        } else {
+            Err(errs)
+        }
+    }
+
+    /// `--rest-server DOCUMENT=URL`: replaces the document's server.
+    pub fn rest_server(&mut self, flag: &str) -> Result<(), String> {
+        let (doc, url) = flag
+            .split_once('=')
+            .ok_or_else(|| format!("--rest-server {flag:?}: expected DOCUMENT=URL"))?;
+        self.rest.servers.insert(doc.to_string(), url.to_string());
+        Ok(())
+    }
+
+    /// `--rest-header DOCUMENT=NAME:VALUE` or `DOCUMENT=NAME:env:VAR`: adds a header to the
+    /// document's calls, replacing one of the same name from the file.
+    pub fn rest_header(&mut self, flag: &str) -> Result<(), String> {
+        let usage = || "--rest-header: expected DOCUMENT=NAME:VALUE".to_string();
+        let (doc, header_flag) = flag.split_once('=').ok_or_else(usage)?;
+        let (name, value) = header_flag.split_once(':').ok_or_else(usage)?;
+        let (name, value) = (name.trim(), value.trim());
+        let value = secret(value)
+            .and_then(|v| header(name, &v).map(|_| v))
+            .map_err(|e| format!("--rest-header {doc}={name}: {e}"))?;
+        let headers = self.rest.headers.entry(doc.to_string()).or_default();
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        headers.push((name.to_string(), value));
+        Ok(())
+    }
+
+    /// `--grpc-target SERVICE=URL`: where a gRPC service runs, replacing the file's target.
+    pub fn grpc_target(&mut self, flag: &str) -> Result<(), String> {
+        let (service, url) = flag
+            .split_once('=')
+            .ok_or_else(|| format!("--grpc-target {flag:?}: expected package.Service=http://HOST:PORT"))?;
+        check_target(url).map_err(|e| format!("--grpc-target {service}: {e}"))?;
+        self.grpc.targets.insert(service.to_string(), url.to_string());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<CallConfig, Vec<String>> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sm4c.toml");
+        std::fs::write(&path, text).unwrap();
+        CallConfig::from_file(&path).map_err(|errs| {
+            errs.into_iter()
+                .map(|e| format!("{}: {}", e.place, e.message))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn reads_rest_and_grpc_sections() {
+        std::env::set_var("SM4C_CONFIG_TEST_KEY", "k-123");
+        let c = load(
+            "[rest.\"file://api.json\"]\nserver = \"http://localhost:1\"\nheaders = { x-api-key = \"env:SM4C_CONFIG_TEST_KEY\", x-tenant = \"acme\" }\n\n[grpc.\"shop.v1.Inventory\"]\ntarget = \"http://127.0.0.1:50051\"\nmetadata = { authorization = \"Bearer t\" }\ndeadline = \"1.5s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.rest.servers["file://api.json"], "http://localhost:1");
+        assert_eq!(
+            c.rest.headers["file://api.json"],
+            vec![
+                ("x-api-key".to_string(), "k-123".to_string()),
+                ("x-tenant".to_string(), "acme".to_string())
+            ]
+        );
+        assert_eq!(c.grpc.targets["shop.v1.Inventory"], "http://127.0.0.1:50051");
+        assert_eq!(c.grpc.metadata["shop.v1.Inventory"][0].0.as_str(), "authorization");
+        assert_eq!(c.grpc.deadlines["shop.v1.Inventory"], Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn errors_name_the_line_and_key_and_never_the_secret() {
+        let errs = load(
+            "[grpc.\"a.B\"]\ntarget = \"https://x:1\"\nmetadata = { \"bad name\" = \"s3cret\", token = \"env:SM4C_CONFIG_TEST_UNSET\" }\ndeadline = \"soon\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert!(errs[0].starts_with("line 2: grpc.\"a.B\".target: "), "{errs:?}");
+        assert!(
+            errs[1].starts_with("line 3: grpc.\"a.B\".metadata.\"bad name\": \"bad name\" is not a metadata name"),
+            "{errs:?}"
+        );
+        assert_eq!(
+            errs[2],
+            "line 3: grpc.\"a.B\".metadata.token: environment variable SM4C_CONFIG_TEST_UNSET is not set"
+        );
+        assert!(
+            errs[3].starts_with("line 4: grpc.\"a.B\".deadline: not a duration"),
+            "{errs:?}"
+        );
+        assert!(!errs.iter().any(|e| e.contains("s3cret")), "{errs:?}");
+        // A secret in the wrong place is not quoted by the parse error either.
+        let errs = load("\n[rest.\"api.json\"]\nheaders = \"s3cret\"\n").unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].starts_with("line 3: "), "{errs:?}");
+        assert!(!errs[0].contains("s3cret"), "{errs:?}");
+        // Unknown keys are refused with their line.
+        let errs = load("[grpc.\"a.B\"]\ntarget = \"http://x:1\"\ntimeout = \"1s\"\n").unwrap_err();
+        assert!(errs[0].starts_with("line 3: unknown field `timeout`"), "{errs:?}");
+    }
+
+    #[test]
+    fn flags_override_and_extend_the_file() {
+        let mut c = load(
+            "[rest.\"d\"]\nheaders = { X-Key = \"old\", x-other = \"o\" }\n[grpc.\"a.B\"]\ntarget = \"http://x:1\"\n",
+        )
+        .unwrap();
+        c.rest_header("d=x-key:new").unwrap();
+        c.grpc_target("a.B=http://y:2").unwrap();
+        c.rest_server("d=http://z").unwrap();
+        assert_eq!(
+            c.rest.headers["d"],
+            vec![
+                ("x-other".to_string(), "o".to_string()),
+                ("x-key".to_string(), "new".to_string())
+            ]
+        );
+        assert_eq!(c.grpc.targets["a.B"], "http://y:2");
+        assert_eq!(c.rest.servers["d"], "http://z");
+        assert!(c.grpc_target("a.B").unwrap_err().contains("expected"));
+        let e = c.rest_header("d=x-key:env:SM4C_CONFIG_TEST_UNSET").unwrap_err();
+        assert_eq!(
+            e,
+            "--rest-header d=x-key: environment variable SM4C_CONFIG_TEST_UNSET is not set"
+        );
+    }
+
+    #[test]
+    fn redact_hides_quoted_strings_only() {
+        assert_eq!(
+            redact("invalid type: string \"a\\\"b\", expected a map"),
+            "invalid type: string (value not shown), expected a map"
+        );
+        assert_eq!(redact("unknown field `x`"), "unknown field `x`");
+    }
+}

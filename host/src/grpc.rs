@@ -1,0 +1,424 @@
+//! gRPC functions: `operation` is `<.proto URI>#<package.Service>/<Method>`.
+//!
+//! The `.proto` file is compiled when the definition is loaded (protox, no code generation);
+//! arguments become the request message through the protobuf JSON mapping and the response comes
+//! back as JSON the same way. Where a service runs is host configuration (a target per service),
+//! never part of the definition. Every call carries the metadata `idempotency-key: <instance>/<operation
+//! id>`, as REST calls carry `Idempotency-Key`. A status other than OK, a refused connection and an
+//! expired deadline are `functionError`s carrying the gRPC code, so error handlers and retry policies
+//! apply.
+
+use crate::files::FileError;
+use crate::host::FunctionCall;
+use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, SerializeOptions};
+use serde_json::{json, Value};
+use sm4c_runtime::model::FunctionKind;
+use sm4c_runtime::{ErrorInfo, Machine};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Host configuration for gRPC functions, per service (`package.Service`). Metadata holds
+/// credentials and is never logged.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcConfig {
+    /// Address of each service (`http://host:port`).
+    pub targets: HashMap<String, String>,
+    /// Metadata sent with every call to a service (credentials); never logged.
+    pub metadata: HashMap<String, Vec<(AsciiMetadataKey, AsciiMetadataValue)>>,
+    /// Deadline of each call to a service; `deadline` when absent.
+    pub deadlines: HashMap<String, Duration>,
+    /// Deadline of calls to services without their own (default 30 s). The action's own
+    /// `timeout` can be shorter.
+    pub deadline: Option<Duration>,
+}
+
+/// Calls gRPC functions; one channel (one HTTP/2 connection) per target, shared by every call.
+pub struct GrpcInvoker {
+    base: PathBuf,
+    config: GrpcConfig,
+    protos: Mutex<HashMap<PathBuf, Arc<DescriptorPool>>>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+/// Metadata key that marks a status made on this side of the wire (no connection, deadline
+/// expired) rather than sent by the server. Never sent.
+const LOCAL: &str = "sm4c-local-failure";
+
+fn err(message: String, details: Value) -> ErrorInfo {
+    ErrorInfo::new("functionError", message).with_details(details)
+}
+
+/// Splits `<.proto URI>#<package.Service>/<Method>`.
+pub fn parse_operation(operation: &str) -> Option<(&str, &str, &str)> {
+    let (proto, rest) = operation.rsplit_once('#')?;
+    let (service, method) = rest.split_once('/')?;
+    let ok = |s: &str| !s.is_empty() && !s.contains(['/', '#', ' ']);
+    (!proto.is_empty() && ok(service) && ok(method)).then_some((proto, service, method))
+}
+
+const FORM: &str = "must be <.proto URI>#<package.Service>/<Method>";
+
+/// Compiles a `.proto` file (its folder is the import path; `google/protobuf/*.proto` are built in).
+pub fn compile(path: &Path) -> Result<DescriptorPool, String> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(format!("{} is not a .proto file", path.display()));
+    };
+    std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let fail = |e: protox::Error| format!("cannot compile {}: {}", path.display(), describe(name, dir, &e));
+    let mut compiler = protox::Compiler::new([dir]).map_err(fail)?;
+    compiler.open_file(name).map_err(fail)?;
+    Ok(compiler.descriptor_pool())
+}
+
+/// A protox error with the line and column it points at, and the file when it is an import.
+fn describe(name: &std::ffi::OsStr, dir: &Path, e: &protox::Error) -> String {
+    use miette::Diagnostic;
+    let place = e.labels().and_then(|mut labels| labels.next()).and_then(|label| {
+        let source = e.source_code()?;
+        let at = source.read_span(label.inner(), 0, 0).ok()?;
+        Some(format!("line {} column {}", at.line() + 1, at.column() + 1))
+    });
+    match (e.file(), place) {
+        (Some(file), Some(place)) if Path::new(file) == Path::new(name) => format!("{place}: {e}"),
+        (Some(file), Some(place)) => format!("{}, {place}: {e}", dir.join(file).display()),
+        _ => e.to_string(),
+    }
+}
+
+/// Finds a unary method in a compiled `.proto`.
+fn find_method(pool: &DescriptorPool, proto: &str, service: &str, method: &str) -> Result<MethodDescriptor, String> {
+    let Some(s) = pool.get_service_by_name(service) else {
+        let known: Vec<String> = pool.services().map(|s| s.full_name().to_string()).collect();
+        return Err(format!(
+            "{proto} has no service {service} (it has: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ));
+    };
+    let Some(m) = s.methods().find(|m| m.name() == method) else {
+        let known: Vec<String> = s.methods().map(|m| m.name().to_string()).collect();
+        return Err(format!(
+            "service {service} in {proto} has no method {method} (it has: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ));
+    };
+    if m.is_client_streaming() || m.is_server_streaming() {
+        return Err(format!(
+            "method {service}/{method} streams; only unary methods can be called"
+        ));
+    }
+    Ok(m)
+}
+
+/// Checks every `rpc` function of a definition loaded from `file`: the operation's form, the
+/// `.proto` (resolved against the definition's folder), its service and unary method.
+pub fn check_definition(file: &Path, m: &Machine) -> Vec<FileError> {
+    let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut pools: HashMap<PathBuf, Result<DescriptorPool, String>> = HashMap::new();
+    let functions = m.source.get("functions").and_then(Value::as_array);
+    let mut errs = Vec::new();
+    for f in m.functions.iter().filter(|f| matches!(f.kind, FunctionKind::Rpc)) {
+        let index = functions.and_then(|list| {
+            list.iter()
+                .position(|d| d.get("name").and_then(Value::as_str) == Some(&f.name))
+        });
+        let place = match index {
+            Some(i) => format!("/functions/{i}/operation"),
+            None => "/functions".to_string(),
+        };
+        let problem = match parse_operation(&f.operation) {
+            None => Some(format!(
+                "gRPC function {:?}: operation {:?} {FORM}",
+                f.name, f.operation
+            )),
+            Some((proto, service, method)) => match crate::files::resolve_uri(&dir, proto) {
+                Err(e) => Some(format!("gRPC function {:?}: {e}", f.name)),
+                Ok(path) => match pools.entry(path.clone()).or_insert_with(|| compile(&path)) {
+                    Err(e) => Some(format!("gRPC function {:?}: {e}", f.name)),
+                    Ok(pool) => find_method(pool, proto, service, method)
+                        .err()
+                        .map(|e| format!("gRPC function {:?}: {e}", f.name)),
+                },
+            },
+        };
+        errs.extend(problem.map(|message| FileError {
+            file: file.display().to_string(),
+            place,
+            message,
+        }));
+    }
+    errs
+}
+
+impl GrpcInvoker {
+    /// Relative `.proto` URIs resolve against `base` (the definitions' folder).
+    pub fn new(base: &Path, config: GrpcConfig) -> GrpcInvoker {
+        GrpcInvoker {
+            base: base.to_path_buf(),
+            config,
+            protos: Mutex::new(HashMap::new()),
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn pool(&self, uri: &str) -> Result<Arc<DescriptorPool>, String> {
+        let path = crate::files::resolve_uri(&self.base, uri)?;
+        if let Some(p) = self.protos.lock().unwrap_or_else(|p| p.into_inner()).get(&path) {
+            return Ok(p.clone());
+        }
+        let pool = Arc::new(compile(&path)?);
+        self.protos
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path, pool.clone());
+        Ok(pool)
+    }
+
+    /// The channel to a target, made on first use; it connects lazily and reconnects by itself.
+    fn channel(&self, target: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = channels.get(target) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(target.to_string())
+            .map_err(|e| format!("target {target:?} is not a URL: {e}"))?
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(target.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Performs a call of an `rpc` function.
+    pub async fn call(&self, call: &FunctionCall) -> Result<Value, ErrorInfo> {
+        let function = &call.function;
+        let (proto, service, method) = parse_operation(&call.operation).ok_or_else(|| {
+            err(
+                format!("operation {:?} of gRPC function {function} {FORM}", call.operation),
+                json!({"operation": call.operation}),
+            )
+        })?;
+        let method_desc = self
+            .pool(proto)
+            .and_then(|pool| find_method(&pool, proto, service, method))
+            .map_err(|e| {
+                err(
+                    format!("gRPC function {function}: {e}"),
+                    json!({"operation": call.operation}),
+                )
+            })?;
+        let target = self.config.targets.get(service).ok_or_else(|| {
+            err(
+                format!(
+                    "gRPC function {function} calls service {service}, which has no target: give one with \
+                     --grpc-target {service}=http://HOST:PORT or in the configuration file (--config)"
+                ),
+                json!({"service": service}),
+            )
+        })?;
+        let arguments = match &call.arguments {
+            Value::Null => Value::Object(Default::default()),
+            other => other.clone(),
+        };
+        let request = DynamicMessage::deserialize(method_desc.input(), arguments).map_err(|e| {
+            err(
+                format!(
+                    "arguments of gRPC function {function} do not fit message {}: {e}",
+                    method_desc.input().full_name()
+                ),
+                json!({"message": method_desc.input().full_name()}),
+            )
+        })?;
+        let channel = self
+            .channel(target)
+            .map_err(|e| err(format!("gRPC function {function}: {e}"), json!({"target": target})))?;
+        let mut req = tonic::Request::new(request);
+        let key = format!("{}/{}", call.instance, call.op);
+        if let Ok(v) = AsciiMetadataValue::try_from(visible_ascii(&key)) {
+            req.metadata_mut().insert("idempotency-key", v);
+        }
+        for (k, v) in self.config.metadata.get(service).into_iter().flatten() {
+            req.metadata_mut().insert(k.clone(), v.clone());
+        }
+        let deadline = self
+            .config
+            .deadlines
+            .get(service)
+            .copied()
+            .or(self.config.deadline)
+            .unwrap_or(Duration::from_secs(30));
+        req.set_timeout(deadline);
+        let path = http::uri::PathAndQuery::try_from(format!("/{service}/{method}"))
+            .map_err(|e| err(format!("gRPC function {function}: {e}"), Value::Null))?;
+        let name = format!("{service}/{method} at {target}");
+        let mut grpc = tonic::client::Grpc::new(Local(channel));
+        let answer = async {
+            grpc.ready().await?;
+            grpc.unary(req, path, DynamicCodec(method_desc.output())).await
+        };
+        match answer.await {
+            Ok(resp) => resp
+                .into_inner()
+                .serialize_with_options(
+                    serde_json::value::Serializer,
+                    &SerializeOptions::new().skip_default_fields(false),
+                )
+                .map_err(|e| err(format!("{name}: cannot convert the response to JSON: {e}"), Value::Null)),
+            Err(status) => Err(status_error(&name, target, deadline, &status)),
+        }
+    }
+}
+
+/// The function error for a status; `details.kind` tells failures on this side of the wire.
+fn status_error(name: &str, target: &str, deadline: Duration, status: &Status) -> ErrorInfo {
+    let local = status.metadata().get(LOCAL).is_some();
+    let timed_out = status.code() == Code::DeadlineExceeded || (local && status.code() == Code::Cancelled);
+    let code = if timed_out {
+        Code::DeadlineExceeded
+    } else {
+        status.code()
+    };
+    let mut details = json!({"code": code as i32, "codeName": code_name(code), "message": status.message()});
+    let message = if timed_out {
+        details["kind"] = json!("timeout");
+        details["target"] = json!(target);
+        format!("{name} failed: deadline of {} ms exceeded", deadline.as_millis())
+    } else if local {
+        details["kind"] = json!("connection");
+        details["target"] = json!(target);
+        format!("{name} failed: connection: {}", status.message())
+    } else {
+        format!("{name} answered {}: {}", code_name(code), status.message())
+    };
+    err(message, details)
+}
+
+/// The canonical name of a status code, as in the gRPC specification.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Metadata values are visible ASCII; anything else in an instance id is percent-encoded.
+fn visible_ascii(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b' '..=b'~' if b != b'%' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The channel, with its failures marked as local so they are told apart from statuses the
+/// server sent (tonic turns both into a `Status`).
+#[derive(Clone)]
+struct Local(Channel);
+
+fn local(e: tonic::transport::Error) -> Status {
+    // Keep the whole cause ("tcp connect error: Connection refused"); tonic keeps the first part.
+    let mut causes: Vec<String> = Vec::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(&e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !causes.iter().any(|seen| seen.contains(&text)) {
+            causes.push(text);
+        }
+        cause = c.source();
+    }
+    let code = Status::from_error(Box::new(e)).code();
+    let mut s = Status::new(code, causes.join(": "));
+    s.metadata_mut().insert(LOCAL, AsciiMetadataValue::from_static("1"));
+    s
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Local {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Status;
+    type Future = crate::BoxFuture<'static, Result<Self::Response, Status>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.0.poll_ready(cx).map_err(local)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let fut = self.0.call(req);
+        Box::pin(async move { fut.await.map_err(local) })
+    }
+}
+
+/// Encodes and decodes messages known only at run time, by their descriptors.
+#[derive(Clone)]
+struct DynamicCodec(MessageDescriptor);
+
+impl Codec for DynamicCodec {
+    type Encode = DynamicMessage;
+    type Decode = DynamicMessage;
+    type Encoder = DynamicCodec;
+    type Decoder = DynamicCodec;
+
+    fn encoder(&mut self) -> DynamicCodec {
+        self.clone()
+    }
+
+    fn decoder(&mut self) -> DynamicCodec {
+        self.clone()
+    }
+}
+
+impl Encoder for DynamicCodec {
+    type Item = DynamicMessage;
+    type Error = Status;
+
+    fn encode(&mut self, item: DynamicMessage, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("cannot encode {}: {e}", self.0.full_name())))
+    }
+}
+
+impl Decoder for DynamicCodec {
+    type Item = DynamicMessage;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<DynamicMessage>, Status> {
+        DynamicMessage::decode(self.0.clone(), src)
+            .map(Some)
+            .map_err(|e| Status::internal(format!("cannot decode {}: {e}", self.0.full_name())))
+    }
+}

@@ -1,0 +1,728 @@
+//! gRPC functions against a real tonic server started in the test process, implementing
+//! `tests/data/grpc/shop.proto` with hand-written prost messages (an encoding independent of the
+//! host's dynamic one): JSON mapping both ways, status errors and their handlers, retries with
+//! their idempotency keys, deadlines, unreachable and missing targets, `.proto` problems found by
+//! `sm4c validate`, the configuration file, and `sm4c serve`.
+
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::{Request, Response, Status};
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct GetItemRequest {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(bool, tag = "2")]
+    with_tags: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Item {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(string, tag = "2")]
+    name: String,
+    #[prost(int32, tag = "3")]
+    quantity: i32,
+    #[prost(string, repeated, tag = "4")]
+    tags: Vec<String>,
+    /// `Kind`, an enum: an int32 on the wire.
+    #[prost(int32, tag = "5")]
+    kind: i32,
+    #[prost(int64, tag = "6")]
+    price_cents: i64,
+    #[prost(message, optional, tag = "7")]
+    updated: Option<prost_types::Timestamp>,
+    #[prost(string, tag = "8")]
+    caller: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ReserveRequest {
+    #[prost(string, tag = "1")]
+    item_id: String,
+    #[prost(int32, tag = "2")]
+    quantity: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Reservation {
+    #[prost(string, tag = "1")]
+    idempotency_key: String,
+    #[prost(uint32, tag = "2")]
+    attempt: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct SlowRequest {
+    #[prost(uint32, tag = "1")]
+    millis: u32,
+}
+
+/// A prost codec: encodes `E`, decodes `D`.
+struct Prost<E, D>(PhantomData<fn() -> (E, D)>);
+
+impl<E, D> Prost<E, D> {
+    fn new() -> Self {
+        Prost(PhantomData)
+    }
+}
+
+impl<E: prost::Message + Send + 'static, D: prost::Message + Default + Send + 'static> Codec for Prost<E, D> {
+    type Encode = E;
+    type Decode = D;
+    type Encoder = Prost<E, D>;
+    type Decoder = Prost<E, D>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        Prost::new()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        Prost::new()
+    }
+}
+
+impl<E: prost::Message, D> Encoder for Prost<E, D> {
+    type Item = E;
+    type Error = Status;
+
+    fn encode(&mut self, item: E, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst).map_err(|e| Status::internal(e.to_string()))
+    }
+}
+
+impl<E, D: prost::Message + Default> Decoder for Prost<E, D> {
+    type Item = D;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<D>, Status> {
+        D::decode(src).map(Some).map_err(|e| Status::internal(e.to_string()))
+    }
+}
+
+/// What the server saw: idempotency keys of `Reserve`, peers of every call.
+#[derive(Clone, Default)]
+struct Seen {
+    keys: Arc<Mutex<Vec<String>>>,
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
+}
+
+impl Seen {
+    fn keys(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
+    }
+
+    fn peers(&self) -> BTreeSet<SocketAddr> {
+        self.peers.lock().unwrap().iter().copied().collect()
+    }
+}
+
+/// `shop.v1.Inventory`, routed by path as tonic-build's generated servers do.
+#[derive(Clone)]
+struct Inventory(Seen);
+
+impl tonic::server::NamedService for Inventory {
+    const NAME: &'static str = "shop.v1.Inventory";
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+fn get_item(req: Request<GetItemRequest>) -> BoxFuture<Result<Response<Item>, Status>> {
+    let authorization = req
+        .metadata()
+        .get("authorization")
+        .map(|v| v.to_str().unwrap_or("").to_string());
+    let r = req.into_inner();
+    Box::pin(async move {
+        let caller = match authorization.as_deref() {
+            None => "",
+            Some("Bearer s3cret") => "authenticated",
+            Some(_) => return Err(Status::unauthenticated("wrong token")),
+        };
+        if !r.id.starts_with("sku-") {
+            return Err(Status::not_found(format!("no item {}", r.id)));
+        }
+        Ok(Response::new(Item {
+            id: r.id,
+            name: "Hammer".into(),
+            quantity: 3,
+            tags: if r.with_tags {
+                vec!["tool".into(), "steel".into()]
+            } else {
+                vec![]
+            },
+            kind: 1,
+            price_cents: 1299,
+            updated: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
+            caller: caller.into(),
+        }))
+    })
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Inventory {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let seen = self.0.clone();
+        if let Some(peer) = req
+            .extensions()
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|i| i.remote_addr())
+        {
+            seen.peers.lock().unwrap().push(peer);
+        }
+        Box::pin(async move {
+            let path = req.uri().path().to_string();
+            Ok(match path.as_str() {
+                "/shop.v1.Inventory/GetItem" => {
+                    tonic::server::Grpc::new(Prost::<Item, GetItemRequest>::new())
+                        .unary(tower::service_fn(get_item), req)
+                        .await
+                }
+                "/shop.v1.Inventory/Reserve" => {
+                    let reserve = move |r: Request<ReserveRequest>| {
+                        let key = r
+                            .metadata()
+                            .get("idempotency-key")
+                            .map(|v| v.to_str().unwrap_or("").to_string())
+                            .unwrap_or_default();
+                        let mut keys = seen.keys.lock().unwrap();
+                        keys.push(key.clone());
+                        let attempt = keys.len() as u32;
+                        async move {
+                            if attempt == 1 {
+                                return Err(Status::unavailable("warming up"));
+                            }
+                            Ok(Response::new(Reservation {
+                                idempotency_key: key,
+                                attempt,
+                            }))
+                        }
+                    };
+                    tonic::server::Grpc::new(Prost::<Reservation, ReserveRequest>::new())
+                        .unary(tower::service_fn(reserve), req)
+                        .await
+                }
+                "/shop.v1.Inventory/Slow" => {
+                    let slow = |r: Request<SlowRequest>| async move {
+                        tokio::time::sleep(Duration::from_millis(r.into_inner().millis.into())).await;
+                        Ok::<_, Status>(Response::new(Item {
+                            id: "slow".into(),
+                            ..Item::default()
+                        }))
+                    };
+                    tonic::server::Grpc::new(Prost::<Item, SlowRequest>::new())
+                        .unary(tower::service_fn(slow), req)
+                        .await
+                }
+                _ => Status::unimplemented(format!("no method {path}")).into_http(),
+            })
+        })
+    }
+}
+
+/// Starts the inventory server on a free port in a background thread; returns its URL.
+fn server(seen: Seen) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            tonic::transport::Server::builder()
+                .add_service(Inventory(seen))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/grpc")
+}
+
+/// A folder holding `shop.proto`, for definitions made by the tests.
+fn folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(data().join("shop.proto"), dir.path().join("shop.proto")).unwrap();
+    dir
+}
+
+const SERVICE: &str = "shop.v1.Inventory";
+
+fn definition(state: Value) -> Value {
+    let functions: Vec<Value> = ["GetItem", "Reserve", "Slow"]
+        .iter()
+        .map(|m| json!({"name": m, "type": "rpc", "operation": format!("file://shop.proto#{SERVICE}/{m}")}))
+        .collect();
+    json!({
+        "id": "grpc", "name": "grpc", "version": "1",
+        "functions": functions,
+        "retries": [{"name": "again", "delay": "0.1s", "maxAttempts": 2}],
+        "states": [state]
+    })
+}
+
+fn call(name: &str, function: &str, args: Value) -> Value {
+    json!({"name": name, "type": "invokeFunction", "functionName": function, "arguments": args, "waitForCompletion": true})
+}
+
+fn sm4c(args: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sm4c"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// `sm4c run` of `def`, written to `dir/def.json`.
+fn run(dir: &Path, def: &Value, extra: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
+    let file = dir.join("def.json");
+    std::fs::write(&file, def.to_string()).unwrap();
+    let mut args = vec!["run", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    sm4c(&args, env)
+}
+
+fn target(url: &str) -> String {
+    format!("{SERVICE}={url}")
+}
+
+#[test]
+fn a_unary_call_maps_json_both_ways_and_its_result_drives_the_instance() {
+    let seen = Seen::default();
+    let url = server(seen.clone());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("in.json"), r#"{"sku": "sku-7"}"#).unwrap();
+    let input = dir.path().join("in.json");
+    let def = data().join("inventory.json");
+    let (code, out, err) = sm4c(
+        &[
+            "run",
+            def.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--grpc-target",
+            &target(&url),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    // The protobuf JSON mapping: lowerCamelCase names, enums by name, int64 as a string,
+    // Timestamp in RFC 3339, and fields at their default value present.
+    assert_eq!(
+        out["item"],
+        json!({"id": "sku-7", "name": "Hammer", "quantity": 3, "tags": ["tool", "steel"], "kind": "KIND_TOOL",
+               "priceCents": "1299", "updated": "2023-11-14T22:13:20Z", "caller": ""})
+    );
+    assert_eq!(out["again"]["tags"], json!([]));
+    assert_eq!(out["verdict"], "in stock");
+    assert_eq!(seen.peers().len(), 1, "both calls share one connection");
+}
+
+#[test]
+fn a_status_error_is_a_function_error_that_handlers_see() {
+    let url = server(Seen::default());
+    let dir = folder();
+    let mut missing = call("m", "GetItem", json!({"id": "nope"}));
+    missing["errorHandlers"] =
+        json!([{"condition": "${ .details.codeName == \"NOT_FOUND\" }", "resultHandler": "${ .error = $value }"}]);
+    let def = definition(json!({"name": "A", "start": true, "enterAction": missing}));
+    let (code, out, err) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out["error"]["type"], "functionError");
+    assert_eq!(
+        out["error"]["details"],
+        json!({"code": 5, "codeName": "NOT_FOUND", "message": "no item nope"})
+    );
+    assert_eq!(
+        out["error"]["message"],
+        format!("{SERVICE}/GetItem at {url} answered NOT_FOUND: no item nope")
+    );
+    // Unhandled: the instance fails with it.
+    let def = definition(json!({"name": "A", "start": true, "enterAction": call("m", "GetItem", json!({"id": "x"}))}));
+    let (code, out, err) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!(code, 1);
+    assert_eq!(out["details"]["codeName"], "NOT_FOUND", "{out}");
+    assert!(err.contains("answered NOT_FOUND: no item x"), "{err}");
+    // Arguments that do not fit the request message fail before anything is sent.
+    let def = definition(json!({"name": "A", "start": true, "enterAction": call("m", "GetItem", json!({"sku": "x"}))}));
+    let (code, out, _) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!(code, 1);
+    let message = out["message"].as_str().unwrap();
+    assert!(
+        message.contains("arguments of gRPC function GetItem do not fit message shop.v1.GetItemRequest")
+            && message.contains("sku"),
+        "{out}"
+    );
+}
+
+#[test]
+fn retries_of_unavailable_reach_the_server_with_their_idempotency_keys() {
+    let seen = Seen::default();
+    let url = server(seen.clone());
+    let dir = folder();
+    let mut reserve = call("r", "Reserve", json!({"item_id": "sku-1", "quantity": 2}));
+    reserve["errorHandlers"] =
+        json!([{"condition": "${ .details.codeName == \"UNAVAILABLE\" }", "retryPolicy": "again"}]);
+    let def = definition(
+        json!({"name": "A", "start": true, "enterAction": reserve, "enterResultHandler": "${ .r = $value }"}),
+    );
+    let (code, out, err) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out["r"], json!({"idempotencyKey": "grpc-run/1.enter#2", "attempt": 2}));
+    assert_eq!(seen.keys(), vec!["grpc-run/1.enter", "grpc-run/1.enter#2"]);
+}
+
+#[test]
+fn deadlines_are_function_errors_and_action_timeouts_give_null() {
+    let url = server(Seen::default());
+    let dir = folder();
+    let config = dir.path().join("sm4c.toml");
+    std::fs::write(
+        &config,
+        format!("[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\ndeadline = \"300ms\"\n"),
+    )
+    .unwrap();
+    let mut slow = call("s", "Slow", json!({"millis": 5000}));
+    slow["errorHandlers"] =
+        json!([{"condition": "${ .details.kind == \"timeout\" }", "resultHandler": "${ .error = $value }"}]);
+    let def = definition(json!({"name": "A", "start": true, "enterAction": slow}));
+    let started = Instant::now();
+    let (code, out, err) = run(dir.path(), &def, &["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the deadline cut the call short"
+    );
+    assert_eq!(out["error"]["details"]["code"], 4, "{out}");
+    assert_eq!(out["error"]["details"]["codeName"], "DEADLINE_EXCEEDED");
+    assert_eq!(
+        out["error"]["message"],
+        format!("{SERVICE}/Slow at {url} failed: deadline of 300 ms exceeded")
+    );
+    // The action's own timeout, shorter than the deadline (30 s by default), gives null.
+    let mut slow = call("s", "Slow", json!({"millis": 3000}));
+    slow["timeout"] = json!("0.3s");
+    let def =
+        definition(json!({"name": "A", "start": true, "enterAction": slow, "enterResultHandler": "${ .r = $value }"}));
+    let (code, out, err) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, json!({"r": null}));
+}
+
+#[test]
+fn an_unreachable_target_is_a_function_error_and_a_missing_one_names_the_flag() {
+    let dir = folder();
+    // Bind then drop a listener: nothing listens on that port any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let def =
+        definition(json!({"name": "A", "start": true, "enterAction": call("i", "GetItem", json!({"id": "sku-1"}))}));
+    let (code, out, _) = run(
+        dir.path(),
+        &def,
+        &["--grpc-target", &target(&format!("http://127.0.0.1:{port}"))],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(out["type"], "functionError");
+    assert_eq!(out["details"]["kind"], "connection", "{out}");
+    assert_eq!(out["details"]["codeName"], "UNAVAILABLE", "{out}");
+
+    let (code, out, err) = run(dir.path(), &def, &[], &[]);
+    assert_eq!(code, 1);
+    assert_eq!(out["type"], "functionError");
+    assert!(
+        err.contains(&format!(
+            "gRPC function GetItem calls service {SERVICE}, which has no target: give one with --grpc-target {SERVICE}=http://HOST:PORT"
+        )),
+        "{err}"
+    );
+    // A mock answers first, with no target at all.
+    std::fs::write(dir.path().join("mocks.json"), r#"{"GetItem": "{name: (.id + \"!\")}"}"#).unwrap();
+    let def = definition(
+        json!({"name": "A", "start": true, "enterAction": call("i", "GetItem", json!({"id": "sku-1"})),
+        "enterResultHandler": "${ .r = $value }"}),
+    );
+    let mocks = dir.path().join("mocks.json");
+    let (code, out, err) = run(dir.path(), &def, &["--mock", mocks.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out["r"], json!({"name": "sku-1!"}));
+}
+
+#[test]
+fn validate_reports_proto_problems_naming_the_function() {
+    let dir = folder();
+    std::fs::write(
+        dir.path().join("broken.proto"),
+        "syntax = \"proto3\";\npackage b;\nmessage M {\n  string id = 1\n}\n",
+    )
+    .unwrap();
+    let functions = json!([
+        {"name": "unknownMethod", "type": "rpc", "operation": format!("file://shop.proto#{SERVICE}/Delete")},
+        {"name": "unknownService", "type": "rpc", "operation": "shop.proto#shop.v1.Billing/Pay"},
+        {"name": "streaming", "type": "rpc", "operation": format!("file://shop.proto#{SERVICE}/Watch")},
+        {"name": "broken", "type": "rpc", "operation": "file://broken.proto#b.S/M"},
+        {"name": "absent", "type": "rpc", "operation": "file://absent.proto#a.S/M"},
+        {"name": "malformed", "type": "rpc", "operation": "file://shop.proto#GetItem"},
+        {"name": "fine", "type": "rpc", "operation": format!("shop.proto#{SERVICE}/GetItem")}
+    ]);
+    let def = json!({"id": "v", "name": "v", "version": "1", "functions": functions,
+        "states": [{"name": "A", "start": true}]});
+    let file = dir.path().join("def.json");
+    std::fs::write(&file, def.to_string()).unwrap();
+    let (code, _, err) = sm4c(&["validate", file.to_str().unwrap()], &[]);
+    assert_eq!(code, 2, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let f = file.display();
+    let d = dir.path().display();
+    assert_eq!(
+        lines,
+        vec![
+            format!("{f}: /functions/0/operation: gRPC function \"unknownMethod\": service {SERVICE} in file://shop.proto has no method Delete (it has: GetItem, Reserve, Slow, Watch)"),
+            format!("{f}: /functions/1/operation: gRPC function \"unknownService\": shop.proto has no service shop.v1.Billing (it has: {SERVICE})"),
+            format!("{f}: /functions/2/operation: gRPC function \"streaming\": method {SERVICE}/Watch streams; only unary methods can be called"),
+            format!("{f}: /functions/3/operation: gRPC function \"broken\": cannot compile {d}/broken.proto: line 5 column 1: expected ';' or '[', but found '}}'"),
+            format!("{f}: /functions/4/operation: gRPC function \"absent\": cannot read {d}/absent.proto: No such file or directory (os error 2)"),
+            format!("{f}: /functions/5/operation: gRPC function \"malformed\": operation \"file://shop.proto#GetItem\" must be <.proto URI>#<package.Service>/<Method>"),
+        ],
+        "{err}"
+    );
+    // `sm4c run` and `sm4c serve` refuse the definition the same way, before anything runs.
+    let (code, _, err) = sm4c(&["run", file.to_str().unwrap()], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("has no method Delete"), "{err}");
+    let db = dir.path().join("s.db");
+    let (code, _, err) = sm4c(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--definitions",
+            dir.path().to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("has no method Delete"), "{err}");
+}
+
+/// A REST API that wants `x-api-key: k-rest` (the REST half of the configuration file test).
+fn rest_api() -> String {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::get;
+    use axum::Json;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/price",
+                get(|h: HeaderMap| async move {
+                    match h.get("x-api-key").and_then(|v| v.to_str().ok()) {
+                        Some("k-rest") => (StatusCode::OK, Json(json!({"eur": 12.99}))),
+                        _ => (StatusCode::UNAUTHORIZED, Json(json!({"reason": "no key"}))),
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+#[test]
+fn the_config_file_sets_rest_server_and_header_and_grpc_target_and_metadata() {
+    let url = server(Seen::default());
+    let rest = rest_api();
+    let dir = folder();
+    // The document names a server where nothing listens; the configuration file corrects it.
+    let openapi = json!({"openapi": "3.0.1", "servers": [{"url": "http://127.0.0.1:9"}],
+        "paths": {"/price": {"get": {"operationId": "price"}}}});
+    std::fs::write(dir.path().join("api.json"), openapi.to_string()).unwrap();
+    let mut def = definition(json!({"name": "A", "start": true,
+        "enterAction": {"type": "sequence", "actions": [
+            call("item", "GetItem", json!({"id": "sku-2"})), call("price", "price", json!({}))]},
+        "enterResultHandler": "${ .caller = $value.item.caller | .price = $value.price }"}));
+    def["functions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "price", "operation": "file://api.json#price"}));
+    let config = dir.path().join("sm4c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "# where calls go\n[rest.\"file://api.json\"]\nserver = \"{rest}\"\nheaders = {{ x-api-key = \"env:SM4C_TEST_REST_KEY\" }}\n\n\
+             [grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\nmetadata = {{ authorization = \"env:SM4C_TEST_GRPC_TOKEN\" }}\n"
+        ),
+    )
+    .unwrap();
+    let secrets = [
+        ("SM4C_TEST_REST_KEY", "k-rest"),
+        ("SM4C_TEST_GRPC_TOKEN", "Bearer s3cret"),
+    ];
+    let (code, out, err) = run(
+        dir.path(),
+        &def,
+        &["--config", config.to_str().unwrap(), "-v"],
+        &secrets,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, json!({"caller": "authenticated", "price": {"eur": 12.99}}));
+    assert!(!err.contains("k-rest") && !err.contains("s3cret"), "{err}");
+
+    // --grpc-target wins over the file's target: pointed where nothing listens, the call fails.
+    let (code, out, _) = run(
+        dir.path(),
+        &def,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--grpc-target",
+            &target("http://127.0.0.1:9"),
+        ],
+        &secrets,
+    );
+    assert_eq!(code, 1);
+    assert_eq!(out["details"]["kind"], "connection", "{out}");
+
+    // A wrong token is the server's UNAUTHENTICATED, and is not quoted anywhere.
+    let (code, out, err) = run(
+        dir.path(),
+        &def,
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("SM4C_TEST_REST_KEY", "k-rest"),
+            ("SM4C_TEST_GRPC_TOKEN", "Bearer wrong-s3cret"),
+        ],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(out["details"]["codeName"], "UNAUTHENTICATED", "{out}");
+    assert!(!err.contains("wrong-s3cret") && !out.to_string().contains("wrong-s3cret"));
+
+    // Errors in the file name it, the line and the key; an unset variable is named, not guessed.
+    let (code, _, err) = run(dir.path(), &def, &["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(code, 2);
+    let c = config.display();
+    assert_eq!(
+        err.lines().collect::<Vec<_>>(),
+        vec![
+            format!("{c}: line 4: rest.\"file://api.json\".headers.x-api-key: environment variable SM4C_TEST_REST_KEY is not set"),
+            format!("{c}: line 8: grpc.\"{SERVICE}\".metadata.authorization: environment variable SM4C_TEST_GRPC_TOKEN is not set"),
+        ]
+    );
+    std::fs::write(
+        &config,
+        "[grpc.\"a.B\"]\ntarget = \"http://x:1\"\ntarget_url = \"s3cret\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = run(dir.path(), &def, &["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with(&format!("{c}: line 3: unknown field `target_url`")),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}
+
+#[test]
+fn grpc_functions_work_through_sm4c_serve() {
+    let seen = Seen::default();
+    let url = server(seen.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // tests/data/grpc holds one definition and its .proto (not read as a definition).
+    let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+        .arg(data())
+        .arg("--db")
+        .arg(dir.path().join("s.db"))
+        .args(["--grpc-target", &target(&url)])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _guard = Kill(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking::Client::new();
+    let up = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        client.get(format!("{base}/healthz")).send().is_ok()
+    });
+    assert!(up, "server did not start");
+    for (id, sku) in [("g1", "sku-1"), ("g2", "sku-2")] {
+        let r = client
+            .post(format!("{base}/instances"))
+            .json(&json!({"definition": "inventory", "id": id, "input": {"sku": sku}}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    for (id, sku) in [("g1", "sku-1"), ("g2", "sku-2")] {
+        let mut v = Value::Null;
+        for _ in 0..100 {
+            v = client
+                .get(format!("{base}/instances/{id}"))
+                .send()
+                .unwrap()
+                .json()
+                .unwrap();
+            if v["status"] == "completed" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(v["status"], "completed", "{v}");
+        assert_eq!(v["data"]["item"]["id"], sku);
+        assert_eq!(v["data"]["item"]["tags"], json!(["tool", "steel"]));
+        assert_eq!(v["data"]["verdict"], "in stock");
+    }
+    assert_eq!(seen.peers().len(), 1, "every call of the server shares one connection");
+}
