@@ -33,6 +33,10 @@ impl Host for MockHost {
                     let rest = rest.clone();
                     return Box::pin(async move { rest.call(&call).await });
                 }
+                (_, "worker") => Err(ErrorInfo::new(
+                    "functionError",
+                    format!("function {:?} is a worker function (task list {:?}) and sm4c run has no workers: give a mock with --mock, or run the definition under sm4c serve, where workers poll its task list", call.function, call.operation),
+                )),
                 (_, "rpc") => Err(ErrorInfo::new(
                     "functionError",
                     format!("function {:?} is a gRPC function, and gRPC calls are not available yet: give a mock with --mock", call.function),

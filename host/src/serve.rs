@@ -1,7 +1,8 @@
 //! `sm4c serve`: the HTTP API over the durable host.
 
-use crate::durable::{DurableHost, HostError};
+use crate::durable::{Answered, DurableHost, HostError};
 use crate::store::StoreError;
+use crate::tasks::Answer;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -12,7 +13,9 @@ use cloudevents::AttributesReader;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_runtime::engine::rfc3339;
-use sm4c_runtime::Entry;
+use sm4c_runtime::validate::is_task_list_name;
+use sm4c_runtime::{timespan, Entry};
+use std::time::Duration;
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -55,6 +58,9 @@ impl From<HostError> for ApiError {
                 format!("definition {id:?} version {version:?} is already registered with different content; register a new version"),
                 None,
             ),
+            HostError::UnknownTask(m) => ApiError(StatusCode::NOT_FOUND, "unknownTask", m, None),
+            e @ HostError::TaskClosed { .. } => ApiError(StatusCode::CONFLICT, "taskClosed", e.to_string(), None),
+            HostError::InvalidTaskEvent(m) => ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", m, None),
             other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string(), None),
         }
     }
@@ -110,6 +116,11 @@ pub fn router(host: DurableHost) -> Router {
         // with `/history` and `/cancel` recognised at its end.
         .route("/instances/{*rest}", get(instance_get).post(instance_post))
         .route("/events", post(post_event))
+        .route("/tasklists", get(task_lists))
+        .route("/tasklists/{name}/poll", post(poll))
+        .route("/tasks/{token}/complete", post(complete))
+        .route("/tasks/{token}/fail", post(fail))
+        .route("/tasks/{token}/heartbeat", post(heartbeat))
         .route("/events/sent", get(sent))
         .route(
             "/openapi.json",
@@ -366,4 +377,122 @@ async fn sent(State(h): State<DurableHost>, Params(q): Params<PageQuery>) -> Res
         .map(|(s, i, e)| json!({"seq": s, "instance": i, "event": e}))
         .collect();
     Ok(Json(json!({"events": events, "next": next})))
+}
+
+/// Longest a poll may wait for a task.
+const MAX_POLL: Duration = Duration::from_secs(60);
+/// How long a poll waits when it does not say.
+const DEFAULT_POLL: Duration = Duration::from_secs(20);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollQuery {
+    wait: Option<String>,
+    worker: Option<String>,
+}
+
+async fn task_lists(State(h): State<DurableHost>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!({"taskLists": h.task_lists().await?})))
+}
+
+async fn poll(
+    State(h): State<DurableHost>,
+    Path(name): Path<String>,
+    Params(q): Params<PollQuery>,
+) -> Result<Response, ApiError> {
+    if !is_task_list_name(&name) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalidTaskList",
+            format!("{name:?} is not a task list name: task lists have 1 to 249 letters, digits, `.`, `_` or `-`"),
+            None,
+        ));
+    }
+    let wait = match q.wait.as_deref() {
+        None => DEFAULT_POLL,
+        Some(w) => timespan::parse(w)
+            .map(Duration::from_millis)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidQuery", format!("wait: {e}"), None))?,
+    };
+    if wait > MAX_POLL {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalidQuery",
+            format!(
+                "wait: at most {} (PT60S)",
+                timespan::format(MAX_POLL.as_millis() as u64)
+            ),
+            None,
+        ));
+    }
+    Ok(match h.poll(&name, q.worker, wait).await? {
+        Some(task) => Json(task).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+/// A JSON body that may be empty (`None`).
+async fn optional_json(req: Request) -> Result<Option<Value>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payloadTooLarge",
+            format!("the body is larger than {MAX_BODY} bytes"),
+            None,
+        )
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let json_type = parts
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
+    if !json_type {
+        return Err(ApiError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupportedMediaType",
+            "send JSON with Content-Type: application/json".into(),
+            None,
+        ));
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            "malformedJson",
+            format!("the body is not JSON: {e}"),
+            None,
+        )
+    })
+}
+
+fn answered(a: Answered) -> Json<Value> {
+    Json(json!({"instanceId": a.instance, "operation": a.op}))
+}
+
+async fn complete(
+    State(h): State<DurableHost>,
+    Path(token): Path<String>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
+    let result = optional_json(req).await?.unwrap_or(Value::Null);
+    Ok(answered(h.answer(&token, Answer::Complete(result)).await?))
+}
+
+async fn fail(State(h): State<DurableHost>, Path(token): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
+    let body = optional_json(req).await?.unwrap_or(Value::Null);
+    let answer = Answer::failure(&body).map_err(|m| ApiError(StatusCode::BAD_REQUEST, "invalidFailure", m, None))?;
+    Ok(answered(h.answer(&token, answer).await?))
+}
+
+async fn heartbeat(
+    State(h): State<DurableHost>,
+    Path(token): Path<String>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
+    let details = optional_json(req).await?;
+    let a = h.answer(&token, Answer::Heartbeat(details)).await?;
+    Ok(Json(json!({"cancelRequested": a.cancel_requested})))
 }
