@@ -328,6 +328,27 @@ fn a_worker_polls_heartbeats_and_completes_and_the_instance_gets_the_result() {
         .iter()
         .any(|e| e["input"] == "taskHeartbeat" && e["details"] == json!({"done": 50})));
 
+    // The CLI client shows the task lists and the worker in the history.
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &s.url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let tasks = cli(&["tasks"]);
+    assert!(
+        tasks.starts_with("TASK LIST  QUEUED  POLLING\nimages     0       0"),
+        "{tasks}"
+    );
+    assert!(cli(&["history", "t1"]).contains("input taskStarted 1.enter by test-worker"));
+
     // Completing twice is refused: the task is closed. A heartbeat now asks the worker to stop.
     let (st, body) = s.answer(&token, "complete", Some(&json!("again")));
     assert_eq!(st, 409, "{body}");
@@ -566,6 +587,9 @@ fn a_long_poll_waits_for_its_bound_or_for_a_task_scheduled_meanwhile() {
         waited >= Duration::from_millis(700) && waited < Duration::from_secs(10),
         "{waited:?}"
     );
+    // A queued task is returned at once, even without waiting.
+    s.start_instance("thumbs", "l0", json!({"url": "l0.png"}));
+    assert_eq!(s.poll("images", "0s").expect("the queued task")["instanceId"], "l0");
     // A task scheduled while a worker waits goes to that worker at once.
     std::thread::scope(|scope| {
         let poll = scope.spawn(|| {
@@ -751,4 +775,100 @@ fn sm4c_validate_names_bad_worker_definitions_by_pointer() {
     ] {
         assert!(stderr.contains(want), "missing {want:?} in:\n{stderr}");
     }
+}
+
+#[test]
+fn the_openapi_document_describes_the_task_list_endpoints() {
+    let s = Server::start(&[]);
+    let (st, doc) = s.get("/openapi.json");
+    assert_eq!(st, 200);
+    for (path, method) in [
+        ("/tasklists", "get"),
+        ("/tasklists/{name}/poll", "post"),
+        ("/tasks/{token}/complete", "post"),
+        ("/tasks/{token}/fail", "post"),
+        ("/tasks/{token}/heartbeat", "post"),
+    ] {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+    }
+    let codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["description"]
+        .as_str()
+        .unwrap();
+    for code in ["invalidTaskList", "unknownTask", "taskClosed", "invalidFailure"] {
+        assert!(codes.contains(code), "error code {code} is not documented");
+    }
+    assert!(doc["components"]["schemas"]["Task"]["required"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("token")));
+}
+
+#[test]
+fn a_worker_that_left_its_poll_is_not_given_a_task() {
+    let s = Server::start(&[]);
+    s.define(&thumbs("thumbs", json!({})));
+    // A worker gives up on its poll (its connection closes) long before the poll's bound.
+    let impatient = Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let gone = impatient
+        .post(format!("{}/tasklists/images/poll?wait=30s&worker=impatient", s.url))
+        .send();
+    assert!(gone.is_err(), "the client timed out");
+    std::thread::sleep(Duration::from_millis(200));
+    s.start_instance("thumbs", "g1", json!({"url": "g.png"}));
+    let task = s.take("images");
+    assert_eq!(task["instanceId"], "g1", "the task waited for a worker that is there");
+    let (_, h) = s.get("/instances/g1/history?limit=1000");
+    let started: Vec<&Value> = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["input"] == "taskStarted")
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0]["worker"], "test-worker");
+}
+
+#[test]
+fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mocks = dir.path().join("mocks.json");
+    std::fs::write(&mocks, r#"{"resize": "\"mocked\""}"#).unwrap();
+    let mut s = Server::start(&["--mock", mocks.to_str().unwrap()]);
+    s.define(&thumbs("thumbs", json!({})));
+    s.start_instance("thumbs", "m1", json!({"url": "m.png"}));
+    let task = s.take("images");
+    assert_eq!(task["instanceId"], "m1", "the task went to its list, not to the mock");
+    std::thread::scope(|scope| {
+        let poll = scope.spawn(|| {
+            let started = Instant::now();
+            let r = s
+                .client
+                .post(format!("{}/tasklists/images/poll?wait=60s", s.url))
+                .send()
+                .map(|r| r.status().as_u16());
+            (r, started.elapsed())
+        });
+        let deadline = Instant::now() + DEADLINE;
+        while s.task_list("images")["polling"] != 1 {
+            assert!(Instant::now() < deadline, "the poll never waited");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = s.child.as_ref().unwrap().id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let (status, waited) = poll.join().unwrap();
+        assert_eq!(status.ok(), Some(204));
+        assert!(waited < Duration::from_secs(20), "the poll held the stop: {waited:?}");
+    });
+    let deadline = Instant::now() + DEADLINE;
+    let code = loop {
+        if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0), "{}", s.log());
 }
