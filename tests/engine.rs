@@ -405,3 +405,85 @@ proptest! {
         prop_assert_eq!(restored.snapshot(), live.snapshot());
     }
 }
+
+/// Worker tasks with every timeout, retried on any error, then racing a delay.
+fn worker_saga() -> Value {
+    json!({
+        "id": "wsaga", "name": "wsaga", "version": "1",
+        "functions": [{"name": "resize", "type": "worker", "operation": "images",
+                       "scheduleToStartTimeout": "PT10S", "startToCloseTimeout": "PT30S",
+                       "heartbeatTimeout": "PT5S", "scheduleToCloseTimeout": "PT1M"}],
+        "retries": [{"name": "r", "delay": "PT1S", "multiplier": 2, "maxAttempts": 2, "jitter": 0.5}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "sequence", "actions": [
+                {"type": "invokeFunction", "functionName": "resize", "waitForCompletion": true,
+                 "arguments": {"n": "${ .n }"},
+                 "errorHandlers": [{"retryPolicy": "r", "resultHandler": "${ .errors += [$value.details.timeoutType // $value.type] }"}]},
+                {"type": "parallel", "completionType": "xor", "actions": [
+                    {"type": "delay", "timeout": "PT20S"},
+                    {"type": "invokeFunction", "functionName": "resize", "waitForCompletion": true, "timeout": "PT15S"}]}]},
+            "enterResultHandler": "${ .r = $value }"}]
+    })
+}
+
+/// Drives the worker saga with a random but legal sequence of worker answers and timers.
+fn drive_worker(m: &Arc<Machine>, choices: &[(u8, u16)]) -> (Instance, Vec<Entry>) {
+    let mut i = Instance::new(m.clone(), "wp-1", Options::default());
+    let mut journal = i
+        .handle(Timed {
+            at: 0,
+            input: Input::Start { data: json!({"n": 3}) },
+        })
+        .entries;
+    let ops = ["1.enter/0", "1.enter/0#2", "1.enter/0#3", "1.enter/1/1"];
+    let mut now = 0;
+    for (kind, dt) in choices {
+        now += *dt as i64 * 4;
+        let op = ops[(*dt as usize) % ops.len()].to_string();
+        let input = match kind % 5 {
+            0 => match i.timers().iter().min_by_key(|(_, due)| **due) {
+                Some((t, due)) => {
+                    now = now.max(*due);
+                    Input::TimerFired { timer: t.clone() }
+                }
+                None => continue,
+            },
+            1 => Input::TaskStarted {
+                op,
+                worker: Some(format!("w{dt}")),
+            },
+            2 => Input::TaskHeartbeat {
+                op,
+                details: (dt % 2 == 0).then(|| json!({"progress": dt})),
+            },
+            3 => Input::Completed { op, result: json!(dt) },
+            _ => Input::Failed {
+                op,
+                error: sm4c_runtime::ErrorInfo::new("functionError", "x"),
+            },
+        };
+        journal.extend(i.handle(Timed { at: now, input }).entries);
+    }
+    (i, journal)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn replaying_a_worker_journal_reproduces_the_instance(choices in prop::collection::vec((0u8..5, 0u16..5000), 0..40)) {
+        let m = machine(worker_saga());
+        let (live, journal) = drive_worker(&m, &choices);
+        let replayed = Instance::replay(m.clone(), "wp-1", &journal, Options::default()).expect("replay succeeds");
+        prop_assert_eq!(replayed.snapshot(), live.snapshot());
+        let restored = Instance::from_snapshot(m.clone(), serde_json::from_value(serde_json::to_value(live.snapshot()).unwrap()).unwrap(), Options::default());
+        prop_assert_eq!(restored.snapshot(), live.snapshot());
+        // Every timer of a task belongs to a task the instance still waits for.
+        for timer in live.timers().keys() {
+            if let Some((op, _)) = timer.split_once(':') {
+                if !timer.ends_with(":retry") && !timer.ends_with(":delay") && !timer.ends_with(":timeout") {
+                    prop_assert!(live.task_started(op).is_some(), "timer {} outlives its task", timer);
+                }
+            }
+        }
+    }
+}

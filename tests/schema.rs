@@ -73,6 +73,9 @@ fn schema_and_validator_agree_on_invalid_definitions() {
         json!({"id": "x", "version": "1", "states": [ok_state.clone()]}),
         json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true, "enterAction": {"type": "injectData"}}]}),
         json!({"id": "x", "name": "x", "version": "1", "events": [{"name": "e"}], "states": [{"name": "A", "start": true, "enterAction": {"type": "sendEvent", "event": "e", "contextAttributes": {"id": "x"}}}]}),
+        json!({"id": "x", "name": "x", "version": "1", "functions": [{"name": "w", "type": "worker", "operation": "no spaces"}], "states": [ok_state.clone()]}),
+        json!({"id": "x", "name": "x", "version": "1", "functions": [{"name": "w", "type": "worker", "operation": "images", "heartbeatTimeout": "soon"}], "states": [ok_state.clone()]}),
+        json!({"id": "x", "name": "x", "version": "1", "functions": [{"name": "r", "operation": "http://x#r", "startToCloseTimeout": "PT1M"}], "states": [ok_state.clone()]}),
     ];
     for doc in cases {
         assert!(!validator.is_valid(&doc), "schema accepts {doc}");

@@ -1,4 +1,4 @@
-//! The CLI client of `sm4c serve`: `start`, `list`, `show`, `history`, `send`, `cancel`.
+//! The CLI client of `sm4c serve`: `start`, `list`, `show`, `history`, `send`, `cancel`, `tasks`.
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -79,6 +79,11 @@ pub enum ClientCommand {
     Cancel {
         /// Instance id.
         id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List the worker task lists, with their queued tasks and waiting workers.
+    Tasks {
         #[command(flatten)]
         remote: Remote,
     },
@@ -342,6 +347,18 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 println!("{} {}", s(&v["id"]), s(&v["status"]));
             }
         }
+        ClientCommand::Tasks { remote } => {
+            let v = call(&remote, "GET", "/tasklists", None)?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                let mut rows = vec![vec!["TASK LIST".into(), "QUEUED".into(), "POLLING".into()]];
+                for l in v["taskLists"].as_array().cloned().unwrap_or_default() {
+                    rows.push(vec![s(&l["name"]), s(&l["queued"]), s(&l["polling"])]);
+                }
+                table(&rows);
+            }
+        }
     }
     Ok(())
 }
@@ -401,6 +418,8 @@ fn describe(e: &Value) -> String {
             let extra = match what.as_str() {
                 "completed" | "failed" => format!(" {}", s(&e["op"])),
                 "timerFired" => format!(" {}", s(&e["timer"])),
+                "taskStarted" => format!(" {} by {}", s(&e["op"]), s(&e["worker"])),
+                "taskHeartbeat" => format!(" {}", s(&e["op"])),
                 "event" => format!(" {} ({})", s(&e["event"]["type"]), s(&e["event"]["id"])),
                 _ => String::new(),
             };

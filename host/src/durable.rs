@@ -10,6 +10,7 @@
 
 use crate::host::{FunctionCall, Host};
 use crate::store::{Batch, InstanceWrite, Store, StoreError};
+use crate::tasks::{decode_token, Answer, Poller, Task, TaskLists};
 use serde_json::{json, Value};
 use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
 use sm4c_runtime::{
@@ -98,12 +99,29 @@ pub enum HostError {
     /// A cursor that did not come from a previous page.
     #[error("`after` must be a cursor from a previous page, not {0:?}")]
     InvalidCursor(String),
+    /// The mode the server runs in does not offer this.
+    #[error("{0}")]
+    NotSupported(String),
     /// A service the host depends on (the Kafka cluster) did not answer in time.
     #[error("{0}")]
     Unavailable(String),
     /// The host has stopped.
     #[error("the server is shutting down")]
     Stopped,
+    /// A task token that names no task.
+    #[error("{0}")]
+    UnknownTask(String),
+    /// The task was answered already, timed out or was cancelled.
+    #[error("task {op:?} of instance {instance:?} is closed: it was completed, failed, timed out or cancelled")]
+    TaskClosed {
+        /// Instance id.
+        instance: String,
+        /// Operation id.
+        op: String,
+    },
+    /// An `sm4c.task.*` CloudEvent that cannot answer a task.
+    #[error("{0}")]
+    InvalidTaskEvent(String),
 }
 
 /// Where an event went.
@@ -113,6 +131,20 @@ pub struct Delivery {
     pub reached: Vec<String>,
     /// True when it reached none and is kept for an instance that starts waiting for it.
     pub parked: bool,
+    /// For a task heartbeat event: whether the instance no longer waits for the task.
+    #[serde(rename = "cancelRequested", skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<bool>,
+}
+
+/// A task answer the host accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    /// The instance the task belongs to.
+    pub instance: String,
+    /// The task's operation id.
+    pub op: String,
+    /// For heartbeats: true when the instance no longer waits for the task (the worker should stop).
+    pub cancel_requested: bool,
 }
 
 enum Cmd {
@@ -131,6 +163,23 @@ enum Cmd {
         op: String,
         result: Result<Value, ErrorInfo>,
     },
+    /// A worker waits for a task of a task list until `deadline`.
+    Poll {
+        list: String,
+        worker: Option<String>,
+        deadline: tokio::time::Instant,
+        reply: oneshot::Sender<Value>,
+    },
+    /// A worker answers a task.
+    Answer {
+        instance: String,
+        op: String,
+        answer: Answer,
+        reply: oneshot::Sender<Result<Answered, HostError>>,
+    },
+    TaskLists(oneshot::Sender<Vec<Value>>),
+    /// Waiting workers go away empty-handed and new polls are answered at once (the server stops).
+    ClosePolls,
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -177,6 +226,10 @@ impl DurableHost {
             after: Vec::new(),
             replies: Vec::new(),
             parked_count: 0,
+            tasks: TaskLists::default(),
+            new_tasks: HashMap::new(),
+            handouts: Vec::new(),
+            closing: false,
         };
         lp.recover()?;
         tokio::spawn(lp.run(rx));
@@ -223,9 +276,76 @@ impl DurableHost {
         .await
     }
 
-    /// Delivers a CloudEvent (JSON structured form).
+    /// Delivers a CloudEvent (JSON structured form). An event of type `sm4c.task.completed`,
+    /// `sm4c.task.failed` or `sm4c.task.heartbeat` answers the task its `sm4ctasktoken` names instead.
     pub async fn deliver(&self, event: Value) -> Result<Delivery, HostError> {
-        self.ask(|r| Cmd::Event(event, r)).await
+        match Answer::from_event(&event).map_err(HostError::InvalidTaskEvent)? {
+            Some((token, answer)) => {
+                let heartbeat = matches!(answer, Answer::Heartbeat(_));
+                let a = self.answer(&token, answer).await?;
+                Ok(Delivery {
+                    reached: vec![a.instance],
+                    parked: false,
+                    cancel_requested: heartbeat.then_some(a.cancel_requested),
+                })
+            }
+            None => self.ask(|r| Cmd::Event(event, r)).await,
+        }
+    }
+
+    /// Waits up to `wait` for a task of task list `list` and hands it to the worker (its start is
+    /// committed first). `None` when no task came.
+    pub async fn poll(
+        &self,
+        list: &str,
+        worker: Option<String>,
+        wait: std::time::Duration,
+    ) -> Result<Option<Value>, HostError> {
+        let (reply, rx) = oneshot::channel();
+        let deadline = tokio::time::Instant::now() + wait;
+        let list = list.to_string();
+        self.tx
+            .send(Cmd::Poll {
+                list,
+                worker,
+                deadline,
+                reply,
+            })
+            .map_err(|_| HostError::Stopped)?;
+        // The deciding task drops the request at its deadline; a task handed out just before is
+        // answered once its start is committed, which is why this waits a little longer.
+        match tokio::time::timeout_at(deadline + std::time::Duration::from_secs(30), rx).await {
+            Ok(Ok(task)) => Ok(Some(task)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Answers the task a token names: completes, fails or heartbeats it.
+    pub async fn answer(&self, token: &str, answer: Answer) -> Result<Answered, HostError> {
+        let (instance, op) = decode_token(token).ok_or_else(|| {
+            HostError::UnknownTask(format!(
+                "{token:?} is not a task token (tokens come from polling a task list)"
+            ))
+        })?;
+        self.ask(|reply| Cmd::Answer {
+            instance,
+            op,
+            answer,
+            reply,
+        })
+        .await
+    }
+
+    /// Every task list with its queued tasks and waiting workers (`name`, `queued`, `polling`).
+    pub async fn task_lists(&self) -> Result<Vec<Value>, HostError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Cmd::TaskLists(reply)).map_err(|_| HostError::Stopped)?;
+        rx.await.map_err(|_| HostError::Stopped)
+    }
+
+    /// Sends waiting workers away without a task, and answers later polls at once (for a prompt stop).
+    pub fn close_polls(&self) {
+        let _ = self.tx.send(Cmd::ClosePolls);
     }
 
     /// Cancels an instance.
@@ -273,6 +393,14 @@ struct Loop {
     /// Answers to requests, sent once the batch is committed (so many requests share one commit).
     replies: Vec<Box<dyn FnOnce() + Send>>,
     parked_count: usize,
+    /// Worker tasks waiting for workers, and workers waiting for tasks.
+    tasks: TaskLists,
+    /// Tasks scheduled in this batch (or recovered), put on their lists when their effect is performed.
+    new_tasks: HashMap<(String, String), Task>,
+    /// Tasks handed to workers, sent to them once their `TaskStarted` is committed.
+    handouts: Vec<(Task, Poller)>,
+    /// Set when the server stops: polls are answered at once.
+    closing: bool,
 }
 
 pub(crate) fn engine_options() -> Options {
@@ -300,6 +428,9 @@ impl Loop {
         for (inst, _op, effect) in self.store.calls()? {
             ids.insert(inst.clone());
             if let Ok(e) = serde_json::from_value::<Effect>(effect) {
+                if let Some(task) = self.recovered_task(&inst, &e)? {
+                    self.new_tasks.insert((inst.clone(), task.op.clone()), task);
+                }
                 self.after.push((inst, e));
             }
         }
@@ -310,6 +441,29 @@ impl Loop {
         }
         self.parked_count = self.store.parked(now_ms())?.len();
         Ok(())
+    }
+
+    /// The task of a worker call that was open at a crash, to be queued again with the same token;
+    /// `None` for other calls, and for a task a worker had taken: that worker still has its token,
+    /// and the task's start-to-close and heartbeat timeouts cover a worker that is gone.
+    fn recovered_task(&self, id: &str, effect: &Effect) -> Result<Option<Task>, HostError> {
+        let Effect::InvokeFunction { op, function_type, .. } = effect else {
+            return Ok(None);
+        };
+        if function_type != "worker" {
+            return Ok(None);
+        }
+        let Some(stored) = self.store.instance(id)? else {
+            return Ok(None);
+        };
+        let Some(m) = self.machine(&stored.snapshot.definition, &stored.snapshot.version) else {
+            return Ok(None);
+        };
+        let inst = Instance::from_snapshot(m.clone(), stored.snapshot, engine_options());
+        Ok(match inst.task_started(op) {
+            Some(false) => Task::from_effect(id, effect, &m),
+            _ => None,
+        })
     }
 
     /// Replays an unfinished instance's journal; a mismatch fails the instance, naming the entry.
@@ -382,6 +536,14 @@ impl Loop {
                 return;
             }
             let wait = self.timers.first().map(|(due, ..)| (*due - now_ms()).max(0) as u64);
+            // Waiting workers are sent away empty-handed at their deadline.
+            let wait = match self.tasks.next_deadline() {
+                Some(d) => {
+                    let poll = d.saturating_duration_since(tokio::time::Instant::now()).as_millis() as u64;
+                    Some(wait.map_or(poll, |w| w.min(poll)))
+                }
+                None => wait,
+            };
             tokio::select! {
                 cmd = rx.recv() => match cmd {
                     Some(Cmd::Shutdown(r)) => shutdown = Some(r),
@@ -394,6 +556,7 @@ impl Loop {
     }
 
     fn fire_due(&mut self) {
+        self.tasks.expire(tokio::time::Instant::now());
         let now = now_ms();
         while let Some(first) = self.timers.first().cloned() {
             if first.0 > now {
@@ -495,6 +658,12 @@ impl Loop {
         };
         slot.entries.extend(out.entries);
         slot.dirty = true;
+        let machine = slot.inst.machine().clone();
+        let tasks: Vec<Task> = out
+            .effects
+            .iter()
+            .filter_map(|e| Task::from_effect(id, e, &machine))
+            .collect();
         for e in &out.effects {
             match e {
                 // Kept until performed (subflows) or answered (calls), so a crash cannot lose them.
@@ -510,6 +679,9 @@ impl Loop {
         let (status, data, error) = (slot.inst.status(), slot.inst.data(), slot.inst.error().cloned());
         if status.is_final() {
             slot.calls.clear();
+        }
+        for t in tasks {
+            self.new_tasks.insert((id.to_string(), t.op.clone()), t);
         }
         for e in out.effects {
             if let Effect::SendEvent { event, .. } = &e {
@@ -536,6 +708,7 @@ impl Loop {
                     return Delivery {
                         reached: vec![target],
                         parked: false,
+                        cancel_requested: None,
                     };
                 }
             }
@@ -549,6 +722,7 @@ impl Loop {
             return Delivery {
                 reached: Vec::new(),
                 parked: from.is_none(),
+                cancel_requested: None,
             };
         }
         for id in &candidates {
@@ -557,6 +731,7 @@ impl Loop {
         Delivery {
             reached: candidates,
             parked: false,
+            cancel_requested: None,
         }
     }
 
@@ -646,14 +821,47 @@ impl Loop {
         for reply in std::mem::take(&mut self.replies) {
             reply();
         }
+        // Their starts are committed now (they were first in the batch).
+        for (task, poller) in std::mem::take(&mut self.handouts) {
+            if let Err(json) = poller.reply.send(task.to_json()) {
+                drop(json);
+                // The worker left before it got the task: the next one gets it.
+                if let Some((t, p)) = self.tasks.offer(task, true) {
+                    self.hand_out(t, p);
+                }
+            }
+        }
         let effects = std::mem::take(&mut self.after);
         for (inst, e) in effects {
             self.perform(&inst, e);
         }
     }
 
+    /// Gives a task to a worker: its start goes first into the next batch, and the worker gets the
+    /// task once that batch is committed.
+    fn hand_out(&mut self, task: Task, poller: Poller) {
+        let input = Input::TaskStarted {
+            op: task.op.clone(),
+            worker: poller.worker.clone(),
+        };
+        self.queue.insert(0, (task.instance.clone(), input));
+        self.handouts.push((task, poller));
+    }
+
     fn perform(&mut self, id: &str, effect: Effect) {
         match effect {
+            Effect::InvokeFunction {
+                ref op,
+                ref function_type,
+                ..
+            } if function_type == "worker" => {
+                // Workers take it from its task list; nothing is called.
+                if let Some(task) = self.new_tasks.remove(&(id.to_string(), op.clone())) {
+                    if let Some((t, p)) = self.tasks.offer(task, false) {
+                        self.hand_out(t, p);
+                    }
+                }
+            }
             Effect::InvokeFunction { .. } => {
                 let Some((call, wait)) = FunctionCall::from_effect(id, &effect) else {
                     return;
@@ -745,6 +953,7 @@ impl Loop {
                 if let Some(task) = self.in_flight.remove(&(id.to_string(), op.clone())) {
                     task.abort();
                 }
+                self.tasks.remove(id, &op);
                 let child = format!("{id}/{op}");
                 if self
                     .store
@@ -866,8 +1075,114 @@ impl Loop {
                     self.queue.push((instance, input));
                 }
             }
+            Cmd::Poll {
+                list,
+                worker,
+                deadline,
+                reply,
+            } => {
+                if self.closing {
+                    return; // dropped: the worker is told there is no task
+                }
+                let poller = Poller {
+                    worker,
+                    deadline,
+                    reply,
+                };
+                if let Some((task, poller)) = self.tasks.poll(&list, poller, tokio::time::Instant::now()) {
+                    self.hand_out(task, poller);
+                }
+            }
+            Cmd::Answer {
+                instance,
+                op,
+                answer,
+                reply,
+            } => self.answer(instance, op, answer, reply),
+            Cmd::TaskLists(reply) => {
+                let known: Vec<String> = self
+                    .registry
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .all()
+                    .iter()
+                    .flat_map(|m| {
+                        m.functions
+                            .iter()
+                            .filter(|f| matches!(f.kind, sm4c_runtime::model::FunctionKind::Worker(_)))
+                            .map(|f| f.operation.clone())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                let lists = self
+                    .tasks
+                    .summary(known.iter().map(String::as_str))
+                    .into_iter()
+                    .map(|(name, (queued, polling))| json!({"name": name, "queued": queued, "polling": polling}))
+                    .collect();
+                let _ = reply.send(lists);
+            }
+            Cmd::ClosePolls => {
+                self.closing = true;
+                self.tasks.release_pollers();
+            }
             Cmd::Shutdown(_) => {}
         }
+    }
+
+    /// A worker's answer: a task the instance still waits for is answered once the step is
+    /// committed; a closed task refuses completion and failure, and asks a heartbeating worker to stop.
+    fn answer(
+        &mut self,
+        instance: String,
+        op: String,
+        answer: Answer,
+        reply: oneshot::Sender<Result<Answered, HostError>>,
+    ) {
+        let Some(slot) = self.slot(&instance) else {
+            let _ = reply.send(Err(HostError::UnknownTask(format!(
+                "no task: the token names instance {instance:?}, which does not exist"
+            ))));
+            return;
+        };
+        let open = slot
+            .calls
+            .iter()
+            .any(|(o, e)| *o == op && e.get("functionType").and_then(Value::as_str) == Some("worker"));
+        if !open {
+            let _ = reply.send(match answer {
+                Answer::Heartbeat(_) => Ok(Answered {
+                    instance,
+                    op,
+                    cancel_requested: true,
+                }),
+                _ => Err(HostError::TaskClosed { instance, op }),
+            });
+            return;
+        }
+        let input = match answer {
+            Answer::Heartbeat(details) => Input::TaskHeartbeat {
+                op: op.clone(),
+                details,
+            },
+            Answer::Complete(result) => Input::Completed { op: op.clone(), result },
+            Answer::Fail(error) => Input::Failed { op: op.clone(), error },
+        };
+        if !matches!(input, Input::TaskHeartbeat { .. }) {
+            // Closed from now on: a second answer in the same batch is refused.
+            slot.calls.retain(|(o, _)| *o != op);
+            slot.dirty = true;
+        }
+        // The worker has the task, whatever the list says (it may have been queued again after a restart).
+        self.tasks.remove(&instance, &op);
+        self.queue.push((instance.clone(), input));
+        self.replies.push(Box::new(move || {
+            let _ = reply.send(Ok(Answered {
+                instance,
+                op,
+                cancel_requested: false,
+            }));
+        }));
     }
 
     fn define(&mut self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
@@ -947,7 +1262,8 @@ mod tests {
             d,
             Delivery {
                 reached: vec![],
-                parked: true
+                parked: true,
+                cancel_requested: None,
             }
         );
         h.start_instance("w", None, Some("a".into()), json!({"order": "A"}))

@@ -25,6 +25,7 @@ pub mod mock;
 pub mod rest;
 pub mod serve;
 pub mod store;
+pub mod tasks;
 
 pub use host::{BoxFuture, FunctionCall, Host};
 pub use memory::{Clock, Config, InMemoryHost, Outcome, TraceSink};

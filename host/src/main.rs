@@ -532,8 +532,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), "sm4c serving");
         let app = sm4c_host::serve::router(durable.clone());
+        let polls = durable.clone();
         axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                // Long polls would hold the stop for up to a minute.
+                polls.close_polls();
+            })
             .await?;
         durable.shutdown().await;
         tracing::info!("stopped");

@@ -506,6 +506,15 @@ impl Loop {
                     return;
                 };
                 let op = call.op.clone();
+                if call.function_type == "worker" {
+                    // Here the host is the worker: the task starts when it is called, so its
+                    // start-to-close and heartbeat timeouts measure the call.
+                    let input = Input::TaskStarted {
+                        op: op.clone(),
+                        worker: None,
+                    };
+                    self.queue.push_back((id.to_string(), input));
+                }
                 let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
                     Cmd::Result { instance, op, result }
                 });

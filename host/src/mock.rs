@@ -40,6 +40,10 @@ impl Host for MockHost {
                     let grpc = grpc.clone();
                     return Box::pin(async move { grpc.call(&call).await });
                 }
+                ("worker", _, _) => Err(ErrorInfo::new(
+                    "functionError",
+                    format!("function {:?} is a worker function (task list {:?}) and sm4c run has no workers: give a mock with --mock, or run the definition under sm4c serve, where workers poll its task list", call.function, call.operation),
+                )),
                 _ => Err(ErrorInfo::new(
                     "functionError",
                     format!("function {:?} has no mock: give one with --mock (a JSON object of function names to jq expressions)", call.function),

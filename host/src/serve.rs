@@ -3,9 +3,10 @@
 //! Both implement [`Backend`], so the API, the CLI client and the OpenAPI document are the same
 //! in both modes.
 
-use crate::durable::{DurableHost, HostError};
+use crate::durable::{Answered, DurableHost, HostError};
 use crate::host::BoxFuture;
 use crate::store::{StoreError, Stored, Summary};
+use crate::tasks::Answer;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -16,8 +17,10 @@ use cloudevents::AttributesReader;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_runtime::engine::rfc3339;
-use sm4c_runtime::{Entry, Machine};
+use sm4c_runtime::validate::is_task_list_name;
+use sm4c_runtime::{timespan, Entry, Machine};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A page of sent events and the cursor of the next one.
 pub type SentPage = (Vec<Value>, Option<String>);
@@ -58,9 +61,34 @@ pub trait Backend: Send + Sync + 'static {
     fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>>;
     /// Which instances an event would reach, and why the others turn it away.
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
+    /// The task lists with tasks waiting or taken.
+    fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>>;
+    /// Waits up to `wait` for a task of a task list.
+    fn poll(
+        &self,
+        list: String,
+        worker: Option<String>,
+        wait: Duration,
+    ) -> BoxFuture<'_, Result<Option<Value>, HostError>>;
+    /// A worker's answer to a task, by token.
+    fn answer(&self, token: String, answer: Answer) -> BoxFuture<'_, Result<Answered, HostError>>;
 }
 
 impl Backend for DurableHost {
+    fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>> {
+        Box::pin(DurableHost::task_lists(self))
+    }
+    fn poll(
+        &self,
+        list: String,
+        worker: Option<String>,
+        wait: Duration,
+    ) -> BoxFuture<'_, Result<Option<Value>, HostError>> {
+        Box::pin(async move { DurableHost::poll(self, &list, worker, wait).await })
+    }
+    fn answer(&self, token: String, answer: Answer) -> BoxFuture<'_, Result<Answered, HostError>> {
+        Box::pin(async move { DurableHost::answer(self, &token, answer).await })
+    }
     fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {
         Box::pin(DurableHost::define(self, doc))
     }
@@ -201,6 +229,10 @@ impl From<HostError> for ApiError {
                 None,
             ),
             HostError::Unavailable(m) => ApiError(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
+            HostError::NotSupported(m) => ApiError(StatusCode::NOT_IMPLEMENTED, "notSupported", m, None),
+            HostError::UnknownTask(m) => ApiError(StatusCode::NOT_FOUND, "unknownTask", m, None),
+            e @ HostError::TaskClosed { .. } => ApiError(StatusCode::CONFLICT, "taskClosed", e.to_string(), None),
+            HostError::InvalidTaskEvent(m) => ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", m, None),
             other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string(), None),
         }
     }
@@ -258,6 +290,11 @@ pub fn router(backend: impl Backend) -> Router {
         .route("/instances/{*rest}", get(instance_get).post(instance_post))
         .route("/events", post(post_event))
         .route("/events/explain", post(post_explain))
+        .route("/tasklists", get(task_lists))
+        .route("/tasklists/{name}/poll", post(poll))
+        .route("/tasks/{token}/complete", post(complete))
+        .route("/tasks/{token}/fail", post(fail))
+        .route("/tasks/{token}/heartbeat", post(heartbeat))
         .route("/events/sent", get(sent))
         .route(
             "/openapi.json",
@@ -509,4 +546,114 @@ async fn sent(State(h): State<Api>, Params(q): Params<PageQuery>) -> Result<Json
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let (events, next) = h.sent(q.after.as_deref().unwrap_or(""), limit).await?;
     Ok(Json(json!({"events": events, "next": next})))
+}
+
+/// Longest a poll may wait for a task.
+const MAX_POLL: Duration = Duration::from_secs(60);
+/// How long a poll waits when it does not say.
+const DEFAULT_POLL: Duration = Duration::from_secs(20);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollQuery {
+    wait: Option<String>,
+    worker: Option<String>,
+}
+
+async fn task_lists(State(h): State<Api>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!({"taskLists": h.task_lists().await?})))
+}
+
+async fn poll(
+    State(h): State<Api>,
+    Path(name): Path<String>,
+    Params(q): Params<PollQuery>,
+) -> Result<Response, ApiError> {
+    if !is_task_list_name(&name) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalidTaskList",
+            format!("{name:?} is not a task list name: task lists have 1 to 249 letters, digits, `.`, `_` or `-`"),
+            None,
+        ));
+    }
+    let wait = match q.wait.as_deref() {
+        None => DEFAULT_POLL,
+        Some(w) => timespan::parse(w)
+            .map(Duration::from_millis)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidQuery", format!("wait: {e}"), None))?,
+    };
+    if wait > MAX_POLL {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalidQuery",
+            format!(
+                "wait: at most {} (PT60S)",
+                timespan::format(MAX_POLL.as_millis() as u64)
+            ),
+            None,
+        ));
+    }
+    Ok(match h.poll(name.clone(), q.worker, wait).await? {
+        Some(task) => Json(task).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+/// A JSON body that may be empty (`None`).
+async fn optional_json(req: Request) -> Result<Option<Value>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payloadTooLarge",
+            format!("the body is larger than {MAX_BODY} bytes"),
+            None,
+        )
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let json_type = parts
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
+    if !json_type {
+        return Err(ApiError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupportedMediaType",
+            "send JSON with Content-Type: application/json".into(),
+            None,
+        ));
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            "malformedJson",
+            format!("the body is not JSON: {e}"),
+            None,
+        )
+    })
+}
+
+fn answered(a: Answered) -> Json<Value> {
+    Json(json!({"instanceId": a.instance, "operation": a.op}))
+}
+
+async fn complete(State(h): State<Api>, Path(token): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
+    let result = optional_json(req).await?.unwrap_or(Value::Null);
+    Ok(answered(h.answer(token, Answer::Complete(result)).await?))
+}
+
+async fn fail(State(h): State<Api>, Path(token): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
+    let body = optional_json(req).await?.unwrap_or(Value::Null);
+    let answer = Answer::failure(&body).map_err(|m| ApiError(StatusCode::BAD_REQUEST, "invalidFailure", m, None))?;
+    Ok(answered(h.answer(token, answer).await?))
+}
+
+async fn heartbeat(State(h): State<Api>, Path(token): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
+    let details = optional_json(req).await?;
+    let a = h.answer(token, Answer::Heartbeat(details)).await?;
+    Ok(Json(json!({"cancelRequested": a.cancel_requested})))
 }

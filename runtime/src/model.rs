@@ -194,6 +194,23 @@ pub enum FunctionKind {
     Rpc,
     /// `expression`: jq evaluated by the engine with the arguments as input.
     Expression(Expr),
+    /// `worker`: a task put on the task list named by `operation`, done by an external worker that
+    /// starts, heartbeats and completes it by its task token.
+    Worker(TaskTimeouts),
+}
+
+/// The timeouts of a `worker` function (ms). Each one that elapses fails the call with error type
+/// `timeout` and `details.timeoutType` naming it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskTimeouts {
+    /// `scheduleToStartTimeout`: from scheduling the task until a worker takes it.
+    pub schedule_to_start_ms: Option<u64>,
+    /// `startToCloseTimeout`: from a worker taking the task until it completes or fails it.
+    pub start_to_close_ms: Option<u64>,
+    /// `heartbeatTimeout`: the longest gap between heartbeats once started.
+    pub heartbeat_ms: Option<u64>,
+    /// `scheduleToCloseTimeout`: from scheduling the task until it completes or fails.
+    pub schedule_to_close_ms: Option<u64>,
 }
 
 impl FunctionKind {
@@ -203,6 +220,7 @@ impl FunctionKind {
             FunctionKind::Rest => "rest",
             FunctionKind::Rpc => "rpc",
             FunctionKind::Expression(_) => "expression",
+            FunctionKind::Worker(_) => "worker",
         }
     }
 }

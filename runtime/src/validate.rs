@@ -42,6 +42,7 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
         limits: options.limits,
         events: HashMap::new(),
         functions: HashMap::new(),
+        workers: Default::default(),
         retries: HashMap::new(),
     };
     let Some(root) = doc.as_object() else {
@@ -177,6 +178,22 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
 }
 
 /// Action types, matched without regard to case.
+/// The timeouts a `worker` function may set.
+const TASK_TIMEOUTS: [&str; 4] = [
+    "scheduleToStartTimeout",
+    "startToCloseTimeout",
+    "heartbeatTimeout",
+    "scheduleToCloseTimeout",
+];
+
+/// A task list name works as a Kafka topic name and as one URL path segment.
+pub fn is_task_list_name(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 const ACTION_TYPES: &[&str] = &[
     "delay",
     "foreach",
@@ -195,6 +212,8 @@ struct V {
     limits: Limits,
     events: HashMap<String, usize>,
     functions: HashMap<String, usize>,
+    /// Indices of `worker` functions (their calls must wait for completion).
+    workers: std::collections::HashSet<usize>,
     retries: HashMap<String, usize>,
 }
 
@@ -501,14 +520,56 @@ impl V {
                     Some(e) => FunctionKind::Expression(e),
                     None => continue,
                 },
+                Some(Some(t)) if t == "worker" => {
+                    if !is_task_list_name(&operation) {
+                        self.err(
+                            &format!("{p}/operation"),
+                            &format!("{operation:?} is not a task list name: use 1 to 249 letters, digits, `.`, `_` or `-` (it names a Kafka topic and a URL segment)"),
+                        );
+                    }
+                    self.workers.insert(out.len());
+                    FunctionKind::Worker(TaskTimeouts {
+                        schedule_to_start_ms: self.task_timeout(o, p, "scheduleToStartTimeout"),
+                        start_to_close_ms: self.task_timeout(o, p, "startToCloseTimeout"),
+                        heartbeat_ms: self.task_timeout(o, p, "heartbeatTimeout"),
+                        schedule_to_close_ms: self.task_timeout(o, p, "scheduleToCloseTimeout"),
+                    })
+                }
                 _ => {
-                    self.err(&format!("{p}/type"), "must be \"rest\", \"expression\" or \"rpc\"");
+                    self.err(
+                        &format!("{p}/type"),
+                        "must be \"rest\", \"expression\", \"rpc\" or \"worker\"",
+                    );
                     continue;
                 }
             };
+            if !matches!(kind, FunctionKind::Worker(_)) {
+                for key in TASK_TIMEOUTS {
+                    if o.get(key).is_some_and(|v| !v.is_null()) {
+                        self.err(
+                            &format!("{p}/{key}"),
+                            &format!(
+                                "only functions of type \"worker\" have task timeouts; this one is {:?}",
+                                kind.as_str()
+                            ),
+                        );
+                    }
+                }
+            }
             out.push(Function { name, operation, kind });
         }
         out
+    }
+
+    /// A task timeout of a worker function: a timespan longer than zero.
+    fn task_timeout(&mut self, o: &Map<String, Value>, p: &str, key: &str) -> Option<u64> {
+        match self.opt_timespan(o, p, key) {
+            Some(0) => {
+                self.err(&format!("{p}/{key}"), "must be longer than zero");
+                None
+            }
+            ms => ms,
+        }
     }
 
     fn retries(&mut self, items: &[(String, Value)]) -> Vec<RetryPolicy> {
@@ -825,7 +886,7 @@ impl V {
             },
             "invokeFunction" => {
                 let f = self.req_str(o, p, "functionName");
-                let function = f.and_then(|f| match self.functions.get(&f) {
+                let function = f.as_ref().and_then(|f| match self.functions.get(f) {
                     Some(i) => Some(*i),
                     None => {
                         self.err(
@@ -836,11 +897,25 @@ impl V {
                     }
                 });
                 let args = self.arguments(o, p);
+                let wait = self.opt_bool(o, p, "waitForCompletion").unwrap_or(false);
+                if let (Some(i), Some(f), false) = (function, &f, wait) {
+                    if self.workers.contains(&i) {
+                        let at = if o.contains_key("waitForCompletion") {
+                            format!("{p}/waitForCompletion")
+                        } else {
+                            p.to_string()
+                        };
+                        self.err(
+                            &at,
+                            &format!("function {f:?} is a worker function: its task stays open until a worker answers it, so the action must set \"waitForCompletion\": true (use sendEvent to hand work off without waiting)"),
+                        );
+                    }
+                }
                 ActionKind::InvokeFunction {
                     function: function?,
                     args,
                     timeout_ms: self.opt_timespan(o, p, "timeout"),
-                    wait: self.opt_bool(o, p, "waitForCompletion").unwrap_or(false),
+                    wait,
                 }
             }
             "invokeSubflow" => {

@@ -543,7 +543,28 @@ fn new_id(definition: &str) -> String {
     )
 }
 
+/// Worker task lists run on the durable host only, for now.
+fn no_task_lists() -> HostError {
+    HostError::NotSupported(
+        "worker task lists are not available in Kafka mode yet; run definitions with worker functions under \
+         sm4c serve without --kafka"
+            .into(),
+    )
+}
+
 impl Backend for KafkaHost {
+    fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>> {
+        Box::pin(async { Err(no_task_lists()) })
+    }
+
+    fn poll(&self, _: String, _: Option<String>, _: Duration) -> BoxFuture<'_, Result<Option<Value>, HostError>> {
+        Box::pin(async { Err(no_task_lists()) })
+    }
+
+    fn answer(&self, _: String, _: crate::tasks::Answer) -> BoxFuture<'_, Result<crate::durable::Answered, HostError>> {
+        Box::pin(async { Err(no_task_lists()) })
+    }
+
     fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {
         Box::pin(self.register(doc))
     }

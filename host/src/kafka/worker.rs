@@ -524,7 +524,18 @@ impl Worker {
                     return;
                 };
                 let (instance, op) = (call.instance.clone(), call.op.clone());
-                let fut = self.shared.host.invoke(call);
+                let fut = if call.function_type == "worker" {
+                    let e = ErrorInfo::new(
+                        "functionError",
+                        format!(
+                            "function {:?} is a worker function, and worker task lists are not available in Kafka mode yet",
+                            call.function
+                        ),
+                    );
+                    Box::pin(async move { Err(e) })
+                } else {
+                    self.shared.host.invoke(call)
+                };
                 let tx = self.results_tx.clone();
                 let key = (instance.clone(), op.clone());
                 let h = self.shared.rt.spawn(async move {

@@ -6,6 +6,7 @@
 //! (`enter`, `exit`, `t<index>.<firing>`), the child indices, and the attempt when retried.
 
 use super::event::outgoing_event;
+use super::task::{self, Worker};
 use super::types::{Effect, ErrorInfo, Trace, J};
 use super::Cx;
 use crate::json::{from_val, str_val};
@@ -38,6 +39,16 @@ pub enum Node {
         op: String,
         /// The action `timeout` timer.
         timer: Option<String>,
+    },
+    /// The task of a `worker` function, waiting for a worker to take and answer it.
+    Task {
+        /// Operation id.
+        op: String,
+        /// The action `timeout` timer.
+        timer: Option<String>,
+        /// The worker, once one has taken the task.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worker: Option<Worker>,
     },
     /// A `delay`.
     Delay {
@@ -96,6 +107,10 @@ pub enum Signal<'a> {
     Failed(&'a str, &'a ErrorInfo),
     /// A timer came due.
     Timer(&'a str),
+    /// A worker took a task (operation, worker name).
+    TaskStarted(&'a str, Option<&'a str>),
+    /// The worker of a task is alive (operation, progress).
+    TaskHeartbeat(&'a str, Option<&'a serde_json::Value>),
 }
 
 fn op_id(path: &str, attempt: u32) -> String {
@@ -165,6 +180,18 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             };
             let f = &m.functions[*function];
             match &f.kind {
+                FunctionKind::Worker(t) if *wait => {
+                    cx.effect(Effect::InvokeFunction {
+                        op: op.clone(),
+                        function: f.name.clone(),
+                        operation: f.operation.clone(),
+                        function_type: f.kind.as_str().into(),
+                        arguments: from_val(&args),
+                        wait: true,
+                    });
+                    let timer = action_timer(cx, &op, *timeout_ms);
+                    pending(task::scheduled(cx, op, t, timer))
+                }
                 FunctionKind::Expression(e) => match e.eval(args, Val::Null) {
                     Ok(v) if *wait => Step::Done(v),
                     Ok(_) => Step::Done(Val::Null),
@@ -312,12 +339,17 @@ fn waiting(cx: &mut Cx, op: String, timeout_ms: Option<u64>, wait: bool) -> Opti
     if !wait {
         return None;
     }
-    let timer = timeout_ms.map(|ms| {
+    let timer = action_timer(cx, &op, timeout_ms);
+    Some(Node::Call { op, timer })
+}
+
+/// Starts the `timeout` timer of a call or subflow action that has one.
+fn action_timer(cx: &mut Cx, op: &str, timeout_ms: Option<u64>) -> Option<String> {
+    timeout_ms.map(|ms| {
         let t = format!("{op}:timeout");
         cx.start_timer(&t, ms);
         t
-    });
-    Some(Node::Call { op, timer })
+    })
 }
 
 fn json_type(v: &Val) -> &'static str {
@@ -513,6 +545,10 @@ fn deliver_raw(cx: &mut Cx, run: &mut Run, signal: &Signal) -> Option<Raw> {
             }
             _ => None,
         },
+        Node::Task { op, timer, worker } => task::deliver(cx, run.action, op, timer, worker, signal).map(|r| match r {
+            Ok(v) => Raw::Ok(v),
+            Err(e) => Raw::Err(e),
+        }),
         Node::Delay { timer } => match signal {
             Signal::Timer(t) if *t == timer => {
                 cx.timers.remove(*t);
@@ -643,6 +679,10 @@ pub fn cancel(cx: &mut Cx, run: &Run) {
             if let Some(t) = timer {
                 cx.cancel_timer(t);
             }
+            cx.effect(Effect::CancelOperation { op: op.clone() });
+        }
+        Node::Task { op, timer, .. } => {
+            task::close(cx, op, &mut timer.clone());
             cx.effect(Effect::CancelOperation { op: op.clone() });
         }
         Node::Delay { timer } | Node::Backoff { timer } => cx.cancel_timer(timer),

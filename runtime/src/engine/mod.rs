@@ -8,6 +8,7 @@
 
 pub mod action;
 pub mod event;
+pub mod task;
 pub mod types;
 
 use crate::json::{from_val, to_val};
@@ -464,6 +465,18 @@ impl Instance {
         &self.s.timers
     }
 
+    /// For the open task of a `worker` call `op`: whether a worker has taken it. `None` when the
+    /// instance does not wait for such a task.
+    pub fn task_started(&self, op: &str) -> Option<bool> {
+        match &self.s.phase {
+            Phase::Enter { run }
+            | Phase::Transition { run, .. }
+            | Phase::Exit { run, .. }
+            | Phase::TimeoutAction { run } => task::started(&run.node, op),
+            Phase::Idle | Phase::Waiting | Phase::Ended => None,
+        }
+    }
+
     /// Handles one input and returns what to record and perform.
     pub fn handle(&mut self, timed: Timed) -> Output {
         let mut out = Output::default();
@@ -508,6 +521,10 @@ impl Instance {
                 self.signal(&mut out, &Signal::Completed(&op, &v))
             }
             Input::Failed { op, error } => self.signal(&mut out, &Signal::Failed(&op, &error)),
+            Input::TaskStarted { op, worker } => self.signal(&mut out, &Signal::TaskStarted(&op, worker.as_deref())),
+            Input::TaskHeartbeat { op, details } => {
+                self.signal(&mut out, &Signal::TaskHeartbeat(&op, details.as_ref()))
+            }
             Input::TimerFired { timer } => {
                 if !self.s.timers.contains_key(&timer) {
                     Next::Stop // stale: cancelled, or already fired

@@ -41,6 +41,23 @@ pub enum Input {
         /// Why.
         error: ErrorInfo,
     },
+    /// A worker took the task of a `worker` function call (operation `op`) from its task list:
+    /// the schedule-to-start timeout stops, the start-to-close and heartbeat timeouts start.
+    TaskStarted {
+        /// The operation id from the effect.
+        op: String,
+        /// Who took it, as the worker named itself, for the record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worker: Option<String>,
+    },
+    /// The worker of a started task is alive (and may report its progress).
+    TaskHeartbeat {
+        /// The operation id from the effect.
+        op: String,
+        /// Progress as the worker reports it; the latest is in the error of a timeout.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        details: Option<Value>,
+    },
     /// A CloudEvent (JSON structured form) is delivered to the instance's inbox.
     Event {
         /// The event.
@@ -68,7 +85,8 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "effect", rename_all = "camelCase")]
 pub enum Effect {
-    /// Call a `rest` or `rpc` function.
+    /// Call a `rest` or `rpc` function, or put the task of a `worker` function on its task list
+    /// (`operation`). A worker task is answered with `TaskStarted`, `TaskHeartbeat`, `Completed`, `Failed`.
     #[serde(rename_all = "camelCase")]
     InvokeFunction {
         /// Deterministic operation id; hosts pass it on as an idempotency key.
@@ -77,7 +95,7 @@ pub enum Effect {
         function: String,
         /// The function's `operation`.
         operation: String,
-        /// The function's `type`: `rest` or `rpc`.
+        /// The function's `type`: `rest`, `rpc` or `worker`.
         function_type: String,
         /// Resolved arguments.
         arguments: Value,
