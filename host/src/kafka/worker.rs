@@ -135,8 +135,14 @@ fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
     use cloudevents::binding::rdkafka::MessageExt;
     // The SDK unwraps header values and structured payloads: keep what it cannot read away from it.
     let null_header = m.headers().is_some_and(|h| h.iter().any(|x| x.value.is_none()));
-    let sdk = if null_header || m.payload().is_none() {
-        Err("a header without a value or a message without a payload".to_string())
+    let structured = m.headers().is_some_and(|h| {
+        h.iter().any(|x| {
+            x.key.eq_ignore_ascii_case("content-type")
+                && x.value.is_some_and(|v| v.starts_with(b"application/cloudevents"))
+        })
+    });
+    let sdk = if null_header || (structured && m.payload().is_none()) {
+        Err("a header without a value, or a structured-mode message without a payload".to_string())
     } else {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.to_event()))
             .unwrap_or_else(|_| Err(cloudevents::message::Error::WrongEncoding {}))
