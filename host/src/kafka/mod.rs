@@ -520,7 +520,9 @@ impl KafkaHost {
             if key.as_deref() == Some(id) {
                 if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
                     if r.through < committed {
-                        entries.insert(r.seq, r.entry);
+                        for (i, e) in r.entries.into_iter().enumerate() {
+                            entries.insert(r.seq + i as i64, e);
+                        }
                     }
                 }
             }

@@ -174,16 +174,16 @@ pub struct Parked {
     pub expires: i64,
 }
 
-/// A journal record, keyed by instance id.
+/// The journal entries one transaction appended to an instance's journal, keyed by instance id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JournalRecord {
     /// As for [`StateRecord::through`].
     pub through: i64,
-    /// Sequence number in the instance's journal (from 1).
+    /// Sequence number of the first entry in the instance's journal (from 1).
     pub seq: i64,
-    /// The entry.
-    pub entry: Entry,
+    /// The entries, in order.
+    pub entries: Vec<Entry>,
 }
 
 /// The state topic's key for a partition's own record.

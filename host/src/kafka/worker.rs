@@ -178,9 +178,29 @@ fn headers_of(m: &OwnedMessage) -> Vec<(String, Vec<u8>)> {
     v
 }
 
+/// Waits until every produced message is acknowledged. rust-rdkafka's `flush` (which
+/// `commit_transaction` calls first) waits in steps of 100 ms when a message is outstanding; a
+/// ThreadedProducer's own thread serves the acknowledgements, so a short spin returns as soon as
+/// they are in.
+fn drain(p: &ThreadedProducer<Quiet>) -> Result<(), String> {
+    let deadline = Instant::now() + TIMEOUT;
+    while p.in_flight_count() > 0 {
+        if Instant::now() > deadline {
+            return Err("messages were not acknowledged in time".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
 fn txn_producer(shared: &Shared, id: &str) -> Result<ThreadedProducer<Quiet>, String> {
     let mut c = shared.client_config();
     c.set("transactional.id", id);
+    // librdkafka retries a transaction's first produce after 100 ms while the broker still writes the
+    // previous one's markers; that back-off was most of a batch's latency.
+    c.set("retry.backoff.ms", "5");
+    c.set("retry.backoff.max.ms", "50");
+    c.set("linger.ms", "1");
     c.set("transaction.timeout.ms", "60000");
     let p: ThreadedProducer<Quiet> = c
         .create_with_context(Quiet)
@@ -201,15 +221,27 @@ fn commit(
 ) -> Result<(), String> {
     match txn {
         Some(p) => {
+            let t0 = Instant::now();
             p.begin_transaction().map_err(|e| e.to_string())?;
             let r = (|| {
                 for o in outs {
                     produce(p, o)?;
                 }
+                let t1 = t0.elapsed();
                 let meta = consumer.group_metadata().ok_or("no consumer group metadata")?;
                 p.send_offsets_to_transaction(offsets, &meta, TIMEOUT)
                     .map_err(|e| e.to_string())?;
-                p.commit_transaction(TIMEOUT).map_err(|e| e.to_string())
+                let t2 = t0.elapsed();
+                drain(p)?;
+                let r = p.commit_transaction(TIMEOUT).map_err(|e| e.to_string());
+                tracing::debug!(
+                    records = outs.len(),
+                    produce_us = t1.as_micros() as u64,
+                    offsets_us = t2.as_micros() as u64,
+                    commit_us = t0.elapsed().as_micros() as u64,
+                    "transaction"
+                );
+                r
             })();
             if let Err(e) = &r {
                 let _ = p.abort_transaction(TIMEOUT);
@@ -221,7 +253,7 @@ fn commit(
             for o in outs {
                 produce(&shared.plain, o)?;
             }
-            shared.plain.flush(TIMEOUT).map_err(|e| e.to_string())?;
+            drain(&shared.plain)?;
             consumer
                 .commit(offsets, rdkafka::consumer::CommitMode::Sync)
                 .map_err(|e| e.to_string())
@@ -302,10 +334,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 None => groups.push((k, vec![m])),
             }
         }
-        for ((topic, p), msgs) in groups {
-            tracing::debug!(topic, partition = p, messages = msgs.len(), "batch");
-            w.process(&topic, p, msgs);
-        }
+        w.process(groups);
         w.fire_timers();
         while let Ok(done) = results.try_recv() {
             w.result(done);
@@ -584,10 +613,50 @@ impl Worker {
         Some((command(&self.shared, p, Some(&child), &c), child))
     }
 
-    fn process(&mut self, topic: &str, p: i32, msgs: Vec<OwnedMessage>) {
-        if topic == self.shared.topics.commands {
-            let Some(mut t) = self.tasks.remove(&p) else { return };
-            match self.decide(&mut t, msgs) {
+    /// Decides and routes the batches of every partition side by side: each partition has its
+    /// own transactional producer, so their commits overlap instead of queueing.
+    fn process(&mut self, groups: Vec<((String, i32), Vec<OwnedMessage>)>) {
+        let commands = self.shared.topics.commands.clone();
+        let mut tasks = Vec::new();
+        let mut routers = Vec::new();
+        for ((topic, p), msgs) in groups {
+            if topic == commands {
+                if let Some(t) = self.tasks.remove(&p) {
+                    tasks.push((p, t, msgs));
+                }
+            } else if let Some(r) = self.routers.remove(&(topic.clone(), p)) {
+                routers.push(((topic, p), r, msgs));
+            }
+        }
+        let me = &*self;
+        type Decided = (i32, Task, Result<(), String>);
+        type Routed = ((String, i32), Router, Result<(), String>);
+        let (decided, routed): (Vec<Decided>, Vec<Routed>) = std::thread::scope(|s| {
+            let ht: Vec<_> = tasks
+                .into_iter()
+                .map(|(p, mut t, msgs)| {
+                    s.spawn(move || {
+                        let r = me.decide(&mut t, msgs);
+                        (p, t, r)
+                    })
+                })
+                .collect();
+            let hr: Vec<_> = routers
+                .into_iter()
+                .map(|(k, r, msgs)| {
+                    s.spawn(move || {
+                        let res = me.route(&r, &k.0, k.1, msgs);
+                        (k, r, res)
+                    })
+                })
+                .collect();
+            (
+                ht.into_iter().filter_map(|h| h.join().ok()).collect(),
+                hr.into_iter().filter_map(|h| h.join().ok()).collect(),
+            )
+        });
+        for (p, mut t, r) in decided {
+            match r {
                 Ok(()) => {
                     self.tasks.insert(p, t);
                 }
@@ -596,20 +665,18 @@ impl Worker {
                     for (_, h) in t.in_flight.drain() {
                         h.abort();
                     }
-                    self.rewind(topic, p);
+                    self.rewind(&commands, p);
                 }
             }
-        } else {
-            let Some(r) = self.routers.remove(&(topic.to_string(), p)) else {
-                return;
-            };
-            match self.route(&r, topic, p, msgs) {
+        }
+        for ((topic, p), r, res) in routed {
+            match res {
                 Ok(()) => {
-                    self.routers.insert((topic.to_string(), p), r);
+                    self.routers.insert((topic, p), r);
                 }
                 Err(e) => {
                     tracing::warn!(topic, partition = p, error = %e, "routing batch not committed; read again");
-                    self.rewind(topic, p);
+                    self.rewind(&topic, p);
                 }
             }
         }
@@ -718,7 +785,7 @@ impl Worker {
     }
 
     /// One batch of commands for one partition, committed in one transaction.
-    fn decide(&mut self, t: &mut Task, msgs: Vec<OwnedMessage>) -> Result<(), String> {
+    fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>) -> Result<(), String> {
         let shared = self.shared.clone();
         let mut d = Decision {
             shared: &shared,
@@ -742,13 +809,14 @@ impl Worker {
         // The new state of every instance touched, and their journals.
         for (id, s) in t.slots.iter_mut().filter(|(_, s)| s.dirty) {
             let p = t.partition;
-            for e in s.entries.drain(..) {
-                s.rec.journal_len += 1;
+            if !s.entries.is_empty() {
+                // One record per instance and transaction, however many entries it holds.
                 let r = JournalRecord {
                     through,
-                    seq: s.rec.journal_len,
-                    entry: e,
+                    seq: s.rec.journal_len + 1,
+                    entries: std::mem::take(&mut s.entries),
                 };
+                s.rec.journal_len += r.entries.len() as i64;
                 outs.push(Out {
                     topic: shared.topics.journal.clone(),
                     partition: Some(p),
