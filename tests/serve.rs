@@ -1413,3 +1413,50 @@ fn cli_client_errors() {
         assert!(!err.is_empty());
     }
 }
+
+#[test]
+fn explain_event_names_the_reached_instances_and_why_the_others_turn_it_away() {
+    let s = serve(&[]);
+    s.define(&waiter());
+    s.start("waiter", "w-alice", json!({"customerId": "alice"}));
+    s.start("waiter", "w-bob", json!({"customerId": "bob"}));
+    let event =
+        json!({"specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid", "customerid": "alice"});
+    let (code, v) = answer(
+        s.client
+            .post(format!("{}/events/explain", s.url))
+            .header("content-type", "application/cloudevents+json")
+            .body(event.to_string()),
+    );
+    assert_eq!(code, 200, "{v}");
+    let reached: Vec<&str> = v["reached"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["instance"].as_str().unwrap())
+        .collect();
+    assert_eq!(reached, vec!["w-alice"], "{v}");
+    let near = &v["nearMisses"][0];
+    assert_eq!(near["instance"], "w-bob", "{v}");
+    assert!(
+        near["reason"]
+            .as_str()
+            .unwrap()
+            .contains("correlation attribute \"customerid\" is \"alice\", expected \"bob\""),
+        "{v}"
+    );
+    assert_eq!(v["definitions"][0]["matches"], true, "{v}");
+    // Explaining delivers nothing.
+    assert_eq!(s.instance("w-alice")["state"], "Wait");
+    // The CLI says the same in words; another source is turned away by its definition.
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "e.json",
+        &json!({"specversion": "1.0", "id": "e2", "source": "elsewhere", "type": "com.example.paid", "customerid": "bob"}),
+    );
+    let (code, out, err) = sm4c(&["explain-event", &file, "--server", &s.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("reaches no instance"), "{out}");
+    assert!(out.contains("source \"elsewhere\" is not \"shop\""), "{out}");
+}
