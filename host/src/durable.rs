@@ -1199,7 +1199,9 @@ impl Loop {
     }
 }
 
-fn new_id(definition: &str) -> String {
+/// A fresh instance id: the definition id, the time, the process (workers of one Kafka group start
+/// instances side by side) and a counter.
+pub(crate) fn new_id(definition: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
@@ -1207,7 +1209,12 @@ fn new_id(definition: &str) -> String {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("{definition}-{:x}{:04x}", nanos, n & 0xffff)
+    format!(
+        "{definition}-{:x}{:04x}{:04x}",
+        nanos,
+        std::process::id() & 0xffff,
+        n & 0xffff
+    )
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use cloudevents::AttributesReader;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_runtime::engine::rfc3339;
@@ -521,28 +520,9 @@ async fn read_event(req: Request) -> Result<Value, ApiError> {
             None,
         )
     })?;
-    let mut value = serde_json::to_value(&event)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e.to_string(), None))?;
-    // In binary mode the body arrives as bytes; a JSON body is JSON data, as in structured mode.
-    if let Some(cloudevents::Data::Binary(bytes)) = event.data() {
-        let json_type = event
-            .datacontenttype()
-            .is_some_and(|t| t.starts_with("application/json") || t.contains("+json") || t.starts_with("text/json"));
-        if json_type {
-            let data: Value = serde_json::from_slice(bytes).map_err(|e| {
-                ApiError(
-                    StatusCode::BAD_REQUEST,
-                    "invalidCloudEvent",
-                    format!("the event says its data is JSON but it is not: {e}"),
-                    None,
-                )
-            })?;
-            if let Some(o) = value.as_object_mut() {
-                o.remove("data_base64");
-                o.insert("data".into(), data);
-            }
-        }
-    }
+    // In binary mode a JSON body arrives as bytes; it becomes JSON data, as in structured mode.
+    let value =
+        crate::host::event_json(&event).map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e, None))?;
     Ok(value)
 }
 

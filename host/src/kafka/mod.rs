@@ -532,22 +532,6 @@ impl KafkaHost {
     }
 }
 
-fn new_id(definition: &str) -> String {
-    use std::sync::atomic::AtomicU64;
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "{definition}-{:x}{:04x}{:04x}",
-        nanos,
-        std::process::id() & 0xffff,
-        n & 0xffff
-    )
-}
-
 /// Worker task lists run on the durable host only, for now.
 fn no_task_lists() -> HostError {
     HostError::NotSupported(
@@ -596,7 +580,7 @@ impl Backend for KafkaHost {
                     None => definition,
                 }));
             };
-            let id = id.unwrap_or_else(|| new_id(&m.id));
+            let id = id.unwrap_or_else(|| crate::durable::new_id(&m.id));
             if self.view.get(&id).is_some() {
                 return Ok((id, false));
             }
@@ -764,7 +748,7 @@ impl KafkaHost {
                         .detach()
                         .to_event()
                         .ok()
-                        .and_then(|e| wire::event_json(&e).ok())
+                        .and_then(|e| crate::host::event_json(&e).ok())
                         .unwrap_or(Value::Null);
                     pos[m.partition() as usize] = m.offset() + 1;
                     let instance = m.key().map(|k| String::from_utf8_lossy(k).into_owned());

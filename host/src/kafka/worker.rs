@@ -4,8 +4,8 @@
 
 use super::wire::Quiet;
 use super::wire::{
-    event_json, partition_of, start_id, Command, InstanceRecord, JournalRecord, Origin, Outcome, Parked,
-    PartitionRecord, StateRecord, PARTITION_KEY,
+    partition_of, start_id, Command, InstanceRecord, JournalRecord, Origin, Outcome, Parked, PartitionRecord,
+    StateRecord, PARTITION_KEY,
 };
 use super::{Delivery, Shared};
 use crate::durable::engine_options;
@@ -149,13 +149,13 @@ fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
             .map_err(|e| e.to_string())
     };
     match sdk {
-        Ok(ev) => event_json(&ev).map_err(|e| ("unparsableData", e)),
+        Ok(ev) => crate::host::event_json(&ev).map_err(|e| ("unparsableData", e)),
         Err(e) => {
             let payload = m.payload().unwrap_or_default();
             if let Ok(v) = serde_json::from_slice::<Value>(payload) {
                 if v.get("specversion").is_some() {
                     return match serde_json::from_value::<cloudevents::Event>(v) {
-                        Ok(ev) => event_json(&ev).map_err(|e| ("unparsableData", e)),
+                        Ok(ev) => crate::host::event_json(&ev).map_err(|e| ("unparsableData", e)),
                         Err(e) => Err(("notACloudEvent", format!("not a valid CloudEvent: {e}"))),
                     };
                 }
