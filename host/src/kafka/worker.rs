@@ -261,6 +261,34 @@ fn commit(
     }
 }
 
+/// The command that starts the child of a `StartSubflow` effect of instance `id` (at `depth`).
+fn subflow_start(shared: &Shared, id: &str, effect: &Effect, depth: u32) -> Option<Out> {
+    let Effect::StartSubflow {
+        op,
+        definition,
+        input,
+        wait,
+    } = effect
+    else {
+        return None;
+    };
+    let child = format!("{id}/{op}");
+    let c = Command::Start {
+        id: child.clone(),
+        definition: definition.clone(),
+        version: None,
+        input: input.clone(),
+        parent: Some((id.to_string(), op.clone(), *wait)),
+        depth: depth + 1,
+    };
+    Some(command(
+        shared,
+        partition_of(&child, shared.partitions),
+        Some(&child),
+        &c,
+    ))
+}
+
 struct Slot {
     inst: Instance,
     rec: InstanceRecord,
@@ -582,35 +610,15 @@ impl Worker {
             Effect::StartSubflow { .. } => {
                 // A subflow start still in flight after a crash: send the start again (the child
                 // ignores a second start).
-                let _ = self
-                    .subflow_start(id, effect, 0)
-                    .map(|(o, _)| produce(&self.shared.plain, &o));
+                let depth = t.slots.get(id).map_or(0, |s| s.rec.depth);
+                if let Some(o) = subflow_start(&self.shared, id, effect, depth) {
+                    if let Err(e) = produce(&self.shared.plain, &o) {
+                        tracing::warn!(error = %e, "cannot send a subflow start again");
+                    }
+                }
             }
             _ => {}
         }
-    }
-
-    fn subflow_start(&self, id: &str, effect: &Effect, depth: u32) -> Option<(Out, String)> {
-        let Effect::StartSubflow {
-            op,
-            definition,
-            input,
-            wait,
-        } = effect
-        else {
-            return None;
-        };
-        let child = format!("{id}/{op}");
-        let c = Command::Start {
-            id: child.clone(),
-            definition: definition.clone(),
-            version: None,
-            input: input.clone(),
-            parent: Some((id.to_string(), op.clone(), *wait)),
-            depth: depth + 1,
-        };
-        let p = partition_of(&child, self.shared.partitions);
-        Some((command(&self.shared, p, Some(&child), &c), child))
     }
 
     /// Decides and routes the batches of every partition side by side: each partition has its
@@ -1283,27 +1291,8 @@ impl Decision<'_> {
                     slot.rec
                         .calls
                         .push((op.clone(), serde_json::to_value(&e).unwrap_or(Value::Null)));
-                    let child = format!("{id}/{op}");
-                    let Effect::StartSubflow {
-                        definition,
-                        input,
-                        wait,
-                        ..
-                    } = &e
-                    else {
-                        continue;
-                    };
-                    let c = Command::Start {
-                        id: child.clone(),
-                        definition: definition.clone(),
-                        version: None,
-                        input: input.clone(),
-                        parent: Some((id.to_string(), op.clone(), *wait)),
-                        depth: depth + 1,
-                    };
-                    let p = partition_of(&child, shared.partitions);
-                    self.outs.push(command(shared, p, Some(&child), &c));
-                    if !*wait {
+                    self.outs.extend(subflow_start(shared, id, &e, depth));
+                    if let Effect::StartSubflow { wait: false, .. } = &e {
                         // Started (once this commits): nothing left to wait for.
                         slot.rec.calls.retain(|(o, _)| o != op);
                     }
