@@ -674,8 +674,18 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
         .expect("a startTimer effect");
     assert!(due < restarted_ms, "the timer was due during the outage: {h}");
     assert!(fired[0]["at"].as_i64().expect("at") >= restarted_ms, "{h}");
-    // Each reminder was sent once.
-    let ids = sent_ids(&broker, &format!("{prefix}.events.out"), "reminder.sent");
+    // Each reminder was sent once. A reader sees a partition only up to its last stable offset, so
+    // it may take a moment for every committed event to show.
+    let mut ids = BTreeMap::new();
+    wait_until(
+        "the 15 reminders on the out topic",
+        30,
+        || {
+            ids = sent_ids(&broker, &format!("{prefix}.events.out"), "reminder.sent");
+            ids.len() >= 15
+        },
+        &[&w],
+    );
     assert_eq!(ids.len(), 15, "{ids:?}");
     assert!(ids.values().all(|c| *c == 1), "{ids:?}");
 }
