@@ -1200,3 +1200,235 @@ fn a_worker_killed_under_load_loses_nothing_and_decides_nothing_twice() {
     assert_eq!(ids.len(), n, "one request id per saga");
     assert!(responder.replied.load(Ordering::Relaxed) >= n);
 }
+
+/// The task records on a task list topic: (headers, task).
+fn tasks_on(broker: &Broker, topic: &str) -> Vec<(HashMap<String, String>, Value)> {
+    read_topic(broker, topic)
+        .into_iter()
+        .map(|(_, h, payload)| (h, serde_json::from_slice(&payload).unwrap_or(Value::Null)))
+        .collect()
+}
+
+fn answer_task(w: &Worker, token: &str, what: &str, body: Value) -> (u16, Value) {
+    w.post(&format!("/tasks/{token}/{what}"), body)
+}
+
+#[test]
+fn worker_task_lists_are_topics_answered_by_cloudevents_or_http_through_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/word-count-worker");
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).expect("mkdir");
+    for f in ["thumbs.json", "audit.json"] {
+        std::fs::copy(data_dir().join("../kafka-tasks").join(f), defs.join(f)).expect("copy");
+    }
+    std::fs::copy(sample.join("definition.json"), defs.join("word-count.json")).expect("copy");
+    let broker = Broker::start(dir.path());
+    let prefix = "tk";
+    let mut args = worker_args(&broker, prefix, 4, &[]);
+    let i = args.iter().position(|a| a == "--definitions").expect("flag");
+    args[i + 1] = defs.display().to_string();
+    let w1 = Worker::start(dir.path(), "w1", &args);
+    let mut w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 4);
+
+    // Task lists are topics, listed with their topic; polling over HTTP is the topic's job here.
+    let lists = w1.get("/tasklists");
+    for name in ["audits", "images", "text-analysis"] {
+        assert!(
+            lists["taskLists"]
+                .as_array()
+                .expect("lists")
+                .iter()
+                .any(|l| l["name"] == name && l["topic"] == format!("{prefix}.tasks.{name}")),
+            "{lists}"
+        );
+    }
+    let r = http()
+        .post(format!("{}/tasklists/images/poll", w1.base))
+        .send()
+        .expect("poll");
+    assert_eq!(r.status().as_u16(), 501);
+    assert!(r.text().unwrap_or_default().contains("tk.tasks.images"));
+
+    // Ten word counts put their tasks on the topic; one sm4c worker dies before any is answered,
+    // and the Python sample worker answers them all with CloudEvents.
+    let input: Value =
+        serde_json::from_str(&std::fs::read_to_string(sample.join("input.json")).expect("read")).expect("JSON");
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(sample.join("expected.json")).expect("read")).expect("JSON");
+    for i in 0..10 {
+        start(&w1, "word-count", &format!("wc{i}"), input.clone());
+    }
+    w2.kill9();
+    let python = std::env::var("SM4C_PYTHON").unwrap_or_else(|_| "python3".into());
+    let log = dir.path().join("kafka_worker.log");
+    let mut py = Command::new(&python)
+        .arg(sample.join("kafka_worker.py"))
+        .args([
+            "--bootstrap",
+            &broker.bootstrap(),
+            "--prefix",
+            prefix,
+            "--max-tasks",
+            "30",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("run kafka_worker.py");
+    wait_until(
+        "the word counts",
+        120,
+        || (0..10).all(|i| w1.get(&format!("/instances/wc{i}"))["status"] == "completed"),
+        &[&w1],
+    );
+    let status = py.wait().expect("kafka_worker.py");
+    assert!(
+        status.success(),
+        "kafka_worker.py failed: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    for i in 0..10 {
+        let v = w1.get(&format!("/instances/wc{i}"));
+        assert_eq!(
+            v["data"], expected,
+            "the Kafka worker gives what the sample's mock gives: {v}"
+        );
+    }
+    // Each task was published exactly once, under its token, with the instance named.
+    let tasks = tasks_on(&broker, &format!("{prefix}.tasks.text-analysis"));
+    let mut tokens: BTreeMap<String, usize> = BTreeMap::new();
+    for (h, task) in &tasks {
+        assert_eq!(
+            h.get("ce_type").map(String::as_str),
+            Some("sm4c.task.scheduled"),
+            "{h:?}"
+        );
+        assert_eq!(
+            h.get("ce_id"),
+            task["token"].as_str().map(str::to_string).as_ref(),
+            "{h:?}"
+        );
+        assert_eq!(h.get("ce_sm4ctasktoken"), h.get("ce_id"), "{h:?}");
+        assert_eq!(
+            h.get("ce_sm4cinstanceid"),
+            task["instanceId"].as_str().map(str::to_string).as_ref()
+        );
+        *tokens
+            .entry(task["token"].as_str().expect("token").to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(tokens.len(), 30, "{tokens:?}");
+    assert!(tokens.values().all(|n| *n == 1), "{tokens:?}");
+
+    // By HTTP, on any worker: heartbeat, complete, and a second answer refused.
+    start(&w1, "thumbs", "t1", json!({"url": "cat.png"}));
+    let images = format!("{prefix}.tasks.images");
+    let (_, task) = tasks_on(&broker, &images)
+        .into_iter()
+        .find(|(_, t)| t["instanceId"] == "t1")
+        .expect("the task of t1");
+    assert_eq!(task["arguments"], json!({"url": "cat.png", "width": 128}), "{task}");
+    assert_eq!(
+        task["timeouts"],
+        json!({"scheduleToStartMs": 60000, "heartbeatMs": 60000}),
+        "{task}"
+    );
+    let token = task["token"].as_str().expect("token").to_string();
+    assert_eq!(
+        answer_task(&w1, &token, "heartbeat", json!({"done": 50})),
+        (200, json!({"cancelRequested": false}))
+    );
+    let (st, v) = answer_task(&w1, &token, "complete", json!({"url": "cat-128.png"}));
+    assert_eq!((st, &v["instanceId"]), (200, &json!("t1")), "{v}");
+    let t1 = w1.get("/instances/t1");
+    assert_eq!(t1["status"], "completed", "answered means applied: {t1}");
+    assert_eq!(t1["data"]["thumb"], json!({"url": "cat-128.png"}), "{t1}");
+    let (st, v) = answer_task(&w1, &token, "complete", json!({}));
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(
+        answer_task(&w1, &token, "heartbeat", Value::Null),
+        (200, json!({"cancelRequested": true}))
+    );
+    let h = w1.get("/instances/t1/history");
+    assert!(
+        h["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .any(|e| e["input"] == "taskHeartbeat" && e["details"] == json!({"done": 50})),
+        "{h}"
+    );
+    let (st, v) = answer_task(&w1, "not-a-token", "complete", json!({}));
+    assert_eq!(st, 404, "{v}");
+
+    // Nobody serves `audits`: the schedule-to-start timeout fails the call, and late answers are
+    // refused (HTTP) or dead-lettered (CloudEvents), as are task events that name no task.
+    start(&w1, "audit", "a1", json!({"account": "acc-1"}));
+    wait_until(
+        "the audit to time out",
+        30,
+        || w1.get("/instances/a1")["status"] == "completed",
+        &[&w1],
+    );
+    let a1 = w1.get("/instances/a1");
+    assert_eq!(a1["data"]["failed"]["type"], "timeout", "{a1}");
+    assert_eq!(
+        a1["data"]["failed"]["details"]["timeoutType"], "scheduleToStart",
+        "{a1}"
+    );
+    let (_, audit) = tasks_on(&broker, &format!("{prefix}.tasks.audits"))
+        .into_iter()
+        .next()
+        .expect("the audit task");
+    let late = audit["token"].as_str().expect("token").to_string();
+    assert_eq!(answer_task(&w1, &late, "complete", json!({})).0, 409);
+    let p = producer(&broker);
+    let events = format!("{prefix}.events");
+    send_binary(
+        &p,
+        &events,
+        &json!({"specversion": "1.0", "id": "late", "source": "auditor", "type": "sm4c.task.completed", "sm4ctasktoken": late}),
+    );
+    send_binary(
+        &p,
+        &events,
+        &json!({"specversion": "1.0", "id": "tokenless", "source": "auditor", "type": "sm4c.task.completed"}),
+    );
+    send_binary(
+        &p,
+        &events,
+        &json!({"specversion": "1.0", "id": "bad-token", "source": "auditor", "type": "sm4c.task.failed", "sm4ctasktoken": "Zm9v!"}),
+    );
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let dead = format!("{prefix}.events.deadletter");
+    let mut codes: BTreeMap<String, String> = BTreeMap::new();
+    wait_until(
+        "three dead letters",
+        60,
+        || {
+            codes.clear();
+            for (_, h, payload) in read_topic(&broker, &dead) {
+                let id = h.get("ce_id").cloned().unwrap_or_else(|| {
+                    serde_json::from_slice::<Value>(&payload)
+                        .ok()
+                        .and_then(|v| v["id"].as_str().map(str::to_string))
+                        .unwrap_or_default()
+                });
+                codes.insert(id, h.get("sm4c-deadletter-code").cloned().unwrap_or_default());
+            }
+            codes.len() >= 3
+        },
+        &[&w1],
+    );
+    let want: BTreeMap<String, String> = [
+        ("late", "taskClosed"),
+        ("tokenless", "invalidTaskEvent"),
+        ("bad-token", "unknownTask"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(codes, want);
+}

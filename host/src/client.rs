@@ -352,9 +352,20 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             if remote.json {
                 print_json(&v);
             } else {
-                let mut rows = vec![vec!["TASK LIST".into(), "QUEUED".into(), "POLLING".into()]];
-                for l in v["taskLists"].as_array().cloned().unwrap_or_default() {
-                    rows.push(vec![s(&l["name"]), s(&l["queued"]), s(&l["polling"])]);
+                let lists = v["taskLists"].as_array().cloned().unwrap_or_default();
+                // A Kafka-mode server names each list's topic instead of a queue it keeps.
+                let kafka = lists.iter().any(|l| l.get("topic").is_some());
+                let mut rows = vec![if kafka {
+                    vec!["TASK LIST".into(), "TOPIC".into(), "OPEN".into()]
+                } else {
+                    vec!["TASK LIST".into(), "QUEUED".into(), "POLLING".into()]
+                }];
+                for l in lists {
+                    rows.push(if kafka {
+                        vec![s(&l["name"]), s(&l["topic"]), s(&l["open"])]
+                    } else {
+                        vec![s(&l["name"]), s(&l["queued"]), s(&l["polling"])]
+                    });
                 }
                 table(&rows);
             }

@@ -17,6 +17,8 @@ pub const EVENT_COMPLETED: &str = "sm4c.task.completed";
 pub const EVENT_FAILED: &str = "sm4c.task.failed";
 /// CloudEvent type that records a heartbeat (`data`, if any, is the progress).
 pub const EVENT_HEARTBEAT: &str = "sm4c.task.heartbeat";
+/// CloudEvent type of a task on a Kafka task list topic (`data` is the task, as [`Task::to_json`]).
+pub const EVENT_SCHEDULED: &str = "sm4c.task.scheduled";
 /// The CloudEvent extension attribute that carries the task token.
 pub const TOKEN_ATTRIBUTE: &str = "sm4ctasktoken";
 
@@ -78,6 +80,27 @@ impl Task {
         self.op.rsplit_once('#').and_then(|(_, n)| n.parse().ok()).unwrap_or(1)
     }
 
+    /// The task as a CloudEvent, as it goes on a Kafka task list topic: its id is the token (a
+    /// redelivered task keeps it), `time` is when it was scheduled (ms since the epoch).
+    pub fn to_event(&self, scheduled_at: i64) -> Value {
+        let token = token(&self.instance, &self.op);
+        let mut ev = json!({
+            "specversion": "1.0",
+            "id": token,
+            "source": format!("sm4c/tasklists/{}", self.task_list),
+            "type": EVENT_SCHEDULED,
+            "subject": self.function,
+            "datacontenttype": "application/json",
+            "sm4cinstanceid": self.instance,
+            TOKEN_ATTRIBUTE: token,
+            "data": self.to_json(),
+        });
+        if scheduled_at > 0 {
+            ev["time"] = json!(sm4c_runtime::engine::rfc3339(scheduled_at));
+        }
+        ev
+    }
+
     /// The task as a worker receives it.
     pub fn to_json(&self) -> Value {
         let mut timeouts = serde_json::Map::new();
@@ -106,7 +129,8 @@ impl Task {
 }
 
 /// What a worker says about a task.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum Answer {
     /// Done, with this result.
     Complete(Value),

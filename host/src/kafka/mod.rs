@@ -123,6 +123,8 @@ pub struct Topics {
     pub journal: String,
     /// Definitions (compacted): `<prefix>.definitions`.
     pub definitions: String,
+    /// What task list topics start with: `<prefix>.tasks.`.
+    pub tasks: String,
 }
 
 impl Topics {
@@ -138,7 +140,13 @@ impl Topics {
             state: format!("{prefix}.state"),
             journal: format!("{prefix}.journal"),
             definitions: format!("{prefix}.definitions"),
+            tasks: format!("{prefix}.tasks."),
         }
+    }
+
+    /// The topic of worker task list `name`: `<prefix>.tasks.<name>`.
+    pub fn task_list(&self, name: &str) -> String {
+        format!("{}{name}", self.tasks)
     }
 }
 
@@ -272,7 +280,50 @@ pub struct KafkaHost {
     shared: Arc<Shared>,
     view: Arc<view::View>,
     api: FutureProducer<Quiet>,
+    admin: Arc<AdminClient<DefaultClientContext>>,
     threads: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
+}
+
+/// Creates the topics that are missing: `(name, partitions, compacted)`.
+async fn create_topics(
+    admin: &AdminClient<DefaultClientContext>,
+    bootstrap: &str,
+    specs: &[(String, i32, bool)],
+) -> Result<(), KafkaError> {
+    let new: Vec<NewTopic> = specs
+        .iter()
+        .map(|(t, p, compact)| {
+            let nt = NewTopic::new(t, *p, TopicReplication::Fixed(1));
+            if *compact {
+                nt.set("cleanup.policy", "compact")
+            } else {
+                nt
+            }
+        })
+        .collect();
+    let created = admin
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await
+        .map_err(|e| KafkaError::Kafka(format!("cannot create topics at {bootstrap}: {e}")))?;
+    for r in created {
+        if let Err((t, code)) = r {
+            if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                return Err(KafkaError::Kafka(format!("cannot create topic {t}: {code}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The worker task lists a definition's `worker` functions use.
+fn task_lists_of(m: &Machine) -> impl Iterator<Item = &str> {
+    m.functions
+        .iter()
+        .filter(|f| matches!(f.kind, sm4c_runtime::model::FunctionKind::Worker(_)))
+        .map(|f| f.operation.as_str())
 }
 
 impl KafkaHost {
@@ -305,31 +356,7 @@ impl KafkaHost {
         .into_iter()
         .chain(topics.events.iter().map(|t| (t.clone(), n, false)))
         .collect();
-        let new: Vec<NewTopic> = specs
-            .iter()
-            .map(|(t, p, compact)| {
-                let nt = NewTopic::new(t, *p, TopicReplication::Fixed(1));
-                if *compact {
-                    nt.set("cleanup.policy", "compact")
-                } else {
-                    nt
-                }
-            })
-            .collect();
-        let created = admin
-            .create_topics(
-                &new,
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-            )
-            .await
-            .map_err(|e| KafkaError::Kafka(format!("cannot create topics at {}: {e}", config.bootstrap)))?;
-        for r in created {
-            if let Err((t, code)) = r {
-                if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
-                    return Err(KafkaError::Kafka(format!("cannot create topic {t}: {code}")));
-                }
-            }
-        }
+        create_topics(&admin, &config.bootstrap, &specs).await?;
         let plain: ThreadedProducer<Quiet> = {
             let mut c = base.clone();
             c.set("enable.idempotence", "true").set("linger.ms", "1");
@@ -392,8 +419,14 @@ impl KafkaHost {
             shared: shared.clone(),
             view,
             api,
+            admin: Arc::new(admin),
             threads: Arc::new(Mutex::new(threads)),
         };
+        // Task list topics of the definitions already on the cluster (new ones get theirs when
+        // they are registered).
+        let known = shared.machines();
+        me.create_task_topics(known.iter().flat_map(|m| task_lists_of(m)))
+            .await?;
         for doc in definitions {
             me.register(doc).await.map_err(|e| match e {
                 HostError::Invalid(errs) => {
@@ -436,8 +469,24 @@ impl KafkaHost {
         .await;
     }
 
+    /// Creates the topics of these task lists, if missing.
+    async fn create_task_topics<'a>(&self, lists: impl Iterator<Item = &'a str>) -> Result<(), KafkaError> {
+        let n = self.shared.partitions;
+        let mut specs: Vec<(String, i32, bool)> = lists.map(|l| (self.shared.topics.task_list(l), n, false)).collect();
+        specs.sort();
+        specs.dedup();
+        if specs.is_empty() {
+            return Ok(());
+        }
+        create_topics(&self.admin, &self.shared.cfg.bootstrap, &specs).await
+    }
+
     async fn register(&self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
         let m = load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).map_err(HostError::Invalid)?;
+        // Its task lists' topics exist before an instance can put a task on them.
+        self.create_task_topics(task_lists_of(&m))
+            .await
+            .map_err(|e| HostError::Unavailable(e.to_string()))?;
         if let Some(existing) = self.shared.machine(&m.id, &m.version) {
             if existing.source == m.source {
                 return Ok((existing, false));
@@ -532,26 +581,102 @@ impl KafkaHost {
     }
 }
 
-/// Worker task lists run on the durable host only, for now.
-fn no_task_lists() -> HostError {
-    HostError::NotSupported(
-        "worker task lists are not available in Kafka mode yet; run definitions with worker functions under \
-         sm4c serve without --kafka"
-            .into(),
-    )
+/// Whether the instance record waits for worker task `op`.
+fn task_open(r: &wire::InstanceRecord, op: &str) -> bool {
+    !r.snapshot.status.is_final()
+        && r.calls
+            .iter()
+            .any(|(o, e)| o == op && e.get("functionType").and_then(Value::as_str) == Some("worker"))
 }
 
 impl Backend for KafkaHost {
+    /// Task lists are topics in Kafka mode: their names and topics, and how many tasks are open.
     fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>> {
-        Box::pin(async { Err(no_task_lists()) })
+        Box::pin(async move {
+            let mut lists: std::collections::BTreeMap<String, usize> = Default::default();
+            for m in self.shared.machines() {
+                for l in task_lists_of(&m) {
+                    lists.entry(l.to_string()).or_default();
+                }
+            }
+            for r in self.view.records() {
+                if r.snapshot.status.is_final() {
+                    continue;
+                }
+                for (_, e) in &r.calls {
+                    if e.get("functionType").and_then(Value::as_str) == Some("worker") {
+                        if let Some(l) = e.get("operation").and_then(Value::as_str) {
+                            *lists.entry(l.to_string()).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            Ok(lists
+                .into_iter()
+                .map(|(name, open)| json!({"name": name, "topic": self.shared.topics.task_list(&name), "open": open}))
+                .collect())
+        })
     }
 
-    fn poll(&self, _: String, _: Option<String>, _: Duration) -> BoxFuture<'_, Result<Option<Value>, HostError>> {
-        Box::pin(async { Err(no_task_lists()) })
+    fn poll(&self, name: String, _: Option<String>, _: Duration) -> BoxFuture<'_, Result<Option<Value>, HostError>> {
+        let topic = self.shared.topics.task_list(&name);
+        Box::pin(async move {
+            Err(HostError::NotSupported(format!(
+                "in Kafka mode task list {name:?} is the topic {topic:?}: consume it with a consumer group \
+                 (each record is an {} CloudEvent) and answer by token here or with a CloudEvent",
+                crate::tasks::EVENT_SCHEDULED
+            )))
+        })
     }
 
-    fn answer(&self, _: String, _: crate::tasks::Answer) -> BoxFuture<'_, Result<crate::durable::Answered, HostError>> {
-        Box::pin(async { Err(no_task_lists()) })
+    /// Completions and failures wait until the owner has applied them (so a second answer is
+    /// refused as for `sm4c serve`); heartbeats return at once, saying whether the task is still
+    /// wanted as far as this worker's view knows.
+    fn answer(
+        &self,
+        token: String,
+        answer: crate::tasks::Answer,
+    ) -> BoxFuture<'_, Result<crate::durable::Answered, HostError>> {
+        Box::pin(async move {
+            let (instance, op) = crate::tasks::decode_token(&token).ok_or_else(|| {
+                HostError::UnknownTask(format!(
+                    "{token:?} is not a task token (tokens come in the tasks on the task list topics)"
+                ))
+            })?;
+            let Some(r) = self.view.get(&instance) else {
+                return Err(HostError::UnknownTask(format!(
+                    "no task: the token names instance {instance:?}, which does not exist"
+                )));
+            };
+            let heartbeat = matches!(answer, crate::tasks::Answer::Heartbeat(_));
+            if !task_open(&r, &op) {
+                return if heartbeat {
+                    Ok(crate::durable::Answered {
+                        instance,
+                        op,
+                        cancel_requested: true,
+                    })
+                } else {
+                    Err(HostError::TaskClosed { instance, op })
+                };
+            }
+            let c = Command::Answer {
+                id: instance.clone(),
+                op: op.clone(),
+                answer,
+                event: None,
+            };
+            self.send_command(&instance, &c).await?;
+            if !heartbeat {
+                self.wait_for("the answer", |v| v.get(&instance).is_none_or(|r| !task_open(&r, &op)))
+                    .await?;
+            }
+            Ok(crate::durable::Answered {
+                instance,
+                op,
+                cancel_requested: false,
+            })
+        })
     }
 
     fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {

@@ -33,6 +33,15 @@ impl View {
             .cloned()
     }
 
+    pub fn records(&self) -> Vec<InstanceRecord> {
+        self.instances
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     pub fn snapshots(&self) -> Vec<Snapshot> {
         self.instances
             .read()

@@ -55,6 +55,19 @@ pub enum Command {
         /// The result or the error.
         outcome: Outcome,
     },
+    /// A worker answered a task: completed, failed or heartbeat.
+    Answer {
+        /// Instance id.
+        id: String,
+        /// The task's operation id.
+        op: String,
+        /// What the worker said.
+        answer: crate::tasks::Answer,
+        /// The `sm4c.task.*` CloudEvent it came in, and where it was read; dead-lettered if the
+        /// task is closed. `None` for answers through the HTTP API.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        event: Option<(Value, Origin)>,
+    },
     /// A timer came due.
     Timer {
         /// Instance id.

@@ -10,6 +10,7 @@ use super::wire::{
 use super::{Delivery, Shared};
 use crate::durable::engine_options;
 use crate::host::FunctionCall;
+use crate::tasks::Answer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -166,6 +167,13 @@ fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
             ))
         }
     }
+}
+
+/// An incoming message, as it came, to the dead-letter topic.
+fn dead_message(shared: &Shared, m: &OwnedMessage, origin: &Origin, code: &str, why: &str) -> Out {
+    let mut h = headers_of(m);
+    h.push(("sm4c-origin".into(), origin.key().into_bytes()));
+    deadletter(shared, m.payload().unwrap_or_default().to_vec(), h, code, why)
 }
 
 fn headers_of(m: &OwnedMessage) -> Vec<(String, Vec<u8>)> {
@@ -586,19 +594,12 @@ impl Worker {
                 let Some((call, _wait)) = FunctionCall::from_effect(id, effect) else {
                     return;
                 };
+                if call.function_type == "worker" {
+                    // Its task is on the task list topic since the decision committed.
+                    return;
+                }
                 let (instance, op) = (call.instance.clone(), call.op.clone());
-                let fut = if call.function_type == "worker" {
-                    let e = ErrorInfo::new(
-                        "functionError",
-                        format!(
-                            "function {:?} is a worker function, and worker task lists are not available in Kafka mode yet",
-                            call.function
-                        ),
-                    );
-                    Box::pin(async move { Err(e) })
-                } else {
-                    self.shared.host.invoke(call)
-                };
+                let fut = self.shared.host.invoke(call);
                 let tx = self.results_tx.clone();
                 let key = (instance.clone(), op.clone());
                 let h = self.shared.rt.spawn(async move {
@@ -707,18 +708,35 @@ impl Worker {
             let event = match read_event(m) {
                 Ok(e) => e,
                 Err((code, why)) => {
-                    let mut h = headers_of(m);
-                    h.push(("sm4c-origin".into(), origin.key().into_bytes()));
-                    outs.push(deadletter(
-                        shared,
-                        m.payload().unwrap_or_default().to_vec(),
-                        h,
-                        code,
-                        &why,
-                    ));
+                    outs.push(dead_message(shared, m, &origin, code, &why));
                     continue;
                 }
             };
+            match crate::tasks::Answer::from_event(&event) {
+                Ok(None) => {}
+                Ok(Some((token, answer))) => {
+                    match crate::tasks::decode_token(&token) {
+                        Some((id, op)) => {
+                            let c = Command::Answer {
+                                id: id.clone(),
+                                op,
+                                answer,
+                                event: Some((event, origin)),
+                            };
+                            outs.push(command(shared, partition_of(&id, n), Some(&id), &c));
+                        }
+                        None => {
+                            let why = format!("{token:?} in {} is not a task token", crate::tasks::TOKEN_ATTRIBUTE);
+                            outs.push(dead_message(shared, m, &origin, "unknownTask", &why));
+                        }
+                    }
+                    continue;
+                }
+                Err(why) => {
+                    outs.push(dead_message(shared, m, &origin, "invalidTaskEvent", &why));
+                    continue;
+                }
+            }
             let mut starts = 0;
             for mach in machines.iter().filter(|mach| {
                 mach.start_event
@@ -762,15 +780,7 @@ impl Worker {
                         attribute_text(&event, "type").unwrap_or_default(),
                         attribute_text(&event, "source").unwrap_or_default()
                     );
-                    let mut h = headers_of(m);
-                    h.push(("sm4c-origin".into(), origin.key().into_bytes()));
-                    outs.push(deadletter(
-                        shared,
-                        m.payload().unwrap_or_default().to_vec(),
-                        h,
-                        "noDefinition",
-                        &why,
-                    ));
+                    outs.push(dead_message(shared, m, &origin, "noDefinition", &why));
                 }
                 continue;
             }
@@ -1094,6 +1104,40 @@ impl Decision<'_> {
                     self.handle(&id, input, at);
                 }
             }
+            Command::Answer { id, op, answer, event } => {
+                let open = self.t.slots.get(&id).and_then(|s| {
+                    let (_, effect) = s.rec.calls.iter().find(|(o, _)| *o == op)?;
+                    let worker = effect.get("functionType").and_then(Value::as_str) == Some("worker");
+                    (worker && !s.inst.status().is_final())
+                        .then(|| effect.get("wait").and_then(Value::as_bool).unwrap_or(true))
+                });
+                let Some(waits) = open else {
+                    // Answered, timed out or cancelled already (or never a task): a heartbeat is
+                    // moot, an answer that came as an event is dead-lettered so it is not lost unseen.
+                    if let (Some((event, origin)), false) = (event, matches!(answer, Answer::Heartbeat(_))) {
+                        let why = format!(
+                            "task {op:?} of instance {id:?} is closed: it was completed, failed, timed out or cancelled, or never existed"
+                        );
+                        self.dead(&event, &origin, "taskClosed", &why);
+                    }
+                    return;
+                };
+                if !matches!(answer, Answer::Heartbeat(_)) {
+                    // Closed from now on: a second answer is turned away.
+                    if let Some(s) = self.t.slots.get_mut(&id) {
+                        s.rec.calls.retain(|(o, _)| *o != op);
+                        s.dirty = true;
+                    }
+                }
+                let input = match answer {
+                    Answer::Heartbeat(details) => Input::TaskHeartbeat { op, details },
+                    Answer::Complete(result) => Input::Completed { op, result },
+                    Answer::Fail(error) => Input::Failed { op, error },
+                };
+                if waits {
+                    self.handle(&id, input, at);
+                }
+            }
             Command::Timer { id, timer } => {
                 if self
                     .t
@@ -1285,7 +1329,15 @@ impl Decision<'_> {
                     slot.rec
                         .calls
                         .push((op.clone(), serde_json::to_value(&e).unwrap_or(Value::Null)));
-                    self.after.push((id.to_string(), e));
+                    match crate::tasks::Task::from_effect(id, &e, slot.inst.machine()) {
+                        // A worker task goes on its task list topic in this transaction: it is
+                        // published exactly when the decision to schedule it commits.
+                        Some(task) => {
+                            let topic = shared.topics.task_list(&task.task_list);
+                            self.outs.push(sent_event(shared, id, topic, &task.to_event(at)));
+                        }
+                        None => self.after.push((id.to_string(), e)),
+                    }
                 }
                 Effect::StartSubflow { op, .. } => {
                     slot.rec
