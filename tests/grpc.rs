@@ -260,6 +260,34 @@ fn server(seen: Seen) -> String {
     format!("http://{}", rx.recv().unwrap())
 }
 
+/// Starts the inventory server over TLS (certificate for `localhost` and `127.0.0.1` from
+/// `tests/data/grpc/tls`), asking for a client certificate when `client_auth`; returns its port.
+fn tls_server(seen: Seen, client_auth: bool) -> u16 {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let tls = data().join("tls");
+    let read = |f: &str| std::fs::read(tls.join(f)).unwrap();
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(read("server.pem"), read("server.key")));
+    if client_auth {
+        config = config.client_ca_root(Certificate::from_pem(read("ca.pem")));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            tonic::transport::Server::builder()
+                .tls_config(config)
+                .unwrap()
+                .add_service(Inventory(seen))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+    });
+    rx.recv().unwrap().port()
+}
+
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/grpc")
 }
@@ -725,4 +753,139 @@ fn grpc_functions_work_through_sm4c_serve() {
         assert_eq!(v["data"]["verdict"], "in stock");
     }
     assert_eq!(seen.peers().len(), 1, "every call of the server shares one connection");
+}
+
+#[test]
+fn tls_targets_trust_the_configured_ca_and_present_a_client_certificate() {
+    let dir = folder();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    for f in ["ca.pem", "client.pem", "client.key"] {
+        std::fs::copy(data().join("tls").join(f), certs.join(f)).unwrap();
+    }
+    let def = definition(json!({"name": "A", "start": true,
+        "enterAction": call("item", "GetItem", json!({"id": "sku-1"})),
+        "enterResultHandler": "${ .name = $value.name }"}));
+    let config = dir.path().join("sm4c.toml");
+    let with_config = |toml: String| {
+        std::fs::write(&config, toml).unwrap();
+        run(dir.path(), &def, &["--config", config.to_str().unwrap()], &[])
+    };
+
+    // A server whose certificate no webpki root vouches for is a connection error...
+    let port = tls_server(Seen::default(), false);
+    let url = format!("https://localhost:{port}");
+    let (code, out, err) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(out["details"]["kind"], "connection", "{out}");
+    assert!(out["message"].as_str().unwrap().contains("certificate"), "{out}");
+    // ...and trusted once the configuration names its CA.
+    let (code, out, err) = with_config(format!(
+        "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\nca = \"certs/ca.pem\"\n"
+    ));
+    assert_eq!((code, &out), (0, &json!({"name": "Hammer"})), "{err}");
+
+    // Mutual TLS, by IP address: without a client certificate the handshake fails; with one it works.
+    let seen = Seen::default();
+    let port = tls_server(seen.clone(), true);
+    let url = format!("https://127.0.0.1:{port}");
+    let (code, out, err) = with_config(format!(
+        "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\nca = \"certs/ca.pem\"\n"
+    ));
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(out["details"]["kind"], "connection", "{out}");
+    let (code, out, err) = with_config(format!(
+        "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\nca = \"certs/ca.pem\"\ncert = \"certs/client.pem\"\nkey = \"certs/client.key\"\n"
+    ));
+    assert_eq!((code, &out), (0, &json!({"name": "Hammer"})), "{err}");
+    assert_eq!(seen.peers().len(), 1);
+
+    // Mistakes are named with their line and key; the key file's content is never shown.
+    let (code, _, err) = with_config(format!(
+        "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\ncert = \"certs/client.pem\"\n"
+    ));
+    assert_eq!(code, 2);
+    let c = config.display();
+    assert_eq!(
+        err.trim(),
+        format!("{c}: line 3: grpc.\"{SERVICE}\": mutual TLS needs both cert and key"),
+        "{err}"
+    );
+    let (code, _, err) = with_config(format!(
+        "[grpc.\"{SERVICE}\"]\ntarget = \"http://127.0.0.1:1\"\nca = \"certs/none.pem\"\nkey = \"certs/ca.pem\"\ncert = \"certs/client.key\"\n"
+    ));
+    assert_eq!(code, 2);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!(
+            "{c}: line 3: grpc.\"{SERVICE}\".ca: cannot read CA certificates "
+        )),
+        "{err}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("the target must be https://HOST:PORT")),
+        "{err}"
+    );
+    assert!(!err.contains("PRIVATE KEY"), "{err}");
+}
+
+/// Serves `.proto` files over HTTP: `/protos/shop.proto`, and `/protos/entry.proto`, which imports it.
+fn proto_server() -> String {
+    use axum::routing::get;
+    let shop = std::fs::read_to_string(data().join("shop.proto")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route("/protos/shop.proto", get(move || async move { shop }))
+                .route(
+                    "/protos/entry.proto",
+                    get(|| async { "syntax = \"proto3\";\npackage entry;\nimport \"shop.proto\";\n" }),
+                );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+#[test]
+fn a_proto_over_http_is_fetched_with_its_imports_when_the_definition_loads() {
+    let url = server(Seen::default());
+    let protos = proto_server();
+    let dir = tempfile::tempdir().unwrap();
+    let def = json!({"id": "remote", "name": "remote", "version": "1",
+        "functions": [{"name": "GetItem", "type": "rpc",
+                       "operation": format!("{protos}/protos/entry.proto#{SERVICE}/GetItem")}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": call("item", "GetItem", json!({"id": "sku-3"})),
+            "enterResultHandler": "${ .quantity = $value.quantity }"}]});
+    let (code, out, err) = run(dir.path(), &def, &["--grpc-target", &target(&url)], &[]);
+    assert_eq!((code, &out), (0, &json!({"quantity": 3})), "{err}");
+
+    // A missing document, and one whose import is missing, are load errors naming the function.
+    let functions = json!([
+        {"name": "missing", "type": "rpc", "operation": format!("{protos}/protos/none.proto#a.S/M")},
+        {"name": "fine", "type": "rpc", "operation": format!("{protos}/protos/shop.proto#{SERVICE}/GetItem")},
+        {"name": "unreachable", "type": "rpc", "operation": format!("http://127.0.0.1:9/x.proto#{SERVICE}/GetItem")}
+    ]);
+    let bad = json!({"id": "v", "name": "v", "version": "1", "functions": functions,
+        "states": [{"name": "A", "start": true}]});
+    let file = dir.path().join("bad.json");
+    std::fs::write(&file, bad.to_string()).unwrap();
+    let (code, _, err) = sm4c(&["validate", file.to_str().unwrap()], &[]);
+    assert_eq!(code, 2, "{err}");
+    let f = file.display();
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert_eq!(
+        lines[0],
+        format!("{f}: /functions/0/operation: gRPC function \"missing\": cannot fetch {protos}/protos/none.proto: the server answered 404 Not Found")
+    );
+    assert!(
+        lines[1].starts_with(&format!("{f}: /functions/2/operation: gRPC function \"unreachable\": cannot compile http://127.0.0.1:9/x.proto: cannot fetch http://127.0.0.1:9/x.proto: ")),
+        "{err}"
+    );
 }

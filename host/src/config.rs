@@ -8,15 +8,19 @@
 //! headers = { x-api-key = "env:API_KEY", x-tenant = "acme" }
 //!
 //! [grpc."shop.v1.Inventory"]          # package.Service
-//! target = "http://127.0.0.1:50051"
+//! target = "https://inventory.internal:50051"
 //! metadata = { authorization = "env:INVENTORY_TOKEN" }
 //! deadline = "5s"
+//! ca = "certs/ca.pem"                 # TLS: roots to trust besides the webpki roots
+//! cert = "certs/client.pem"           # TLS: client certificate and key (mutual TLS)
+//! key = "certs/client.key"
 //! ```
 //!
 //! Header and metadata values are literal or `env:VAR`. They are credentials: no message quotes them.
+//! File paths are relative to the configuration file's folder.
 
 use crate::files::FileError;
-use crate::grpc::GrpcConfig;
+use crate::grpc::{GrpcConfig, GrpcTls};
 use crate::rest::RestConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -58,6 +62,9 @@ struct RawService {
     #[serde(default)]
     metadata: BTreeMap<String, Spanned<String>>,
     deadline: Option<Spanned<String>>,
+    ca: Option<Spanned<String>>,
+    cert: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
 }
 
 /// A TOML key path, quoting the parts that are not bare keys.
@@ -83,18 +90,27 @@ fn secret(value: &str) -> Result<String, String> {
     }
 }
 
-/// Checks a gRPC target: plaintext HTTP/2, `http://host:port`.
+/// Checks a gRPC target: `http://host:port` (plaintext HTTP/2) or `https://host:port` (TLS).
 pub fn check_target(url: &str) -> Result<(), String> {
     let uri: http::Uri = url
         .parse()
-        .map_err(|_| format!("{url:?} is not a URL; expected http://HOST:PORT"))?;
+        .map_err(|_| format!("{url:?} is not a URL; expected http://HOST:PORT or https://HOST:PORT"))?;
     match uri.scheme_str() {
-        Some("http") if uri.authority().is_some() => Ok(()),
-        Some("https") => Err(format!(
-            "{url:?}: TLS targets (https) are not supported; use http://HOST:PORT"
+        Some("http" | "https") if uri.authority().is_some() => Ok(()),
+        _ => Err(format!(
+            "{url:?} is not a URL; expected http://HOST:PORT or https://HOST:PORT"
         )),
-        _ => Err(format!("{url:?} is not a URL; expected http://HOST:PORT")),
     }
+}
+
+/// Reads a PEM file named in the configuration (relative to its folder).
+fn pem(dir: &Path, name: &str, what: &str) -> Result<Vec<u8>, String> {
+    let path = dir.join(name);
+    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(format!("{} is not a PEM file ({what})", path.display()));
+    }
+    Ok(bytes)
 }
 
 fn header(name: &str, value: &str) -> Result<(), String> {
@@ -173,6 +189,7 @@ impl CallConfig {
                 message: format!("{key}: {message}"),
             })
         };
+        let dir = path.parent().unwrap_or(Path::new("."));
         let mut c = CallConfig::default();
         for (doc, d) in &raw.rest {
             if let Some(server) = &d.server {
@@ -207,6 +224,44 @@ impl CallConfig {
                     }
                     Err(m) => fail(d.span().start, key(&["grpc", service, "deadline"]), m),
                 }
+            }
+            let mut tls = GrpcTls::default();
+            if let Some(ca) = &s.ca {
+                match pem(dir, ca.get_ref(), "CA certificates") {
+                    Ok(b) => tls.ca = Some(b),
+                    Err(m) => fail(ca.span().start, key(&["grpc", service, "ca"]), m),
+                }
+            }
+            match (&s.cert, &s.key) {
+                (Some(cert), Some(k)) => match (
+                    pem(dir, cert.get_ref(), "client certificate"),
+                    pem(dir, k.get_ref(), "client key"),
+                ) {
+                    (Ok(c), Ok(k)) => tls.identity = Some((c, k)),
+                    (Err(m), _) => fail(cert.span().start, key(&["grpc", service, "cert"]), m),
+                    (_, Err(m)) => fail(k.span().start, key(&["grpc", service, "key"]), m),
+                },
+                (Some(one), None) | (None, Some(one)) => fail(
+                    one.span().start,
+                    key(&["grpc", service]),
+                    "mutual TLS needs both cert and key".into(),
+                ),
+                (None, None) => {}
+            }
+            if tls.ca.is_some() || tls.identity.is_some() {
+                if let Some(t) = &s.target {
+                    if !t.get_ref().starts_with("https://") {
+                        fail(
+                            t.span().start,
+                            key(&["grpc", service, "target"]),
+                            "ca, cert and key are for TLS: the target must be https://HOST:PORT".into(),
+                        );
+                    }
+                }
+                if let Err(m) = tls.check() {
+                    fail(0, key(&["grpc", service]), m);
+                }
+                c.grpc.tls.insert(service.clone(), tls);
             }
         }
         if errs.is_empty() {
@@ -243,9 +298,9 @@ impl CallConfig {
 
     /// `--grpc-target SERVICE=URL`: where a gRPC service runs, replacing the file's target.
     pub fn grpc_target(&mut self, flag: &str) -> Result<(), String> {
-        let (service, url) = flag
-            .split_once('=')
-            .ok_or_else(|| format!("--grpc-target {flag:?}: expected package.Service=http://HOST:PORT"))?;
+        let (service, url) = flag.split_once('=').ok_or_else(|| {
+            format!("--grpc-target {flag:?}: expected package.Service=http://HOST:PORT (or https://)")
+        })?;
         check_target(url).map_err(|e| format!("--grpc-target {service}: {e}"))?;
         self.grpc.targets.insert(service.to_string(), url.to_string());
         Ok(())
@@ -290,7 +345,7 @@ mod tests {
     #[test]
     fn errors_name_the_line_and_key_and_never_the_secret() {
         let errs = load(
-            "[grpc.\"a.B\"]\ntarget = \"https://x:1\"\nmetadata = { \"bad name\" = \"s3cret\", token = \"env:SM4C_CONFIG_TEST_UNSET\" }\ndeadline = \"soon\"\n",
+            "[grpc.\"a.B\"]\ntarget = \"ftp://x:1\"\nmetadata = { \"bad name\" = \"s3cret\", token = \"env:SM4C_CONFIG_TEST_UNSET\" }\ndeadline = \"soon\"\n",
         )
         .unwrap_err();
         assert_eq!(errs.len(), 4, "{errs:?}");

@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 /// Host configuration for gRPC functions, per service (`package.Service`). Metadata holds
@@ -38,13 +38,63 @@ pub struct GrpcConfig {
     /// Deadline of calls to services without their own (default 30 s). The action's own
     /// `timeout` can be shorter.
     pub deadline: Option<Duration>,
+    /// TLS settings of services with `https` targets, beyond the defaults (webpki roots).
+    pub tls: HashMap<String, GrpcTls>,
+}
+
+/// TLS settings of one service: more roots to trust, and a client identity for mutual TLS.
+#[derive(Clone, Default)]
+pub struct GrpcTls {
+    /// PEM certificates to trust besides the webpki roots.
+    pub ca: Option<Vec<u8>>,
+    /// PEM client certificate chain and private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for GrpcTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is a secret: never shown.
+        f.debug_struct("GrpcTls")
+            .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .field("identity", &self.identity.as_ref().map(|_| "(not shown)"))
+            .finish()
+    }
+}
+
+impl GrpcTls {
+    fn client_config(&self, host: &str) -> ClientTlsConfig {
+        let mut c = ClientTlsConfig::new().with_webpki_roots().domain_name(host);
+        if let Some(ca) = &self.ca {
+            c = c.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            c = c.identity(Identity::from_pem(cert, key));
+        }
+        c
+    }
+
+    /// Whether the certificates and key can be used (they are parsed when a channel is made).
+    pub fn check(&self) -> Result<(), String> {
+        Endpoint::from_static("https://localhost")
+            .tls_config(self.client_config("localhost"))
+            .map(|_| ())
+            .map_err(|e| {
+                let mut text = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    text = format!("{text}: {c}");
+                    cause = c.source();
+                }
+                format!("unusable TLS settings: {text}")
+            })
+    }
 }
 
 /// Calls gRPC functions; one channel (one HTTP/2 connection) per target, shared by every call.
 pub struct GrpcInvoker {
     base: PathBuf,
     config: GrpcConfig,
-    protos: Mutex<HashMap<PathBuf, Arc<DescriptorPool>>>,
+    protos: Mutex<HashMap<ProtoSource, Arc<DescriptorPool>>>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -66,6 +116,34 @@ pub fn parse_operation(operation: &str) -> Option<(&str, &str, &str)> {
 
 const FORM: &str = "must be <.proto URI>#<package.Service>/<Method>";
 
+/// Where a `.proto` comes from: a local file, or an `http(s)` URL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ProtoSource {
+    /// A local file; its folder is the import path.
+    File(PathBuf),
+    /// A URL; imports are fetched relative to it.
+    Url(String),
+}
+
+impl ProtoSource {
+    /// The source a `.proto` URI in a definition names: `http(s)://` as is, `file://` and plain
+    /// paths relative to the definition's folder `dir`.
+    pub fn locate(dir: &Path, uri: &str) -> Result<ProtoSource, String> {
+        if uri.starts_with("http://") || uri.starts_with("https://") {
+            return Ok(ProtoSource::Url(uri.to_string()));
+        }
+        crate::files::resolve_uri(dir, uri).map(ProtoSource::File)
+    }
+
+    /// Compiles it (`google/protobuf/*.proto` are built in).
+    pub fn compile(&self) -> Result<DescriptorPool, String> {
+        match self {
+            ProtoSource::File(path) => compile(path),
+            ProtoSource::Url(url) => compile_url(url),
+        }
+    }
+}
+
 /// Compiles a `.proto` file (its folder is the import path; `google/protobuf/*.proto` are built in).
 pub fn compile(path: &Path) -> Result<DescriptorPool, String> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
@@ -77,14 +155,84 @@ pub fn compile(path: &Path) -> Result<DescriptorPool, String> {
     } else {
         dir
     };
-    let fail = |e: protox::Error| format!("cannot compile {}: {}", path.display(), describe(name, dir, &e));
+    let name = name.to_string_lossy();
+    let root = dir.display().to_string();
+    let fail = |e: protox::Error| format!("cannot compile {}: {}", path.display(), describe(&name, &root, &e));
     let mut compiler = protox::Compiler::new([dir]).map_err(fail)?;
-    compiler.open_file(name).map_err(fail)?;
+    compiler.open_file(&*name).map_err(fail)?;
     Ok(compiler.descriptor_pool())
 }
 
-/// A protox error with the line and column it points at, and the file when it is an import.
-fn describe(name: &std::ffi::OsStr, dir: &Path, e: &protox::Error) -> String {
+/// Fetches `.proto` files over HTTP(S), by their import name relative to a base URL.
+struct HttpResolver {
+    base: String,
+    client: reqwest::blocking::Client,
+    /// The URLs that answered 404.
+    missing: Arc<Mutex<Vec<String>>>,
+}
+
+impl protox::file::FileResolver for HttpResolver {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        let url = format!("{}/{name}", self.base);
+        let fail = |why: String| protox::Error::new(std::io::Error::other(why));
+        let resp = self
+            .client
+            .get(&url)
+            .send()
+            .map_err(|e| fail(format!("cannot fetch {url}: {e}")))?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            self.missing.lock().unwrap_or_else(|p| p.into_inner()).push(url);
+            return Err(protox::Error::file_not_found(name));
+        }
+        if !resp.status().is_success() {
+            return Err(fail(format!(
+                "cannot fetch {url}: the server answered {}",
+                resp.status()
+            )));
+        }
+        let text = resp.text().map_err(|e| fail(format!("cannot read {url}: {e}")))?;
+        protox::file::File::from_source(name, &text)
+    }
+}
+
+/// Compiles a `.proto` fetched from a URL; its imports are fetched relative to it. Runs on its own
+/// thread, so that it may block wherever it is called from.
+fn compile_url(url: &str) -> Result<DescriptorPool, String> {
+    let Some((base, name)) = url.rsplit_once('/').filter(|(b, n)| !n.is_empty() && b.contains("://")) else {
+        return Err(format!("{url} does not name a .proto file"));
+    };
+    let (base, name, url) = (base.to_string(), name.to_string(), url.to_string());
+    std::thread::spawn(move || {
+        let client = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+        let missing: Arc<Mutex<Vec<String>>> = Arc::default();
+        let mut chain = protox::file::ChainFileResolver::new();
+        chain.add(protox::file::GoogleFileResolver::new());
+        chain.add(HttpResolver {
+            base: base.clone(),
+            client,
+            missing: missing.clone(),
+        });
+        let mut compiler = protox::Compiler::with_file_resolver(chain);
+        if let Err(e) = compiler.open_file(&name) {
+            let root_missing = missing.lock().unwrap_or_else(|p| p.into_inner()).contains(&url);
+            return Err(if root_missing {
+                format!("cannot fetch {url}: the server answered 404 Not Found")
+            } else {
+                format!("cannot compile {url}: {}", describe(&name, &base, &e))
+            });
+        }
+        Ok(compiler.descriptor_pool())
+    })
+    .join()
+    .unwrap_or_else(|_| Err("compiling a remote .proto failed".to_string()))
+}
+
+/// A protox error with the line and column it points at, and the file (under `root`) when it is
+/// an import.
+fn describe(name: &str, root: &str, e: &protox::Error) -> String {
     use miette::Diagnostic;
     let place = e.labels().and_then(|mut labels| labels.next()).and_then(|label| {
         let source = e.source_code()?;
@@ -92,8 +240,8 @@ fn describe(name: &std::ffi::OsStr, dir: &Path, e: &protox::Error) -> String {
         Some(format!("line {} column {}", at.line() + 1, at.column() + 1))
     });
     match (e.file(), place) {
-        (Some(file), Some(place)) if Path::new(file) == Path::new(name) => format!("{place}: {e}"),
-        (Some(file), Some(place)) => format!("{}, {place}: {e}", dir.join(file).display()),
+        (Some(file), Some(place)) if file == name => format!("{place}: {e}"),
+        (Some(file), Some(place)) => format!("{root}/{file}, {place}: {e}"),
         _ => e.to_string(),
     }
 }
@@ -134,7 +282,7 @@ fn find_method(pool: &DescriptorPool, proto: &str, service: &str, method: &str) 
 /// `.proto` (resolved against the definition's folder), its service and unary method.
 pub fn check_definition(file: &Path, m: &Machine) -> Vec<FileError> {
     let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut pools: HashMap<PathBuf, Result<DescriptorPool, String>> = HashMap::new();
+    let mut pools: HashMap<ProtoSource, Result<DescriptorPool, String>> = HashMap::new();
     let functions = m.source.get("functions").and_then(Value::as_array);
     let mut errs = Vec::new();
     for f in m.functions.iter().filter(|f| matches!(f.kind, FunctionKind::Rpc)) {
@@ -151,9 +299,9 @@ pub fn check_definition(file: &Path, m: &Machine) -> Vec<FileError> {
                 "gRPC function {:?}: operation {:?} {FORM}",
                 f.name, f.operation
             )),
-            Some((proto, service, method)) => match crate::files::resolve_uri(&dir, proto) {
+            Some((proto, service, method)) => match ProtoSource::locate(&dir, proto) {
                 Err(e) => Some(format!("gRPC function {:?}: {e}", f.name)),
-                Ok(path) => match pools.entry(path.clone()).or_insert_with(|| compile(&path)) {
+                Ok(src) => match pools.entry(src.clone()).or_insert_with(|| src.compile()) {
                     Err(e) => Some(format!("gRPC function {:?}: {e}", f.name)),
                     Ok(pool) => find_method(pool, proto, service, method)
                         .err()
@@ -182,30 +330,48 @@ impl GrpcInvoker {
     }
 
     fn pool(&self, uri: &str) -> Result<Arc<DescriptorPool>, String> {
-        let path = crate::files::resolve_uri(&self.base, uri)?;
-        if let Some(p) = self.protos.lock().unwrap_or_else(|p| p.into_inner()).get(&path) {
+        let src = ProtoSource::locate(&self.base, uri)?;
+        if let Some(p) = self.protos.lock().unwrap_or_else(|p| p.into_inner()).get(&src) {
             return Ok(p.clone());
         }
-        let pool = Arc::new(compile(&path)?);
+        let pool = Arc::new(src.compile()?);
         self.protos
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(path, pool.clone());
+            .insert(src, pool.clone());
         Ok(pool)
     }
 
-    /// The channel to a target, made on first use; it connects lazily and reconnects by itself.
-    fn channel(&self, target: &str) -> Result<Channel, String> {
+    /// The channel to a service's target, made on first use; it connects lazily and reconnects
+    /// by itself. An `https` target speaks TLS, trusting the webpki roots and the service's `ca`.
+    fn channel(&self, service: &str, target: &str) -> Result<Channel, String> {
+        // Services at one target share its connection, unless one has TLS settings of its own.
+        let key = match self.config.tls.contains_key(service) {
+            true => format!("{target} {service}"),
+            false => target.to_string(),
+        };
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = channels.get(target) {
+        if let Some(c) = channels.get(&key) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(target.to_string())
+        let mut endpoint = Endpoint::from_shared(target.to_string())
             .map_err(|e| format!("target {target:?} is not a URL: {e}"))?
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true);
+        if target.starts_with("https://") {
+            let host = endpoint
+                .uri()
+                .host()
+                .unwrap_or_default()
+                .trim_matches(['[', ']'])
+                .to_string();
+            let tls = self.config.tls.get(service).cloned().unwrap_or_default();
+            endpoint = endpoint
+                .tls_config(tls.client_config(&host))
+                .map_err(|e| format!("TLS settings for {target}: {e}"))?;
+        }
         let channel = endpoint.connect_lazy();
-        channels.insert(target.to_string(), channel.clone());
+        channels.insert(key, channel.clone());
         Ok(channel)
     }
 
@@ -250,7 +416,7 @@ impl GrpcInvoker {
             )
         })?;
         let channel = self
-            .channel(target)
+            .channel(service, target)
             .map_err(|e| err(format!("gRPC function {function}: {e}"), json!({"target": target})))?;
         let mut req = tonic::Request::new(request);
         let key = format!("{}/{}", call.instance, call.op);
@@ -271,6 +437,7 @@ impl GrpcInvoker {
         let path = http::uri::PathAndQuery::try_from(format!("/{service}/{method}"))
             .map_err(|e| err(format!("gRPC function {function}: {e}"), Value::Null))?;
         let name = format!("{service}/{method} at {target}");
+        let started = std::time::Instant::now();
         let mut grpc = tonic::client::Grpc::new(Local(channel));
         let answer = async {
             grpc.ready().await?;
@@ -284,15 +451,18 @@ impl GrpcInvoker {
                     &SerializeOptions::new().skip_default_fields(false),
                 )
                 .map_err(|e| err(format!("{name}: cannot convert the response to JSON: {e}"), Value::Null)),
-            Err(status) => Err(status_error(&name, target, deadline, &status)),
+            Err(status) => Err(status_error(&name, target, deadline, started.elapsed(), &status)),
         }
     }
 }
 
 /// The function error for a status; `details.kind` tells failures on this side of the wire.
-fn status_error(name: &str, target: &str, deadline: Duration, status: &Status) -> ErrorInfo {
+fn status_error(name: &str, target: &str, deadline: Duration, elapsed: Duration, status: &Status) -> ErrorInfo {
     let local = status.metadata().get(LOCAL).is_some();
-    let timed_out = status.code() == Code::DeadlineExceeded || (local && status.code() == Code::Cancelled);
+    // The channel reports its deadline as a cancellation, like a connection the server closed
+    // (a refused TLS client certificate): the time taken tells them apart.
+    let timed_out = status.code() == Code::DeadlineExceeded
+        || (local && status.code() == Code::Cancelled && elapsed + Duration::from_millis(5) >= deadline);
     let code = if timed_out {
         Code::DeadlineExceeded
     } else {
