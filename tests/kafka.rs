@@ -11,6 +11,9 @@
 //! So the exactly-once test kills its worker between transactions, and the test that kills under
 //! load checks exactly-once state and at-least-once sent events with stable ids.
 
+#[path = "support/inventory.rs"]
+mod inventory;
+
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -1149,6 +1152,73 @@ fn calls_and_subflows_survive_a_worker_crash_mid_call_with_the_same_idempotency_
         },
         &[&w],
     );
+}
+
+#[test]
+fn grpc_calls_survive_a_worker_crash_mid_call_with_the_same_idempotency_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The inventory server of tests/grpc.rs (tests/support/inventory.rs): `Slow` answers after
+    // `millis`, every time, and records the idempotency key each call carries when it arrives.
+    let seen = inventory::Seen::default();
+    let url = inventory::server(seen.clone());
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).expect("mkdir");
+    std::fs::copy(data_dir().join("../grpc/shop.proto"), defs.join("shop.proto")).expect("copy");
+    let definition = json!({
+        "id": "hold", "name": "Hold", "version": "1.0",
+        "functions": [{"name": "slow", "type": "rpc", "operation": "file://shop.proto#shop.v1.Inventory/Slow"}],
+        "states": [
+            {"name": "Call", "start": true,
+             "enterAction": {"type": "invokeFunction", "functionName": "slow", "waitForCompletion": true,
+                             "arguments": {"millis": 3000}},
+             "enterResultHandler": "${ .item = $value }",
+             "transitions": [{"nextState": "Done"}]},
+            {"name": "Done", "final": true}
+        ]
+    });
+    std::fs::write(defs.join("hold.json"), definition.to_string()).expect("write");
+    let broker = Broker::start(dir.path());
+    let target = format!("shop.v1.Inventory={url}");
+    let mut args = worker_args(&broker, "rpc", 2, &["--grpc-target", &target]);
+    let i = args.iter().position(|a| a == "--definitions").expect("flag");
+    args[i + 1] = defs.display().to_string();
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    for i in 0..5 {
+        start(&w, "hold", &format!("g{i}"), json!({"n": i}));
+    }
+    // Every call is in flight (each takes 3 s): crash now.
+    wait_until("five calls in flight", 30, || seen.slow_keys().len() == 5, &[&w]);
+    w.kill9();
+    w.run();
+    wait_owned(&[&w], 2);
+    wait_until(
+        "the calls to complete",
+        60,
+        || (0..5).all(|i| state_of(&w, &format!("g{i}")) == "Done"),
+        &[&w],
+    );
+    for i in 0..5 {
+        let v = w.get(&format!("/instances/g{i}"));
+        assert_eq!(v["status"], "completed", "{v}");
+        // The server's `Item`, in the protobuf JSON mapping (fields at their default value present).
+        let item = json!({"id": "slow", "name": "", "quantity": 0, "tags": [], "kind": "KIND_UNSPECIFIED",
+                          "priceCents": "0", "caller": ""});
+        assert_eq!(v["data"], json!({"n": i, "item": item}), "{v}");
+    }
+    // At least once, with the same key: each call was made again after the crash, never with a new key.
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for k in seen.slow_keys() {
+        *counts.entry(k).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 5, "{counts:?}");
+    let instances: Vec<&str> = counts
+        .keys()
+        .filter_map(|k| k.split_once('/'))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(instances, vec!["g0", "g1", "g2", "g3", "g4"], "{counts:?}");
+    assert!(counts.values().all(|c| *c == 2), "{counts:?}");
 }
 
 #[test]
