@@ -6,7 +6,8 @@
 //!
 //! What tansu 0.6 does not do, and how the tests account for it: it shows the records of aborted
 //! transactions to `read_committed` consumers (checked in `tansu_shows_aborted_records`). The state
-//! the workers restore is protected from that (records carry the input offset they consumed), but
+//! the workers restore is protected from that (records carry the number of the transaction that
+//! wrote them, which counts only once the group's offset on `P.clock` passes it), but
 //! sent events of a transaction cut short by SIGKILL become visible once the next owner fences it.
 //! So the exactly-once test kills its worker between transactions, and the test that kills under
 //! load checks exactly-once state and at-least-once sent events with stable ids.
@@ -293,13 +294,17 @@ fn producer(broker: &Broker) -> BaseProducer {
 
 /// Produces a CloudEvent in binary content mode through the SDK's Kafka binding.
 fn send_binary(p: &BaseProducer, topic: &str, event: &Value) {
+    send_binary_keyed(p, topic, event, event["id"].as_str().unwrap_or_default());
+}
+
+/// Like [`send_binary`], with the message key given.
+fn send_binary_keyed(p: &BaseProducer, topic: &str, event: &Value, key: &str) {
     use cloudevents::binding::rdkafka::{BaseRecordExt, MessageRecord};
     let ev: cloudevents::Event = serde_json::from_value(event.clone()).expect("a CloudEvent");
     let rec = MessageRecord::from_event(ev).expect("binary mode");
-    let key = event["id"].as_str().unwrap_or_default().to_string();
     loop {
         let r = BaseRecord::<str, Vec<u8>>::to(topic)
-            .key(&key)
+            .key(key)
             .message_record(&rec)
             .expect("record");
         match p.send(r) {
@@ -1501,4 +1506,50 @@ fn worker_task_lists_are_topics_answered_by_cloudevents_or_http_through_a_sigkil
     .map(|(a, b)| (a.to_string(), b.to_string()))
     .collect();
     assert_eq!(codes, want);
+}
+
+#[test]
+fn a_burst_of_events_for_few_instances_is_applied_exactly_once_each() {
+    // Events are applied on their instance's partition directly when the worker owns it, and go
+    // through the commands topic otherwise; an instance must get every event once either way.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "burst";
+    let args = worker_args(&broker, prefix, 2, &[]);
+    let w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    let instances = 40;
+    let events = 4000;
+    for i in 0..instances {
+        start(&w, "tally", &format!("t{i}"), json!({}));
+    }
+    let p = producer(&broker);
+    for n in 0..events {
+        let ev = json!({"specversion": "1.0", "id": format!("tick-{n}"), "source": "test", "type": "tally.tick",
+            "sm4cinstanceid": format!("t{}", n % instances), "datacontenttype": "application/json", "data": {"n": n}});
+        // Keyed by instance, as producers usually do: each instance's events share one partition.
+        send_binary_keyed(&p, &format!("{prefix}.events"), &ev, &format!("t{}", n % instances));
+        if n % 500 == 0 {
+            p.poll(Duration::ZERO);
+        }
+    }
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let seen = |i: usize| -> Vec<i64> {
+        w.get(&format!("/instances/t{i}"))["data"]["seen"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default()
+    };
+    wait_until(
+        "every tick",
+        120,
+        || (0..instances).map(|i| seen(i).len()).sum::<usize>() >= events,
+        &[&w],
+    );
+    for i in 0..instances {
+        let mut got = seen(i);
+        got.sort();
+        let want: Vec<i64> = (0..events).filter(|n| n % instances == i).map(|n| n as i64).collect();
+        assert_eq!(got, want, "instance t{i}");
+    }
 }

@@ -192,6 +192,7 @@ def main():
                 if not m.error() and pong_n(m) == k:
                     break
             lat.append((time.perf_counter() - t0) * 1000)
+        print(f"latency measured: p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms", file=sys.stderr, flush=True)
         # Throughput: many pings in flight.
         total = 20_000
         t0 = time.perf_counter()

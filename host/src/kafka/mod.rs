@@ -16,7 +16,17 @@
 //! - **Events are routed** by the owner of their events partition: to the instance named by
 //!   `sm4cinstanceid`, else to every commands partition, where each owner matches its own
 //!   instances; an event no instance takes within the window is dead-lettered once every
-//!   partition has said so.
+//!   partition has said so. A batch of an events partition rides in the transaction of one of
+//!   the worker's commands partitions: the events for that partition's instances are applied
+//!   there at once, the others become commands, and the events offsets are committed with it.
+//!   Each instance still sees the events of one events partition in order: a partition takes
+//!   events directly only when no command routed to it from that events partition is pending,
+//!   and, after an assignment, once it has read back a barrier it put at the end of its
+//!   commands partition.
+//! - **Restores read committed records only**, even on brokers that show the records of aborted
+//!   transactions: every transaction of a commands partition commits the next number on
+//!   `P.clock` (a topic never written; only the group's offsets on it count), and state and
+//!   journal records carry the number of the transaction that wrote them.
 //!
 //! # Example
 //!
@@ -125,6 +135,9 @@ pub struct Topics {
     pub definitions: String,
     /// What task list topics start with: `<prefix>.tasks.`.
     pub tasks: String,
+    /// Never written: the group's committed offsets on it number each partition's transactions
+    /// (`<prefix>.clock`, one partition per commands partition).
+    pub clock: String,
 }
 
 impl Topics {
@@ -141,6 +154,7 @@ impl Topics {
             journal: format!("{prefix}.journal"),
             definitions: format!("{prefix}.definitions"),
             tasks: format!("{prefix}.tasks."),
+            clock: format!("{prefix}.clock"),
         }
     }
 
@@ -387,6 +401,8 @@ impl KafkaHost {
             .filter(|n| *n > 0)
             .ok_or_else(|| KafkaError::Kafka(format!("cannot read the metadata of {}", topics.commands)))?
         };
+        // One clock partition per commands partition, however many that topic has.
+        create_topics(&admin, &config.bootstrap, &[(topics.clock.clone(), partitions, false)]).await?;
         let shared = Arc::new(Shared {
             cfg: config,
             topics,
@@ -554,21 +570,25 @@ impl KafkaHost {
             .map_err(|e| HostError::Unavailable(e.to_string()))?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.shared.topics.commands, p);
-        let committed = consumer
+        tpl.add_partition(&self.shared.topics.clock, p);
+        let offsets = consumer
             .committed_offsets(tpl, Duration::from_secs(10))
-            .map_err(|e| HostError::Unavailable(format!("cannot read committed offsets: {e}")))?
-            .elements()
-            .first()
-            .and_then(|e| match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            })
-            .unwrap_or(0);
+            .map_err(|e| HostError::Unavailable(format!("cannot read committed offsets: {e}")))?;
+        let of = |topic: &str| {
+            offsets
+                .find_partition(topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+                .unwrap_or(0)
+        };
+        let (committed, clock) = (of(&self.shared.topics.commands), of(&self.shared.topics.clock));
         let mut entries: std::collections::BTreeMap<i64, Entry> = Default::default();
         read_partition(&self.shared, &self.shared.topics.journal, p, |key, payload| {
             if key.as_deref() == Some(id) {
                 if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
-                    if r.through < committed {
+                    if wire::committed(r.through, r.clock, committed, clock) {
                         for (i, e) in r.entries.into_iter().enumerate() {
                             entries.insert(r.seq + i as i64, e);
                         }
@@ -716,6 +736,7 @@ impl Backend for KafkaHost {
                 input,
                 parent: None,
                 depth: 0,
+                origin: None,
             };
             self.send_command(&id, &c).await?;
             self.wait_for("the start", |v| v.get(&id).is_some()).await?;

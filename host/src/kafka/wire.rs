@@ -25,6 +25,9 @@ pub enum Command {
         /// Subflow nesting depth.
         #[serde(default)]
         depth: u32,
+        /// For a start event: where it was read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        origin: Option<Origin>,
     },
     /// Cancel an instance.
     Cancel {
@@ -77,6 +80,12 @@ pub enum Command {
     },
     /// Time passes: parked events past their window leave.
     Tick,
+    /// Put by a worker that took the partition or an events partition: once it reads its own
+    /// barrier back, the commands routed here before it are applied.
+    Barrier {
+        /// Unique to the barrier.
+        token: String,
+    },
     /// A broadcast event stayed unmatched on `partition` for its whole window.
     Unmatched {
         /// The event's key (`origin`).
@@ -86,6 +95,18 @@ pub enum Command {
         /// The event.
         event: Value,
     },
+}
+
+impl Command {
+    /// Where the incoming event this command was made of was read, if it was made of one.
+    pub fn origin(&self) -> Option<&Origin> {
+        match self {
+            Command::Event { origin, .. } => Some(origin),
+            Command::Start { origin, .. } => origin.as_ref(),
+            Command::Answer { event, .. } => event.as_ref().map(|(_, o)| o),
+            _ => None,
+        }
+    }
 }
 
 /// A call's result.
@@ -123,8 +144,13 @@ impl Origin {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateRecord {
-    /// Last consumed commands offset of the writing transaction.
+    /// Last consumed commands offset of the writing transaction (-1 when it consumed none).
     pub through: i64,
+    /// The writing transaction's number on its partition's clock: the record is committed when
+    /// the group's committed offset of `P.clock` for the partition is above it. Records without
+    /// one are judged by `through`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<i64>,
     /// The instance, for instance keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceRecord>,
@@ -193,10 +219,23 @@ pub struct Parked {
 pub struct JournalRecord {
     /// As for [`StateRecord::through`].
     pub through: i64,
+    /// As for [`StateRecord::clock`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<i64>,
     /// Sequence number of the first entry in the instance's journal (from 1).
     pub seq: i64,
     /// The entries, in order.
     pub entries: Vec<Entry>,
+}
+
+/// Whether a state or journal record was written by a committed transaction, given the committed
+/// offsets of its commands partition and of its clock partition: brokers that show records of
+/// aborted transactions cannot fool a reader that checks this.
+pub fn committed(through: i64, clock: Option<i64>, commands: i64, clock_committed: i64) -> bool {
+    match clock {
+        Some(c) => c < clock_committed,
+        None => through < commands,
+    }
 }
 
 /// The state topic's key for a partition's own record.

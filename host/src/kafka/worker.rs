@@ -288,6 +288,7 @@ fn subflow_start(shared: &Shared, id: &str, effect: &Effect, depth: u32) -> Opti
         input: input.clone(),
         parent: Some((id.to_string(), op.clone(), *wait)),
         depth: depth + 1,
+        origin: None,
     };
     Some(command(
         shared,
@@ -314,7 +315,44 @@ struct Task {
     timers: BTreeSet<(i64, String, String)>,
     /// Calls in flight: (instance, op) → task.
     in_flight: HashMap<(String, String), tokio::task::AbortHandle>,
+    /// The number of this partition's next transaction (see [`StateRecord::clock`]).
+    clock: i64,
+    /// While set, events are not applied here directly: this worker has put a barrier command
+    /// with this token on the partition when the partition or an events partition came to it, and
+    /// waits to read it back, so that the commands an earlier owner routed here go first.
+    barrier: Option<String>,
 }
+
+/// A command made of an incoming event: (partition, key, command, timestamp, event offset).
+type RoutedCommand = (i32, Option<String>, Command, i64, i64);
+
+/// What a batch of one events partition turns into: commands for instances' partitions, and
+/// dead letters.
+struct Plan {
+    cmds: Vec<RoutedCommand>,
+    /// Dead letters.
+    outs: Vec<Out>,
+    /// The last offset read.
+    last: i64,
+}
+
+/// Events partitions' batches a commands partition's transaction takes in: the commands for its
+/// own instances are applied at once (no hop through the commands topic), the rest is produced,
+/// and the events offsets are committed, all in that one transaction.
+#[derive(Default)]
+struct Hosted {
+    /// Commands for this partition: (command, timestamp, event offset).
+    inline: Vec<(Command, i64, i64)>,
+    /// Commands for other partitions and dead letters.
+    outs: Vec<Out>,
+    /// Events partitions and the offsets to commit.
+    offsets: Vec<(String, i32, i64)>,
+    /// Commands produced for other owned partitions: (events partition, partition, event offset).
+    forwarded: Vec<((String, i32), i32, i64)>,
+}
+
+/// Per events partition, the largest event offset that commands applied in a batch were made of.
+type Applied = HashMap<(String, i32), i64>;
 
 /// Routes one events partition into commands.
 struct Router {
@@ -341,6 +379,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         tasks: HashMap::new(),
         routers: HashMap::new(),
         results_tx,
+        outstanding: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
@@ -395,6 +434,10 @@ struct Worker {
     tasks: HashMap<i32, Task>,
     routers: HashMap<(String, i32), Router>,
     results_tx: mpsc::Sender<CallDone>,
+    /// (events partition, owned commands partition) → the largest event offset routed there as a
+    /// command and not yet applied. Events of that events partition are not applied directly on
+    /// that partition meanwhile: an instance sees the events of one events partition in order.
+    outstanding: HashMap<((String, i32), i32), i64>,
 }
 
 impl Worker {
@@ -461,8 +504,10 @@ impl Worker {
                 }
             }
         }
+        let mut new_router = false;
         for (topic, p) in assigned.into_iter().filter(|(t, _)| *t != commands) {
             if !self.routers.contains_key(&(topic.clone(), p)) {
+                new_router = true;
                 let txn = if self.shared.cfg.exactly_once {
                     match txn_producer(&self.shared, &format!("{}.{}.{}", self.shared.cfg.group, topic, p)) {
                         Ok(t) => Some(t),
@@ -477,6 +522,31 @@ impl Worker {
                 self.routers.insert((topic, p), Router { txn });
             }
         }
+        if new_router {
+            // Its previous owner (fenced now) may have routed events to our partitions: those
+            // commands are applied before any of its events is applied directly.
+            let owned: Vec<i32> = self.tasks.keys().copied().collect();
+            for p in owned {
+                let token = self.put_barrier(p);
+                if let Some(t) = self.tasks.get_mut(&p) {
+                    t.barrier = Some(token);
+                }
+            }
+        }
+        let tasks = &self.tasks;
+        self.outstanding.retain(|(_, q), _| tasks.contains_key(q));
+    }
+
+    /// Puts a barrier command at the end of a commands partition; returns its token. If it
+    /// cannot, the partition keeps taking events through the commands topic until the next
+    /// assignment (no token it reads matches).
+    fn put_barrier(&self, p: i32) -> String {
+        let token = crate::durable::new_id("barrier");
+        let c = Command::Barrier { token: token.clone() };
+        if let Err(e) = produce(&self.shared.plain, &command(&self.shared, p, None, &c)) {
+            tracing::warn!(partition = p, error = %e, "cannot put a barrier");
+        }
+        token
     }
 
     fn committed(&self, topic: &str, p: i32) -> Result<i64, String> {
@@ -521,11 +591,12 @@ impl Worker {
         };
         let t_init = started.elapsed().as_millis() as u64;
         let committed = self.committed(&self.shared.topics.commands, p)?;
+        let clock = self.committed(&self.shared.topics.clock, p)?;
         let t_committed = started.elapsed().as_millis() as u64;
         let mut latest: HashMap<String, StateRecord> = HashMap::new();
         super::read_partition(&self.shared, &self.shared.topics.state, p, |key, payload| {
             if let (Some(k), Ok(r)) = (key, serde_json::from_slice::<StateRecord>(payload)) {
-                if r.through < committed {
+                if super::wire::committed(r.through, r.clock, committed, clock) {
                     latest.insert(k, r);
                 }
             }
@@ -538,6 +609,8 @@ impl Worker {
             part_dirty: false,
             timers: BTreeSet::new(),
             in_flight: HashMap::new(),
+            clock,
+            barrier: Some(self.put_barrier(p)),
         };
         let mut calls = Vec::new();
         for (k, r) in latest {
@@ -623,38 +696,94 @@ impl Worker {
     }
 
     /// Decides and routes the batches of every partition side by side: each partition has its
-    /// own transactional producer, so their commits overlap instead of queueing.
+    /// own transactional producer, so their commits overlap instead of queueing. The batch of an
+    /// events partition rides in the transaction of the owned commands partition most of its
+    /// events are for (those are applied there directly); only a worker that owns no commands
+    /// partition routes in a transaction of its own.
     fn process(&mut self, groups: Vec<((String, i32), Vec<OwnedMessage>)>) {
         let commands = self.shared.topics.commands.clone();
-        let mut tasks = Vec::new();
-        let mut routers = Vec::new();
+        let mut batches: HashMap<i32, Vec<OwnedMessage>> = HashMap::new();
+        let mut event_batches = Vec::new();
         for ((topic, p), msgs) in groups {
             if topic == commands {
-                if let Some(t) = self.tasks.remove(&p) {
-                    tasks.push((p, t, msgs));
+                if self.tasks.contains_key(&p) {
+                    batches.entry(p).or_default().extend(msgs);
                 }
-            } else if let Some(r) = self.routers.remove(&(topic.clone(), p)) {
-                routers.push(((topic, p), r, msgs));
+            } else if self.routers.contains_key(&(topic.clone(), p)) {
+                event_batches.push(((topic, p), msgs));
+            }
+        }
+        let local: BTreeSet<i32> = self.tasks.keys().copied().collect();
+        let ready: BTreeSet<i32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.barrier.is_none())
+            .map(|(p, _)| *p)
+            .collect();
+        let mut hosted: HashMap<i32, Hosted> = HashMap::new();
+        let mut hosted_by: Vec<((String, i32), i32)> = Vec::new();
+        // Batches routed in their own transaction: (events partition, router, records, last offset).
+        type Solo = ((String, i32), Router, Vec<Out>, i64);
+        let mut solo: Vec<Solo> = Vec::new();
+        for (k, msgs) in event_batches {
+            let plan = self.plan(&k.0, k.1, msgs);
+            let eligible: BTreeSet<i32> = ready
+                .iter()
+                .filter(|q| !self.outstanding.contains_key(&(k.clone(), **q)))
+                .copied()
+                .collect();
+            let Some(host) = host_of(&plan, &local, &eligible, &batches) else {
+                let Some(r) = self.routers.remove(&k) else { continue };
+                let mut outs = plan.outs;
+                for (q, key, c, _, _) in plan.cmds {
+                    outs.push(command(&self.shared, q, key.as_deref(), &c));
+                }
+                solo.push((k, r, outs, plan.last));
+                continue;
+            };
+            let h = hosted.entry(host).or_default();
+            for (q, key, c, at, offset) in plan.cmds {
+                if q == host && eligible.contains(&q) {
+                    h.inline.push((c, at, offset));
+                } else {
+                    if local.contains(&q) {
+                        h.forwarded.push((k.clone(), q, offset));
+                    }
+                    h.outs.push(command(&self.shared, q, key.as_deref(), &c));
+                }
+            }
+            tracing::debug!(events = ?k, host, eligible = ?eligible, inline = h.inline.len(), forwarded = h.forwarded.len(), "routed");
+            h.outs.extend(plan.outs);
+            h.offsets.push((k.0.clone(), k.1, plan.last + 1));
+            hosted_by.push((k, host));
+        }
+        let mut tasks = Vec::new();
+        let busy: BTreeSet<i32> = batches.keys().chain(hosted.keys()).copied().collect();
+        for p in busy {
+            if let Some(t) = self.tasks.remove(&p) {
+                let msgs = batches.remove(&p).unwrap_or_default();
+                tasks.push((p, t, msgs, hosted.remove(&p).unwrap_or_default()));
             }
         }
         let me = &*self;
-        type Decided = (i32, Task, Result<(), String>);
+        type Decided = (i32, Task, Result<(Applied, Vec<((String, i32), i32, i64)>), String>);
         type Routed = ((String, i32), Router, Result<(), String>);
         let (decided, routed): (Vec<Decided>, Vec<Routed>) = std::thread::scope(|s| {
             let ht: Vec<_> = tasks
                 .into_iter()
-                .map(|(p, mut t, msgs)| {
+                .map(|(p, mut t, msgs, extra)| {
                     s.spawn(move || {
-                        let r = me.decide(&mut t, msgs);
+                        let forwarded = extra.forwarded.clone();
+                        let r = me.decide(&mut t, msgs, extra).map(|applied| (applied, forwarded));
                         (p, t, r)
                     })
                 })
                 .collect();
-            let hr: Vec<_> = routers
+            let hr: Vec<_> = solo
                 .into_iter()
-                .map(|(k, r, msgs)| {
+                .map(|(k, r, outs, last)| {
                     s.spawn(move || {
-                        let res = me.route(&r, &k.0, k.1, msgs);
+                        let res = me.route(&r, &k.0, k.1, &outs, last);
                         (k, r, res)
                     })
                 })
@@ -666,8 +795,18 @@ impl Worker {
         });
         for (p, mut t, r) in decided {
             match r {
-                Ok(()) => {
+                Ok((applied, forwarded)) => {
                     self.tasks.insert(p, t);
+                    for (e, q, offset) in forwarded {
+                        let o = self.outstanding.entry((e, q)).or_insert(offset);
+                        *o = (*o).max(offset);
+                    }
+                    for (e, offset) in applied {
+                        let k = (e, p);
+                        if self.outstanding.get(&k).is_some_and(|o| *o <= offset) {
+                            self.outstanding.remove(&k);
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(partition = p, error = %e, "batch not committed; the partition is restored and its inputs read again");
@@ -675,31 +814,41 @@ impl Worker {
                         h.abort();
                     }
                     self.rewind(&commands, p);
+                    for ((topic, e), _) in hosted_by.iter().filter(|(_, host)| *host == p) {
+                        self.rewind(topic, *e);
+                    }
                 }
             }
         }
         for ((topic, p), r, res) in routed {
-            match res {
-                Ok(()) => {
-                    self.routers.insert((topic, p), r);
-                }
-                Err(e) => {
-                    tracing::warn!(topic, partition = p, error = %e, "routing batch not committed; read again");
-                    self.rewind(&topic, p);
-                }
+            if let Err(e) = res {
+                tracing::warn!(topic, partition = p, error = %e, "routing batch not committed; read again");
+                self.rewind(&topic, p);
             }
+            self.routers.insert((topic, p), r);
         }
     }
 
+    /// Commits a routing batch in the events partition's own transaction.
+    fn route(&self, r: &Router, topic: &str, p: i32, outs: &[Out], last: i64) -> Result<(), String> {
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset(topic, p, Offset::Offset(last + 1))
+            .map_err(|e| e.to_string())?;
+        commit(&self.shared, &self.consumer, r.txn.as_ref(), outs, &offsets)
+    }
+
     /// Turns incoming events into commands for the instances' partitions.
-    fn route(&self, r: &Router, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Result<(), String> {
+    fn plan(&self, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Plan {
         let shared = &self.shared;
         let n = shared.partitions;
         let mut outs = Vec::new();
+        let mut cmds: Vec<RoutedCommand> = Vec::new();
         let mut last = -1;
         let machines = shared.machines();
         for m in &msgs {
             last = m.offset();
+            let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
             let origin = Origin {
                 topic: topic.to_string(),
                 partition: p,
@@ -723,7 +872,7 @@ impl Worker {
                                 answer,
                                 event: Some((event, origin)),
                             };
-                            outs.push(command(shared, partition_of(&id, n), Some(&id), &c));
+                            cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
                         }
                         None => {
                             let why = format!("{token:?} in {} is not a task token", crate::tasks::TOKEN_ATTRIBUTE);
@@ -756,8 +905,9 @@ impl Worker {
                     input,
                     parent: None,
                     depth: 0,
+                    origin: Some(origin.clone()),
                 };
-                outs.push(command(shared, partition_of(&id, n), Some(&id), &c));
+                cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
                 starts += 1;
             }
             if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
@@ -767,7 +917,7 @@ impl Worker {
                     origin,
                     home: None,
                 };
-                outs.push(command(shared, partition_of(&target, n), Some(&target), &c));
+                cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
                 continue;
             }
             let wanted = machines
@@ -792,19 +942,16 @@ impl Worker {
                     origin: origin.clone(),
                     home: Some(home),
                 };
-                outs.push(command(shared, q, None, &c));
+                cmds.push((q, None, c, at, m.offset()));
             }
         }
-        let mut offsets = TopicPartitionList::new();
-        offsets
-            .add_partition_offset(topic, p, Offset::Offset(last + 1))
-            .map_err(|e| e.to_string())?;
-        commit(shared, &self.consumer, r.txn.as_ref(), &outs, &offsets)
+        Plan { cmds, outs, last }
     }
 
     /// One batch of commands for one partition, committed in one transaction.
-    fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>) -> Result<(), String> {
+    fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>, hosted: Hosted) -> Result<Applied, String> {
         let shared = self.shared.clone();
+        let mut applied = Applied::new();
         let mut d = Decision {
             shared: &shared,
             t,
@@ -819,11 +966,26 @@ impl Worker {
                 tracing::warn!(offset = m.offset(), "not a command; skipped");
                 continue;
             };
+            if let Some(o) = c.origin() {
+                let e = applied.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
+                *e = (*e).max(o.offset);
+            }
+            if let Command::Barrier { token } = &c {
+                if d.t.barrier.as_ref() == Some(token) {
+                    d.t.barrier = None;
+                }
+                continue;
+            }
             d.apply(c, at, m.offset());
+        }
+        for (c, at, offset) in hosted.inline {
+            d.apply(c, at, offset);
         }
         d.unpark(now_ms());
         let through = d.through;
         let (mut outs, after) = (d.outs, d.after);
+        let clock = Some(t.clock);
+        outs.extend(hosted.outs);
         // The new state of every instance touched, and their journals.
         for (id, s) in t.slots.iter_mut().filter(|(_, s)| s.dirty) {
             let p = t.partition;
@@ -831,6 +993,7 @@ impl Worker {
                 // One record per instance and transaction, however many entries it holds.
                 let r = JournalRecord {
                     through,
+                    clock,
                     seq: s.rec.journal_len + 1,
                     entries: std::mem::take(&mut s.entries),
                 };
@@ -846,6 +1009,7 @@ impl Worker {
             s.rec.snapshot = s.inst.snapshot().clone();
             let r = StateRecord {
                 through,
+                clock,
                 instance: Some(s.rec.clone()),
                 partition: None,
             };
@@ -861,6 +1025,7 @@ impl Worker {
         if t.part_dirty {
             let r = StateRecord {
                 through,
+                clock,
                 instance: None,
                 partition: Some(t.part.clone()),
             };
@@ -874,10 +1039,20 @@ impl Worker {
             t.part_dirty = false;
         }
         let mut offsets = TopicPartitionList::new();
-        offsets
-            .add_partition_offset(&shared.topics.commands, t.partition, Offset::Offset(through + 1))
-            .map_err(|e| e.to_string())?;
+        let mut add = |topic: &str, p: i32, o: i64| {
+            offsets
+                .add_partition_offset(topic, p, Offset::Offset(o))
+                .map_err(|e| e.to_string())
+        };
+        if through >= 0 {
+            add(&shared.topics.commands, t.partition, through + 1)?;
+        }
+        add(&shared.topics.clock, t.partition, t.clock + 1)?;
+        for (topic, p, o) in &hosted.offsets {
+            add(topic, *p, *o)?;
+        }
         commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
+        t.clock += 1;
         // Committed: now act.
         for (id, e) in after {
             match &e {
@@ -896,7 +1071,7 @@ impl Worker {
                 _ => {}
             }
         }
-        Ok(())
+        Ok(applied)
     }
 
     fn fire_timers(&mut self) {
@@ -970,6 +1145,7 @@ impl Decision<'_> {
                 input,
                 parent,
                 depth,
+                ..
             } => {
                 if self.t.slots.contains_key(&id) {
                     return;
@@ -1048,7 +1224,14 @@ impl Decision<'_> {
                 let source = format!("{}/{}", origin.topic, origin.partition);
                 match target {
                     Some(id) => match self.t.slots.get(&id) {
-                        Some(s) if s.rec.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {}
+                        Some(s) if s.rec.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
+                            tracing::debug!(
+                                instance = id,
+                                source,
+                                offset = origin.offset,
+                                "event applied already; skipped"
+                            );
+                        }
                         Some(s) if s.inst.status().is_final() => {
                             let why = format!("instance {id:?} named by sm4cinstanceid has ended");
                             self.dead(&event, &origin, "instanceEnded", &why);
@@ -1148,6 +1331,7 @@ impl Decision<'_> {
                     self.handle(&id, Input::TimerFired { timer }, at);
                 }
             }
+            Command::Barrier { .. } => {}
             Command::Tick => {
                 let (gone, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.t.part.parked)
                     .into_iter()
@@ -1422,4 +1606,27 @@ pub(crate) fn queued(topic: &str, partition: i32, offset: i64) -> Delivery {
         partition,
         offset,
     }
+}
+
+/// The owned commands partition whose transaction takes in an events partition's batch: the one
+/// most of its commands are for, else one deciding anyway, else any; `None` when this worker owns
+/// no commands partition.
+fn host_of(
+    plan: &Plan,
+    local: &BTreeSet<i32>,
+    eligible: &BTreeSet<i32>,
+    busy: &HashMap<i32, Vec<OwnedMessage>>,
+) -> Option<i32> {
+    let mut counts: HashMap<i32, usize> = HashMap::new();
+    for (q, ..) in &plan.cmds {
+        if eligible.contains(q) {
+            *counts.entry(*q).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(q, n)| (*n, std::cmp::Reverse(*q)))
+        .map(|(q, _)| q)
+        .or_else(|| busy.keys().filter(|q| local.contains(q)).min().copied())
+        .or_else(|| local.first().copied())
 }
