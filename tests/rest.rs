@@ -1,6 +1,7 @@
 //! REST functions through OpenAPI against a real axum server: path, query, header and body
 //! parameters, a 500, a slow endpoint and the action timeout, retries with their
-//! Idempotency-Key, server overrides, credentials from the environment, YAML documents.
+//! Idempotency-Key, server overrides, credentials from the environment, YAML documents, and a call
+//! made again with the same key after `sm4c serve` is killed mid-call.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -303,4 +304,136 @@ fn rest_functions_work_through_sm4c_serve() {
     }
     assert_eq!(v["status"], "completed", "{v}");
     assert_eq!(v["data"]["item"], json!({"id": "42", "verbose": "1", "tenant": null}));
+}
+
+/// A service that records the Idempotency-Key of every `POST /reserve` and answers the first call
+/// for each key after 3 s (so that a test can kill sm4c while calls are in flight).
+fn reserve_api(keys: Arc<Mutex<Vec<String>>>) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let app = Router::new().route(
+                "/reserve",
+                post(move |h: HeaderMap, Json(body): Json<Value>| {
+                    let keys = keys.clone();
+                    async move {
+                        let key = h
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        let first = {
+                            let mut k = keys.lock().unwrap();
+                            k.push(key.clone());
+                            k.iter().filter(|x| **x == key).count() == 1
+                        };
+                        if first {
+                            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                        }
+                        Json(json!({"reserved": body["sku"]}))
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+#[test]
+fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempotency_key() {
+    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+    let server = reserve_api(keys.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).unwrap();
+    let doc = json!({"openapi": "3.1.0", "info": {"title": "stock", "version": "1"}, "servers": [{"url": server}],
+        "paths": {"/reserve": {"post": {"operationId": "reserve",
+            "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}}}}}});
+    // Not `.json`: every `.json` file in the definitions folder must be a definition.
+    std::fs::write(defs.join("stock.openapi"), doc.to_string()).unwrap();
+    let def = json!({"id": "reserve", "name": "reserve", "version": "1",
+    "functions": [{"name": "reserve", "operation": "file://stock.openapi#reserve"}],
+    "states": [
+        {"name": "Reserve", "start": true,
+         "enterAction": call("r", "reserve", json!({"sku": "${ .sku }"})),
+         "enterResultHandler": "${ .reservation = $value }",
+         "transitions": [{"nextState": "Done"}]},
+        {"name": "Done"}
+    ]});
+    std::fs::write(defs.join("reserve.json"), def.to_string()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking::Client::new();
+    let serve = || {
+        let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+            .arg(&defs)
+            .arg("--db")
+            .arg(dir.path().join("s.db"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = (0..400).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            client.get(format!("{base}/healthz")).send().is_ok()
+        });
+        assert!(up, "sm4c serve did not start");
+        child
+    };
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    /// Killed (SIGKILL) when dropped, also when the test fails.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let first = Kill(serve());
+    for i in 0..5 {
+        let r = client
+            .post(format!("{base}/instances"))
+            .json(&json!({"definition": "reserve", "id": format!("o{i}"), "input": {"sku": format!("sku-{i}")}}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    // Every call has reached the service, none has been answered: kill -9 now.
+    wait("five calls in flight", &|| keys.lock().unwrap().len() == 5);
+    drop(first);
+    let _second = Kill(serve());
+    let state = |i: usize| -> Value {
+        client
+            .get(format!("{base}/instances/o{i}"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    wait("the reservations", &|| (0..5).all(|i| state(i)["state"] == "Done"));
+    for i in 0..5 {
+        assert_eq!(state(i)["data"]["reservation"], json!({"reserved": format!("sku-{i}")}));
+    }
+    // At least once, never with a new key: each call was made again with the key it had.
+    let seen = keys.lock().unwrap().clone();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for k in &seen {
+        *counts.entry(k.clone()).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 5, "{counts:?}");
+    assert!(counts.iter().all(|(k, n)| *n == 2 && k.starts_with('o')), "{counts:?}");
 }
