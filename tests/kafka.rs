@@ -835,6 +835,24 @@ fn start_events_start_one_instance_per_event_and_explain_event_says_why_others_t
     let v = w.get(&format!("/instances/{id}"));
     assert_eq!(v["data"], json!({"orderId": "o7", "amount": 7}));
 
+    // Concurrent API starts of one id: one instance, and only the request that created it says 201.
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|_| {
+                s.spawn(|| {
+                    w.post(
+                        "/instances",
+                        json!({"definition": "saga", "id": "twice", "input": {"orderId": "t", "amount": 1}}),
+                    )
+                    .0
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 200), "{statuses:?}");
+
     // explain-event: a reply for another order is turned away by the correlation rule.
     let file = dir.path().join("reply.json");
     std::fs::write(

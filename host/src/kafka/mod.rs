@@ -726,6 +726,7 @@ impl Backend for KafkaHost {
                 }));
             };
             let id = id.unwrap_or_else(|| crate::durable::new_id(&m.id));
+            let request = crate::durable::new_id("start");
             if self.view.get(&id).is_some() {
                 return Ok((id, false));
             }
@@ -737,10 +738,13 @@ impl Backend for KafkaHost {
                 parent: None,
                 depth: 0,
                 origin: None,
+                request: Some(request.clone()),
             };
             self.send_command(&id, &c).await?;
             self.wait_for("the start", |v| v.get(&id).is_some()).await?;
-            Ok((id, true))
+            // Another request for the same id may have won the race: only the creator says 201.
+            let created = self.view.get(&id).is_some_and(|r| r.request.as_ref() == Some(&request));
+            Ok((id, created))
         })
     }
 

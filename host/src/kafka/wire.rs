@@ -28,6 +28,10 @@ pub enum Command {
         /// For a start event: where it was read.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         origin: Option<Origin>,
+        /// For a start through the API: a token unique to the request, kept by the instance it
+        /// creates, so that of two requests for one id only the one that created it says so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<String>,
     },
     /// Cancel an instance.
     Cancel {
@@ -182,6 +186,9 @@ pub struct InstanceRecord {
     /// Creation order, for listings (ms timestamp of the start command, then its offset).
     #[serde(default)]
     pub order: (i64, i64),
+    /// The token of the API request that created the instance, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// Events parked on a partition, and the tally of partitions that found no instance for a

@@ -289,6 +289,7 @@ fn subflow_start(shared: &Shared, id: &str, effect: &Effect, depth: u32) -> Opti
         parent: Some((id.to_string(), op.clone(), *wait)),
         depth: depth + 1,
         origin: None,
+        request: None,
     };
     Some(command(
         shared,
@@ -906,6 +907,7 @@ impl Worker {
                     parent: None,
                     depth: 0,
                     origin: Some(origin.clone()),
+                    request: None,
                 };
                 cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
                 starts += 1;
@@ -1145,6 +1147,7 @@ impl Decision<'_> {
                 input,
                 parent,
                 depth,
+                request,
                 ..
             } => {
                 if self.t.slots.contains_key(&id) {
@@ -1198,6 +1201,7 @@ impl Decision<'_> {
                     journal_len: 0,
                     seen: Default::default(),
                     order: (at, offset),
+                    request,
                 };
                 self.t.slots.insert(
                     id.clone(),
