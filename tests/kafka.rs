@@ -513,6 +513,24 @@ fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool, logs: &[&Worke
     }
 }
 
+/// The dead-letter topic as event id → `sm4c-deadletter-code` (the id from the `ce_id` header, else
+/// from a JSON payload, else the payload itself); every dead letter must give a reason.
+fn dead_letter_codes(broker: &Broker, topic: &str) -> BTreeMap<String, String> {
+    let mut codes = BTreeMap::new();
+    for (_, h, payload) in read_topic(broker, topic) {
+        let id = h.get("ce_id").cloned().unwrap_or_else(|| {
+            serde_json::from_slice::<Value>(&payload)
+                .ok()
+                .and_then(|v| v["id"].as_str().map(str::to_string))
+                .unwrap_or_else(|| String::from_utf8_lossy(&payload).into_owned())
+        });
+        let reason = h.get("sm4c-deadletter-reason").cloned().unwrap_or_default();
+        assert!(!reason.is_empty(), "a dead letter without a reason: {h:?}");
+        codes.insert(id, h.get("sm4c-deadletter-code").cloned().unwrap_or_default());
+    }
+    codes
+}
+
 /// Sent events on the out topic by id → how many times each appears.
 fn sent_ids(broker: &Broker, topic: &str, ty: &str) -> BTreeMap<String, usize> {
     let mut ids = BTreeMap::new();
@@ -761,18 +779,7 @@ fn events_that_reach_no_instance_go_to_the_dead_letter_topic_with_the_reason() {
         "five dead letters",
         60,
         || {
-            codes.clear();
-            for (_, h, payload) in read_topic(&broker, &dead) {
-                let id = h.get("ce_id").cloned().unwrap_or_else(|| {
-                    serde_json::from_slice::<Value>(&payload)
-                        .ok()
-                        .and_then(|v| v["id"].as_str().map(str::to_string))
-                        .unwrap_or_else(|| String::from_utf8_lossy(&payload).into_owned())
-                });
-                let reason = h.get("sm4c-deadletter-reason").cloned().unwrap_or_default();
-                assert!(!reason.is_empty(), "a dead letter without a reason: {h:?}");
-                codes.insert(id, h.get("sm4c-deadletter-code").cloned().unwrap_or_default());
-            }
+            codes = dead_letter_codes(&broker, &dead);
             codes.len() >= 5
         },
         &[&w],
@@ -1501,16 +1508,7 @@ fn worker_task_lists_are_topics_answered_by_cloudevents_or_http_through_a_sigkil
         "three dead letters",
         60,
         || {
-            codes.clear();
-            for (_, h, payload) in read_topic(&broker, &dead) {
-                let id = h.get("ce_id").cloned().unwrap_or_else(|| {
-                    serde_json::from_slice::<Value>(&payload)
-                        .ok()
-                        .and_then(|v| v["id"].as_str().map(str::to_string))
-                        .unwrap_or_default()
-                });
-                codes.insert(id, h.get("sm4c-deadletter-code").cloned().unwrap_or_default());
-            }
+            codes = dead_letter_codes(&broker, &dead);
             codes.len() >= 3
         },
         &[&w1],

@@ -15,6 +15,16 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<String>>>);
 
+/// A child process killed (SIGKILL) and reaped when dropped, also when a test fails.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the test API on a free port in a background thread; returns its base URL.
 fn api(seen: Seen) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -268,13 +278,6 @@ fn rest_functions_work_through_sm4c_serve() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _guard = Kill(child);
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::new();
@@ -395,14 +398,6 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
     };
-    /// Killed (SIGKILL) when dropped, also when the test fails.
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let first = Kill(serve());
     for i in 0..5 {
         let r = client
