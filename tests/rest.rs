@@ -25,6 +25,34 @@ impl Drop for Kill {
     }
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `sm4c serve` of the definitions in `defs` on the store `db`, once it answers on `port`.
+fn serve(defs: &std::path::Path, db: &std::path::Path, port: u16) -> Kill {
+    let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+        .arg(defs)
+        .arg("--db")
+        .arg(db)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Kill(child);
+    let client = reqwest::blocking::Client::new();
+    let up = (0..400).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        client.get(format!("http://127.0.0.1:{port}/healthz")).send().is_ok()
+    });
+    assert!(up, "sm4c serve did not start");
+    server
+}
+
 /// Starts the test API on a free port in a background thread; returns its base URL.
 fn api(seen: Seen) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -265,27 +293,10 @@ fn rest_functions_work_through_sm4c_serve() {
         "enterResultHandler": "${ .item = $value }"}),
     );
     std::fs::write(defs.join("def.json"), def.to_string()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
-        .arg(&defs)
-        .arg("--db")
-        .arg(dir.path().join("s.db"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let _guard = Kill(child);
+    let port = free_port();
+    let _server = serve(&defs, &dir.path().join("s.db"), port);
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::new();
-    let up = (0..200).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        client.get(format!("{base}/healthz")).send().is_ok()
-    });
-    assert!(up, "server did not start");
     let r = client
         .post(format!("{base}/instances"))
         .json(&json!({"definition": "rest", "id": "r1", "input": {"id": "42"}}))
@@ -368,29 +379,10 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
         {"name": "Done"}
     ]});
     std::fs::write(defs.join("reserve.json"), def.to_string()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::new();
-    let serve = || {
-        let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
-            .arg(&defs)
-            .arg("--db")
-            .arg(dir.path().join("s.db"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let up = (0..400).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            client.get(format!("{base}/healthz")).send().is_ok()
-        });
-        assert!(up, "sm4c serve did not start");
-        child
-    };
+    let db = dir.path().join("s.db");
     let wait = |what: &str, f: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !f() {
@@ -398,7 +390,7 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
     };
-    let first = Kill(serve());
+    let first = serve(&defs, &db, port);
     for i in 0..5 {
         let r = client
             .post(format!("{base}/instances"))
@@ -410,7 +402,7 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
     // Every call has reached the service, none has been answered: kill -9 now.
     wait("five calls in flight", &|| keys.lock().unwrap().len() == 5);
     drop(first);
-    let _second = Kill(serve());
+    let _second = serve(&defs, &db, port);
     let state = |i: usize| -> Value {
         client
             .get(format!("{base}/instances/o{i}"))
