@@ -118,6 +118,24 @@ impl Broker {
         }
     }
 
+    /// Sends the broker process a signal by name (`SIGSTOP` freezes it, `SIGCONT` thaws it),
+    /// through Python, which the tests need anyway (the workspace forbids `unsafe`, and `kill(1)`
+    /// is not on every minimal system).
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("a running broker").id().to_string();
+        let python = std::env::var("SM4C_PYTHON").unwrap_or_else(|_| "python3".into());
+        let ok = Command::new(python)
+            .args([
+                "-c",
+                "import os, signal, sys; os.kill(int(sys.argv[1]), getattr(signal, sys.argv[2]))",
+            ])
+            .args([&pid, sig])
+            .status()
+            .expect("python")
+            .success();
+        assert!(ok, "{sig} to the broker ({pid})");
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -1568,4 +1586,50 @@ fn a_burst_of_events_for_few_instances_is_applied_exactly_once_each() {
         let want: Vec<i64> = (0..events).filter(|n| n % instances == i).map(|n| n as i64).collect();
         assert_eq!(got, want, "instance t{i}");
     }
+}
+
+#[test]
+fn workers_ride_out_a_frozen_broker_and_finish() {
+    // Not a broker restart (tansu's memory storage would lose the topics, see the README): the
+    // broker stops answering for 10 s mid-run (SIGSTOP), longer than the group's session timeout,
+    // with transactions and fetches in flight. The workers wait, reconnect, and finish, and every
+    // request is still sent exactly once.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "frozen";
+    let args = worker_args(&broker, prefix, 4, &[]);
+    let w1 = Worker::start(dir.path(), "w1", &args);
+    let w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 4);
+    let n = 300;
+    let responder = Responder::start(&broker, prefix, n / 2);
+    let p = producer(&broker);
+    for i in 0..n {
+        send_binary(&p, &format!("{prefix}.events"), &order_created(i));
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_secs(30)).expect("flush");
+    wait_until(
+        "half the sagas to complete",
+        120,
+        || count_status(&w1, "completed") == n / 2,
+        &[&w1, &w2],
+    );
+    // The other half's replies go out now, and the broker freezes while they are being decided.
+    responder.budget.store(usize::MAX, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(100));
+    broker.signal("SIGSTOP");
+    std::thread::sleep(Duration::from_secs(10));
+    broker.signal("SIGCONT");
+    wait_until(
+        "every saga to complete",
+        240,
+        || count_status(&w1, "completed") == n,
+        &[&w1, &w2],
+    );
+    let ids = sent_ids(&broker, &format!("{prefix}.events.out"), "payment.requested");
+    assert_eq!(ids.len(), n, "one request per saga");
+    let dups: Vec<_> = ids.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(dups.is_empty(), "events sent more than once: {dups:?}");
+    drop(responder);
 }
