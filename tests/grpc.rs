@@ -8,7 +8,7 @@
 #[path = "support/inventory.rs"]
 mod inventory;
 
-use inventory::{server, Inventory, Seen};
+use inventory::{server, Seen};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,22 +24,7 @@ fn tls_server(seen: Seen, client_auth: bool) -> u16 {
     if client_auth {
         config = config.client_ca_root(Certificate::from_pem(read("ca.pem")));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            tonic::transport::Server::builder()
-                .tls_config(config)
-                .unwrap()
-                .add_service(Inventory(seen))
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-                .await
-                .unwrap();
-        });
-    });
-    rx.recv().unwrap().port()
+    inventory::serve(seen, Some(config)).port()
 }
 
 fn data() -> PathBuf {

@@ -257,18 +257,28 @@ impl tower::Service<http::Request<tonic::body::Body>> for Inventory {
 
 /// Starts the inventory server on a free port in a background thread; returns its URL.
 pub fn server(seen: Seen) -> String {
+    format!("http://{}", serve(seen, None))
+}
+
+/// Starts the inventory server on a free port in a background thread, over TLS when `tls` is
+/// given; returns its address.
+pub fn serve(seen: Seen, tls: Option<tonic::transport::ServerTlsConfig>) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            tonic::transport::Server::builder()
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                builder = builder.tls_config(tls).unwrap();
+            }
+            builder
                 .add_service(Inventory(seen))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
                 .await
                 .unwrap();
         });
     });
-    format!("http://{}", rx.recv().unwrap())
+    rx.recv().unwrap()
 }
