@@ -11,6 +11,9 @@
 //! sent events of a transaction cut short by SIGKILL become visible once the next owner fences it.
 //! So the exactly-once test kills its worker between transactions, and the test that kills under
 //! load checks exactly-once state and at-least-once sent events with stable ids.
+//!
+//! The broker-restart test keeps tansu's data in S3, served by moto (PyPI `moto[server]`, installed
+//! by `scripts/setup.sh` too), so the broker can be killed and started again with its topics.
 
 #[path = "support/inventory.rs"]
 mod inventory;
@@ -664,7 +667,8 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "restart";
-    let args = worker_args(&broker, prefix, 4, &[]);
+    // Each fetch costs the broker several object-store requests, and moto (Python) is slow to answer.
+    let args = worker_args(&broker, prefix, 2, &["--kafka-config", "fetch.wait.max.ms=200"]);
     let mut w = Worker::start(dir.path(), "w", &args);
     wait_owned(&[&w], 4);
     for i in 0..20 {
@@ -1627,6 +1631,118 @@ fn workers_ride_out_a_frozen_broker_and_finish() {
         || count_status(&w1, "completed") == n,
         &[&w1, &w2],
     );
+    let ids = sent_ids(&broker, &format!("{prefix}.events.out"), "payment.requested");
+    assert_eq!(ids.len(), n, "one request per saga");
+    let dups: Vec<_> = ids.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(dups.is_empty(), "events sent more than once: {dups:?}");
+    drop(responder);
+}
+
+/// A moto S3 server (PyPI `moto[server]`, installed by `scripts/setup.sh`) holding one bucket: the
+/// object store behind a tansu broker whose data outlives the broker process.
+struct S3 {
+    child: Child,
+    port: u16,
+}
+
+impl S3 {
+    fn start(dir: &Path, bucket: &str) -> S3 {
+        let port = free_port();
+        let log = dir.join("s3.log");
+        let out = OpenOptions::new().create(true).append(true).open(&log).expect("s3 log");
+        let python = std::env::var("SM4C_PYTHON").unwrap_or_else(|_| "python3".into());
+        let child = Command::new(python)
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .expect("start moto's S3 server (scripts/setup.sh installs moto[server])");
+        let s3 = S3 { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http().put(format!("{}/{bucket}", s3.endpoint())).send() {
+                assert!(r.status().is_success(), "creating bucket {bucket}: {}", r.status());
+                return s3;
+            }
+            assert!(Instant::now() < deadline, "moto did not listen: {}", tail(&log));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What tansu's object store client (`AmazonS3Builder::from_env`) reads.
+    fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT", self.endpoint()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_DEFAULT_REGION", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn workers_reconnect_to_a_restarted_broker_and_finish() {
+    // The broker keeps its topics, offsets and transactions in S3 (moto), so it can be killed with
+    // SIGKILL mid-run and started again on the same port. The workers reconnect, the group settles
+    // again, and every saga completes with every request sent exactly once.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let s3 = S3::start(dir, "tansu");
+    let mut broker = Broker::start_with(dir, "s3://tansu/".into(), s3.env());
+    let prefix = "restart";
+    // Each fetch costs the broker several object-store requests, and moto (Python) is slow to answer.
+    let args = worker_args(&broker, prefix, 2, &["--kafka-config", "fetch.wait.max.ms=200"]);
+    let w1 = Worker::start(dir, "w1", &args);
+    let w2 = Worker::start(dir, "w2", &args);
+    wait_owned(&[&w1, &w2], 2);
+    let n = 40;
+    let responder = Responder::start(&broker, prefix, n / 2);
+    let p = producer(&broker);
+    for i in 0..n {
+        send_binary(&p, &format!("{prefix}.events"), &order_created(i));
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_secs(30)).expect("flush");
+    wait_until(
+        "half the sagas to complete",
+        180,
+        || count_status(&w1, "completed") == n / 2,
+        &[&w1, &w2],
+    );
+    // The other half's replies go out while the broker is killed and, 3 s later, started again.
+    responder.budget.store(usize::MAX, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(100));
+    broker.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    let before = count_status(&w1, "completed");
+    assert!(before < n, "the restart came after the run: {before} of {n} completed");
+    broker.run();
+    wait_until(
+        "every saga to complete after the broker restarted",
+        240,
+        || count_status(&w1, "completed") == n,
+        &[&w1, &w2],
+    );
+    for inst in all_instances(&w2) {
+        let v = w2.get(&format!("/instances/{}", inst["id"].as_str().expect("id")));
+        assert_eq!(v["state"], "Paid", "{v}");
+        assert_eq!(v["data"]["payment"], json!({"paid": v["data"]["amount"]}), "{v}");
+    }
     let ids = sent_ids(&broker, &format!("{prefix}.events.out"), "payment.requested");
     assert_eq!(ids.len(), n, "one request per saga");
     let dups: Vec<_> = ids.iter().filter(|(_, c)| **c != 1).collect();
