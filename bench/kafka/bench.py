@@ -5,7 +5,14 @@
    messages per second one producer and one consumer move (the floor);
 2. sm4c: the latency from an incoming event to the transition it triggers to the event that
    transition sends, through one `sm4c serve --kafka` worker with transactions (p50, p99);
-3. sm4c: event-triggered transitions per second through that worker.
+3. sm4c: event-triggered transitions per second through that worker (BENCH_TOTAL pings, 20,000 by
+   default, to 200 instances), and the CPU time the broker, the worker and this client each spent per
+   transition meanwhile.
+
+The throughput pings are produced as the raw floor's messages are (linger.ms=5). tansu lists every
+stored batch of a partition on each fetch that finds new data, so a producer sending one batch per
+event makes every later fetch dearer: with linger.ms=0 for these pings, the broker spent 270-460 us of
+CPU per transition instead of 45-70. BENCH_KAFKA_CONFIG="k=v ..." passes settings to the worker.
 
 Run from the repository after `source scripts/setup.sh` and `cargo build --release`:
     python3 bench/kafka/bench.py
@@ -40,6 +47,16 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+def cpu_s(pid):
+    """User plus system CPU seconds a process has used so far (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")
 
 
 def pct(xs, p):
@@ -140,7 +157,8 @@ def main():
         api = free_port()
         worker = subprocess.Popen(
             [SM4C, "serve", "--kafka", bootstrap, "--group", "bench", "--topic-prefix", "bench", "--partitions", PARTS,
-             "--definitions", defs, "--listen", f"127.0.0.1:{api}", "--kafka-config", "session.timeout.ms=6000"],
+             "--definitions", defs, "--listen", f"127.0.0.1:{api}", "--kafka-config", "session.timeout.ms=6000"]
+            + [a for kv in os.environ.get("BENCH_KAFKA_CONFIG", "").split() for a in ("--kafka-config", kv)],
             stdout=open(os.path.join(tmp, "worker.log"), "w"),
             stderr=subprocess.STDOUT,
             env={**os.environ, "RUST_LOG": os.environ.get("BENCH_LOG", "warn")},
@@ -158,7 +176,10 @@ def main():
         pongs = consumer(bootstrap, "bench.events.out", int(PARTS))
         pp = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
 
-        def ping(i, n, flush=True):
+        # The throughput pings batch as the raw floor's producer does (linger.ms=5).
+        pb = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+        def ping(i, n, flush=True, pp=pp):
             ev = {"specversion": "1.0", "id": f"ping-{n}", "source": "bench", "type": "bench.ping",
                   "sm4cinstanceid": f"p{i}", "datacontenttype": "application/json", "data": {"n": n}}
             while True:
@@ -194,13 +215,14 @@ def main():
             lat.append((time.perf_counter() - t0) * 1000)
         print(f"latency measured: p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms", file=sys.stderr, flush=True)
         # Throughput: many pings in flight.
-        total = 20_000
+        total = int(os.environ.get("BENCH_TOTAL", "20000"))
+        cpu0 = (cpu_s(broker.pid), cpu_s(worker.pid), time.process_time())
         t0 = time.perf_counter()
         for k in range(total):
-            ping(k % instances, 100_000 + k, flush=False)
+            ping(k % instances, 100_000 + k, flush=False, pp=pb)
             if k % 1000 == 0:
-                pp.poll(0)
-        pp.flush()
+                pb.poll(0)
+        pb.flush()
         got = 0
         deadline = time.time() + 300
         while got < total and time.time() < deadline:
@@ -208,19 +230,24 @@ def main():
                 if not m.error():
                     got += 1
         rate = got / (time.perf_counter() - t0)
+        cpu1 = (cpu_s(broker.pid), cpu_s(worker.pid), time.process_time())
+        # CPU time each process spent per transition during the throughput run (2 shared cores).
+        cpu_us = {name: round((b - a) / max(got, 1) * 1e6) for name, a, b in zip(("broker", "worker", "client"), cpu0, cpu1)}
         out = {
             "raw_rtt_ms": {"p50": round(statistics.median(rtts), 2), "p99": round(pct(rtts, 0.99), 2)},
             "raw_msgs_per_s": round(raw_rate),
             "event_to_sent_event_ms": {"p50": round(statistics.median(lat), 2), "p99": round(pct(lat, 0.99), 2)},
             "event_transitions_per_s": round(rate),
             "pongs": got,
+            "cpu_us_per_transition": cpu_us,
         }
         print(json.dumps(out))
         print(
             f"raw round trip p50 {out['raw_rtt_ms']['p50']} ms, p99 {out['raw_rtt_ms']['p99']} ms; raw floor {out['raw_msgs_per_s']} msgs/s\n"
             f"sm4c event -> transition -> sent event p50 {out['event_to_sent_event_ms']['p50']} ms, p99 {out['event_to_sent_event_ms']['p99']} ms\n"
             f"sm4c event-triggered transitions {out['event_transitions_per_s']}/s through one worker "
-            f"({out['event_transitions_per_s'] / out['raw_msgs_per_s']:.2f} of the raw floor)"
+            f"({out['event_transitions_per_s'] / out['raw_msgs_per_s']:.2f} of the raw floor)\n"
+            f"CPU per transition: broker {cpu_us['broker']} us, worker {cpu_us['worker']} us, client {cpu_us['client']} us"
         )
     finally:
         if worker:
