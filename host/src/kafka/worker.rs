@@ -240,6 +240,8 @@ fn commit(
                 p.send_offsets_to_transaction(offsets, &meta, TIMEOUT)
                     .map_err(|e| e.to_string())?;
                 let t2 = t0.elapsed();
+                // Waiting here is much faster than leaving it to commit_transaction, whose own
+                // flush took 100 ms per transaction (measured with bench/kafka).
                 drain(p)?;
                 let r = p.commit_transaction(TIMEOUT).map_err(|e| e.to_string());
                 tracing::debug!(
@@ -360,6 +362,10 @@ struct Router {
     txn: Option<ThreadedProducer<Quiet>>,
 }
 
+/// The most records one loop turn takes from the consumer: they are decided and committed in one
+/// transaction per partition, so a backlog costs the broker one transaction per this many records.
+const MAX_BATCH: usize = 5_000;
+
 pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
     let consumer: BaseConsumer<Quiet> = match shared.consumer_config(&shared.cfg.group).create_with_context(Quiet) {
         Ok(c) => c,
@@ -387,7 +393,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         let mut batch: Vec<OwnedMessage> = Vec::new();
         let mut wait = Duration::from_millis(20);
         let started = Instant::now();
-        while batch.len() < 2000 {
+        while batch.len() < MAX_BATCH {
             match w.consumer.poll(wait) {
                 Some(Ok(m)) => batch.push(m.detach()),
                 Some(Err(e)) => {
@@ -401,6 +407,14 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 break;
             }
         }
+        let polled = started.elapsed();
+        let n = batch.len();
+        // How long the oldest record waited between its producer and this poll (create time).
+        let age_ms = batch
+            .iter()
+            .filter_map(|m| m.timestamp().to_millis())
+            .min()
+            .map(|t| now_ms() - t);
         w.sync_assignment();
         let mut groups: Vec<((String, i32), Vec<OwnedMessage>)> = Vec::new();
         for m in batch {
@@ -410,7 +424,17 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 None => groups.push((k, vec![m])),
             }
         }
+        let t = Instant::now();
         w.process(groups);
+        if n > 0 {
+            tracing::debug!(
+                messages = n,
+                age_ms,
+                poll_us = polled.as_micros() as u64,
+                process_us = t.elapsed().as_micros() as u64,
+                "batch"
+            );
+        }
         w.fire_timers();
         while let Ok(done) = results.try_recv() {
             w.result(done);
@@ -953,6 +977,7 @@ impl Worker {
     /// One batch of commands for one partition, committed in one transaction.
     fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>, hosted: Hosted) -> Result<Applied, String> {
         let shared = self.shared.clone();
+        let decide_started = Instant::now();
         let mut applied = Applied::new();
         let mut d = Decision {
             shared: &shared,
@@ -1053,6 +1078,12 @@ impl Worker {
         for (topic, p, o) in &hosted.offsets {
             add(topic, *p, *o)?;
         }
+        tracing::debug!(
+            partition = t.partition,
+            commands = msgs.len(),
+            decide_us = decide_started.elapsed().as_micros() as u64,
+            "decided"
+        );
         commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
         t.clock += 1;
         // Committed: now act.
