@@ -1485,6 +1485,35 @@ fn worker_task_lists_are_topics_answered_by_cloudevents_or_http_through_a_sigkil
     let (st, v) = answer_task(&w1, "not-a-token", "complete", json!({}));
     assert_eq!(st, 404, "{v}");
 
+    // Two answers at once: one is applied and says 200, the other gets 409.
+    start(&w1, "thumbs", "t2", json!({"url": "dog.png"}));
+    let (_, task) = tasks_on(&broker, &images)
+        .into_iter()
+        .find(|(_, t)| t["instanceId"] == "t2")
+        .expect("the task of t2");
+    let token = task["token"].as_str().expect("token").to_string();
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let racers: Vec<_> = [(&w1, "first.png"), (&w1, "second.png")]
+            .into_iter()
+            .map(|(w, url)| {
+                let token = &token;
+                s.spawn(move || {
+                    (
+                        answer_task(w, token, "complete", json!({"url": url})).0,
+                        url.to_string(),
+                    )
+                })
+            })
+            .collect();
+        racers.into_iter().map(|h| h.join().expect("racer")).collect()
+    });
+    let mut statuses: Vec<u16> = answers.iter().map(|(st, _)| *st).collect();
+    statuses.sort();
+    assert_eq!(statuses, vec![200, 409], "{answers:?}");
+    let winner = &answers.iter().find(|(st, _)| *st == 200).expect("a 200").1;
+    let t2 = w1.get("/instances/t2");
+    assert_eq!(t2["data"]["thumb"], json!({"url": winner}), "{t2} {answers:?}");
+
     // Nobody serves `audits`: the schedule-to-start timeout fails the call, and late answers are
     // refused (HTTP) or dead-lettered (CloudEvents), as are task events that name no task.
     start(&w1, "audit", "a1", json!({"account": "acc-1"}));

@@ -680,16 +680,26 @@ impl Backend for KafkaHost {
                     Err(HostError::TaskClosed { instance, op })
                 };
             }
+            let request = crate::durable::new_id("answer");
             let c = Command::Answer {
                 id: instance.clone(),
                 op: op.clone(),
                 answer,
                 event: None,
+                request: (!heartbeat).then(|| request.clone()),
             };
             self.send_command(&instance, &c).await?;
             if !heartbeat {
                 self.wait_for("the answer", |v| v.get(&instance).is_none_or(|r| !task_open(&r, &op)))
                     .await?;
+                // Another answer may have closed the task first: only the one applied says so.
+                let mine = self
+                    .view
+                    .get(&instance)
+                    .is_some_and(|r| r.answered.iter().any(|(o, t)| *o == op && *t == request));
+                if !mine {
+                    return Err(HostError::TaskClosed { instance, op });
+                }
             }
             Ok(crate::durable::Answered {
                 instance,

@@ -74,6 +74,11 @@ pub enum Command {
         /// task is closed. `None` for answers through the HTTP API.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         event: Option<(Value, Origin)>,
+        /// For an answer through the HTTP API: a token unique to the request, kept by the instance
+        /// if this answer closes the task, so that of two concurrent answers only the one applied
+        /// says so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<String>,
     },
     /// A timer came due.
     Timer {
@@ -189,7 +194,15 @@ pub struct InstanceRecord {
     /// The token of the API request that created the instance, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
+    /// The latest tasks closed by an answer through the HTTP API: (op, request token), at most
+    /// [`ANSWERS_KEPT`], newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answered: Vec<(String, String)>,
 }
+
+/// How many API answers an instance record remembers (see [`InstanceRecord::answered`]): enough
+/// for the requests still waiting to learn whether theirs was the one applied.
+pub const ANSWERS_KEPT: usize = 16;
 
 /// Events parked on a partition, and the tally of partitions that found no instance for a
 /// broadcast event this partition is home to.

@@ -896,6 +896,7 @@ impl Worker {
                                 op,
                                 answer,
                                 event: Some((event, origin)),
+                                request: None,
                             };
                             cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
                         }
@@ -1233,6 +1234,7 @@ impl Decision<'_> {
                     seen: Default::default(),
                     order: (at, offset),
                     request,
+                    answered: Vec::new(),
                 };
                 self.t.slots.insert(
                     id.clone(),
@@ -1322,7 +1324,13 @@ impl Decision<'_> {
                     self.handle(&id, input, at);
                 }
             }
-            Command::Answer { id, op, answer, event } => {
+            Command::Answer {
+                id,
+                op,
+                answer,
+                event,
+                request,
+            } => {
                 let open = self.t.slots.get(&id).and_then(|s| {
                     let (_, effect) = s.rec.calls.iter().find(|(o, _)| *o == op)?;
                     let worker = effect.get("functionType").and_then(Value::as_str) == Some("worker");
@@ -1344,6 +1352,11 @@ impl Decision<'_> {
                     // Closed from now on: a second answer is turned away.
                     if let Some(s) = self.t.slots.get_mut(&id) {
                         s.rec.calls.retain(|(o, _)| *o != op);
+                        if let Some(r) = request {
+                            s.rec.answered.push((op.clone(), r));
+                            let over = s.rec.answered.len().saturating_sub(super::wire::ANSWERS_KEPT);
+                            s.rec.answered.drain(..over);
+                        }
                         s.dirty = true;
                     }
                 }
