@@ -667,8 +667,7 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "restart";
-    // Each fetch costs the broker several object-store requests, and moto (Python) is slow to answer.
-    let args = worker_args(&broker, prefix, 2, &["--kafka-config", "fetch.wait.max.ms=200"]);
+    let args = worker_args(&broker, prefix, 4, &[]);
     let mut w = Worker::start(dir.path(), "w", &args);
     wait_owned(&[&w], 4);
     for i in 0..20 {
@@ -1733,7 +1732,7 @@ fn workers_reconnect_to_a_restarted_broker_and_finish() {
     let dir = tmp.path();
     let s3 = S3::start(dir, "tansu");
     let mut broker = Broker::start_with(dir, "s3://tansu/".into(), s3.env());
-    let prefix = "restart";
+    let prefix = "brokerrestart";
     // Each fetch costs the broker several object-store requests, and moto (Python) is slow to answer.
     let args = worker_args(&broker, prefix, 2, &["--kafka-config", "fetch.wait.max.ms=200"]);
     let w1 = Worker::start(dir, "w1", &args);
