@@ -1734,7 +1734,21 @@ fn workers_reconnect_to_a_restarted_broker_and_finish() {
     let mut broker = Broker::start_with(dir, "s3://tansu/".into(), s3.env());
     let prefix = "brokerrestart";
     // Each fetch costs the broker several object-store requests, and moto (Python) is slow to answer.
-    let args = worker_args(&broker, prefix, 2, &["--kafka-config", "fetch.wait.max.ms=200"]);
+    // No worker dies here, so the poll interval is sm4c's default again rather than the tests' 10 s:
+    // a transaction cut by the restart can hold a worker's loop for longer than that (a restarted
+    // tansu answered one request only after 11.6 s), and a member that overstays it leaves the group,
+    // which tansu, restarted, did not let it join again.
+    let args = worker_args(
+        &broker,
+        prefix,
+        2,
+        &[
+            "--kafka-config",
+            "fetch.wait.max.ms=200",
+            "--kafka-config",
+            "max.poll.interval.ms=60000",
+        ],
+    );
     let w1 = Worker::start(dir, "w1", &args);
     let w2 = Worker::start(dir, "w2", &args);
     wait_owned(&[&w1, &w2], 2);
