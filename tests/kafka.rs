@@ -837,6 +837,20 @@ fn events_that_reach_no_instance_go_to_the_dead_letter_topic_with_the_reason() {
         .filter(|(_, h, p)| h.get("ce_id").is_none() && String::from_utf8_lossy(p).contains("\"unmatched\""))
         .count();
     assert_eq!(copies, 1);
+    // The early reply's copies on the partitions without its instance have expired and been
+    // tallied on its home partition, which keeps the tally for two windows and a minute. Nothing
+    // is due meanwhile, so no partition is sent ticks (a transaction each) for it.
+    let commands = format!("{prefix}.commands");
+    let ticks = || {
+        read_topic(&broker, &commands)
+            .iter()
+            .filter(|(_, _, p)| serde_json::from_slice::<Value>(p).is_ok_and(|c| c["kind"] == "tick"))
+            .count()
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let before = ticks();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(ticks(), before, "ticks while nothing was due");
 }
 
 #[test]

@@ -1147,9 +1147,14 @@ impl Worker {
         }
     }
 
+    /// Proposes a tick to each partition that has a parked event or a tally entry due to expire.
+    /// Only then: an idle partition holding one unmatched broadcast must not cost the broker a
+    /// transaction twice a second for the tally's whole retention.
     fn tick(&mut self) {
+        let now = now_ms();
+        let window = self.shared.cfg.event_window_ms;
         for t in self.tasks.values() {
-            if !t.part.parked.is_empty() || !t.part.tally.is_empty() {
+            if next_expiry(&t.part, window).is_some_and(|due| due <= now) {
                 let _ = produce(
                     &self.shared.plain,
                     &command(&self.shared, t.partition, None, &Command::Tick),
@@ -1410,7 +1415,7 @@ impl Decision<'_> {
                 self.t
                     .part
                     .tally
-                    .retain(|_, (_, _, first)| *first + 2 * window + 60_000 > at);
+                    .retain(|_, (_, _, first)| tally_expiry(*first, window) > at);
                 self.t.part_dirty |= before != self.t.part.tally.len();
             }
             Command::Unmatched { key, partition, event } => {
@@ -1623,6 +1628,20 @@ impl Decision<'_> {
             }
         }
     }
+}
+
+/// When a tally entry first reported at `first` is dropped: by then every partition that could
+/// report the event has long done so (each parks it for at most one window).
+fn tally_expiry(first: i64, window: i64) -> i64 {
+    first + 2 * window + 60_000
+}
+
+/// The earliest time something in a partition record expires: a parked event's window or a
+/// tally entry's retention.
+fn next_expiry(part: &PartitionRecord, window: i64) -> Option<i64> {
+    let parked = part.parked.iter().map(|p| p.expires);
+    let tally = part.tally.values().map(|(_, _, first)| tally_expiry(*first, window));
+    parked.chain(tally).min()
 }
 
 /// The topic a sent event goes to: its event definition's `topic` extension.
