@@ -25,6 +25,13 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a batch's transaction may take from its first call to its commit; aborting it has
+/// [`ABORT_TIMEOUT`] more. Together they stay under half the consumer's `max.poll.interval.ms`
+/// (60 s unless configured), so a worker held up by an unreachable broker is not taken out of its
+/// group for it: the batch fails, its partition is restored, and its inputs are read again.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(20);
+const ABORT_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// A call's result on its way back to the worker loop.
 pub(crate) struct CallDone {
     pub instance: String,
@@ -190,8 +197,7 @@ fn headers_of(m: &OwnedMessage) -> Vec<(String, Vec<u8>)> {
 /// `commit_transaction` calls first) waits in steps of 100 ms when a message is outstanding; a
 /// ThreadedProducer's own thread serves the acknowledgements, so a short spin returns as soon as
 /// they are in.
-fn drain(p: &ThreadedProducer<Quiet>) -> Result<(), String> {
-    let deadline = Instant::now() + TIMEOUT;
+fn drain(p: &ThreadedProducer<Quiet>, deadline: Instant) -> Result<(), String> {
     while p.in_flight_count() > 0 {
         if Instant::now() > deadline {
             return Err("messages were not acknowledged in time".into());
@@ -230,6 +236,8 @@ fn commit(
     match txn {
         Some(p) => {
             let t0 = Instant::now();
+            let deadline = t0 + COMMIT_TIMEOUT;
+            let left = || deadline.saturating_duration_since(Instant::now());
             p.begin_transaction().map_err(|e| e.to_string())?;
             let r = (|| {
                 for o in outs {
@@ -237,13 +245,13 @@ fn commit(
                 }
                 let t1 = t0.elapsed();
                 let meta = consumer.group_metadata().ok_or("no consumer group metadata")?;
-                p.send_offsets_to_transaction(offsets, &meta, TIMEOUT)
+                p.send_offsets_to_transaction(offsets, &meta, left())
                     .map_err(|e| e.to_string())?;
                 let t2 = t0.elapsed();
                 // Waiting here is much faster than leaving it to commit_transaction, whose own
                 // flush took 100 ms per transaction (measured with bench/kafka).
-                drain(p)?;
-                let r = p.commit_transaction(TIMEOUT).map_err(|e| e.to_string());
+                drain(p, deadline)?;
+                let r = p.commit_transaction(left()).map_err(|e| e.to_string());
                 tracing::debug!(
                     records = outs.len(),
                     produce_us = t1.as_micros() as u64,
@@ -254,7 +262,7 @@ fn commit(
                 r
             })();
             if let Err(e) = &r {
-                let _ = p.abort_transaction(TIMEOUT);
+                let _ = p.abort_transaction(ABORT_TIMEOUT);
                 return Err(e.clone());
             }
             r
@@ -263,7 +271,7 @@ fn commit(
             for o in outs {
                 produce(&shared.plain, o)?;
             }
-            drain(&shared.plain)?;
+            drain(&shared.plain, Instant::now() + COMMIT_TIMEOUT)?;
             consumer
                 .commit(offsets, rdkafka::consumer::CommitMode::Sync)
                 .map_err(|e| e.to_string())
@@ -846,11 +854,19 @@ impl Worker {
             }
         }
         for ((topic, p), r, res) in routed {
-            if let Err(e) = res {
-                tracing::warn!(topic, partition = p, error = %e, "routing batch not committed; read again");
-                self.rewind(&topic, p);
+            match res {
+                Ok(()) => {
+                    self.routers.insert((topic, p), r);
+                }
+                Err(e) => {
+                    // The router is made again at the next assignment check: a producer whose
+                    // transaction could not be aborted (the broker gone, or this one fenced) begins
+                    // no other, and a new one's init aborts what the old one left open.
+                    tracing::warn!(topic, partition = p, error = %e, "routing batch not committed; read again");
+                    self.rewind(&topic, p);
+                    drop(r);
+                }
             }
-            self.routers.insert((topic, p), r);
         }
     }
 
