@@ -314,12 +314,21 @@ fn producer(broker: &Broker) -> BaseProducer {
 }
 
 /// Produces a CloudEvent in binary content mode through the SDK's Kafka binding.
-fn send_binary(p: &BaseProducer, topic: &str, event: &Value) {
+fn send_binary<C: rdkafka::producer::ProducerContext<DeliveryOpaque = ()>>(
+    p: &BaseProducer<C>,
+    topic: &str,
+    event: &Value,
+) {
     send_binary_keyed(p, topic, event, event["id"].as_str().unwrap_or_default());
 }
 
 /// Like [`send_binary`], with the message key given.
-fn send_binary_keyed(p: &BaseProducer, topic: &str, event: &Value, key: &str) {
+fn send_binary_keyed<C: rdkafka::producer::ProducerContext<DeliveryOpaque = ()>>(
+    p: &BaseProducer<C>,
+    topic: &str,
+    event: &Value,
+    key: &str,
+) {
     use cloudevents::binding::rdkafka::{BaseRecordExt, MessageRecord};
     let ev: cloudevents::Event = serde_json::from_value(event.clone()).expect("a CloudEvent");
     let rec = MessageRecord::from_event(ev).expect("binary mode");
@@ -402,10 +411,38 @@ fn read_topic(broker: &Broker, topic: &str) -> Vec<Record> {
     out
 }
 
+/// Where the broker put each of a producer's records, by key: `partition@offset`, or why it was not
+/// delivered. A test that misses a reply says whether the broker ever acknowledged it.
+#[derive(Clone, Default)]
+struct Deliveries(Arc<std::sync::Mutex<HashMap<String, String>>>);
+
+impl Deliveries {
+    fn of(&self, key: &str) -> String {
+        let m = self.0.lock().expect("deliveries");
+        m.get(key).cloned().unwrap_or_else(|| "not acknowledged yet".into())
+    }
+}
+
+impl rdkafka::client::ClientContext for Deliveries {}
+
+impl rdkafka::producer::ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        let (m, what) = match r {
+            Ok(m) => (m, format!("{}@{}", m.partition(), m.offset())),
+            Err((e, m)) => (m, format!("not delivered: {e}")),
+        };
+        let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+        self.0.lock().expect("deliveries").insert(key, what);
+    }
+}
+
 /// Replies `payment.done` to `payment.requested` events on the out topic, as many as its budget allows
 /// (requests past the budget wait in order).
 struct Responder {
     budget: Arc<AtomicUsize>,
+    /// Where each reply (keyed by its id) went.
+    delivered: Deliveries,
     stop: Arc<AtomicBool>,
     replied: Arc<AtomicUsize>,
     handle: Option<std::thread::JoinHandle<()>>,
@@ -417,6 +454,8 @@ impl Responder {
         let stop = Arc::new(AtomicBool::new(false));
         let replied = Arc::new(AtomicUsize::new(0));
         let (b2, s2, r2) = (budget.clone(), stop.clone(), replied.clone());
+        let delivered = Deliveries::default();
+        let d2 = delivered.clone();
         let bootstrap = broker.bootstrap();
         let prefix = prefix.to_string();
         let handle = std::thread::spawn(move || {
@@ -429,10 +468,10 @@ impl Responder {
                 .create()
                 .expect("responder consumer");
             c.subscribe(&[&format!("{prefix}.events.out")]).expect("subscribe");
-            let p: BaseProducer = ClientConfig::new()
+            let p: BaseProducer<Deliveries> = ClientConfig::new()
                 .set("bootstrap.servers", &bootstrap)
                 .set("linger.ms", "1")
-                .create()
+                .create_with_context(d2)
                 .expect("responder producer");
             let mut seen = std::collections::HashSet::new();
             let mut queue = std::collections::VecDeque::new();
@@ -466,6 +505,7 @@ impl Responder {
         });
         Responder {
             budget,
+            delivered,
             stop,
             replied,
             handle: Some(handle),
@@ -1647,22 +1687,25 @@ fn workers_ride_out_a_frozen_broker_and_finish() {
     let w1 = Worker::start(dir.path(), "w1", &args);
     let w2 = Worker::start(dir.path(), "w2", &args);
     wait_owned(&[&w1, &w2], 4);
-    sagas_through(&mut broker, prefix, 300, [&w1, &w2], |broker| {
+    // The replies go out first, so the freeze finds transactions and fetches in flight.
+    sagas_through(&mut broker, prefix, 300, [&w1, &w2], |broker, release_replies| {
+        release_replies();
+        std::thread::sleep(Duration::from_millis(100));
         broker.signal("SIGSTOP");
         std::thread::sleep(Duration::from_secs(10));
         broker.signal("SIGCONT");
     });
 }
 
-/// Runs `n` sagas on `workers`: half are answered, then the other half's replies go out and
-/// `disrupt` does what it does to the broker while they are being decided. Every saga must complete
-/// with the payment its reply carried, and every request must be sent exactly once.
+/// Runs `n` sagas on `workers`: half are answered, then `disrupt` does what it does to the broker,
+/// releasing the other half's replies (the closure it is given) when it chooses. Every saga must
+/// complete with the payment its reply carried, and every request must be sent exactly once.
 fn sagas_through(
     broker: &mut Broker,
     prefix: &str,
     n: usize,
     workers: [&Worker; 2],
-    disrupt: impl FnOnce(&mut Broker),
+    disrupt: impl FnOnce(&mut Broker, &dyn Fn()),
 ) {
     let [w1, w2] = workers;
     let responder = Responder::start(broker, prefix, n / 2);
@@ -1681,18 +1724,19 @@ fn sagas_through(
         || count_status(w1, "completed") == n / 2 && sent_ids(broker, &out, "payment.requested").len() == n,
         &[w1, w2],
     );
-    responder.budget.store(usize::MAX, Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(100));
-    disrupt(broker);
+    disrupt(broker, &|| responder.budget.store(usize::MAX, Ordering::Relaxed));
+    // Each worker's API view follows the state topic on its own, so both are waited for.
     wait_until(
-        "every saga to complete",
+        "every saga to complete in both workers' views",
         240,
-        || count_status(w1, "completed") == n,
+        || count_status(w1, "completed") == n && count_status(w2, "completed") == n,
         &[w1, w2],
     );
     for inst in all_instances(w2) {
-        let v = w2.get(&format!("/instances/{}", inst["id"].as_str().expect("id")));
-        assert_eq!(v["state"], "Paid", "{v}");
+        let id = inst["id"].as_str().expect("id");
+        let v = w2.get(&format!("/instances/{id}"));
+        let reply = responder.delivered.of(&format!("reply-{id}/1.enter"));
+        assert_eq!(v["state"], "Paid", "{v}; its reply: {reply}");
         assert_eq!(v["data"]["payment"], json!({"paid": v["data"]["amount"]}), "{v}");
     }
     let ids = sent_ids(broker, &out, "payment.requested");
@@ -1789,12 +1833,20 @@ fn workers_reconnect_to_a_restarted_broker_and_finish() {
     let w2 = Worker::start(dir, "w2", &args);
     wait_owned(&[&w1, &w2], 2);
     let n = 40;
-    // The broker is killed, and started again 3 s later, while the other half is decided.
-    sagas_through(&mut broker, prefix, n, [&w1, &w2], |broker| {
+    // The broker is killed between transactions, not inside one: tansu's object-store engine
+    // records a producer's sequence number before it writes the records, so a SIGKILL between the
+    // two loses records that the producer's retry is then told it already wrote (seen in this test:
+    // a committed transaction's state record missing after the restart). Kafka appends both to its
+    // log at once. So the half answered is done and settled, the broker is killed, the other half's
+    // replies are sent while it is down (the responder's client holds and retries them), and it is
+    // started again on the same port 3 s later.
+    sagas_through(&mut broker, prefix, n, [&w1, &w2], |broker, release_replies| {
+        std::thread::sleep(Duration::from_secs(1));
         broker.kill();
+        release_replies();
         std::thread::sleep(Duration::from_secs(3));
         let before = count_status(&w1, "completed");
-        assert!(before < n, "the restart came after the run: {before} of {n} completed");
+        assert_eq!(before, n / 2, "nothing can complete while the broker is down");
         broker.run();
     });
 }
