@@ -114,6 +114,24 @@ impl KafkaConfig {
             max_journal: 100_000,
         }
     }
+
+    /// A client configuration in three layers: sm4c's `defaults` (tuning the user may change), then
+    /// the user's `settings`, then what sm4c's guarantees rest on (`forced`: the group, the
+    /// transactional id, no auto-commit, read committed), which no setting overrides.
+    pub fn layered(&self, defaults: &[(&str, &str)], forced: &[(&str, &str)]) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap);
+        for (k, v) in defaults {
+            c.set(*k, *v);
+        }
+        for (k, v) in &self.settings {
+            c.set(k, v);
+        }
+        for (k, v) in forced {
+            c.set(*k, *v);
+        }
+        c
+    }
 }
 
 /// Topic names.
@@ -202,30 +220,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn client_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.cfg.bootstrap);
-        for (k, v) in &self.cfg.settings {
-            c.set(k, v);
-        }
-        c
-    }
-
     pub fn consumer_config(&self, group: &str) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.cfg.bootstrap)
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "10")
-            // The loop polls every few milliseconds; a shorter bound than librdkafka's 5 minutes
-            // lets the group move a dead worker's partitions sooner on brokers that wait for it.
-            .set("max.poll.interval.ms", "60000");
-        for (k, v) in &self.cfg.settings {
-            c.set(k, v);
-        }
-        c
+        self.cfg.layered(
+            &[
+                ("fetch.wait.max.ms", "10"),
+                // The loop polls every few milliseconds; a shorter bound than librdkafka's 5
+                // minutes lets the group move a dead worker's partitions sooner on brokers that
+                // wait for it.
+                ("max.poll.interval.ms", "60000"),
+            ],
+            &[
+                ("group.id", group),
+                ("enable.auto.commit", "false"),
+                ("auto.offset.reset", "earliest"),
+                ("isolation.level", "read_committed"),
+            ],
+        )
     }
 
     pub fn machine(&self, id: &str, version: &str) -> Option<Arc<Machine>> {
@@ -350,12 +360,8 @@ impl KafkaHost {
         host: Arc<dyn Host>,
     ) -> Result<KafkaHost, KafkaError> {
         let topics = Topics::new(&config.prefix, &config.events_topics);
-        let mut base = ClientConfig::new();
-        base.set("bootstrap.servers", &config.bootstrap);
-        for (k, v) in &config.settings {
-            base.set(k, v);
-        }
-        let admin: AdminClient<DefaultClientContext> = base
+        let admin: AdminClient<DefaultClientContext> = config
+            .layered(&[], &[])
             .create()
             .map_err(|e| KafkaError::Kafka(format!("cannot create an admin client: {e}")))?;
         let n = config.partitions.max(1);
@@ -371,22 +377,20 @@ impl KafkaHost {
         .chain(topics.events.iter().map(|t| (t.clone(), n, false)))
         .collect();
         create_topics(&admin, &config.bootstrap, &specs).await?;
-        let plain: ThreadedProducer<Quiet> = {
-            let mut c = base.clone();
-            c.set("enable.idempotence", "true").set("linger.ms", "1");
-            c.create_with_context(Quiet)
-                .map_err(|e| KafkaError::Kafka(format!("cannot create a producer: {e}")))?
-        };
-        let api: FutureProducer<Quiet> = {
-            let mut c = base.clone();
-            c.set("enable.idempotence", "true").set("linger.ms", "0");
-            c.create_with_context(Quiet)
-                .map_err(|e| KafkaError::Kafka(format!("cannot create a producer: {e}")))?
-        };
+        // Idempotence keeps a retried command from being written twice.
+        let plain: ThreadedProducer<Quiet> = config
+            .layered(&[("linger.ms", "1")], &[("enable.idempotence", "true")])
+            .create_with_context(Quiet)
+            .map_err(|e| KafkaError::Kafka(format!("cannot create a producer: {e}")))?;
+        let api: FutureProducer<Quiet> = config
+            .layered(&[("linger.ms", "0")], &[("enable.idempotence", "true")])
+            .create_with_context(Quiet)
+            .map_err(|e| KafkaError::Kafka(format!("cannot create a producer: {e}")))?;
         // The commands topic may exist already with another partition count: use what it has.
         let partitions = {
             let topic = topics.commands.clone();
-            let probe: BaseConsumer<Quiet> = base
+            let probe: BaseConsumer<Quiet> = config
+                .layered(&[], &[])
                 .create_with_context(Quiet)
                 .map_err(|e| KafkaError::Kafka(format!("cannot create a client: {e}")))?;
             tokio::task::spawn_blocking(move || {
@@ -927,5 +931,25 @@ impl KafkaHost {
             .collect::<Vec<_>>()
             .join(",");
         Ok((events, Some(next)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KafkaConfig;
+
+    #[test]
+    fn user_settings_change_sm4c_defaults_but_not_what_its_guarantees_rest_on() {
+        let mut cfg = KafkaConfig::new("b:9092");
+        cfg.settings = vec![
+            ("linger.ms".into(), "7".into()),
+            ("enable.auto.commit".into(), "true".into()),
+            ("security.protocol".into(), "SASL_SSL".into()),
+        ];
+        let c = cfg.layered(&[("linger.ms", "1")], &[("enable.auto.commit", "false")]);
+        assert_eq!(c.get("bootstrap.servers"), Some("b:9092"));
+        assert_eq!(c.get("linger.ms"), Some("7"));
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
     }
 }

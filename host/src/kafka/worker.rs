@@ -208,14 +208,17 @@ fn drain(p: &ThreadedProducer<Quiet>, deadline: Instant) -> Result<(), String> {
 }
 
 fn txn_producer(shared: &Shared, id: &str) -> Result<ThreadedProducer<Quiet>, String> {
-    let mut c = shared.client_config();
-    c.set("transactional.id", id);
-    // librdkafka retries a transaction's first produce after 100 ms while the broker still writes the
-    // previous one's markers; that back-off was most of a batch's latency.
-    c.set("retry.backoff.ms", "5");
-    c.set("retry.backoff.max.ms", "50");
-    c.set("linger.ms", "1");
-    c.set("transaction.timeout.ms", "60000");
+    let c = shared.cfg.layered(
+        &[
+            // librdkafka retries a transaction's first produce after 100 ms while the broker still
+            // writes the previous one's markers; that back-off was most of a batch's latency.
+            ("retry.backoff.ms", "5"),
+            ("retry.backoff.max.ms", "50"),
+            ("linger.ms", "1"),
+            ("transaction.timeout.ms", "60000"),
+        ],
+        &[("transactional.id", id)],
+    );
     let p: ThreadedProducer<Quiet> = c
         .create_with_context(Quiet)
         .map_err(|e| format!("cannot create a producer: {e}"))?;
