@@ -23,7 +23,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long taking over a partition may wait on the broker (fencing the previous owner, reading
+/// committed offsets), and how long a rewind may; like [`COMMIT_TIMEOUT`], under half the
+/// consumer's `max.poll.interval.ms`, so an outage fails the step instead of the group membership.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(20);
+const REWIND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a batch's transaction may take from its first call to its commit; aborting it has
 /// [`ABORT_TIMEOUT`] more. Together they stay under half the consumer's `max.poll.interval.ms`
@@ -207,7 +211,7 @@ fn drain(p: &ThreadedProducer<Quiet>, deadline: Instant) -> Result<(), String> {
     Ok(())
 }
 
-fn txn_producer(shared: &Shared, id: &str) -> Result<ThreadedProducer<Quiet>, String> {
+fn txn_producer(shared: &Shared, id: &str, timeout: Duration) -> Result<ThreadedProducer<Quiet>, String> {
     let c = shared.cfg.layered(
         &[
             // librdkafka retries a transaction's first produce after 100 ms while the broker still
@@ -222,7 +226,7 @@ fn txn_producer(shared: &Shared, id: &str) -> Result<ThreadedProducer<Quiet>, St
     let p: ThreadedProducer<Quiet> = c
         .create_with_context(Quiet)
         .map_err(|e| format!("cannot create a producer: {e}"))?;
-    p.init_transactions(TIMEOUT)
+    p.init_transactions(timeout)
         .map_err(|e| format!("cannot start transactions as {id}: {e}"))?;
     Ok(p)
 }
@@ -254,11 +258,13 @@ fn commit(
                 // Waiting here is much faster than leaving it to commit_transaction, whose own
                 // flush took 100 ms per transaction (measured with bench/kafka).
                 drain(p, deadline)?;
+                let t3 = t0.elapsed();
                 let r = p.commit_transaction(left()).map_err(|e| e.to_string());
                 tracing::debug!(
                     records = outs.len(),
                     produce_us = t1.as_micros() as u64,
                     offsets_us = t2.as_micros() as u64,
+                    acked_us = t3.as_micros() as u64,
                     commit_us = t0.elapsed().as_micros() as u64,
                     "transaction"
                 );
@@ -331,6 +337,10 @@ struct Task {
     in_flight: HashMap<(String, String), tokio::task::AbortHandle>,
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
     clock: i64,
+    /// The committed offset of the commands partition when it was restored: the state read then
+    /// holds every command below it, so those are skipped if they are read again (after a rewind
+    /// that could not read the committed offset and went back to the beginning).
+    resume: i64,
     /// While set, events are not applied here directly: this worker has put a barrier command
     /// with this token on the partition when the partition or an events partition came to it, and
     /// waits to read it back, so that the commands an earlier owner routed here go first.
@@ -545,7 +555,8 @@ impl Worker {
             if !self.routers.contains_key(&(topic.clone(), p)) {
                 new_router = true;
                 let txn = if self.shared.cfg.exactly_once {
-                    match txn_producer(&self.shared, &format!("{}.{}.{}", self.shared.cfg.group, topic, p)) {
+                    let id = format!("{}.{}.{}", self.shared.cfg.group, topic, p);
+                    match txn_producer(&self.shared, &id, RESTORE_TIMEOUT) {
                         Ok(t) => Some(t),
                         Err(e) => {
                             tracing::error!(topic, partition = p, error = %e, "cannot start the router");
@@ -585,12 +596,12 @@ impl Worker {
         token
     }
 
-    fn committed(&self, topic: &str, p: i32) -> Result<i64, String> {
+    fn committed(&self, topic: &str, p: i32, timeout: Duration) -> Result<i64, String> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, p);
         let c = self
             .consumer
-            .committed_offsets(tpl, TIMEOUT)
+            .committed_offsets(tpl, timeout)
             .map_err(|e| format!("cannot read committed offsets: {e}"))?;
         Ok(c.elements()
             .first()
@@ -601,14 +612,17 @@ impl Worker {
             .unwrap_or(0))
     }
 
-    /// Moves the consumer back to the committed offset, so uncommitted inputs are read again.
+    /// Moves the consumer back to the committed offset, so uncommitted inputs are read again. If
+    /// that offset cannot be read, back to the beginning: a commands partition's restore skips
+    /// what its committed offset covers (see [`Task::resume`]), and an instance ignores events at
+    /// or below the last offset it took from each events partition.
     fn rewind(&self, topic: &str, p: i32) {
-        let off = match self.committed(topic, p) {
+        let off = match self.committed(topic, p, REWIND_TIMEOUT) {
             Ok(0) => Offset::Beginning,
             Ok(o) => Offset::Offset(o),
             Err(_) => Offset::Beginning,
         };
-        if let Err(e) = self.consumer.seek(topic, p, off, TIMEOUT) {
+        if let Err(e) = self.consumer.seek(topic, p, off, REWIND_TIMEOUT) {
             tracing::warn!(topic, partition = p, error = %e, "cannot seek back");
         }
     }
@@ -617,17 +631,16 @@ impl Worker {
     /// timers and performs again the calls in flight.
     fn restore(&self, p: i32) -> Result<Task, String> {
         let started = Instant::now();
+        let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
         let txn = if self.shared.cfg.exactly_once {
-            Some(txn_producer(
-                &self.shared,
-                &format!("{}.{}.{}", self.shared.cfg.group, self.shared.topics.commands, p),
-            )?)
+            let id = format!("{}.{}.{}", self.shared.cfg.group, self.shared.topics.commands, p);
+            Some(txn_producer(&self.shared, &id, left())?)
         } else {
             None
         };
         let t_init = started.elapsed().as_millis() as u64;
-        let committed = self.committed(&self.shared.topics.commands, p)?;
-        let clock = self.committed(&self.shared.topics.clock, p)?;
+        let committed = self.committed(&self.shared.topics.commands, p, left())?;
+        let clock = self.committed(&self.shared.topics.clock, p, left())?;
         let t_committed = started.elapsed().as_millis() as u64;
         let mut latest: HashMap<String, StateRecord> = HashMap::new();
         super::read_partition(&self.shared, &self.shared.topics.state, p, |key, payload| {
@@ -646,6 +659,7 @@ impl Worker {
             timers: BTreeSet::new(),
             in_flight: HashMap::new(),
             clock,
+            resume: committed,
             barrier: Some(self.put_barrier(p)),
         };
         let mut calls = Vec::new();
@@ -1006,7 +1020,8 @@ impl Worker {
             after: Vec::new(),
             through: -1,
         };
-        for m in &msgs {
+        let resume = d.t.resume;
+        for m in msgs.iter().filter(|m| m.offset() >= resume) {
             d.through = m.offset();
             let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
             let Ok(c) = serde_json::from_slice::<Command>(m.payload().unwrap_or_default()) else {
