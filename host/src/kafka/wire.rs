@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sm4c_runtime::{Entry, ErrorInfo, Snapshot};
+use std::collections::HashMap;
 
 /// A message on the commands topic, keyed by instance id (or by nothing for broadcasts).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -285,6 +286,23 @@ pub fn start_id(definition: &str, source: &str, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_repeated_librdkafka_message_is_logged_once_a_window_with_its_count() {
+        let t0 = std::time::Instant::now();
+        let mut r = Repeats::default();
+        let down = |port: u32| format!("127.0.0.1:{port}/1: Connect failed: Connection refused (after {port}ms)");
+        assert_eq!(r.admit(&down(4001), t0), Some(0));
+        // The same message with other numbers in it: quiet, and counted.
+        assert_eq!(r.admit(&down(4002), t0 + Duration::from_secs(1)), None);
+        assert_eq!(r.admit(&down(4003), t0 + Duration::from_secs(29)), None);
+        // Another message is not held back by the first.
+        assert_eq!(r.admit("1/1 brokers are down", t0 + Duration::from_secs(2)), Some(0));
+        // Once the window has passed, logged again with how often it came meanwhile.
+        assert_eq!(r.admit(&down(4004), t0 + REPEAT_WINDOW), Some(2));
+        assert_eq!(r.admit(&down(4005), t0 + REPEAT_WINDOW + Duration::from_secs(1)), None);
+    }
 
     #[test]
     fn partitions_and_start_ids_are_stable() {
@@ -299,9 +317,55 @@ mod tests {
 }
 
 /// librdkafka's client callbacks, routed to `tracing`: end-of-partition notices are not errors,
-/// and settings meant for the other kind of client are not worth a warning.
+/// settings meant for the other kind of client are not worth a warning, and a warning or error
+/// that every client repeats while the broker is away is logged once per [`REPEAT_WINDOW`].
 #[derive(Clone, Default)]
 pub struct Quiet;
+
+/// How long an identical librdkafka warning or error stays quiet after it was logged.
+pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Which repeated messages to log: a message is logged when it is new or its window has passed,
+/// with how many times it came meanwhile. Messages that differ only in numbers (ports, times,
+/// counts, partitions) count as the same.
+#[derive(Default)]
+pub struct Repeats {
+    seen: HashMap<String, (std::time::Instant, u64)>,
+}
+
+impl Repeats {
+    /// `Some(n)`: log it, saying it came `n` more times since it was last logged; `None`: quiet.
+    pub fn admit(&mut self, message: &str, now: std::time::Instant) -> Option<u64> {
+        let key: String = message.chars().filter(|c| !c.is_ascii_digit()).collect();
+        if self.seen.len() > 1000 {
+            self.seen.retain(|_, (at, _)| now.duration_since(*at) < REPEAT_WINDOW);
+        }
+        match self.seen.get_mut(&key) {
+            Some((at, n)) if now.duration_since(*at) < REPEAT_WINDOW => {
+                *n += 1;
+                None
+            }
+            Some((at, n)) => {
+                let quiet = *n;
+                (*at, *n) = (now, 0);
+                Some(quiet)
+            }
+            None => {
+                self.seen.insert(key, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+fn repeats(message: &str) -> Option<u64> {
+    static REPEATS: std::sync::OnceLock<std::sync::Mutex<Repeats>> = std::sync::OnceLock::new();
+    REPEATS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admit(message, std::time::Instant::now())
+}
 
 impl rdkafka::ClientContext for Quiet {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
@@ -311,8 +375,17 @@ impl rdkafka::ClientContext for Quiet {
             return;
         }
         match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "{fac}: {message}"),
-            L::Warning => tracing::warn!(target: "librdkafka", "{fac}: {message}"),
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning => {
+                let Some(quiet) = repeats(&format!("{fac}: {message}")) else {
+                    tracing::debug!(target: "librdkafka", "{fac}: {message}");
+                    return;
+                };
+                if matches!(level, L::Warning) {
+                    tracing::warn!(target: "librdkafka", repeated = quiet, "{fac}: {message}");
+                } else {
+                    tracing::error!(target: "librdkafka", repeated = quiet, "{fac}: {message}");
+                }
+            }
             L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac}: {message}"),
             L::Debug => tracing::debug!(target: "librdkafka", "{fac}: {message}"),
         }
@@ -322,7 +395,10 @@ impl rdkafka::ClientContext for Quiet {
         if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
             return;
         }
-        tracing::warn!(target: "librdkafka", error = %error, "{reason}");
+        match repeats(&format!("{error}: {reason}")) {
+            Some(quiet) => tracing::warn!(target: "librdkafka", error = %error, repeated = quiet, "{reason}"),
+            None => tracing::debug!(target: "librdkafka", error = %error, "{reason}"),
+        }
     }
 }
 
