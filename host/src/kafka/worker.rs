@@ -643,13 +643,28 @@ impl Worker {
         let clock = self.committed(&self.shared.topics.clock, p, left())?;
         let t_committed = started.elapsed().as_millis() as u64;
         let mut latest: HashMap<String, StateRecord> = HashMap::new();
+        let (mut read, mut uncommitted, mut clocked) = (0u64, 0u64, 0u64);
         super::read_partition(&self.shared, &self.shared.topics.state, p, |key, payload| {
+            read += 1;
             if let (Some(k), Ok(r)) = (key, serde_json::from_slice::<StateRecord>(payload)) {
+                clocked += u64::from(r.clock.is_some());
                 if super::wire::committed(r.through, r.clock, committed, clock) {
                     latest.insert(k, r);
+                } else {
+                    uncommitted += 1;
                 }
             }
         })?;
+        if committed > 0 && clock == 0 && clocked > 0 {
+            // Every transaction commits both offsets: one without the other means the broker
+            // answered for the group's offsets without them, and every state record is set aside.
+            tracing::warn!(
+                partition = p,
+                committed,
+                records = read,
+                "the commands partition has a committed offset but its clock has none; its state records are set aside"
+            );
+        }
         let mut t = Task {
             partition: p,
             txn,
@@ -703,6 +718,10 @@ impl Worker {
         tracing::info!(
             partition = p,
             instances = t.slots.len(),
+            records = read,
+            uncommitted,
+            committed,
+            clock,
             fence_ms = t_init,
             offsets_ms = t_committed,
             ms = started.elapsed().as_millis() as u64,
