@@ -656,8 +656,8 @@ impl Worker {
             }
         })?;
         if committed > 0 && clock == 0 && clocked > 0 {
-            // Every transaction commits both offsets: one without the other means the broker
-            // answered for the group's offsets without them, and every state record is set aside.
+            // Every transaction commits both offsets, so a commands offset without a clock means
+            // the broker lost the clock's: every state record that carries a clock is set aside.
             tracing::warn!(
                 partition = p,
                 committed,
