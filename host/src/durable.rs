@@ -8,14 +8,13 @@
 //! store (firing at once if they came due meanwhile) and calls that were in flight are made again
 //! with the same operation id.
 
-use crate::host::{FunctionCall, Host};
+use crate::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
+use crate::host::Host;
 use crate::store::{Batch, InstanceWrite, Store, StoreError};
 use crate::tasks::{decode_token, Answer, Poller, Task, TaskLists};
 use serde_json::{json, Value};
-use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
 use sm4c_runtime::{
-    load, Effect, Entry, ErrorInfo, Input, Instance, LoadOptions, Machine, Millis, Options, Status, Timed,
-    ValidationError,
+    load, Effect, Entry, ErrorInfo, Input, LoadOptions, Machine, Millis, Status, Timed, ValidationError,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -108,6 +107,9 @@ pub enum HostError {
     /// The host has stopped.
     #[error("the server is shutting down")]
     Stopped,
+    /// The host stopped deciding because its store failed: nothing after the failure was acted on.
+    #[error("the store failed, so the host stopped: {0}")]
+    Failed(String),
     /// A task token that names no task.
     #[error("{0}")]
     UnknownTask(String),
@@ -189,13 +191,12 @@ pub struct DurableHost {
     tx: mpsc::UnboundedSender<Cmd>,
     store: Arc<dyn Store>,
     registry: Arc<RwLock<Registry>>,
+    /// Set, once, to why the deciding task stopped on a store failure.
+    failure: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 fn now_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
+    crate::clock::wall_ms()
 }
 
 impl DurableHost {
@@ -211,9 +212,18 @@ impl DurableHost {
         }
         let registry = Arc::new(RwLock::new(registry));
         let (tx, rx) = mpsc::unbounded_channel();
+        let (failed, failure) = tokio::sync::watch::channel(None);
         let mut lp = Loop {
             store: store.clone(),
             host,
+            driver: Driver {
+                limits: driver::Limits {
+                    max_journal: limits.max_journal,
+                    ..driver::Limits::default()
+                },
+                ..Driver::durable()
+            },
+            failed,
             registry: registry.clone(),
             limits,
             tx: tx.downgrade(),
@@ -221,19 +231,42 @@ impl DurableHost {
             timers: BTreeSet::new(),
             queue: Vec::new(),
             in_flight: HashMap::new(),
-            fire_and_forget: Default::default(),
             batch: Batch::default(),
             after: Vec::new(),
             replies: Vec::new(),
             parked_count: 0,
             tasks: TaskLists::default(),
-            new_tasks: HashMap::new(),
             handouts: Vec::new(),
             closing: false,
         };
         lp.recover()?;
         tokio::spawn(lp.run(rx));
-        Ok(DurableHost { tx, store, registry })
+        Ok(DurableHost {
+            tx,
+            store,
+            registry,
+            failure,
+        })
+    }
+
+    /// Waits until the host stops deciding because its store failed, and says why. The host
+    /// never ends the process: whoever runs it decides what a failed store means (`sm4c serve`
+    /// exits with status 3).
+    pub async fn failed(&self) -> String {
+        let mut rx = self.failure.clone();
+        let why = rx.wait_for(Option::is_some).await.map(|why| why.clone());
+        match why {
+            Ok(why) => why.unwrap_or_default(),
+            // The deciding task is gone without a failure: wait forever, as for a healthy host.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    fn stopped(&self) -> HostError {
+        match self.failure.borrow().clone() {
+            Some(why) => HostError::Failed(why),
+            None => HostError::Stopped,
+        }
     }
 
     /// The store, for reads.
@@ -248,8 +281,8 @@ impl DurableHost {
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T, HostError>>) -> Cmd) -> Result<T, HostError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(make(reply)).map_err(|_| HostError::Stopped)?;
-        rx.await.map_err(|_| HostError::Stopped)?
+        self.tx.send(make(reply)).map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())?
     }
 
     /// Registers a definition (`true` when new). The same id and version with other content is refused.
@@ -311,7 +344,7 @@ impl DurableHost {
                 deadline,
                 reply,
             })
-            .map_err(|_| HostError::Stopped)?;
+            .map_err(|_| self.stopped())?;
         // The deciding task drops the request at its deadline; a task handed out just before is
         // answered once its start is committed, which is why this waits a little longer.
         match tokio::time::timeout_at(deadline + std::time::Duration::from_secs(30), rx).await {
@@ -339,8 +372,8 @@ impl DurableHost {
     /// Every task list with its queued tasks and waiting workers (`name`, `queued`, `polling`).
     pub async fn task_lists(&self) -> Result<Vec<Value>, HostError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Cmd::TaskLists(reply)).map_err(|_| HostError::Stopped)?;
-        rx.await.map_err(|_| HostError::Stopped)
+        self.tx.send(Cmd::TaskLists(reply)).map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())
     }
 
     /// Sends waiting workers away without a task, and answers later polls at once (for a prompt stop).
@@ -364,12 +397,7 @@ impl DurableHost {
 }
 
 struct Slot {
-    inst: Instance,
-    parent: Option<(String, String, bool)>,
-    calls: Vec<(String, Value)>,
-    journal_len: i64,
-    /// Entries not yet committed.
-    entries: Vec<Entry>,
+    h: Hosted,
     dirty: bool,
     was_waiting: bool,
 }
@@ -377,6 +405,8 @@ struct Slot {
 struct Loop {
     store: Arc<dyn Store>,
     host: Arc<dyn Host>,
+    driver: Driver,
+    failed: tokio::sync::watch::Sender<Option<String>>,
     registry: Arc<RwLock<Registry>>,
     limits: Limits,
     tx: mpsc::WeakUnboundedSender<Cmd>,
@@ -384,31 +414,20 @@ struct Loop {
     cache: HashMap<String, Slot>,
     timers: BTreeSet<(Millis, String, String)>,
     queue: Vec<(String, Input)>,
+    /// Calls in flight, until they return.
     in_flight: HashMap<(String, String), AbortHandle>,
-    /// Calls nobody waits for, until they return.
-    fire_and_forget: std::collections::HashSet<(String, String)>,
     batch: Batch,
-    /// Effects to perform once the batch is committed.
-    after: Vec<(String, Effect)>,
+    /// Work to perform once the batch is committed.
+    after: Vec<(String, Work)>,
     /// Answers to requests, sent once the batch is committed (so many requests share one commit).
     replies: Vec<Box<dyn FnOnce() + Send>>,
     parked_count: usize,
     /// Worker tasks waiting for workers, and workers waiting for tasks.
     tasks: TaskLists,
-    /// Tasks scheduled in this batch (or recovered), put on their lists when their effect is performed.
-    new_tasks: HashMap<(String, String), Task>,
     /// Tasks handed to workers, sent to them once their `TaskStarted` is committed.
     handouts: Vec<(Task, Poller)>,
     /// Set when the server stops: polls are answered at once.
     closing: bool,
-}
-
-pub(crate) fn engine_options() -> Options {
-    Options {
-        journal: true,
-        trace: true,
-        ..Options::default()
-    }
 }
 
 impl Loop {
@@ -425,13 +444,10 @@ impl Loop {
             self.timers.insert((due, inst, timer));
         }
         let mut ids: BTreeSet<String> = self.timers.iter().map(|(_, i, _)| i.clone()).collect();
-        for (inst, _op, effect) in self.store.calls()? {
+        for (inst, effect) in self.store.calls()? {
             ids.insert(inst.clone());
-            if let Ok(e) = serde_json::from_value::<Effect>(effect) {
-                if let Some(task) = self.recovered_task(&inst, &e)? {
-                    self.new_tasks.insert((inst.clone(), task.op.clone()), task);
-                }
-                self.after.push((inst, e));
+            if let Some(work) = self.recovered(&inst, effect)? {
+                self.after.push((inst, work));
             }
         }
         let all: Vec<(String, String)> = self.registry.read().unwrap_or_else(|p| p.into_inner()).order.clone();
@@ -443,27 +459,49 @@ impl Loop {
         Ok(())
     }
 
-    /// The task of a worker call that was open at a crash, to be queued again with the same token;
-    /// `None` for other calls, and for a task a worker had taken: that worker still has its token,
-    /// and the task's start-to-close and heartbeat timeouts cover a worker that is gone.
-    fn recovered_task(&self, id: &str, effect: &Effect) -> Result<Option<Task>, HostError> {
-        let Effect::InvokeFunction { op, function_type, .. } = effect else {
-            return Ok(None);
-        };
-        if function_type != "worker" {
-            return Ok(None);
-        }
+    /// The work an open call or subflow start of a crashed server still needs: the call is made
+    /// again with the same operation id, the subflow started if it was not, and a worker task
+    /// queued again with the same token, unless a worker had taken it (that worker still has its
+    /// token, and the task's start-to-close and heartbeat timeouts cover a worker that is gone).
+    fn recovered(&mut self, id: &str, effect: Effect) -> Result<Option<Work>, HostError> {
         let Some(stored) = self.store.instance(id)? else {
             return Ok(None);
         };
         let Some(m) = self.machine(&stored.snapshot.definition, &stored.snapshot.version) else {
             return Ok(None);
         };
-        let inst = Instance::from_snapshot(m.clone(), stored.snapshot, engine_options());
-        Ok(match inst.task_started(op) {
-            Some(false) => Task::from_effect(id, effect, &m),
-            _ => None,
-        })
+        let depth = self.depth(stored.parent.as_ref());
+        let work = self.driver.work(id, &m, depth, effect);
+        if let Work::Task { task, .. } = &work {
+            let inst = self.driver.restore(m, stored.snapshot);
+            if inst.task_started(&task.op) != Some(false) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(work))
+    }
+
+    /// How deep an instance with this parent nests, from the parent links in the store.
+    fn depth(&self, parent: Option<&ParentLink>) -> u32 {
+        let mut depth = 0;
+        let mut cur = parent.map(|p| p.instance.clone());
+        while let Some(p) = cur {
+            depth += 1;
+            if depth > self.driver.limits.max_subflow_depth {
+                break;
+            }
+            cur = match self.cache.get(&p) {
+                Some(slot) => slot.h.parent.as_ref().map(|l| l.instance.clone()),
+                None => self
+                    .store
+                    .instance(&p)
+                    .ok()
+                    .flatten()
+                    .and_then(|s| s.parent)
+                    .map(|l| l.instance),
+            };
+        }
+        depth
     }
 
     /// Replays an unfinished instance's journal; a mismatch fails the instance, naming the entry.
@@ -483,7 +521,7 @@ impl Loop {
             .into_iter()
             .map(|(_, e)| e)
             .collect();
-        let error = match Instance::replay(m, id, &journal, engine_options()) {
+        let error = match sm4c_runtime::Instance::replay(m, id, &journal, self.driver.options) {
             Err(e) => Some(ErrorInfo::new("replayMismatch", e.to_string()).with_details(json!({"entry": e.index}))),
             Ok(replayed) => {
                 // Same effects, but does the journal still lead to the saved instance?
@@ -510,8 +548,8 @@ impl Loop {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         // Calls that were in flight at a crash are made again (same operation ids).
         let pending = std::mem::take(&mut self.after);
-        for (inst, e) in pending {
-            self.perform(&inst, e);
+        for (inst, work) in pending {
+            self.perform(&inst, work);
         }
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
@@ -528,7 +566,13 @@ impl Loop {
             }
             self.fire_due();
             if !self.queue.is_empty() || !self.replies.is_empty() || self.cache.values().any(|s| s.dirty) {
-                self.step();
+                if let Err(e) = self.step() {
+                    // The decisions of this batch cannot be made durable: stop rather than act on
+                    // them. Requests waiting for this batch, and later ones, are told why.
+                    tracing::error!(error = %e, "cannot write to the store; the host stops deciding");
+                    let _ = self.failed.send(Some(e.to_string()));
+                    return;
+                }
                 continue;
             }
             if let Some(r) = shutdown.take() {
@@ -568,7 +612,7 @@ impl Loop {
     }
 
     /// Handles the queued inputs, commits them, then performs their effects.
-    fn step(&mut self) {
+    fn step(&mut self) -> Result<(), StoreError> {
         // A deque: an event fanned out to many instances must not cost a shift per input.
         let mut queue: std::collections::VecDeque<(String, Input)> = std::mem::take(&mut self.queue).into();
         let mut processed = 0;
@@ -581,120 +625,52 @@ impl Loop {
         }
         self.queue = queue.into();
         self.unpark_for_waiting();
-        self.commit();
+        self.commit()
     }
 
     fn slot(&mut self, id: &str) -> Option<&mut Slot> {
         if !self.cache.contains_key(id) {
             let stored = self.store.instance(id).ok()??;
             let m = self.machine(&stored.snapshot.definition, &stored.snapshot.version)?;
-            let calls: Vec<(String, Value)> = Vec::new();
             let was_waiting = stored.snapshot.status == Status::Waiting;
             let saved_status = stored.snapshot.status;
-            let inst = Instance::from_snapshot(m, stored.snapshot, engine_options());
+            let inst = self.driver.restore(m, stored.snapshot);
             // A snapshot that no longer fits its definition comes back failed: that must be saved.
             let changed = inst.status() != saved_status;
+            let depth = self.depth(stored.parent.as_ref());
+            // Calls in flight are kept with the instance; reload them for this batch.
+            let open = self.store.calls_of(id).unwrap_or_default();
+            let h = Hosted::restored(inst, stored.parent, depth, open, stored.journal_len);
             self.cache.insert(
                 id.to_string(),
                 Slot {
-                    inst,
-                    parent: stored.parent,
-                    calls,
-                    journal_len: stored.journal_len,
-                    entries: Vec::new(),
+                    h,
                     dirty: changed,
                     was_waiting,
                 },
             );
-            // Calls in flight are kept with the instance; reload them for this batch.
-            if let Ok(mine) = self.store.calls_of(id) {
-                if let Some(s) = self.cache.get_mut(id) {
-                    s.calls = mine;
-                }
-            }
         }
         self.cache.get_mut(id)
     }
 
     fn handle(&mut self, id: &str, input: Input) {
         let now = now_ms();
-        let max_journal = self.limits.max_journal;
+        let driver = self.driver;
         let Some(slot) = self.slot(id) else { return };
-        let was_final = slot.inst.status().is_final();
-        if was_final {
+        if slot.h.inst.status().is_final() {
             return;
         }
-        if let Input::Completed { op, .. } | Input::Failed { op, .. } = &input {
-            slot.calls.retain(|(o, _)| o != op);
-        }
-        // A full journal takes no more inputs: the instance fails instead (one burst may overshoot).
-        let input = if slot.journal_len + slot.entries.len() as i64 >= max_journal {
-            Input::Abort {
-                error: ErrorInfo::new(
-                    "limitExceeded",
-                    format!("the journal of this instance reached its limit of {max_journal} entries"),
-                ),
-            }
-        } else {
-            input
-        };
-        // A bug in the engine must not stop the decider for every other instance.
-        let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            slot.inst.handle(Timed { at: now, input })
-        })) {
-            Ok(out) => out,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                slot.inst.force_fail(ErrorInfo::new(
-                    "internalError",
-                    format!("the engine failed on this instance: {what}"),
-                ));
-                Default::default()
-            }
-        };
-        slot.entries.extend(out.entries);
+        let step = driver.step(&mut slot.h, Timed { at: now, input });
         slot.dirty = true;
-        let machine = slot.inst.machine().clone();
-        let tasks: Vec<Task> = out
-            .effects
-            .iter()
-            .filter_map(|e| Task::from_effect(id, e, &machine))
-            .collect();
-        for e in &out.effects {
-            match e {
-                // Kept until performed (subflows) or answered (calls), so a crash cannot lose them.
-                Effect::InvokeFunction { op, .. } | Effect::StartSubflow { op, .. } => slot
-                    .calls
-                    .push((op.clone(), serde_json::to_value(e).unwrap_or(Value::Null))),
-                Effect::CancelOperation { op } => slot.calls.retain(|(o, _)| o != op),
-                _ => {}
-            }
-        }
-        let finished = !was_final && slot.inst.status().is_final();
-        let parent = slot.parent.clone();
-        let (status, data, error) = (slot.inst.status(), slot.inst.data(), slot.inst.error().cloned());
-        if status.is_final() {
-            slot.calls.clear();
-        }
-        for t in tasks {
-            self.new_tasks.insert((id.to_string(), t.op.clone()), t);
-        }
-        for e in out.effects {
-            if let Effect::SendEvent { event, .. } = &e {
+        for work in step.work {
+            if let Work::Send { event, .. } = &work {
                 self.batch.outbox.push((id.to_string(), event.clone(), now));
                 self.route(event.clone(), Some(id));
             }
-            self.after.push((id.to_string(), e));
+            self.after.push((id.to_string(), work));
         }
-        if finished {
-            if let Some((p, op, true)) = parent {
-                self.queue
-                    .push((p, crate::host::subflow_result(id, op, status, data, error)));
-            }
+        if let Some(n) = step.notify {
+            self.queue.push((n.instance, n.input));
         }
     }
 
@@ -702,7 +678,7 @@ impl Loop {
     /// event definition; parks it when it reaches none. `from` does not receive its own event.
     fn route(&mut self, event: Value, from: Option<&str>) -> Delivery {
         if from.is_none() {
-            if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
+            if let Some(target) = driver::target(&event) {
                 if self.slot(&target).is_some() {
                     self.queue.push((target.clone(), Input::Event { event }));
                     return Delivery {
@@ -741,7 +717,7 @@ impl Loop {
             let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
             reg.all()
                 .iter()
-                .filter(|m| m.events.iter().any(|d| kind_matches(d, event)))
+                .filter(|m| driver::may_accept(m, event))
                 .map(|m| (m.id.clone(), m.version.clone()))
                 .collect()
         };
@@ -750,10 +726,9 @@ impl Loop {
         }
         let mut ids: Vec<String> = self.store.active(&defs).unwrap_or_default();
         for (id, slot) in &self.cache {
-            if !slot.inst.status().is_final()
-                && defs
-                    .iter()
-                    .any(|(d, v)| *d == slot.inst.snapshot().definition && *v == slot.inst.snapshot().version)
+            let snap = slot.h.inst.snapshot();
+            if !snap.status.is_final()
+                && defs.iter().any(|(d, v)| *d == snap.definition && *v == snap.version)
                 && !ids.contains(id)
             {
                 ids.push(id.clone());
@@ -764,15 +739,7 @@ impl Loop {
     }
 
     fn accepts(&mut self, id: &str, event: &Value) -> bool {
-        let Some(slot) = self.slot(id) else { return false };
-        if slot.inst.status().is_final() {
-            return false;
-        }
-        let m = slot.inst.machine().clone();
-        let snap = slot.inst.snapshot();
-        m.events
-            .iter()
-            .any(|d| mismatch(d, event, &snap.data.0, &snap.bindings).is_none())
+        self.slot(id).is_some_and(|s| driver::accepts(&s.h.inst, event))
     }
 
     /// Hands parked events to instances that now wait for them.
@@ -783,7 +750,7 @@ impl Loop {
         let waiting: Vec<String> = self
             .cache
             .iter()
-            .filter(|(_, s)| s.inst.status() == Status::Waiting && !s.was_waiting)
+            .filter(|(_, s)| s.h.inst.status() == Status::Waiting && !s.was_waiting)
             .map(|(id, _)| id.clone())
             .collect();
         if waiting.is_empty() {
@@ -800,22 +767,19 @@ impl Loop {
         }
     }
 
-    fn commit(&mut self) {
+    fn commit(&mut self) -> Result<(), StoreError> {
         let mut batch = std::mem::take(&mut self.batch);
         for (_, slot) in self.cache.iter_mut().filter(|(_, s)| s.dirty) {
-            slot.journal_len += slot.entries.len() as i64;
+            let h = &mut slot.h;
+            h.journal_len += h.pending.len() as i64;
             batch.instances.push(InstanceWrite {
-                snapshot: slot.inst.snapshot().clone(),
-                parent: slot.parent.clone(),
-                entries: std::mem::take(&mut slot.entries),
-                calls: slot.calls.clone(),
+                snapshot: h.inst.snapshot().clone(),
+                parent: h.parent.clone(),
+                entries: std::mem::take(&mut h.pending),
+                calls: h.open.clone(),
             });
         }
-        if let Err(e) = self.store.commit(&batch) {
-            // The decisions of this batch cannot be made durable: stop rather than act on them.
-            eprintln!("sm4c: cannot write to the store: {e}; stopping");
-            std::process::exit(3);
-        }
+        self.store.commit(&batch)?;
         // Waiting instances hold no memory: keep nothing past the batch.
         self.cache.clear();
         for reply in std::mem::take(&mut self.replies) {
@@ -831,10 +795,11 @@ impl Loop {
                 }
             }
         }
-        let effects = std::mem::take(&mut self.after);
-        for (inst, e) in effects {
-            self.perform(&inst, e);
+        let work = std::mem::take(&mut self.after);
+        for (inst, w) in work {
+            self.perform(&inst, w);
         }
+        Ok(())
     }
 
     /// Gives a task to a worker: its start goes first into the next batch, and the worker gets the
@@ -848,120 +813,78 @@ impl Loop {
         self.handouts.push((task, poller));
     }
 
-    fn perform(&mut self, id: &str, effect: Effect) {
-        match effect {
-            Effect::InvokeFunction {
-                ref op,
-                ref function_type,
-                ..
-            } if function_type == "worker" => {
-                // Workers take it from its task list; nothing is called.
-                if let Some(task) = self.new_tasks.remove(&(id.to_string(), op.clone())) {
-                    if let Some((t, p)) = self.tasks.offer(task, false) {
-                        self.hand_out(t, p);
-                    }
+    fn perform(&mut self, id: &str, work: Work) {
+        match work {
+            // Workers take it from its task list; nothing is called.
+            Work::Task { task, .. } => {
+                if let Some((t, p)) = self.tasks.offer(task, false) {
+                    self.hand_out(t, p);
                 }
             }
-            Effect::InvokeFunction { .. } => {
-                let Some((call, wait)) = FunctionCall::from_effect(id, &effect) else {
-                    return;
-                };
-                let op = call.op.clone();
+            Work::Call { call, .. } => {
+                let key = (call.instance.clone(), call.op.clone());
                 let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
                     Cmd::Result { instance, op, result }
                 });
-                if wait {
-                    self.in_flight.insert((id.to_string(), op), task);
-                } else {
-                    self.fire_and_forget.insert((id.to_string(), op));
+                self.in_flight.insert(key, task);
+            }
+            Work::StartChild(start) => {
+                let exists =
+                    self.cache.contains_key(&start.id) || self.store.instance(&start.id).ok().flatten().is_some();
+                if !exists {
+                    let machine = self
+                        .registry
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&start.definition, None);
+                    match self.driver.child(&start, machine) {
+                        Ok(child) => {
+                            self.cache.insert(
+                                start.id.clone(),
+                                Slot {
+                                    h: child,
+                                    dirty: true,
+                                    was_waiting: false,
+                                },
+                            );
+                            self.queue.push((start.id.clone(), Input::Start { data: start.input }));
+                        }
+                        Err(notify) => self.queue.extend(notify.map(|n| (n.instance, n.input))),
+                    }
+                }
+                // Started: a parent that does not wait no longer needs to remember to start it.
+                if let Some(slot) = self.slot(id) {
+                    slot.h.child_started(&start.parent.op);
+                    slot.dirty = true;
                 }
             }
-            Effect::StartSubflow {
-                op,
-                definition,
-                input,
-                wait,
-            } => {
-                let child = format!("{id}/{op}");
-                let mut depth = 0;
-                let mut cur = id.to_string();
-                while let Ok(Some(crate::store::Stored {
-                    parent: Some((p, _, _)),
-                    ..
-                })) = self.store.instance(&cur)
-                {
-                    depth += 1;
-                    cur = p;
-                    if depth > crate::memory::MAX_SUBFLOW_DEPTH {
-                        break;
-                    }
-                }
-                if depth + 1 > crate::memory::MAX_SUBFLOW_DEPTH {
-                    if wait {
-                        let e = ErrorInfo::new(
-                            "subflowError",
-                            format!(
-                                "subflow {definition:?} would nest deeper than {} levels",
-                                crate::memory::MAX_SUBFLOW_DEPTH
-                            ),
-                        );
-                        self.queue.push((id.to_string(), Input::Failed { op, error: e }));
-                    }
-                    return;
-                }
-                let machine = self
-                    .registry
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&definition, None);
-                match machine {
-                    Some(m) => {
-                        let exists = self.store.instance(&child).ok().flatten().is_some();
-                        if !exists && !self.cache.contains_key(&child) {
-                            self.create(&child, m, Some((id.to_string(), op.clone(), wait)));
-                            self.queue.push((child, Input::Start { data: input }));
-                        }
-                        // Started: the parent no longer needs to remember to start it.
-                        if let Some(slot) = self.slot(id) {
-                            slot.calls.retain(|(o, _)| *o != op);
-                            slot.dirty = true;
-                        }
-                    }
-                    None if wait => {
-                        let e = ErrorInfo::new(
-                            "subflowError",
-                            format!("no definition with id {definition:?} for invokeSubflow"),
-                        );
-                        self.queue.push((id.to_string(), Input::Failed { op, error: e }));
-                    }
-                    None => {}
-                }
-            }
-            Effect::SendEvent { event, .. } => {
+            Work::Send { event, .. } => {
                 let host = self.host.clone();
                 tokio::spawn(async move {
                     let _ = host.send_event(event).await;
                 });
             }
-            Effect::StartTimer { timer, due } => {
+            Work::ArmTimer { timer, due } => {
                 self.timers.insert((due, id.to_string(), timer));
             }
-            Effect::CancelTimer { timer } => {
+            Work::CancelTimer { timer } => {
                 self.timers.retain(|(_, i, t)| !(i == id && *t == timer));
             }
-            Effect::CancelOperation { op } => {
+            Work::Stop { op, child } => {
                 if let Some(task) = self.in_flight.remove(&(id.to_string(), op.clone())) {
                     task.abort();
                 }
                 self.tasks.remove(id, &op);
-                let child = format!("{id}/{op}");
-                if self
-                    .store
-                    .instance(&child)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|s| !s.snapshot.status.is_final())
-                {
+                let running = match self.cache.get(&child) {
+                    Some(s) => !s.h.inst.status().is_final(),
+                    None => self
+                        .store
+                        .instance(&child)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| !s.snapshot.status.is_final()),
+                };
+                if running {
                     self.queue.push((
                         child,
                         Input::Cancel {
@@ -973,16 +896,12 @@ impl Loop {
         }
     }
 
-    fn create(&mut self, id: &str, m: Arc<Machine>, parent: Option<(String, String, bool)>) {
-        let inst = Instance::new(m, id, engine_options());
+    fn create(&mut self, id: &str, m: Arc<Machine>) {
+        let h = self.driver.create(m, id);
         self.cache.insert(
             id.to_string(),
             Slot {
-                inst,
-                parent,
-                calls: Vec::new(),
-                journal_len: 0,
-                entries: Vec::new(),
+                h,
                 dirty: true,
                 was_waiting: false,
             },
@@ -1023,7 +942,7 @@ impl Loop {
                         let _ = reply.send(Ok((id, false)));
                     }
                     Ok(None) => {
-                        self.create(&id, m, None);
+                        self.create(&id, m);
                         self.queue.push((id.clone(), Input::Start { data: input }));
                         // Starting is acknowledged once its first step is committed.
                         self.replies.push(Box::new(move || {
@@ -1041,7 +960,7 @@ impl Loop {
                     let _ = reply.send(Ok(delivery));
                 }));
             }
-            Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.inst.status()) {
+            Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.h.inst.status()) {
                 None => {
                     let _ = reply.send(Err(HostError::UnknownInstance(id)));
                 }
@@ -1061,18 +980,16 @@ impl Loop {
                 }
             },
             Cmd::Result { instance, op, result } => {
-                if self.fire_and_forget.remove(&(instance.clone(), op.clone())) {
-                    // Nobody waits for the result; the call is done, so it is no longer in flight.
+                // A call that was stopped meanwhile is not in flight any more: its result is moot.
+                if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
+                    let driver = self.driver;
                     if let Some(slot) = self.slot(&instance) {
-                        slot.calls.retain(|(o, _)| *o != op);
+                        // The call is done, so it is no longer open, whether or not anyone waits.
                         slot.dirty = true;
+                        if let Some(input) = driver.call_done(&mut slot.h, &op, result) {
+                            self.queue.push((instance, input));
+                        }
                     }
-                } else if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
-                    let input = match result {
-                        Ok(result) => Input::Completed { op, result },
-                        Err(error) => Input::Failed { op, error },
-                    };
-                    self.queue.push((instance, input));
                 }
             }
             Cmd::Poll {
@@ -1139,43 +1056,36 @@ impl Loop {
         answer: Answer,
         reply: oneshot::Sender<Result<Answered, HostError>>,
     ) {
+        let driver = self.driver;
         let Some(slot) = self.slot(&instance) else {
             let _ = reply.send(Err(HostError::UnknownTask(format!(
                 "no task: the token names instance {instance:?}, which does not exist"
             ))));
             return;
         };
-        let open = slot
-            .calls
-            .iter()
-            .any(|(o, e)| *o == op && e.get("functionType").and_then(Value::as_str) == Some("worker"));
-        if !open {
-            let _ = reply.send(match answer {
-                Answer::Heartbeat(_) => Ok(Answered {
-                    instance,
-                    op,
-                    cancel_requested: true,
-                }),
-                _ => Err(HostError::TaskClosed { instance, op }),
-            });
-            return;
-        }
-        let input = match answer {
-            Answer::Heartbeat(details) => Input::TaskHeartbeat {
-                op: op.clone(),
-                details,
-            },
-            Answer::Complete(result) => Input::Completed { op: op.clone(), result },
-            Answer::Fail(error) => Input::Failed { op: op.clone(), error },
+        let heartbeat = matches!(answer, Answer::Heartbeat(_));
+        let input = match driver.answer(&mut slot.h, &op, answer) {
+            Answering::Closed => {
+                let _ = reply.send(if heartbeat {
+                    Ok(Answered {
+                        instance,
+                        op,
+                        cancel_requested: true,
+                    })
+                } else {
+                    Err(HostError::TaskClosed { instance, op })
+                });
+                return;
+            }
+            Answering::Open { input } => input,
         };
-        if !matches!(input, Input::TaskHeartbeat { .. }) {
+        if !heartbeat {
             // Closed from now on: a second answer in the same batch is refused.
-            slot.calls.retain(|(o, _)| *o != op);
             slot.dirty = true;
         }
         // The worker has the task, whatever the list says (it may have been queued again after a restart).
         self.tasks.remove(&instance, &op);
-        self.queue.push((instance.clone(), input));
+        self.queue.extend(input.map(|i| (instance.clone(), i)));
         self.replies.push(Box::new(move || {
             let _ = reply.send(Ok(Answered {
                 instance,
@@ -1220,7 +1130,7 @@ pub(crate) fn new_id(definition: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::BoxFuture;
+    use crate::host::{BoxFuture, FunctionCall};
     use crate::store::MemoryStore;
 
     struct Echo;
@@ -1336,7 +1246,10 @@ mod tests {
         let data = sm4c_runtime::json::from_val(&p.data.0);
         assert_eq!(data["child"]["r"], json!({"echo": {"n": 7}, "op": "1.enter"}));
         let child = store.instance("p/1.enter").unwrap().expect("child stored");
-        assert_eq!(child.parent, Some(("p".to_string(), "1.enter".to_string(), true)));
+        assert_eq!(
+            child.parent,
+            Some(ParentLink::from(("p".to_string(), "1.enter".to_string(), true)))
+        );
         let parent_journal = store.history("p", 0, 1000).unwrap();
         assert!(parent_journal.iter().any(
             |(_, e)| matches!(e, Entry::Effect(Effect::StartSubflow { definition, .. }) if definition == "child")

@@ -1,7 +1,7 @@
 //! The `Host` trait: what an application gives the runtime so its state machines can touch the world.
 
 use serde_json::Value;
-use sm4c_runtime::{Effect, ErrorInfo, Input, Machine, Status};
+use sm4c_runtime::{Effect, ErrorInfo, Machine};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -90,20 +90,6 @@ pub trait Host: Send + Sync + 'static {
     fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
         let _ = id;
         None
-    }
-}
-
-/// What a parent that waits for subflow `child` (operation `op`) receives when the child ends:
-/// its output, or a `subflowError` naming the child and why it ended.
-pub(crate) fn subflow_result(child: &str, op: String, status: Status, data: Value, error: Option<ErrorInfo>) -> Input {
-    match status {
-        Status::Completed => Input::Completed { op, result: data },
-        s => {
-            let cause = error.map(|e| e.message).unwrap_or_default();
-            let e = ErrorInfo::new("subflowError", format!("subflow {child} ended {}: {cause}", s.as_str()))
-                .with_details(serde_json::json!({"instance": child, "status": s.as_str()}));
-            Input::Failed { op, error: e }
-        }
     }
 }
 

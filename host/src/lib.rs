@@ -12,7 +12,9 @@
 #![allow(clippy::result_large_err)]
 
 pub mod client;
+pub mod clock;
 pub mod config;
+pub mod driver;
 pub mod durable;
 pub mod explain;
 pub mod files;

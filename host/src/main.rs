@@ -352,10 +352,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = Config {
         clock: if args.virtual_time {
             Clock::Virtual {
-                start: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as i64)
-                    .unwrap_or(0),
+                start: sm4c_host::clock::wall_ms(),
             }
         } else {
             Clock::Real
@@ -367,6 +364,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ..Options::default()
         },
         trace: verbose.then(|| Arc::new(print_trace) as sm4c_host::TraceSink),
+        ..Config::default()
     };
     let outcome = rt.block_on(async move {
         let host = InMemoryHost::new(host, config);
@@ -536,13 +534,25 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), "sm4c serving");
         let app = sm4c_host::serve::router(durable.clone());
         let polls = durable.clone();
+        let store_failure = Arc::new(std::sync::OnceLock::new());
+        let failure = store_failure.clone();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
-                shutdown_signal().await;
+                tokio::select! {
+                    _ = shutdown_signal() => {}
+                    why = polls.failed() => {
+                        let _ = failure.set(why);
+                    }
+                }
                 // Long polls would hold the stop for up to a minute.
                 polls.close_polls();
             })
             .await?;
+        if let Some(why) = store_failure.get() {
+            // Nothing decided since the failure was acted on; a restart recovers from the store.
+            eprintln!("sm4c: cannot write to the store: {why}; stopping");
+            return Ok(ExitCode::from(3));
+        }
         durable.shutdown().await;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)

@@ -4,13 +4,12 @@
 //! runs are reproducible. Function calls run as their own tasks and report back. With the
 //! virtual clock, whenever nothing is left to do but wait for timers, time jumps to the next one.
 
-use crate::host::{FunctionCall, Host};
+use crate::driver::{self, Driver, Hosted, Limits, Work};
+use crate::host::Host;
 use serde_json::Value;
-use sm4c_runtime::engine::event::attribute_text;
-use sm4c_runtime::{Effect, Entry, ErrorInfo, Input, Instance, Machine, Millis, Options, Status, Timed, Trace};
+use sm4c_runtime::{Entry, ErrorInfo, Input, Machine, Millis, Options, Status, Timed, Trace};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
@@ -39,6 +38,8 @@ pub struct Config {
     pub options: Options,
     /// Receives trace steps (enable [`Options::trace`] too).
     pub trace: Option<TraceSink>,
+    /// The journal limit (when journaling) and how deep subflows nest.
+    pub limits: Limits,
 }
 
 impl Default for Config {
@@ -50,6 +51,7 @@ impl Default for Config {
                 ..Options::default()
             },
             trace: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -148,6 +150,10 @@ impl InMemoryHost {
         };
         let lp = Loop {
             host,
+            driver: Driver {
+                options: config.options,
+                limits: config.limits,
+            },
             config,
             tx: tx.downgrade(),
             vnow: now,
@@ -229,41 +235,23 @@ impl InMemoryHost {
     }
 }
 
-fn wall_clock() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
+use crate::clock::wall_ms as wall_clock;
 
 /// Jumps of the virtual clock after which the host stops firing timers (an endless timer loop).
 pub const MAX_VIRTUAL_JUMPS: u64 = 1_000_000;
 
-/// How deep subflows may nest (a definition that starts itself would otherwise never end).
-pub const MAX_SUBFLOW_DEPTH: usize = 32;
-
-struct Slot {
-    inst: Instance,
-    /// 0 for a top-level instance, parent's depth + 1 for a subflow.
-    depth: usize,
-    journal: Vec<Entry>,
-    /// (parent instance, operation id, parent waits)
-    parent: Option<(String, String, bool)>,
-    /// Subflow children by operation id.
-    children: HashMap<String, String>,
-}
-
 struct Loop {
     host: Arc<dyn Host>,
     config: Config,
+    driver: Driver,
     tx: mpsc::WeakUnboundedSender<Cmd>,
     vnow: Millis,
-    instances: HashMap<String, Slot>,
+    instances: HashMap<String, Hosted>,
     /// (due, seq, instance, timer)
     timers: BTreeSet<(Millis, u64, String, String)>,
     seq: u64,
     queue: VecDeque<(String, Input)>,
-    /// Calls in flight that an instance waits for: (instance, op) -> task.
+    /// Calls in flight: (instance, op) -> task.
     in_flight: HashMap<(String, String), AbortHandle>,
     watchers: Vec<(String, bool, oneshot::Sender<Outcome>)>,
     counter: u64,
@@ -277,6 +265,16 @@ impl Loop {
             Clock::Virtual { .. } => self.vnow,
             Clock::Real => wall_clock(),
         }
+    }
+
+    /// Whether something is still owed to an instance that waits for it: a call it waits for.
+    fn awaiting_calls(&self) -> bool {
+        self.in_flight.keys().any(|(id, op)| {
+            self.instances
+                .get(id)
+                .and_then(|h| h.open_op(op))
+                .is_some_and(crate::driver::waits)
+        })
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
@@ -293,11 +291,12 @@ impl Loop {
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
             let next_due = self.timers.iter().next().map(|(due, ..)| *due);
-            if self.in_flight.is_empty() && next_due.is_none() {
+            let awaiting = self.awaiting_calls();
+            if !awaiting && next_due.is_none() {
                 self.resolve_idle_watchers();
             }
             match (self.config.clock, next_due) {
-                (Clock::Virtual { .. }, Some(due)) if self.in_flight.is_empty() => {
+                (Clock::Virtual { .. }, Some(due)) if !awaiting => {
                     if self.virtual_jumps >= MAX_VIRTUAL_JUMPS {
                         // An endless timer loop: report the instances as they stand instead of spinning.
                         self.timers.clear();
@@ -351,7 +350,7 @@ impl Loop {
                     format!("{}-{}", machine.id, self.counter)
                 });
                 if !self.instances.contains_key(&id) {
-                    self.create(&id, machine, None);
+                    self.instances.insert(id.clone(), self.driver.create(machine, &id));
                     for e in events {
                         self.queue.push_back((id.clone(), Input::Event { event: e }));
                     }
@@ -362,17 +361,16 @@ impl Loop {
             Cmd::Event(event) => self.broadcast(event, None),
             Cmd::Cancel(id) => self.queue.push_back((id, Input::Cancel { reason: None })),
             Cmd::Result { instance, op, result } => {
-                if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
-                    let input = match result {
-                        Ok(result) => Input::Completed { op, result },
-                        Err(error) => Input::Failed { op, error },
-                    };
-                    self.queue.push_back((instance, input));
+                self.in_flight.remove(&(instance.clone(), op.clone()));
+                if let Some(h) = self.instances.get_mut(&instance) {
+                    if let Some(input) = self.driver.call_done(h, &op, result) {
+                        self.queue.push_back((instance, input));
+                    }
                 }
             }
             Cmd::Watch { id, until_idle, reply } => match self.instances.get(&id) {
-                Some(slot) if slot.inst.status().is_final() => {
-                    let _ = reply.send(outcome(slot));
+                Some(h) if h.inst.status().is_final() => {
+                    let _ = reply.send(outcome(h));
                 }
                 Some(_) => self.watchers.push((id, until_idle, reply)),
                 None => {
@@ -397,36 +395,18 @@ impl Loop {
         let watchers = std::mem::take(&mut self.watchers);
         for (id, until_idle, reply) in watchers {
             match self.instances.get(&id) {
-                Some(slot) if until_idle => {
-                    let _ = reply.send(outcome(slot));
+                Some(h) if until_idle => {
+                    let _ = reply.send(outcome(h));
                 }
                 _ => self.watchers.push((id, until_idle, reply)),
             }
         }
     }
 
-    fn create(&mut self, id: &str, machine: Arc<Machine>, parent: Option<(String, String, bool)>) {
-        let depth = parent
-            .as_ref()
-            .and_then(|(p, _, _)| self.instances.get(p))
-            .map_or(0, |s| s.depth + 1);
-        let inst = Instance::new(machine, id, self.config.options);
-        self.instances.insert(
-            id.to_string(),
-            Slot {
-                inst,
-                depth,
-                journal: Vec::new(),
-                parent,
-                children: HashMap::new(),
-            },
-        );
-    }
-
     /// Queues an event for the instance it names, else for every instance that has not ended (except `from`).
     fn broadcast(&mut self, event: Value, from: Option<&str>) {
         if from.is_none() {
-            if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
+            if let Some(target) = driver::target(&event) {
                 if self.instances.contains_key(&target) {
                     self.queue.push_back((target, Input::Event { event }));
                     return;
@@ -436,7 +416,7 @@ impl Loop {
         let mut ids: Vec<&String> = self
             .instances
             .iter()
-            .filter(|(id, s)| !s.inst.status().is_final() && Some(id.as_str()) != from)
+            .filter(|(id, h)| !h.inst.status().is_final() && Some(id.as_str()) != from)
             .map(|(id, _)| id)
             .collect();
         ids.sort();
@@ -448,31 +428,29 @@ impl Loop {
 
     async fn process(&mut self, id: &str, input: Input) {
         let at = self.now();
-        let Some(slot) = self.instances.get_mut(id) else { return };
-        let was_final = slot.inst.status().is_final();
-        let out = slot.inst.handle(Timed { at, input });
+        let Some(h) = self.instances.get_mut(id) else { return };
+        let step = self.driver.step(h, Timed { at, input });
         if let Some(sink) = &self.config.trace {
-            for e in &out.entries {
+            for e in &step.entries {
                 if let Entry::Trace(t) = e {
                     sink(id, t);
                 }
             }
         }
-        if self.config.options.journal {
-            slot.journal.extend(out.entries.iter().cloned());
+        for work in step.work {
+            self.perform(id, work).await;
         }
-        for effect in out.effects {
-            self.perform(id, effect).await;
-        }
-        let Some(slot) = self.instances.get(id) else { return };
-        if !was_final && slot.inst.status().is_final() {
+        if step.finished {
             self.finished(id);
+        }
+        if let Some(n) = step.notify {
+            self.queue.push_back((n.instance, n.input));
         }
     }
 
     fn finished(&mut self, id: &str) {
-        let Some(slot) = self.instances.get(id) else { return };
-        let o = outcome(slot);
+        let Some(h) = self.instances.get(id) else { return };
+        let o = outcome(h);
         let watchers = std::mem::take(&mut self.watchers);
         for (wid, until_idle, reply) in watchers {
             if wid == id {
@@ -481,82 +459,39 @@ impl Loop {
                 self.watchers.push((wid, until_idle, reply));
             }
         }
-        // Children still running are cancelled with their parent.
-        let children: Vec<String> = slot.children.values().cloned().collect();
-        for c in children {
-            if self.instances.get(&c).is_some_and(|s| !s.inst.status().is_final()) {
-                self.queue.push_back((
-                    c,
-                    Input::Cancel {
-                        reason: Some(format!("parent {id} ended")),
-                    },
-                ));
-            }
-        }
-        if let Some((parent, op, true)) = slot.parent.clone() {
-            let input = crate::host::subflow_result(id, op, o.status, o.data, o.error);
-            self.queue.push_back((parent, input));
-        }
     }
 
-    async fn perform(&mut self, id: &str, effect: Effect) {
-        match effect {
-            Effect::InvokeFunction { .. } => {
-                let Some((call, wait)) = FunctionCall::from_effect(id, &effect) else {
-                    return;
+    async fn perform(&mut self, id: &str, work: Work) {
+        match work {
+            Work::Call { call, wait: _ } => self.call(call),
+            Work::Task { task, wait: _ } => {
+                // Here the application's functions are the worker: the task starts when it is
+                // called, so its start-to-close and heartbeat timeouts measure the call.
+                let input = Input::TaskStarted {
+                    op: task.op.clone(),
+                    worker: None,
                 };
-                let op = call.op.clone();
-                if call.function_type == "worker" {
-                    // Here the host is the worker: the task starts when it is called, so its
-                    // start-to-close and heartbeat timeouts measure the call.
-                    let input = Input::TaskStarted {
-                        op: op.clone(),
-                        worker: None,
-                    };
-                    self.queue.push_back((id.to_string(), input));
-                }
-                let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
-                    Cmd::Result { instance, op, result }
-                });
-                if wait {
-                    self.in_flight.insert((id.to_string(), op), task);
+                self.queue.push_back((id.to_string(), input));
+                self.call(task.call());
+            }
+            Work::StartChild(start) => {
+                let machine = self.host.subflow(&start.definition);
+                match self.driver.child(&start, machine) {
+                    Ok(child) => {
+                        if let Some(h) = self.instances.get_mut(id) {
+                            h.child_started(&start.parent.op);
+                        }
+                        self.instances.insert(start.id.clone(), child);
+                        self.queue.push_back((start.id, Input::Start { data: start.input }));
+                    }
+                    Err(notify) => {
+                        if let Some(n) = notify {
+                            self.queue.push_back((n.instance, n.input));
+                        }
+                    }
                 }
             }
-            Effect::StartSubflow {
-                op,
-                definition,
-                input,
-                wait,
-            } => match self.host.subflow(&definition) {
-                Some(_) if self.instances.get(id).is_some_and(|s| s.depth + 1 > MAX_SUBFLOW_DEPTH) => {
-                    let e = ErrorInfo::new(
-                        "subflowError",
-                        format!(
-                            "subflow {definition:?} would nest deeper than {MAX_SUBFLOW_DEPTH} levels (does a subflow start itself?)"
-                        ),
-                    );
-                    if wait {
-                        self.queue.push_back((id.to_string(), Input::Failed { op, error: e }));
-                    }
-                }
-                Some(machine) => {
-                    let child = format!("{id}/{op}");
-                    if let Some(slot) = self.instances.get_mut(id) {
-                        slot.children.insert(op.clone(), child.clone());
-                    }
-                    self.create(&child, machine, Some((id.to_string(), op, wait)));
-                    self.queue.push_back((child, Input::Start { data: input }));
-                }
-                None if wait => {
-                    let e = ErrorInfo::new(
-                        "subflowError",
-                        format!("no definition with id {definition:?} for invokeSubflow"),
-                    );
-                    self.queue.push_back((id.to_string(), Input::Failed { op, error: e }));
-                }
-                None => {}
-            },
-            Effect::SendEvent { event, .. } => {
+            Work::Send { event, .. } => {
                 if let Err(e) = self.host.send_event(event.clone()).await {
                     if let Some(sink) = &self.config.trace {
                         sink(
@@ -571,41 +506,49 @@ impl Loop {
                 }
                 self.broadcast(event, Some(id));
             }
-            Effect::StartTimer { timer, due } => {
+            Work::ArmTimer { timer, due } => {
                 self.seq += 1;
                 self.timers.insert((due, self.seq, id.to_string(), timer));
             }
-            Effect::CancelTimer { timer } => {
+            Work::CancelTimer { timer } => {
                 self.timers.retain(|(_, _, i, t)| !(i == id && *t == timer));
             }
-            Effect::CancelOperation { op } => {
-                if let Some(task) = self.in_flight.remove(&(id.to_string(), op.clone())) {
+            Work::Stop { op, child } => {
+                if let Some(task) = self.in_flight.remove(&(id.to_string(), op)) {
                     task.abort();
                 }
-                let child = self.instances.get(id).and_then(|s| s.children.get(&op).cloned());
-                if let Some(child) = child {
-                    if self.instances.get(&child).is_some_and(|s| !s.inst.status().is_final()) {
-                        self.queue.push_back((
-                            child,
-                            Input::Cancel {
-                                reason: Some("the parent no longer waits".into()),
-                            },
-                        ));
-                    }
+                if self.instances.get(&child).is_some_and(|h| !h.inst.status().is_final()) {
+                    self.queue.push_back((
+                        child,
+                        Input::Cancel {
+                            reason: Some("the parent no longer waits".into()),
+                        },
+                    ));
                 }
             }
         }
     }
+
+    /// Makes a call on its own task; the result comes back as a command.
+    fn call(&mut self, call: crate::host::FunctionCall) {
+        let key = (call.instance.clone(), call.op.clone());
+        let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| Cmd::Result {
+            instance,
+            op,
+            result,
+        });
+        self.in_flight.insert(key, task);
+    }
 }
 
-fn outcome(slot: &Slot) -> Outcome {
+fn outcome(h: &Hosted) -> Outcome {
     Outcome {
-        id: slot.inst.id().to_string(),
-        status: slot.inst.status(),
-        state: slot.inst.state_name().map(str::to_string),
-        data: slot.inst.data(),
-        error: slot.inst.error().cloned(),
-        journal: slot.journal.clone(),
-        pending_timers: slot.inst.timers().len(),
+        id: h.inst.id().to_string(),
+        status: h.inst.status(),
+        state: h.inst.state_name().map(str::to_string),
+        data: h.inst.data(),
+        error: h.inst.error().cloned(),
+        journal: h.pending.clone(),
+        pending_timers: h.inst.timers().len(),
     }
 }

@@ -390,8 +390,8 @@ fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
     if let Some(t) = snap.ended_at {
         v["endedAt"] = json!(rfc3339(t));
     }
-    if let Some((p, op, _)) = &s.parent {
-        v["parent"] = json!({"instance": p, "operation": op});
+    if let Some(p) = &s.parent {
+        v["parent"] = json!({"instance": p.instance, "operation": p.op});
     }
     Ok(v)
 }

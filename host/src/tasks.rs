@@ -75,6 +75,19 @@ impl Task {
         })
     }
 
+    /// The task as a function call, for hosts where the application's functions do the work
+    /// (the in-memory host): the call is the task's start.
+    pub fn call(&self) -> crate::host::FunctionCall {
+        crate::host::FunctionCall {
+            instance: self.instance.clone(),
+            op: self.op.clone(),
+            function: self.function.clone(),
+            operation: self.task_list.clone(),
+            function_type: "worker".into(),
+            arguments: self.arguments.clone(),
+        }
+    }
+
     /// The attempt this task belongs to (1 for the first; a retry is a new task).
     pub fn attempt(&self) -> u32 {
         self.op.rsplit_once('#').and_then(|(_, n)| n.parse().ok()).unwrap_or(1)

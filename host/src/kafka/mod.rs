@@ -217,6 +217,8 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     pub owned: AtomicUsize,
     pub failure: Mutex<Option<String>>,
+    /// How instances run: the same driver as every host's.
+    pub driver: crate::driver::Driver,
 }
 
 impl Shared {
@@ -407,7 +409,15 @@ impl KafkaHost {
         };
         // One clock partition per commands partition, however many that topic has.
         create_topics(&admin, &config.bootstrap, &[(topics.clock.clone(), partitions, false)]).await?;
+        let driver = crate::driver::Driver {
+            limits: crate::driver::Limits {
+                max_journal: config.max_journal,
+                ..crate::driver::Limits::default()
+            },
+            ..crate::driver::Driver::durable()
+        };
         let shared = Arc::new(Shared {
+            driver,
             cfg: config,
             topics,
             partitions,
@@ -607,10 +617,7 @@ impl KafkaHost {
 
 /// Whether the instance record waits for worker task `op`.
 fn task_open(r: &wire::InstanceRecord, op: &str) -> bool {
-    !r.snapshot.status.is_final()
-        && r.calls
-            .iter()
-            .any(|(o, e)| o == op && e.get("functionType").and_then(Value::as_str) == Some("worker"))
+    !r.snapshot.status.is_final() && r.calls.iter().any(|(o, e)| o == op && crate::driver::is_task(e))
 }
 
 impl Backend for KafkaHost {
@@ -628,9 +635,9 @@ impl Backend for KafkaHost {
                     continue;
                 }
                 for (_, e) in &r.calls {
-                    if e.get("functionType").and_then(Value::as_str) == Some("worker") {
-                        if let Some(l) = e.get("operation").and_then(Value::as_str) {
-                            *lists.entry(l.to_string()).or_default() += 1;
+                    if let sm4c_runtime::Effect::InvokeFunction { operation, .. } = e {
+                        if crate::driver::is_task(e) {
+                            *lists.entry(operation.clone()).or_default() += 1;
                         }
                     }
                 }

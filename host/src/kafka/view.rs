@@ -73,7 +73,7 @@ impl View {
                 state: r.snapshot.state_name.clone(),
                 started_at: r.snapshot.started_at.map(rfc3339),
                 ended_at: r.snapshot.ended_at.map(rfc3339),
-                parent: r.parent.as_ref().map(|p| p.0.clone()),
+                parent: r.parent.as_ref().map(|p| p.instance.clone()),
                 seq,
             })
             .collect()

@@ -22,7 +22,7 @@ pub enum Command {
         input: Value,
         /// Parent instance, operation and whether it waits.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        parent: Option<(String, String, bool)>,
+        parent: Option<crate::driver::ParentLink>,
         /// Subflow nesting depth.
         #[serde(default)]
         depth: u32,
@@ -177,13 +177,13 @@ pub struct InstanceRecord {
     pub snapshot: Snapshot,
     /// Parent instance, operation, whether it waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent: Option<(String, String, bool)>,
+    pub parent: Option<crate::driver::ParentLink>,
     /// Subflow depth.
     #[serde(default)]
     pub depth: u32,
     /// Calls and subflow starts in flight: (op, effect).
     #[serde(default)]
-    pub calls: Vec<(String, Value)>,
+    pub calls: Vec<(String, sm4c_runtime::Effect)>,
     /// Journal length.
     pub journal_len: i64,
     /// Last applied offset per event source partition (`topic/partition`).

@@ -8,16 +8,15 @@ use super::wire::{
     StateRecord, PARTITION_KEY,
 };
 use super::{Delivery, Shared};
-use crate::durable::engine_options;
-use crate::host::FunctionCall;
+use crate::driver::{self, Answering, ChildStart, Hosted, Work};
 use crate::tasks::Answer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
-use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
-use sm4c_runtime::{Effect, ErrorInfo, Input, Instance, Machine, Status, Timed};
+use sm4c_runtime::engine::event::attribute_text;
+use sm4c_runtime::{ErrorInfo, Input, Machine, Status, Timed};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
@@ -43,12 +42,7 @@ pub(crate) struct CallDone {
     pub result: Result<Value, ErrorInfo>,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+use crate::clock::wall_ms as now_ms;
 
 /// A message to produce.
 struct Out {
@@ -288,41 +282,67 @@ fn commit(
     }
 }
 
-/// The command that starts the child of a `StartSubflow` effect of instance `id` (at `depth`).
-fn subflow_start(shared: &Shared, id: &str, effect: &Effect, depth: u32) -> Option<Out> {
-    let Effect::StartSubflow {
-        op,
-        definition,
-        input,
-        wait,
-    } = effect
-    else {
-        return None;
-    };
-    let child = format!("{id}/{op}");
+/// The command that starts a subflow, on the child's commands partition.
+fn subflow_start(shared: &Shared, start: &ChildStart) -> Out {
     let c = Command::Start {
-        id: child.clone(),
-        definition: definition.clone(),
+        id: start.id.clone(),
+        definition: start.definition.clone(),
         version: None,
-        input: input.clone(),
-        parent: Some((id.to_string(), op.clone(), *wait)),
-        depth: depth + 1,
+        input: start.input.clone(),
+        parent: Some(start.parent.clone()),
+        depth: start.depth,
         origin: None,
         request: None,
     };
-    Some(command(
-        shared,
-        partition_of(&child, shared.partitions),
-        Some(&child),
-        &c,
-    ))
+    command(shared, partition_of(&start.id, shared.partitions), Some(&start.id), &c)
 }
 
+/// An owned instance: what the driver runs, and what this host keeps beside it.
 struct Slot {
-    inst: Instance,
-    rec: InstanceRecord,
-    entries: Vec<sm4c_runtime::Entry>,
+    h: Hosted,
+    /// Last applied offset per event source partition (`topic/partition`).
+    seen: std::collections::BTreeMap<String, i64>,
+    /// Creation order, for listings.
+    order: (i64, i64),
+    /// The API request that created the instance.
+    request: Option<String>,
+    /// The latest tasks closed by an API answer: (op, request token).
+    answered: Vec<(String, String)>,
     dirty: bool,
+}
+
+impl Slot {
+    fn from_record(shared: &Shared, m: Arc<Machine>, rec: InstanceRecord) -> Slot {
+        let inst = shared.driver.restore(m, rec.snapshot);
+        let open = rec.calls.into_iter().map(|(_, e)| e).collect();
+        Slot {
+            h: Hosted::restored(inst, rec.parent, rec.depth, open, rec.journal_len),
+            seen: rec.seen,
+            order: rec.order,
+            request: rec.request,
+            answered: rec.answered,
+            dirty: false,
+        }
+    }
+
+    fn record(&self) -> InstanceRecord {
+        InstanceRecord {
+            snapshot: self.h.inst.snapshot().clone(),
+            parent: self.h.parent.clone(),
+            depth: self.h.depth,
+            calls: self
+                .h
+                .open
+                .iter()
+                .map(|e| (driver::op_of(e).unwrap_or_default().to_string(), e.clone()))
+                .collect(),
+            journal_len: self.h.journal_len,
+            seen: self.seen.clone(),
+            order: self.order,
+            request: self.request.clone(),
+            answered: self.answered.clone(),
+        }
+    }
 }
 
 /// The owner of one commands partition.
@@ -364,7 +384,7 @@ struct Plan {
 /// own instances are applied at once (no hop through the commands topic), the rest is produced,
 /// and the events offsets are committed, all in that one transaction.
 #[derive(Default)]
-struct Hosted {
+struct Carried {
     /// Commands for this partition: (command, timestamp, event offset).
     inline: Vec<(Command, i64, i64)>,
     /// Commands for other partitions and dead letters.
@@ -691,28 +711,33 @@ impl Worker {
                 );
                 continue;
             };
-            let inst = Instance::from_snapshot(m, rec.snapshot.clone(), engine_options());
+            let slot = Slot::from_record(&self.shared, m, rec);
+            let inst = &slot.h.inst;
             if !inst.status().is_final() {
                 for (timer, due) in &inst.snapshot().timers {
                     t.timers.insert((*due, k.clone(), timer.clone()));
                 }
-                for (_, effect) in &rec.calls {
-                    calls.push((k.clone(), effect.clone()));
+                for effect in &slot.h.open {
+                    calls.push((
+                        k.clone(),
+                        self.shared
+                            .driver
+                            .work(&k, inst.machine(), slot.h.depth, effect.clone()),
+                    ));
                 }
             }
-            t.slots.insert(
-                k,
-                Slot {
-                    inst,
-                    rec,
-                    entries: Vec::new(),
-                    dirty: false,
-                },
-            );
+            t.slots.insert(k, slot);
         }
-        for (id, effect) in calls {
-            if let Ok(e) = serde_json::from_value::<Effect>(effect) {
-                self.perform_call(&mut t, &id, &e);
+        for (id, work) in calls {
+            match work {
+                Work::StartChild(start) => {
+                    // A subflow start still open after a crash: send the start again (the child
+                    // ignores a second start).
+                    if let Err(e) = produce(&self.shared.plain, &subflow_start(&self.shared, &start)) {
+                        tracing::warn!(error = %e, "cannot send a subflow start again");
+                    }
+                }
+                work => self.perform(&mut t, &id, work),
             }
         }
         tracing::info!(
@@ -730,16 +755,12 @@ impl Worker {
         Ok(t)
     }
 
-    fn perform_call(&self, t: &mut Task, id: &str, effect: &Effect) {
-        match effect {
-            Effect::InvokeFunction { .. } => {
-                let Some((call, _wait)) = FunctionCall::from_effect(id, effect) else {
-                    return;
-                };
-                if call.function_type == "worker" {
-                    // Its task is on the task list topic since the decision committed.
-                    return;
-                }
+    /// Does, once a decision is committed, what it asked for outside the transaction: calls,
+    /// timers, and stopping calls no longer wanted. A worker task is on its task list topic since
+    /// the decision committed, and subflow starts and sent events went in the transaction.
+    fn perform(&self, t: &mut Task, id: &str, work: Work) {
+        match work {
+            Work::Call { call, .. } => {
                 let (instance, op) = (call.instance.clone(), call.op.clone());
                 let fut = self.shared.host.invoke(call);
                 let tx = self.results_tx.clone();
@@ -750,17 +771,18 @@ impl Worker {
                 });
                 t.in_flight.insert(key, h.abort_handle());
             }
-            Effect::StartSubflow { .. } => {
-                // A subflow start still in flight after a crash: send the start again (the child
-                // ignores a second start).
-                let depth = t.slots.get(id).map_or(0, |s| s.rec.depth);
-                if let Some(o) = subflow_start(&self.shared, id, effect, depth) {
-                    if let Err(e) = produce(&self.shared.plain, &o) {
-                        tracing::warn!(error = %e, "cannot send a subflow start again");
-                    }
+            Work::ArmTimer { timer, due } => {
+                t.timers.insert((due, id.to_string(), timer));
+            }
+            Work::CancelTimer { timer } => {
+                t.timers.retain(|(_, i, tm)| !(i == id && *tm == timer));
+            }
+            Work::Stop { op, .. } => {
+                if let Some(h) = t.in_flight.remove(&(id.to_string(), op)) {
+                    h.abort();
                 }
             }
-            _ => {}
+            Work::Task { .. } | Work::StartChild(_) | Work::Send { .. } => {}
         }
     }
 
@@ -789,7 +811,7 @@ impl Worker {
             .filter(|(_, t)| t.barrier.is_none())
             .map(|(p, _)| *p)
             .collect();
-        let mut hosted: HashMap<i32, Hosted> = HashMap::new();
+        let mut hosted: HashMap<i32, Carried> = HashMap::new();
         let mut hosted_by: Vec<((String, i32), i32)> = Vec::new();
         // Batches routed in their own transaction: (events partition, router, records, last offset).
         type Solo = ((String, i32), Router, Vec<Out>, i64);
@@ -999,9 +1021,7 @@ impl Worker {
                 cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
                 continue;
             }
-            let wanted = machines
-                .iter()
-                .any(|mach| mach.events.iter().any(|d| kind_matches(d, &event)));
+            let wanted = machines.iter().any(|mach| driver::may_accept(mach, &event));
             if !wanted {
                 if starts == 0 {
                     let why = format!(
@@ -1028,7 +1048,7 @@ impl Worker {
     }
 
     /// One batch of commands for one partition, committed in one transaction.
-    fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>, hosted: Hosted) -> Result<Applied, String> {
+    fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>, hosted: Carried) -> Result<Applied, String> {
         let shared = self.shared.clone();
         let decide_started = Instant::now();
         let mut applied = Applied::new();
@@ -1070,15 +1090,15 @@ impl Worker {
         // The new state of every instance touched, and their journals.
         for (id, s) in t.slots.iter_mut().filter(|(_, s)| s.dirty) {
             let p = t.partition;
-            if !s.entries.is_empty() {
+            if !s.h.pending.is_empty() {
                 // One record per instance and transaction, however many entries it holds.
                 let r = JournalRecord {
                     through,
                     clock,
-                    seq: s.rec.journal_len + 1,
-                    entries: std::mem::take(&mut s.entries),
+                    seq: s.h.journal_len + 1,
+                    entries: std::mem::take(&mut s.h.pending),
                 };
-                s.rec.journal_len += r.entries.len() as i64;
+                s.h.journal_len += r.entries.len() as i64;
                 outs.push(Out {
                     topic: shared.topics.journal.clone(),
                     partition: Some(p),
@@ -1087,11 +1107,10 @@ impl Worker {
                     headers: Vec::new(),
                 });
             }
-            s.rec.snapshot = s.inst.snapshot().clone();
             let r = StateRecord {
                 through,
                 clock,
-                instance: Some(s.rec.clone()),
+                instance: Some(s.record()),
                 partition: None,
             };
             outs.push(Out {
@@ -1141,22 +1160,8 @@ impl Worker {
         commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
         t.clock += 1;
         // Committed: now act.
-        for (id, e) in after {
-            match &e {
-                Effect::StartTimer { timer, due } => {
-                    t.timers.insert((*due, id, timer.clone()));
-                }
-                Effect::CancelTimer { timer } => {
-                    t.timers.retain(|(_, i, tm)| !(*i == id && tm == timer));
-                }
-                Effect::InvokeFunction { .. } => self.perform_call(t, &id, &e),
-                Effect::CancelOperation { op } => {
-                    if let Some(h) = t.in_flight.remove(&(id.clone(), op.clone())) {
-                        h.abort();
-                    }
-                }
-                _ => {}
-            }
+        for (id, work) in after {
+            self.perform(t, &id, work);
         }
         Ok(applied)
     }
@@ -1222,7 +1227,7 @@ struct Decision<'a> {
     shared: &'a Shared,
     t: &'a mut Task,
     outs: Vec<Out>,
-    after: Vec<(String, Effect)>,
+    after: Vec<(String, Work)>,
     through: i64,
 }
 
@@ -1244,69 +1249,48 @@ impl Decision<'_> {
                     return;
                 }
                 let m = self.shared.machine_or_latest(&definition, version.as_deref());
-                let Some(m) = m else {
+                if m.is_none() {
                     tracing::warn!(instance = id, definition, "start of an unknown definition");
-                    if let Some((p, op, true)) = parent {
-                        let e = ErrorInfo::new(
-                            "subflowError",
-                            format!("no definition with id {definition:?} for invokeSubflow"),
-                        );
-                        self.command_for(
-                            &p,
-                            Command::Result {
-                                id: p.clone(),
-                                op,
-                                outcome: Outcome::Err(e),
-                            },
-                        );
-                    }
-                    return;
-                };
-                if depth as usize > crate::memory::MAX_SUBFLOW_DEPTH {
-                    if let Some((p, op, true)) = parent {
-                        let e = ErrorInfo::new(
-                            "subflowError",
-                            format!(
-                                "subflow {definition:?} would nest deeper than {} levels",
-                                crate::memory::MAX_SUBFLOW_DEPTH
-                            ),
-                        );
-                        self.command_for(
-                            &p,
-                            Command::Result {
-                                id: p.clone(),
-                                op,
-                                outcome: Outcome::Err(e),
-                            },
-                        );
-                    }
-                    return;
                 }
-                let inst = Instance::new(m, &id, engine_options());
-                let rec = InstanceRecord {
-                    snapshot: inst.snapshot().clone(),
-                    parent,
-                    depth,
-                    calls: Vec::new(),
-                    journal_len: 0,
-                    seen: Default::default(),
-                    order: (at, offset),
-                    request,
-                    answered: Vec::new(),
+                let h = match parent {
+                    Some(parent) => {
+                        let start = ChildStart {
+                            id: id.clone(),
+                            definition,
+                            input: input.clone(),
+                            parent,
+                            depth,
+                        };
+                        match self.shared.driver.child(&start, m) {
+                            Ok(h) => h,
+                            Err(notify) => {
+                                if let Some(n) = notify {
+                                    self.notify(n);
+                                }
+                                return;
+                            }
+                        }
+                    }
+                    None => match m {
+                        Some(m) => self.shared.driver.create(m, &id),
+                        None => return,
+                    },
                 };
                 self.t.slots.insert(
                     id.clone(),
                     Slot {
-                        inst,
-                        rec,
-                        entries: Vec::new(),
+                        h,
+                        seen: Default::default(),
+                        order: (at, offset),
+                        request,
+                        answered: Vec::new(),
                         dirty: true,
                     },
                 );
                 self.handle(&id, Input::Start { data: input }, at);
             }
             Command::Cancel { id, reason } => {
-                if self.t.slots.get(&id).is_some_and(|s| !s.inst.status().is_final()) {
+                if self.t.slots.get(&id).is_some_and(|s| !s.h.inst.status().is_final()) {
                     self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
                 }
             }
@@ -1319,7 +1303,7 @@ impl Decision<'_> {
                 let source = format!("{}/{}", origin.topic, origin.partition);
                 match target {
                     Some(id) => match self.t.slots.get(&id) {
-                        Some(s) if s.rec.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
+                        Some(s) if s.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
                             tracing::debug!(
                                 instance = id,
                                 source,
@@ -1327,7 +1311,7 @@ impl Decision<'_> {
                                 "event applied already; skipped"
                             );
                         }
-                        Some(s) if s.inst.status().is_final() => {
+                        Some(s) if s.h.inst.status().is_final() => {
                             let why = format!("instance {id:?} named by sm4cinstanceid has ended");
                             self.dead(&event, &origin, "instanceEnded", &why);
                         }
@@ -1345,7 +1329,7 @@ impl Decision<'_> {
                             .t
                             .slots
                             .iter()
-                            .filter(|(_, s)| s.rec.seen.get(&source).is_none_or(|o| *o < origin.offset))
+                            .filter(|(_, s)| s.seen.get(&source).is_none_or(|o| *o < origin.offset))
                             .map(|(id, _)| id.clone())
                             .collect();
                         ids.sort();
@@ -1367,18 +1351,17 @@ impl Decision<'_> {
                 }
             }
             Command::Result { id, op, outcome } => {
+                let driver = self.shared.driver;
                 let Some(s) = self.t.slots.get_mut(&id) else { return };
-                let Some(pos) = s.rec.calls.iter().position(|(o, _)| *o == op) else {
+                if s.h.open_op(&op).is_none() {
                     return;
-                };
-                let (_, effect) = s.rec.calls.remove(pos);
+                }
                 s.dirty = true;
-                let waits = effect.get("wait").and_then(Value::as_bool).unwrap_or(true);
-                if waits && !s.inst.status().is_final() {
-                    let input = match outcome {
-                        Outcome::Ok(result) => Input::Completed { op, result },
-                        Outcome::Err(error) => Input::Failed { op, error },
-                    };
+                let result = match outcome {
+                    Outcome::Ok(v) => Ok(v),
+                    Outcome::Err(e) => Err(e),
+                };
+                if let Some(input) = driver.call_done(&mut s.h, &op, result) {
                     self.handle(&id, input, at);
                 }
             }
@@ -1389,41 +1372,39 @@ impl Decision<'_> {
                 event,
                 request,
             } => {
-                let open = self.t.slots.get(&id).and_then(|s| {
-                    let (_, effect) = s.rec.calls.iter().find(|(o, _)| *o == op)?;
-                    let worker = effect.get("functionType").and_then(Value::as_str) == Some("worker");
-                    (worker && !s.inst.status().is_final())
-                        .then(|| effect.get("wait").and_then(Value::as_bool).unwrap_or(true))
-                });
-                let Some(waits) = open else {
-                    // Answered, timed out or cancelled already (or never a task): a heartbeat is
-                    // moot, an answer that came as an event is dead-lettered so it is not lost unseen.
-                    if let (Some((event, origin)), false) = (event, matches!(answer, Answer::Heartbeat(_))) {
-                        let why = format!(
-                            "task {op:?} of instance {id:?} is closed: it was completed, failed, timed out or cancelled, or never existed"
-                        );
-                        self.dead(&event, &origin, "taskClosed", &why);
-                    }
-                    return;
+                let driver = self.shared.driver;
+                let heartbeat = matches!(answer, Answer::Heartbeat(_));
+                let answering = match self.t.slots.get_mut(&id) {
+                    Some(s) => driver.answer(&mut s.h, &op, answer),
+                    None => Answering::Closed,
                 };
-                if !matches!(answer, Answer::Heartbeat(_)) {
+                let input = match answering {
+                    Answering::Open { input } => input,
+                    Answering::Closed => {
+                        // Answered, timed out or cancelled already (or never a task): a heartbeat
+                        // is moot, an answer that came as an event is dead-lettered so it is not
+                        // lost unseen.
+                        if let (Some((event, origin)), false) = (event, heartbeat) {
+                            let why = format!(
+                                "task {op:?} of instance {id:?} is closed: it was completed, failed, timed out or cancelled, or never existed"
+                            );
+                            self.dead(&event, &origin, "taskClosed", &why);
+                        }
+                        return;
+                    }
+                };
+                if !heartbeat {
                     // Closed from now on: a second answer is turned away.
                     if let Some(s) = self.t.slots.get_mut(&id) {
-                        s.rec.calls.retain(|(o, _)| *o != op);
                         if let Some(r) = request {
-                            s.rec.answered.push((op.clone(), r));
-                            let over = s.rec.answered.len().saturating_sub(super::wire::ANSWERS_KEPT);
-                            s.rec.answered.drain(..over);
+                            s.answered.push((op.clone(), r));
+                            let over = s.answered.len().saturating_sub(super::wire::ANSWERS_KEPT);
+                            s.answered.drain(..over);
                         }
                         s.dirty = true;
                     }
                 }
-                let input = match answer {
-                    Answer::Heartbeat(details) => Input::TaskHeartbeat { op, details },
-                    Answer::Complete(result) => Input::Completed { op, result },
-                    Answer::Fail(error) => Input::Failed { op, error },
-                };
-                if waits {
+                if let Some(input) = input {
                     self.handle(&id, input, at);
                 }
             }
@@ -1432,7 +1413,7 @@ impl Decision<'_> {
                     .t
                     .slots
                     .get(&id)
-                    .is_some_and(|s| s.inst.snapshot().timers.contains_key(&timer))
+                    .is_some_and(|s| s.h.inst.snapshot().timers.contains_key(&timer))
                 {
                     self.handle(&id, Input::TimerFired { timer }, at);
                 }
@@ -1522,22 +1503,26 @@ impl Decision<'_> {
     }
 
     fn accepts(&self, id: &str, event: &Value) -> bool {
-        let Some(s) = self.t.slots.get(id) else { return false };
-        if s.inst.status().is_final() {
-            return false;
-        }
-        let snap = s.inst.snapshot();
-        s.inst
-            .machine()
-            .events
-            .iter()
-            .any(|d| mismatch(d, event, &snap.data.0, &snap.bindings).is_none())
+        self.t.slots.get(id).is_some_and(|s| driver::accepts(&s.h.inst, event))
+    }
+
+    /// Sends an input to another instance, through its commands partition.
+    fn notify(&mut self, n: driver::Notify) {
+        let (op, outcome) = match n.input {
+            Input::Completed { op, result } => (op, Outcome::Ok(result)),
+            Input::Failed { op, error } => (op, Outcome::Err(error)),
+            other => {
+                tracing::error!(instance = n.instance, input = ?other, "no command carries this input");
+                return;
+            }
+        };
+        let id = n.instance;
+        self.command_for(&id.clone(), Command::Result { id, op, outcome });
     }
 
     fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
         if let Some(s) = self.t.slots.get_mut(id) {
-            s.rec
-                .seen
+            s.seen
                 .insert(format!("{}/{}", origin.topic, origin.partition), origin.offset);
         }
         self.handle(id, Input::Event { event }, at);
@@ -1552,7 +1537,7 @@ impl Decision<'_> {
             .t
             .slots
             .iter()
-            .filter(|(_, s)| s.dirty && s.inst.status() == Status::Waiting)
+            .filter(|(_, s)| s.dirty && s.h.inst.status() == Status::Waiting)
             .map(|(id, _)| id.clone())
             .collect();
         waiting.sort();
@@ -1586,99 +1571,44 @@ impl Decision<'_> {
     fn handle(&mut self, id: &str, input: Input, at: i64) {
         let shared = self.shared;
         let Some(slot) = self.t.slots.get_mut(id) else { return };
-        if slot.inst.status().is_final() {
+        if slot.h.inst.status().is_final() {
             return;
         }
-        let max = shared.cfg.max_journal;
-        let input = if slot.rec.journal_len + slot.entries.len() as i64 >= max {
-            Input::Abort {
-                error: ErrorInfo::new(
-                    "limitExceeded",
-                    format!("the journal of this instance reached its limit of {max} entries"),
-                ),
-            }
-        } else {
-            input
-        };
-        let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.inst.handle(Timed { at, input })))
-        {
-            Ok(out) => out,
-            Err(_) => {
-                slot.inst
-                    .force_fail(ErrorInfo::new("internalError", "the engine failed on this instance"));
-                Default::default()
-            }
-        };
-        slot.entries.extend(out.entries);
+        let step = shared.driver.step(&mut slot.h, Timed { at, input });
         slot.dirty = true;
-        let depth = slot.rec.depth;
-        let parent = slot.rec.parent.clone();
-        for e in out.effects {
-            match &e {
-                Effect::InvokeFunction { op, .. } => {
-                    slot.rec
-                        .calls
-                        .push((op.clone(), serde_json::to_value(&e).unwrap_or(Value::Null)));
-                    match crate::tasks::Task::from_effect(id, &e, slot.inst.machine()) {
-                        // A worker task goes on its task list topic in this transaction: it is
-                        // published exactly when the decision to schedule it commits.
-                        Some(task) => {
-                            let topic = shared.topics.task_list(&task.task_list);
-                            self.outs.push(sent_event(shared, id, topic, &task.to_event(at)));
-                        }
-                        None => self.after.push((id.to_string(), e)),
-                    }
+        for work in step.work {
+            match work {
+                // A worker task goes on its task list topic in this transaction: it is published
+                // exactly when the decision to schedule it commits.
+                Work::Task { task, .. } => {
+                    let topic = shared.topics.task_list(&task.task_list);
+                    self.outs.push(sent_event(shared, id, topic, &task.to_event(at)));
                 }
-                Effect::StartSubflow { op, .. } => {
-                    slot.rec
-                        .calls
-                        .push((op.clone(), serde_json::to_value(&e).unwrap_or(Value::Null)));
-                    self.outs.extend(subflow_start(shared, id, &e, depth));
-                    if let Effect::StartSubflow { wait: false, .. } = &e {
-                        // Started (once this commits): nothing left to wait for.
-                        slot.rec.calls.retain(|(o, _)| o != op);
-                    }
+                Work::StartChild(start) => {
+                    self.outs.push(subflow_start(shared, &start));
+                    // Started once this commits: a parent that does not wait is done with it.
+                    slot.h.child_started(&start.parent.op);
                 }
-                Effect::SendEvent { event, .. } => {
-                    let topic = sent_topic(slot.inst.machine(), event).unwrap_or_else(|| shared.topics.out.clone());
-                    self.outs.push(sent_event(shared, id, topic, event));
+                Work::Send { event, .. } => {
+                    let topic = sent_topic(slot.h.inst.machine(), &event).unwrap_or_else(|| shared.topics.out.clone());
+                    self.outs.push(sent_event(shared, id, topic, &event));
                 }
-                Effect::CancelOperation { op } => {
-                    slot.rec.calls.retain(|(o, _)| o != op);
-                    let child = format!("{id}/{op}");
+                Work::Stop { op, child } => {
                     let c = Command::Cancel {
                         id: child.clone(),
                         reason: "the parent no longer waits".into(),
                     };
                     let p = partition_of(&child, shared.partitions);
                     self.outs.push(command(shared, p, Some(&child), &c));
-                    self.after.push((id.to_string(), e));
+                    self.after.push((id.to_string(), Work::Stop { op, child }));
                 }
-                Effect::StartTimer { .. } | Effect::CancelTimer { .. } => self.after.push((id.to_string(), e)),
+                work @ (Work::Call { .. } | Work::ArmTimer { .. } | Work::CancelTimer { .. }) => {
+                    self.after.push((id.to_string(), work))
+                }
             }
         }
-        if slot.inst.status().is_final() {
-            slot.rec.calls.clear();
-            // Cancelling or failing a parent cancels the children it waits for.
-            if let Some((p, op, true)) = parent {
-                let status = slot.inst.status();
-                let data = slot.inst.data();
-                let error = slot.inst.error().cloned();
-                let input = crate::host::subflow_result(id, op.clone(), status, data, error);
-                let outcome = match input {
-                    Input::Completed { result, .. } => Outcome::Ok(result),
-                    Input::Failed { error, .. } => Outcome::Err(error),
-                    _ => return,
-                };
-                self.command_for(
-                    &p,
-                    Command::Result {
-                        id: p.clone(),
-                        op,
-                        outcome,
-                    },
-                );
-            }
+        if let Some(n) = step.notify {
+            self.notify(n);
         }
     }
 }

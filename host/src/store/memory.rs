@@ -2,7 +2,7 @@
 
 use super::{time, Batch, Store, StoreError, Stored, Summary};
 use serde_json::Value;
-use sm4c_runtime::{Entry, Millis};
+use sm4c_runtime::{Effect, Entry, Millis};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -12,7 +12,7 @@ struct Inner {
     instances: BTreeMap<String, (i64, Stored)>,
     seq: i64,
     journal: BTreeMap<String, Vec<Entry>>,
-    calls: BTreeMap<String, Vec<(String, Value)>>,
+    calls: BTreeMap<String, Vec<Effect>>,
     outbox: Vec<(i64, String, Value)>,
     parked: BTreeMap<i64, (Value, Millis)>,
     parked_seq: i64,
@@ -124,7 +124,7 @@ impl Store for MemoryStore {
                 state: s.snapshot.state_name.clone(),
                 started_at: time(s.snapshot.started_at),
                 ended_at: time(s.snapshot.ended_at),
-                parent: s.parent.as_ref().map(|p| p.0.clone()),
+                parent: s.parent.as_ref().map(|p| p.instance.clone()),
                 seq: *seq,
             })
             .collect();
@@ -164,15 +164,15 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
-    fn calls(&self) -> Result<Vec<(String, String, Value)>, StoreError> {
+    fn calls(&self) -> Result<Vec<(String, Effect)>, StoreError> {
         let i = self.inner();
         Ok(i.calls
             .iter()
-            .flat_map(|(inst, cs)| cs.iter().map(|(op, e)| (inst.clone(), op.clone(), e.clone())))
+            .flat_map(|(inst, cs)| cs.iter().map(|e| (inst.clone(), e.clone())))
             .collect())
     }
 
-    fn calls_of(&self, instance: &str) -> Result<Vec<(String, Value)>, StoreError> {
+    fn calls_of(&self, instance: &str) -> Result<Vec<Effect>, StoreError> {
         Ok(self.inner().calls.get(instance).cloned().unwrap_or_default())
     }
 

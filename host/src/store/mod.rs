@@ -11,9 +11,10 @@ mod sqlite;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
+use crate::driver::ParentLink;
 use serde::Serialize;
 use serde_json::Value;
-use sm4c_runtime::{Entry, Millis, Snapshot};
+use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -58,11 +59,11 @@ pub struct InstanceWrite {
     /// The instance after the step.
     pub snapshot: Snapshot,
     /// Parent instance and operation, for subflow children.
-    pub parent: Option<(String, String, bool)>,
+    pub parent: Option<ParentLink>,
     /// Journal entries to append.
     pub entries: Vec<Entry>,
-    /// Calls the instance waits for, now (operation id, effect JSON).
-    pub calls: Vec<(String, Value)>,
+    /// Calls and subflow starts the instance has open, now.
+    pub calls: Vec<Effect>,
 }
 
 /// An instance as listings show it.
@@ -99,7 +100,7 @@ pub struct Stored {
     /// Its snapshot.
     pub snapshot: Snapshot,
     /// Parent link.
-    pub parent: Option<(String, String, bool)>,
+    pub parent: Option<ParentLink>,
     /// Journal length.
     pub journal_len: i64,
 }
@@ -126,10 +127,10 @@ pub trait Store: Send + Sync + 'static {
     fn history(&self, id: &str, after: i64, limit: usize) -> Result<Vec<(i64, Entry)>, StoreError>;
     /// Every active timer: (instance, timer, due).
     fn timers(&self) -> Result<Vec<(String, String, Millis)>, StoreError>;
-    /// Every call an instance waits for: (instance, op, effect).
-    fn calls(&self) -> Result<Vec<(String, String, Value)>, StoreError>;
-    /// The calls one instance waits for: (op, effect).
-    fn calls_of(&self, instance: &str) -> Result<Vec<(String, Value)>, StoreError>;
+    /// Every open call and subflow start: (instance, effect).
+    fn calls(&self) -> Result<Vec<(String, Effect)>, StoreError>;
+    /// The open calls and subflow starts of one instance.
+    fn calls_of(&self, instance: &str) -> Result<Vec<Effect>, StoreError>;
     /// Ids of instances that have not ended, of the given definitions.
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError>;
     /// Sent events after a sequence number: (seq, instance, event).

@@ -1,9 +1,10 @@
 //! The embedded store: one SQLite file in WAL mode.
 
 use super::{time, Batch, Store, StoreError, Stored, Summary};
+use crate::driver::ParentLink;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
-use sm4c_runtime::{Entry, Millis, Snapshot};
+use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -159,7 +160,7 @@ impl Store for SqliteStore {
         row.map(|(snap, parent, op, waits, journal_len)| {
             Ok(Stored {
                 snapshot: parse::<Snapshot>(&snap)?,
-                parent: parent.zip(op).map(|(p, o)| (p, o, waits)),
+                parent: parent.zip(op).map(|(p, o)| ParentLink::from((p, o, waits))),
                 journal_len,
             })
         })
@@ -187,7 +188,7 @@ impl Store for SqliteStore {
                 let s = &w.snapshot;
                 let state = s.state_name.as_deref();
                 let (parent, op, waits) = match &w.parent {
-                    Some((p, o, wt)) => (Some(p.as_str()), Some(o.as_str()), *wt),
+                    Some(l) => (Some(l.instance.as_str()), Some(l.op.as_str()), l.waits),
                     None => (None, None, false),
                 };
                 upsert.execute(params![
@@ -212,8 +213,8 @@ impl Store for SqliteStore {
                     timer.execute(params![s.id, t, due])?;
                 }
                 clear_calls.execute([&s.id])?;
-                for (op, effect) in &w.calls {
-                    call.execute(params![s.id, op, json(effect)])?;
+                for effect in &w.calls {
+                    call.execute(params![s.id, crate::driver::op_of(effect), json(effect)])?;
                 }
             }
             let mut out = tx.prepare_cached("INSERT INTO outbox (instance, event, at) VALUES (?1, ?2, ?3)")?;
@@ -296,22 +297,20 @@ impl Store for SqliteStore {
         Ok(rows)
     }
 
-    fn calls(&self) -> Result<Vec<(String, String, Value)>, StoreError> {
+    fn calls(&self) -> Result<Vec<(String, Effect)>, StoreError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT instance, op, effect FROM calls")?;
-        let rows: Vec<(String, String, String)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        let mut stmt = conn.prepare("SELECT instance, effect FROM calls")?;
+        let rows: Vec<(String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<Result<_, _>>()?;
-        rows.into_iter().map(|(i, o, e)| Ok((i, o, parse(&e)?))).collect()
+        rows.into_iter().map(|(i, e)| Ok((i, parse(&e)?))).collect()
     }
 
-    fn calls_of(&self, instance: &str) -> Result<Vec<(String, Value)>, StoreError> {
+    fn calls_of(&self, instance: &str) -> Result<Vec<Effect>, StoreError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT op, effect FROM calls WHERE instance = ?1")?;
-        let rows: Vec<(String, String)> = stmt
-            .query_map([instance], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
-        rows.into_iter().map(|(o, e)| Ok((o, parse(&e)?))).collect()
+        let mut stmt = conn.prepare_cached("SELECT effect FROM calls WHERE instance = ?1")?;
+        let rows: Vec<String> = stmt.query_map([instance], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        rows.iter().map(|e| parse(e)).collect()
     }
 
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {

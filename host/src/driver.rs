@@ -1,0 +1,948 @@
+//! The driver: one way to run an instance through the engine, for every host.
+//!
+//! A host (in-memory, SQLite, Kafka) keeps instances somewhere and performs effects somehow; how an
+//! input becomes a step is decided here, once. [`Driver::step`] takes an instance with its host
+//! bookkeeping ([`Hosted`]) and a timed input, runs the engine, and returns a [`Step`]: the journal
+//! entries to record, the [`Work`] to perform in order (calls, worker tasks, children to start,
+//! events to send, timers to arm or cancel, operations to stop) and the parent to notify. The
+//! driver owns the policies every host must agree on: the journal limit, what an engine panic
+//! does, how deep subflows nest, parent links, what cancelling an operation stops, which instance
+//! an event is for and whether an instance accepts it, and whether a worker's answer still counts.
+//!
+//! Like the engine it does no IO and reads no clock: time comes in with the input, so it is tested
+//! by feeding inputs and checking outputs.
+
+use crate::host::FunctionCall;
+use crate::tasks::{Answer, Task};
+use serde_json::{json, Value};
+use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
+use sm4c_runtime::{Effect, Entry, ErrorInfo, Input, Instance, Machine, Millis, Options, Status, Timed};
+use std::sync::Arc;
+
+/// How deep subflows may nest (a definition that starts itself would otherwise never end).
+pub const MAX_SUBFLOW_DEPTH: u32 = 32;
+
+/// The CloudEvent extension attribute that names the instance an event is for.
+pub const INSTANCE_ATTRIBUTE: &str = "sm4cinstanceid";
+
+/// Limits every host enforces the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest journal of one instance (entries); past it the instance fails with `limitExceeded`.
+    pub max_journal: i64,
+    /// How deep subflows may nest: a top-level instance is at depth 0, its subflows at 1.
+    pub max_subflow_depth: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_journal: 100_000,
+            max_subflow_depth: MAX_SUBFLOW_DEPTH,
+        }
+    }
+}
+
+/// How a subflow is linked to the instance that started it.
+///
+/// Serialised as the tuple `[instance, op, waits]`, as stores and Kafka records have always kept it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "(String, String, bool)", into = "(String, String, bool)")]
+pub struct ParentLink {
+    /// The parent instance.
+    pub instance: String,
+    /// The parent's operation id that started the child.
+    pub op: String,
+    /// Whether the parent waits for the child's output.
+    pub waits: bool,
+}
+
+impl From<(String, String, bool)> for ParentLink {
+    fn from((instance, op, waits): (String, String, bool)) -> Self {
+        ParentLink { instance, op, waits }
+    }
+}
+
+impl From<ParentLink> for (String, String, bool) {
+    fn from(l: ParentLink) -> Self {
+        (l.instance, l.op, l.waits)
+    }
+}
+
+/// The instance id of the subflow that operation `op` of instance `parent` starts (deterministic,
+/// so a start repeated after a crash names the same child).
+pub fn child_id(parent: &str, op: &str) -> String {
+    format!("{parent}/{op}")
+}
+
+/// An instance with what a host keeps beside it.
+pub struct Hosted {
+    /// The instance.
+    pub inst: Instance,
+    /// The parent, for a subflow.
+    pub parent: Option<ParentLink>,
+    /// 0 for a top-level instance, the parent's depth + 1 for a subflow.
+    pub depth: u32,
+    /// Calls and subflow starts the instance has asked for and not seen through (`InvokeFunction`
+    /// and `StartSubflow` effects): kept with the instance so a crash cannot lose them. A call
+    /// leaves when it returns or is stopped, a subflow the parent waits for when it ends, one it
+    /// does not wait for once the host has started it ([`Hosted::child_started`]).
+    pub open: Vec<Effect>,
+    /// Journal entries already recorded by the host.
+    pub journal_len: i64,
+    /// Journal entries not yet recorded (the host drains them when it commits).
+    pub pending: Vec<Entry>,
+}
+
+impl Hosted {
+    /// An instance restored from what a host stored.
+    pub fn restored(
+        inst: Instance,
+        parent: Option<ParentLink>,
+        depth: u32,
+        open: Vec<Effect>,
+        journal_len: i64,
+    ) -> Self {
+        Hosted {
+            inst,
+            parent,
+            depth,
+            open,
+            journal_len,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The open call or subflow start with operation id `op`.
+    pub fn open_op(&self, op: &str) -> Option<&Effect> {
+        self.open.iter().find(|e| op_of(e) == Some(op))
+    }
+
+    /// Whether `op` is a worker task the instance has not seen answered.
+    pub fn open_task(&self, op: &str) -> bool {
+        self.open_op(op).is_some_and(is_task)
+    }
+
+    /// The subflow that operation `op` starts is started (durably, where the host is durable): a
+    /// parent that does not wait for it has nothing left to remember about it.
+    pub fn child_started(&mut self, op: &str) {
+        if self
+            .open_op(op)
+            .is_some_and(|e| matches!(e, Effect::StartSubflow { wait: false, .. }))
+        {
+            self.close(op);
+        }
+    }
+
+    fn close(&mut self, op: &str) -> Option<Effect> {
+        let pos = self.open.iter().position(|e| op_of(e) == Some(op))?;
+        Some(self.open.remove(pos))
+    }
+}
+
+/// The operation id of an effect that has one.
+pub fn op_of(effect: &Effect) -> Option<&str> {
+    match effect {
+        Effect::InvokeFunction { op, .. }
+        | Effect::StartSubflow { op, .. }
+        | Effect::SendEvent { op, .. }
+        | Effect::CancelOperation { op } => Some(op),
+        Effect::StartTimer { .. } | Effect::CancelTimer { .. } => None,
+    }
+}
+
+/// Whether an effect asks for a worker task (a call of a `worker` function).
+pub fn is_task(effect: &Effect) -> bool {
+    matches!(effect, Effect::InvokeFunction { function_type, .. } if function_type == "worker")
+}
+
+/// Whether an open call or subflow start is waited for.
+pub fn waits(effect: &Effect) -> bool {
+    match effect {
+        Effect::InvokeFunction { wait, .. } | Effect::StartSubflow { wait, .. } => *wait,
+        _ => false,
+    }
+}
+
+/// A subflow to start: the host creates it with [`Driver::child`] wherever the child lives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildStart {
+    /// The child's instance id ([`child_id`]).
+    pub id: String,
+    /// The definition `invokeSubflow` names by `id`.
+    pub definition: String,
+    /// The child's input.
+    pub input: Value,
+    /// Its link to the parent.
+    pub parent: ParentLink,
+    /// Its depth.
+    pub depth: u32,
+}
+
+/// Something a host must do for an instance after a step, in the order the engine asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Work {
+    /// Call a function (`rest`, `rpc`, or anything the application's functions answer).
+    Call {
+        /// The call.
+        call: FunctionCall,
+        /// Whether the instance waits for the result ([`Driver::call_done`]).
+        wait: bool,
+    },
+    /// Put a worker task on its task list.
+    Task {
+        /// The task.
+        task: Task,
+        /// Whether the instance waits for the answer ([`Driver::answer`]).
+        wait: bool,
+    },
+    /// Start a subflow.
+    StartChild(ChildStart),
+    /// Publish a CloudEvent the instance sent, and route it to the other instances.
+    Send {
+        /// The operation id of the `sendEvent`.
+        op: String,
+        /// The event (JSON structured form), with its deterministic `id`.
+        event: Value,
+    },
+    /// Deliver `TimerFired { timer }` at `due`.
+    ArmTimer {
+        /// Timer id.
+        timer: String,
+        /// Due time, ms since the Unix epoch.
+        due: Millis,
+    },
+    /// The timer is no longer wanted.
+    CancelTimer {
+        /// Timer id.
+        timer: String,
+    },
+    /// Operation `op` is no longer wanted: stop its call, withdraw its task, and cancel its
+    /// subflow `child` if one runs.
+    Stop {
+        /// The operation id.
+        op: String,
+        /// The subflow that operation would have started ([`child_id`]).
+        child: String,
+    },
+}
+
+/// An input for another instance: the parent of a subflow that ended, or a parent whose subflow
+/// could not start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notify {
+    /// The instance to deliver to.
+    pub instance: String,
+    /// What it receives.
+    pub input: Input,
+}
+
+/// What one input did to an instance.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Step {
+    /// Journal entries the step produced (also appended to [`Hosted::pending`] when the instance
+    /// journals).
+    pub entries: Vec<Entry>,
+    /// What the host must do, in order.
+    pub work: Vec<Work>,
+    /// The parent to tell that this subflow ended.
+    pub notify: Option<Notify>,
+    /// True when this input ended the instance.
+    pub finished: bool,
+}
+
+/// What a worker's answer to a task comes to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answering {
+    /// The task is open: deliver `input` (`None` when nobody waits for the answer).
+    Open {
+        /// The input for the instance.
+        input: Option<Input>,
+    },
+    /// The task was answered already, timed out, was cancelled, or never existed.
+    Closed,
+}
+
+/// Runs instances through the engine: one policy for every host.
+#[derive(Debug, Clone, Copy)]
+pub struct Driver {
+    /// Engine settings for every instance.
+    pub options: Options,
+    /// The limits.
+    pub limits: Limits,
+}
+
+impl Default for Driver {
+    fn default() -> Self {
+        Driver::durable()
+    }
+}
+
+impl Driver {
+    /// The driver of hosts that keep a journal and trace steps (the durable and Kafka hosts).
+    pub fn durable() -> Driver {
+        Driver {
+            options: Options {
+                journal: true,
+                trace: true,
+                ..Options::default()
+            },
+            limits: Limits::default(),
+        }
+    }
+
+    /// A new top-level instance.
+    pub fn create(&self, machine: Arc<Machine>, id: &str) -> Hosted {
+        Hosted::restored(Instance::new(machine, id, self.options), None, 0, Vec::new(), 0)
+    }
+
+    /// An instance restored from its snapshot.
+    pub fn restore(&self, machine: Arc<Machine>, snapshot: sm4c_runtime::Snapshot) -> Instance {
+        Instance::from_snapshot(machine, snapshot, self.options)
+    }
+
+    /// The subflow a [`Work::StartChild`] asks for, of `machine` (the definition the host found by
+    /// `id`, `None` when there is none). When it cannot start, the parent is told why if it waits.
+    pub fn child(&self, start: &ChildStart, machine: Option<Arc<Machine>>) -> Result<Hosted, Option<Notify>> {
+        let refuse = |message: String| {
+            let error = ErrorInfo::new("subflowError", message);
+            let op = start.parent.op.clone();
+            Err(start.parent.waits.then(|| Notify {
+                instance: start.parent.instance.clone(),
+                input: Input::Failed { op, error },
+            }))
+        };
+        let definition = &start.definition;
+        if start.depth > self.limits.max_subflow_depth {
+            return refuse(format!(
+                "subflow {definition:?} would nest deeper than {} levels (does a subflow start itself?)",
+                self.limits.max_subflow_depth
+            ));
+        }
+        let Some(machine) = machine else {
+            return refuse(format!("no definition with id {definition:?} for invokeSubflow"));
+        };
+        let mut child = self.create(machine, &start.id);
+        child.parent = Some(start.parent.clone());
+        child.depth = start.depth;
+        Ok(child)
+    }
+
+    /// Runs one input through the engine.
+    ///
+    /// An instance that has ended takes no more input. A full journal fails the instance instead of
+    /// taking the input, and a panic in the engine fails only this instance, with its message.
+    pub fn step(&self, h: &mut Hosted, timed: Timed) -> Step {
+        if h.inst.status().is_final() {
+            return Step::default();
+        }
+        if let Input::Completed { op, .. } | Input::Failed { op, .. } = &timed.input {
+            h.close(op);
+        }
+        let max = self.limits.max_journal;
+        let input = if h.journal_len + h.pending.len() as i64 >= max {
+            Input::Abort {
+                error: ErrorInfo::new(
+                    "limitExceeded",
+                    format!("the journal of this instance reached its limit of {max} entries"),
+                ),
+            }
+        } else {
+            timed.input
+        };
+        let at = timed.at;
+        self.run_engine(h, |inst| inst.handle(Timed { at, input }))
+    }
+
+    /// Runs the engine on the instance through `engine` (a seam for tests that need the engine to
+    /// panic) and turns its output into a step.
+    fn run_engine(&self, h: &mut Hosted, engine: impl FnOnce(&mut Instance) -> sm4c_runtime::Output) -> Step {
+        let inst = &mut h.inst;
+        let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine(inst))) {
+            Ok(out) => out,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic without a message".into());
+                h.inst.force_fail(ErrorInfo::new(
+                    "internalError",
+                    format!("the engine failed on this instance: {what}"),
+                ));
+                Default::default()
+            }
+        };
+        if self.options.journal {
+            h.pending.extend(out.entries.iter().cloned());
+        }
+        let id = h.inst.id().to_string();
+        let mut work = Vec::with_capacity(out.effects.len());
+        for effect in out.effects {
+            match &effect {
+                Effect::InvokeFunction { .. } | Effect::StartSubflow { .. } => h.open.push(effect.clone()),
+                Effect::CancelOperation { op } => {
+                    h.close(op);
+                }
+                _ => {}
+            }
+            work.push(self.work(&id, h.inst.machine(), h.depth, effect));
+        }
+        let finished = h.inst.status().is_final();
+        if finished {
+            h.open.clear();
+        }
+        let notify = match &h.parent {
+            Some(p) if finished && p.waits => Some(Notify {
+                instance: p.instance.clone(),
+                input: subflow_result(
+                    &id,
+                    p.op.clone(),
+                    h.inst.status(),
+                    h.inst.data(),
+                    h.inst.error().cloned(),
+                ),
+            }),
+            _ => None,
+        };
+        Step {
+            entries: out.entries,
+            work,
+            notify,
+            finished,
+        }
+    }
+
+    /// What an effect of instance `id` (of `machine`, at subflow depth `depth`) asks a host to do.
+    /// Hosts use it for the effects they recover after a crash too.
+    pub fn work(&self, id: &str, machine: &Machine, depth: u32, effect: Effect) -> Work {
+        match effect {
+            Effect::InvokeFunction { .. } => {
+                if let Some(task) = Task::from_effect(id, &effect, machine) {
+                    return Work::Task {
+                        task,
+                        wait: waits(&effect),
+                    };
+                }
+                let (call, wait) = FunctionCall::from_effect(id, &effect).expect("an InvokeFunction effect");
+                Work::Call { call, wait }
+            }
+            Effect::StartSubflow {
+                op,
+                definition,
+                input,
+                wait,
+            } => Work::StartChild(ChildStart {
+                id: child_id(id, &op),
+                definition,
+                input,
+                parent: ParentLink {
+                    instance: id.to_string(),
+                    op,
+                    waits: wait,
+                },
+                depth: depth + 1,
+            }),
+            Effect::SendEvent { op, event } => Work::Send { op, event },
+            Effect::StartTimer { timer, due } => Work::ArmTimer { timer, due },
+            Effect::CancelTimer { timer } => Work::CancelTimer { timer },
+            Effect::CancelOperation { op } => Work::Stop {
+                child: child_id(id, &op),
+                op,
+            },
+        }
+    }
+
+    /// A call the instance made has returned: the input to deliver, if the instance still waits
+    /// for it. The call is no longer open either way.
+    pub fn call_done(&self, h: &mut Hosted, op: &str, result: Result<Value, ErrorInfo>) -> Option<Input> {
+        let effect = h.close(op)?;
+        if !waits(&effect) || h.inst.status().is_final() {
+            return None;
+        }
+        let op = op.to_string();
+        Some(match result {
+            Ok(result) => Input::Completed { op, result },
+            Err(error) => Input::Failed { op, error },
+        })
+    }
+
+    /// A worker's answer to task `op`. Completing or failing closes the task, so a second answer
+    /// is turned away; a heartbeat keeps it open.
+    pub fn answer(&self, h: &mut Hosted, op: &str, answer: Answer) -> Answering {
+        if h.inst.status().is_final() || !h.open_task(op) {
+            return Answering::Closed;
+        }
+        let waited = h.open_op(op).is_some_and(waits);
+        let op = op.to_string();
+        let input = match answer {
+            Answer::Heartbeat(details) => Input::TaskHeartbeat { op, details },
+            Answer::Complete(result) => {
+                h.close(&op);
+                Input::Completed { op, result }
+            }
+            Answer::Fail(error) => {
+                h.close(&op);
+                Input::Failed { op, error }
+            }
+        };
+        Answering::Open {
+            input: waited.then_some(input),
+        }
+    }
+}
+
+/// The instance an event names with the `sm4cinstanceid` attribute.
+pub fn target(event: &Value) -> Option<String> {
+    attribute_text(event, INSTANCE_ATTRIBUTE)
+}
+
+/// Whether an unfinished instance has an event definition the event matches, correlation
+/// included.
+pub fn accepts(inst: &Instance, event: &Value) -> bool {
+    if inst.status().is_final() {
+        return false;
+    }
+    let snap = inst.snapshot();
+    inst.machine()
+        .events
+        .iter()
+        .any(|d| mismatch(d, event, &snap.data.0, &snap.bindings).is_none())
+}
+
+/// Whether instances of `machine` could ever accept the event: its type and source fit one of
+/// the machine's event definitions (correlation not considered).
+pub fn may_accept(machine: &Machine, event: &Value) -> bool {
+    machine.events.iter().any(|d| kind_matches(d, event))
+}
+
+/// What a parent that waits for subflow `child` (operation `op`) receives when the child ends:
+/// its output, or a `subflowError` naming the child and why it ended.
+pub fn subflow_result(child: &str, op: String, status: Status, data: Value, error: Option<ErrorInfo>) -> Input {
+    match status {
+        Status::Completed => Input::Completed { op, result: data },
+        s => {
+            let cause = error.map(|e| e.message).unwrap_or_default();
+            let e = ErrorInfo::new("subflowError", format!("subflow {child} ended {}: {cause}", s.as_str()))
+                .with_details(json!({"instance": child, "status": s.as_str()}));
+            Input::Failed { op, error: e }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver's policies, shown by feeding inputs and reading steps: no store, no broker, no
+    //! clock, no runtime.
+
+    use super::*;
+    use sm4c_runtime::{load, no_files, LoadOptions};
+
+    const T0: Millis = 1_700_000_000_000;
+
+    fn machine(doc: Value) -> Arc<Machine> {
+        Arc::new(load(&doc, &mut no_files, LoadOptions::default()).expect("valid definition"))
+    }
+
+    fn at(at: Millis, input: Input) -> Timed {
+        Timed { at, input }
+    }
+
+    fn start(d: &Driver, h: &mut Hosted, data: Value) -> Step {
+        d.step(h, at(T0, Input::Start { data }))
+    }
+
+    /// Calls `f`, waiting for its result, then ends.
+    fn caller(function_type: &str, wait: bool) -> Arc<Machine> {
+        machine(json!({"id": "caller", "name": "caller", "version": "1",
+            "functions": [{"name": "f", "operation": "list.a", "type": function_type}],
+            "states": [{"name": "A", "start": true,
+                "enterAction": {"type": "invokeFunction", "functionName": "f", "arguments": {"n": "${ .n }"},
+                                "waitForCompletion": wait},
+                "enterResultHandler": "${ .r = $value }"}]}))
+    }
+
+    fn parent(wait: bool) -> Arc<Machine> {
+        machine(
+            json!({"id": "parent", "name": "p", "version": "1", "states": [{"name": "P", "start": true,
+            "enterAction": {"type": "invokeSubflow", "subflowName": "child", "arguments": {"n": 7}, "waitForCompletion": wait},
+            "enterResultHandler": "${ .child = $value }"}]}),
+        )
+    }
+
+    fn child_machine() -> Arc<Machine> {
+        machine(json!({"id": "child", "name": "c", "version": "1",
+            "states": [{"name": "C", "start": true, "enterAction": {"type": "injectData", "expression": "${ {done: true} }"},
+                        "enterResultHandler": "${ .out = $value }"}]}))
+    }
+
+    fn waiter() -> Arc<Machine> {
+        machine(json!({"id": "w", "name": "w", "version": "1",
+            "events": [{"name": "go", "type": "go", "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .order }"}]}],
+            "states": [{"name": "Wait", "start": true, "transitions": [
+                {"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+                {"name": "Done"}]}))
+    }
+
+    fn only_call(step: &Step) -> (FunctionCall, bool) {
+        match step.work.as_slice() {
+            [Work::Call { call, wait }] => (call.clone(), *wait),
+            other => panic!("expected one call, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_call_is_open_until_its_result_and_the_result_reaches_the_instance_once() {
+        let d = Driver::durable();
+        let mut h = d.create(caller("rest", true), "i");
+        let (call, wait) = only_call(&start(&d, &mut h, json!({"n": 3})));
+        assert!(wait);
+        assert_eq!(call.op, "1.enter");
+        assert_eq!(call.arguments, json!({"n": 3}));
+        assert!(h.open_op("1.enter").is_some());
+        let input = d
+            .call_done(&mut h, "1.enter", Ok(json!(9)))
+            .expect("the instance waits");
+        assert!(h.open.is_empty());
+        // A second result for the same call (a retry after a crash) reaches nothing.
+        assert_eq!(d.call_done(&mut h, "1.enter", Ok(json!(10))), None);
+        let step = d.step(&mut h, at(T0 + 1, input));
+        assert!(step.finished);
+        assert_eq!(h.inst.status(), Status::Completed);
+        assert_eq!(h.inst.data()["r"], json!(9));
+        // Journaling drivers keep the entries for the host to record.
+        assert_eq!(h.pending.len() as i64 + h.journal_len, h.pending.len() as i64);
+        assert!(!h.pending.is_empty());
+    }
+
+    #[test]
+    fn a_call_nobody_waits_for_closes_when_it_returns_and_delivers_nothing() {
+        let d = Driver::durable();
+        let mut h = d.create(caller("rest", false), "i");
+        let (_, wait) = only_call(&start(&d, &mut h, json!({"n": 1})));
+        assert!(!wait);
+        assert_eq!(h.inst.status(), Status::Completed);
+        // Ended: nothing stays open, and a late result is moot.
+        assert!(h.open.is_empty());
+        assert_eq!(d.call_done(&mut h, "1.enter", Ok(json!(1))), None);
+    }
+
+    #[test]
+    fn a_worker_call_is_a_task_and_only_its_first_answer_counts() {
+        let d = Driver::durable();
+        let mut h = d.create(caller("worker", true), "i");
+        let step = start(&d, &mut h, json!({"n": 1}));
+        let task = match step.work.as_slice() {
+            [Work::Task { task, wait: true }] => task.clone(),
+            other => panic!("expected a task, got {other:?}"),
+        };
+        assert_eq!(task.task_list, "list.a");
+        assert!(h.open_task("1.enter"));
+        // A heartbeat keeps it open.
+        match d.answer(&mut h, "1.enter", Answer::Heartbeat(None)) {
+            Answering::Open {
+                input: Some(Input::TaskHeartbeat { .. }),
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(h.open_task("1.enter"));
+        let input = match d.answer(&mut h, "1.enter", Answer::Complete(json!("ok"))) {
+            Answering::Open { input: Some(i) } => i,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            d.answer(&mut h, "1.enter", Answer::Complete(json!("again"))),
+            Answering::Closed
+        );
+        assert_eq!(
+            d.answer(&mut h, "9.nothing", Answer::Fail(ErrorInfo::new("functionError", "x"))),
+            Answering::Closed
+        );
+        d.step(&mut h, at(T0 + 5, input));
+        assert_eq!(h.inst.data()["r"], json!("ok"));
+    }
+
+    #[test]
+    fn the_journal_limit_fails_the_instance_instead_of_taking_the_input() {
+        let d = Driver {
+            limits: Limits {
+                max_journal: 3,
+                ..Limits::default()
+            },
+            ..Driver::durable()
+        };
+        let mut h = d.create(caller("rest", true), "i");
+        start(&d, &mut h, json!({"n": 1}));
+        assert!(h.pending.len() >= 3, "the start alone fills this small journal");
+        let input = d.call_done(&mut h, "1.enter", Ok(json!(1))).unwrap();
+        let step = d.step(&mut h, at(T0 + 1, input));
+        assert!(step.finished);
+        let e = h.inst.error().expect("failed");
+        assert_eq!(e.kind, "limitExceeded");
+        assert_eq!(e.message, "the journal of this instance reached its limit of 3 entries");
+        // Recorded entries count as much as pending ones.
+        let mut h = d.create(caller("rest", true), "j");
+        start(&d, &mut h, json!({}));
+        h.journal_len = h.pending.len() as i64;
+        h.pending.clear();
+        let input = d.call_done(&mut h, "1.enter", Ok(json!(1))).unwrap();
+        d.step(&mut h, at(T0 + 1, input));
+        assert_eq!(h.inst.error().map(|e| e.kind.as_str()), Some("limitExceeded"));
+    }
+
+    #[test]
+    fn an_engine_panic_fails_that_instance_with_its_message() {
+        let d = Driver::durable();
+        let mut h = d.create(caller("rest", true), "i");
+        let step = d.run_engine(&mut h, |_| {
+            panic!("index out of bounds: the len is 1 but the index is 4")
+        });
+        assert!(step.finished);
+        assert!(step.work.is_empty());
+        let e = h.inst.error().expect("failed");
+        assert_eq!(e.kind, "internalError");
+        assert_eq!(
+            e.message,
+            "the engine failed on this instance: index out of bounds: the len is 1 but the index is 4"
+        );
+        // Ended: it takes no more input.
+        assert_eq!(start(&d, &mut h, json!({})), Step::default());
+        // Another instance is untouched.
+        let mut other = d.create(caller("rest", true), "j");
+        assert_eq!(only_call(&start(&d, &mut other, json!({}))).0.instance, "j");
+    }
+
+    #[test]
+    fn a_subflow_is_linked_to_its_parent_which_hears_how_it_ended() {
+        let d = Driver::durable();
+        let mut p = d.create(parent(true), "p");
+        let step = start(&d, &mut p, json!({}));
+        let child = match step.work.as_slice() {
+            [Work::StartChild(c)] => c.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(child.id, "p/1.enter");
+        assert_eq!(child.depth, 1);
+        assert_eq!(
+            child.parent,
+            ParentLink {
+                instance: "p".into(),
+                op: "1.enter".into(),
+                waits: true
+            }
+        );
+        let mut c = d.child(&child, Some(child_machine())).expect("starts");
+        // A waited-for start stays open until the child ends, even once started.
+        p.child_started("1.enter");
+        assert!(p.open_op("1.enter").is_some());
+        let step = d.step(
+            &mut c,
+            at(
+                T0,
+                Input::Start {
+                    data: child.input.clone(),
+                },
+            ),
+        );
+        assert!(step.finished);
+        let n = step.notify.expect("the parent waits");
+        assert_eq!(n.instance, "p");
+        let step = d.step(&mut p, at(T0 + 1, n.input));
+        assert!(step.finished);
+        assert_eq!(p.inst.data()["child"]["out"], json!({"done": true}));
+        assert!(p.open.is_empty());
+    }
+
+    #[test]
+    fn a_failed_subflow_is_a_subflow_error_for_the_parent() {
+        let input = subflow_result(
+            "p/1.enter",
+            "1.enter".into(),
+            Status::Cancelled,
+            Value::Null,
+            Some(ErrorInfo::new("cancelled", "by the API")),
+        );
+        match input {
+            Input::Failed { op, error } => {
+                assert_eq!(op, "1.enter");
+                assert_eq!(error.kind, "subflowError");
+                assert_eq!(error.message, "subflow p/1.enter ended cancelled: by the API");
+                assert_eq!(
+                    error.details,
+                    Some(json!({"instance": "p/1.enter", "status": "cancelled"}))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_parent_that_does_not_wait_forgets_the_start_once_made_and_hears_nothing() {
+        let d = Driver::durable();
+        let mut p = d.create(parent(false), "p");
+        let step = start(&d, &mut p, json!({}));
+        let child = match step.work.as_slice() {
+            [Work::StartChild(c)] => c.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(!child.parent.waits);
+        let mut c = d.child(&child, Some(child_machine())).unwrap();
+        p.child_started("1.enter");
+        assert!(p.open.is_empty());
+        let step = d.step(&mut c, at(T0, Input::Start { data: json!({}) }));
+        assert!(step.finished);
+        assert_eq!(step.notify, None);
+    }
+
+    #[test]
+    fn subflows_nest_at_most_the_limit_and_an_unknown_definition_is_refused() {
+        let d = Driver::durable();
+        let link = ParentLink {
+            instance: "p".into(),
+            op: "1.enter".into(),
+            waits: true,
+        };
+        let start = |depth| ChildStart {
+            id: "p/1.enter".into(),
+            definition: "child".into(),
+            input: json!({}),
+            parent: link.clone(),
+            depth,
+        };
+        assert!(d.child(&start(MAX_SUBFLOW_DEPTH), Some(child_machine())).is_ok());
+        let refused = |r: Result<Hosted, Option<Notify>>| match r {
+            Err(Some(Notify {
+                instance,
+                input: Input::Failed { op, error },
+            })) => {
+                assert_eq!((instance.as_str(), op.as_str()), ("p", "1.enter"));
+                assert_eq!(error.kind, "subflowError");
+                error.message
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("started"),
+        };
+        assert_eq!(
+            refused(d.child(&start(MAX_SUBFLOW_DEPTH + 1), Some(child_machine()))),
+            "subflow \"child\" would nest deeper than 32 levels (does a subflow start itself?)"
+        );
+        assert_eq!(
+            refused(d.child(&start(1), None)),
+            "no definition with id \"child\" for invokeSubflow"
+        );
+        // A parent that does not wait is not told.
+        let mut quiet = start(1);
+        quiet.parent.waits = false;
+        assert!(matches!(d.child(&quiet, None), Err(None)));
+    }
+
+    #[test]
+    fn cancelling_an_operation_stops_its_call_and_names_its_child() {
+        let d = Driver::durable();
+        let m = machine(json!({"id": "t", "name": "t", "version": "1",
+            "functions": [{"name": "f", "operation": "x#f"}],
+            "states": [{"name": "A", "start": true,
+                "enterAction": {"type": "invokeFunction", "functionName": "f", "waitForCompletion": true, "timeout": "PT1S"}}]}));
+        let mut h = d.create(m, "i");
+        let step = start(&d, &mut h, json!({}));
+        let timer = step
+            .work
+            .iter()
+            .find_map(|w| match w {
+                Work::ArmTimer { timer, due } => Some((timer.clone(), *due)),
+                _ => None,
+            })
+            .expect("the action's timeout is a timer");
+        assert_eq!(timer.1, T0 + 1000);
+        let step = d.step(&mut h, at(T0 + 1000, Input::TimerFired { timer: timer.0 }));
+        assert!(step.work.contains(&Work::Stop {
+            op: "1.enter".into(),
+            child: "i/1.enter".into()
+        }));
+        assert!(h.open.is_empty());
+        // The call's late result reaches nothing.
+        assert_eq!(d.call_done(&mut h, "1.enter", Ok(json!(1))), None);
+    }
+
+    #[test]
+    fn events_go_to_the_instance_they_name_or_to_the_instances_whose_correlation_they_carry() {
+        let d = Driver::durable();
+        let m = waiter();
+        let mut a = d.create(m.clone(), "a");
+        let mut b = d.create(m.clone(), "b");
+        start(&d, &mut a, json!({"order": "A-1"}));
+        start(&d, &mut b, json!({"order": "B-2"}));
+        let ev = |order: &str| json!({"specversion": "1.0", "id": "e1", "source": "s", "type": "go", "orderid": order, "data": {"x": 1}});
+        assert!(may_accept(&m, &ev("A-1")));
+        assert!(!may_accept(
+            &m,
+            &json!({"specversion": "1.0", "id": "e", "source": "s", "type": "other"})
+        ));
+        assert!(accepts(&a.inst, &ev("A-1")));
+        assert!(!accepts(&b.inst, &ev("A-1")));
+        assert_eq!(target(&ev("A-1")), None);
+        let mut named = ev("B-2");
+        named[INSTANCE_ATTRIBUTE] = json!("b");
+        assert_eq!(target(&named).as_deref(), Some("b"));
+        let step = d.step(&mut a, at(T0 + 1, Input::Event { event: ev("A-1") }));
+        assert!(step.finished);
+        assert_eq!(a.inst.data()["got"], json!({"x": 1}));
+        // An instance that has ended accepts nothing.
+        assert!(!accepts(&a.inst, &ev("A-1")));
+    }
+
+    #[test]
+    fn the_inbox_limit_is_the_drivers_engine_setting() {
+        let d = Driver {
+            options: Options {
+                max_inbox: 2,
+                ..Driver::durable().options
+            },
+            ..Driver::durable()
+        };
+        let m = machine(json!({"id": "w", "name": "w", "version": "1",
+            "events": [{"name": "go", "type": "go"}, {"name": "other", "type": "other"}],
+            "states": [{"name": "Wait", "start": true, "transitions": [
+                {"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+                {"name": "Done"}]}));
+        let mut h = d.create(m, "i");
+        start(&d, &mut h, json!({}));
+        for n in 0..3 {
+            let e = json!({"specversion": "1.0", "id": format!("o{n}"), "source": "s", "type": "other", "data": n});
+            d.step(&mut h, at(T0 + n, Input::Event { event: e }));
+        }
+        assert_eq!(h.inst.snapshot().inbox.len(), 2);
+    }
+
+    #[test]
+    fn sent_events_and_timers_come_out_as_work_in_the_engines_order() {
+        let d = Driver::durable();
+        let m = machine(json!({"id": "s", "name": "s", "version": "1",
+            "events": [{"name": "out", "type": "out", "kind": "produced"}],
+            "states": [{"name": "A", "start": true,
+                "enterAction": {"type": "sequence", "actions": [
+                    {"type": "sendEvent", "event": "out", "expression": "${ {n: 1} }"},
+                    {"type": "delay", "timeout": "PT5S"}]}}]}));
+        let mut h = d.create(m, "i");
+        let step = start(&d, &mut h, json!({}));
+        match step.work.as_slice() {
+            [Work::Send { event, .. }, Work::ArmTimer { due, .. }] => {
+                assert_eq!(event["type"], "out");
+                assert_eq!(*due, T0 + 5000);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parent_links_keep_the_tuple_form_stores_and_records_have() {
+        let l = ParentLink {
+            instance: "p".into(),
+            op: "1.enter".into(),
+            waits: true,
+        };
+        assert_eq!(serde_json::to_value(&l).unwrap(), json!(["p", "1.enter", true]));
+        let back: ParentLink = serde_json::from_value(json!(["p", "1.enter", true])).unwrap();
+        assert_eq!(back, l);
+    }
+}
