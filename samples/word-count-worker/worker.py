@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A worker for the `text-analysis` task list of `sm4c serve`, in plain Python (standard library only).
 
-It speaks the task list protocol of the README ("Worker task lists"): it long-polls for a task,
+It speaks the task list protocol of docs/src/worker-task-lists.md: it long-polls for a task,
 heartbeats while it works, and completes or fails the task by its token. No SDK is needed.
 
     python3 worker.py --server http://127.0.0.1:8080 [--task-list text-analysis] [--max-tasks N]
