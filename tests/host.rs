@@ -1,7 +1,7 @@
 //! The in-memory host: real and virtual clocks, event delivery, subflows, cancellation.
 
 use serde_json::{json, Value};
-use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Host, InMemoryHost};
+use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Functions, InMemoryHost};
 use sm4c_runtime::{load, no_files, ErrorInfo, LoadOptions, Machine, Status};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ struct TestHost {
     calls: Mutex<Vec<FunctionCall>>,
 }
 
-impl Host for TestHost {
+impl Functions for TestHost {
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
         self.calls.lock().unwrap().push(call.clone());
         Box::pin(async move {

@@ -923,7 +923,7 @@ fn start_events_start_one_instance_per_event_and_explain_event_says_why_others_t
     send_binary(&p, &format!("{prefix}.events"), &order_created(7));
     send_binary(&p, &format!("{prefix}.events"), &order_created(7));
     p.flush(Duration::from_secs(10)).expect("flush");
-    let id = sm4c_host::kafka::start_id("saga", "shop", "e7");
+    let id = sm4c_kafka::start_id("saga", "shop", "e7");
     wait_until("the saga to start", 30, || state_of(&w, &id) == "Request", &[&w]);
     std::thread::sleep(Duration::from_secs(1));
     let sagas: Vec<Value> = all_instances(&w)
@@ -1015,7 +1015,7 @@ fn interop_with_the_python_cloudevents_sdk_and_confluent_kafka() {
     );
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
     for i in 1..=2 {
-        let id = sm4c_host::kafka::start_id("saga", "shop", &format!("py-{i}"));
+        let id = sm4c_kafka::start_id("saga", "shop", &format!("py-{i}"));
         wait_until("the Python client's sagas", 30, || state_of(&w, &id) == "Paid", &[&w]);
         let v = w.get(&format!("/instances/{id}"));
         assert_eq!(v["data"]["payment"], json!({"paid": 100 + i}), "{v}");
@@ -1092,8 +1092,8 @@ fn at_least_once_delivery_runs_without_transactions() {
 
 #[test]
 fn the_kafka_host_runs_inside_an_application() {
-    use sm4c_host::kafka::{KafkaConfig, KafkaHost};
-    use sm4c_host::serve::Backend;
+    use sm4c_kafka::{KafkaConfig, KafkaHost};
+    use sm4c_host::service::Backend;
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1108,7 +1108,7 @@ fn the_kafka_host_runs_inside_an_application() {
         config.settings.push(("session.timeout.ms".into(), "6000".into()));
         let doc: Value =
             serde_json::from_str(&std::fs::read_to_string(data_dir().join("saga.json")).expect("read")).expect("JSON");
-        let functions = Arc::new(sm4c_host::mock::MockHost::default());
+        let functions = Arc::new(sm4c_invoke::router::CallRouter::default());
         let host = KafkaHost::start(config, vec![doc], functions).await.expect("start");
         let deadline = Instant::now() + Duration::from_secs(60);
         while host.owned_partitions() < 2 {

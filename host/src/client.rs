@@ -139,7 +139,7 @@ fn pages(remote: &Remote, path: &str, key: &str) -> Result<Vec<Value>, Failure> 
         let page = call(
             remote,
             "GET",
-            &format!("{path}&after={}", crate::rest::encode(&after)),
+            &format!("{path}&after={}", sm4c_invoke::rest::encode(&after)),
             None,
         )?;
         all.extend(page[key].as_array().cloned().unwrap_or_default());
@@ -213,10 +213,10 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
         } => {
             let mut q = "/instances?limit=1000".to_string();
             if let Some(st) = &status {
-                q += &format!("&status={}", crate::rest::encode(st));
+                q += &format!("&status={}", sm4c_invoke::rest::encode(st));
             }
             if let Some(d) = &definition {
-                q += &format!("&definition={}", crate::rest::encode(d));
+                q += &format!("&definition={}", sm4c_invoke::rest::encode(d));
             }
             let all = pages(&remote, &q, "instances")?;
             if remote.json {
@@ -247,7 +247,7 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             let v = call(
                 &remote,
                 "GET",
-                &format!("/instances/{}", crate::rest::encode(&id)),
+                &format!("/instances/{}", sm4c_invoke::rest::encode(&id)),
                 None,
             )?;
             if remote.json {
@@ -279,7 +279,7 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
         ClientCommand::History { id, remote } => {
             let all = pages(
                 &remote,
-                &format!("/instances/{}/history?limit=1000", crate::rest::encode(&id)),
+                &format!("/instances/{}/history?limit=1000", sm4c_invoke::rest::encode(&id)),
                 "entries",
             )?;
             if remote.json {
@@ -338,7 +338,7 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
             let v = call(
                 &remote,
                 "POST",
-                &format!("/instances/{}/cancel", crate::rest::encode(&id)),
+                &format!("/instances/{}/cancel", sm4c_invoke::rest::encode(&id)),
                 Some(("application/json", b"{}".to_vec())),
             )?;
             if remote.json {

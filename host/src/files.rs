@@ -6,31 +6,7 @@ use sm4c_runtime::{load, Expr, Limits, LoadOptions, Machine};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// A problem in one file: `FILE: WHERE: message`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileError {
-    /// The file.
-    pub file: String,
-    /// A JSON pointer (`/states/0/name`), `/` for the whole document, or `line N`.
-    pub place: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for FileError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}: {}", self.file, self.place, self.message)
-    }
-}
-
-fn ferr(file: &Path, place: impl Into<String>, message: impl Into<String>) -> FileError {
-    FileError {
-        file: file.display().to_string(),
-        place: place.into(),
-        message: message.into(),
-    }
-}
+pub use sm4c_invoke::files::{ferr, resolve_uri, FileError};
 
 /// Reads a JSON document.
 pub fn read_json(path: &Path) -> Result<Value, FileError> {
@@ -81,23 +57,6 @@ pub fn load_definition(path: &Path, limits: Limits) -> Result<Machine, Vec<FileE
             })
             .collect()
     })
-}
-
-/// Resolves a URI found in a definition to a local file: `file://` and plain paths are relative
-/// to the definition's folder.
-pub fn resolve_uri(dir: &Path, uri: &str) -> Result<PathBuf, String> {
-    let path = if let Some(rest) = uri.strip_prefix("file://") {
-        rest
-    } else if uri.contains("://") {
-        return Err(format!(
-            "{uri:?} is remote; only local files (file:// or a relative path) can be read"
-        ));
-    } else {
-        uri
-    };
-    let path = path.split('#').next().unwrap_or(path);
-    let p = Path::new(path);
-    Ok(if p.is_absolute() { p.to_path_buf() } else { dir.join(p) })
 }
 
 /// Reads a JSON input file.

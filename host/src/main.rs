@@ -1,13 +1,16 @@
-//! The `sm4c` command: glue between the command line and the host library.
+//! The `sm4c` command: glue between the command line and the host crates.
+
+mod client;
+mod files;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
-use sm4c_host::config::CallConfig;
-use sm4c_host::files::{self, FileError};
-use sm4c_host::grpc::{self, GrpcInvoker};
-use sm4c_host::mock::MockHost;
+use files::FileError;
 use sm4c_host::{graph, Clock, Config, InMemoryHost};
+use sm4c_invoke::config::CallConfig;
+use sm4c_invoke::grpc::{self, GrpcInvoker};
+use sm4c_invoke::router::CallRouter;
 use sm4c_runtime::{Limits, Options, Status, Trace};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -57,7 +60,7 @@ enum Command {
     /// Serve durable instances over HTTP, stored in SQLite.
     Serve(ServeArgs),
     #[command(flatten)]
-    Client(sm4c_host::client::ClientCommand),
+    Client(client::ClientCommand),
 }
 
 #[derive(clap::Args)]
@@ -246,7 +249,7 @@ fn dispatch(cli: Cli) -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Client(cmd) => sm4c_host::client::run(cmd),
+        Command::Client(cmd) => client::run(cmd),
     }
 }
 
@@ -338,9 +341,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let machine = Arc::new(machine);
     let base = args.file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, calls.rest));
+    let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
     let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
-    let host = Arc::new(MockHost {
+    let host = Arc::new(CallRouter {
         mocks,
         subflows,
         sent,
@@ -437,8 +440,8 @@ fn print_trace(id: &str, t: &Trace) {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    use sm4c_host::durable::{DurableHost, HostError, Limits as HostLimits};
-    use sm4c_host::store::SqliteStore;
+    use sm4c_durable::store::SqliteStore;
+    use sm4c_durable::{DurableHost, Limits as HostLimits};
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -486,14 +489,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
-    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, calls.rest));
+    let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
     let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(STACK)
         .build()?;
     rt.block_on(async move {
-        let host = Arc::new(MockHost {
+        let host = Arc::new(CallRouter {
             mocks,
             subflows: HashMap::new(),
             sent: None,
@@ -512,16 +515,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         };
         for (path, doc) in docs {
-            match durable.define(doc).await {
-                Ok(_) => {}
-                Err(HostError::Store(e)) => {
-                    eprintln!("{}: /: {e}", path.display());
-                    return Ok(ExitCode::from(2));
-                }
-                Err(e) => {
-                    eprintln!("{}: /: {e}", path.display());
-                    return Ok(ExitCode::from(2));
-                }
+            if let Err(e) = durable.define(doc).await {
+                eprintln!("{}: /: {e}", path.display());
+                return Ok(ExitCode::from(2));
             }
         }
         let listener = match tokio::net::TcpListener::bind(&args.listen).await {
@@ -532,7 +528,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), "sm4c serving");
-        let app = sm4c_host::serve::router(durable.clone());
+        let app = sm4c_api::router(durable.clone());
         let polls = durable.clone();
         let store_failure = Arc::new(std::sync::OnceLock::new());
         let failure = store_failure.clone();
@@ -564,10 +560,10 @@ fn serve_kafka(
     bootstrap: &str,
     docs: Vec<(PathBuf, serde_json::Value)>,
     mocks: HashMap<String, sm4c_runtime::Expr>,
-    calls: sm4c_host::config::CallConfig,
+    calls: sm4c_invoke::config::CallConfig,
     park_ms: u64,
 ) -> anyhow::Result<ExitCode> {
-    let mut config = sm4c_host::kafka::KafkaConfig::new(bootstrap);
+    let mut config = sm4c_kafka::KafkaConfig::new(bootstrap);
     config.group = args.kafka.group.clone();
     config.prefix = args.kafka.topic_prefix.clone();
     config.events_topics = args.kafka.events_topics.clone();
@@ -582,14 +578,14 @@ fn serve_kafka(
         config.settings.push((k.trim().to_string(), v.trim().to_string()));
     }
     let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
-    let rest = Arc::new(sm4c_host::rest::RestInvoker::new(&base, calls.rest));
+    let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
     let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(STACK)
         .build()?;
     rt.block_on(async move {
-        let host = Arc::new(MockHost {
+        let host = Arc::new(CallRouter {
             mocks,
             subflows: HashMap::new(),
             sent: None,
@@ -597,7 +593,7 @@ fn serve_kafka(
             grpc: Some(grpc),
         });
         let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
-        let kafka = match sm4c_host::kafka::KafkaHost::start(config, docs, host).await {
+        let kafka = match sm4c_kafka::KafkaHost::start(config, docs, host).await {
             Ok(k) => k,
             Err(e) => {
                 eprintln!("sm4c: cannot start on Kafka: {e}");
@@ -612,7 +608,7 @@ fn serve_kafka(
             }
         };
         tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, "sm4c serving on Kafka");
-        let app = sm4c_host::serve::router(kafka.clone());
+        let app = sm4c_api::router(kafka.clone());
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
             .await?;

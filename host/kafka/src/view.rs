@@ -4,7 +4,7 @@
 use super::wire::Quiet;
 use super::wire::{InstanceRecord, StateRecord, PARTITION_KEY};
 use super::Shared;
-use crate::store::Summary;
+use sm4c_host::service::Summary;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sm4c_runtime::engine::rfc3339;

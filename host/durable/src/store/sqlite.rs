@@ -1,7 +1,8 @@
 //! The embedded store: one SQLite file in WAL mode.
 
-use super::{time, Batch, Store, StoreError, Stored, Summary};
-use crate::driver::ParentLink;
+use sm4c_host::service::time;
+use super::{Batch, Store, StoreError, Stored, Summary};
+use sm4c_host::driver::ParentLink;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
@@ -214,7 +215,7 @@ impl Store for SqliteStore {
                 }
                 clear_calls.execute([&s.id])?;
                 for effect in &w.calls {
-                    call.execute(params![s.id, crate::driver::op_of(effect), json(effect)])?;
+                    call.execute(params![s.id, sm4c_host::driver::op_of(effect), json(effect)])?;
                 }
             }
             let mut out = tx.prepare_cached("INSERT INTO outbox (instance, event, at) VALUES (?1, ?2, ?3)")?;

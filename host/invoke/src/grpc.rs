@@ -9,7 +9,7 @@
 //! apply.
 
 use crate::files::FileError;
-use crate::host::FunctionCall;
+use sm4c_host::FunctionCall;
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, SerializeOptions};
 use serde_json::{json, Value};
@@ -541,7 +541,7 @@ fn local(e: tonic::transport::Error) -> Status {
 impl tower::Service<http::Request<tonic::body::Body>> for Local {
     type Response = http::Response<tonic::body::Body>;
     type Error = Status;
-    type Future = crate::BoxFuture<'static, Result<Self::Response, Status>>;
+    type Future = sm4c_host::BoxFuture<'static, Result<Self::Response, Status>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         self.0.poll_ready(cx).map_err(local)

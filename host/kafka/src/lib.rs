@@ -56,10 +56,10 @@ mod worker;
 
 pub use wire::{partition_of, start_id};
 
-use crate::durable::{HostError, Registry};
-use crate::host::{BoxFuture, Host};
-use crate::serve::Backend;
-use crate::store::{Stored, Summary};
+use sm4c_host::service::{HostError, Registry};
+use sm4c_host::{BoxFuture, Functions};
+use sm4c_host::service::Backend;
+use sm4c_host::service::{Stored, Summary};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -211,14 +211,14 @@ pub(crate) struct Shared {
     pub topics: Topics,
     pub partitions: i32,
     pub registry: RwLock<Registry>,
-    pub host: Arc<dyn Host>,
+    pub host: Arc<dyn Functions>,
     pub rt: tokio::runtime::Handle,
     pub plain: ThreadedProducer<Quiet>,
     pub stop: AtomicBool,
     pub owned: AtomicUsize,
     pub failure: Mutex<Option<String>>,
     /// How instances run: the same driver as every host's.
-    pub driver: crate::driver::Driver,
+    pub driver: sm4c_host::driver::Driver,
 }
 
 impl Shared {
@@ -359,7 +359,7 @@ impl KafkaHost {
     pub async fn start(
         config: KafkaConfig,
         definitions: Vec<Value>,
-        host: Arc<dyn Host>,
+        host: Arc<dyn Functions>,
     ) -> Result<KafkaHost, KafkaError> {
         let topics = Topics::new(&config.prefix, &config.events_topics);
         let admin: AdminClient<DefaultClientContext> = config
@@ -409,12 +409,12 @@ impl KafkaHost {
         };
         // One clock partition per commands partition, however many that topic has.
         create_topics(&admin, &config.bootstrap, &[(topics.clock.clone(), partitions, false)]).await?;
-        let driver = crate::driver::Driver {
-            limits: crate::driver::Limits {
+        let driver = sm4c_host::driver::Driver {
+            limits: sm4c_host::driver::Limits {
                 max_journal: config.max_journal,
-                ..crate::driver::Limits::default()
+                ..sm4c_host::driver::Limits::default()
             },
-            ..crate::driver::Driver::durable()
+            ..sm4c_host::driver::Driver::durable()
         };
         let shared = Arc::new(Shared {
             driver,
@@ -521,10 +521,10 @@ impl KafkaHost {
             if existing.source == m.source {
                 return Ok((existing, false));
             }
-            return Err(HostError::Store(crate::store::StoreError::Conflict {
+            return Err(HostError::Conflict {
                 id: m.id.clone(),
                 version: m.version.clone(),
-            }));
+            });
         }
         let key = format!("{}@{}", m.id, m.version);
         let payload = serde_json::to_vec(&m.source).unwrap_or_default();
@@ -617,7 +617,7 @@ impl KafkaHost {
 
 /// Whether the instance record waits for worker task `op`.
 fn task_open(r: &wire::InstanceRecord, op: &str) -> bool {
-    !r.snapshot.status.is_final() && r.calls.iter().any(|(o, e)| o == op && crate::driver::is_task(e))
+    !r.snapshot.status.is_final() && r.calls.iter().any(|(o, e)| o == op && sm4c_host::driver::is_task(e))
 }
 
 impl Backend for KafkaHost {
@@ -636,7 +636,7 @@ impl Backend for KafkaHost {
                 }
                 for (_, e) in &r.calls {
                     if let sm4c_runtime::Effect::InvokeFunction { operation, .. } = e {
-                        if crate::driver::is_task(e) {
+                        if sm4c_host::driver::is_task(e) {
                             *lists.entry(operation.clone()).or_default() += 1;
                         }
                     }
@@ -655,7 +655,7 @@ impl Backend for KafkaHost {
             Err(HostError::NotSupported(format!(
                 "in Kafka mode task list {name:?} is the topic {topic:?}: consume it with a consumer group \
                  (each record is an {} CloudEvent) and answer by token here or with a CloudEvent",
-                crate::tasks::EVENT_SCHEDULED
+                sm4c_host::tasks::EVENT_SCHEDULED
             )))
         })
     }
@@ -666,10 +666,10 @@ impl Backend for KafkaHost {
     fn answer(
         &self,
         token: String,
-        answer: crate::tasks::Answer,
-    ) -> BoxFuture<'_, Result<crate::durable::Answered, HostError>> {
+        answer: sm4c_host::tasks::Answer,
+    ) -> BoxFuture<'_, Result<sm4c_host::service::Answered, HostError>> {
         Box::pin(async move {
-            let (instance, op) = crate::tasks::decode_token(&token).ok_or_else(|| {
+            let (instance, op) = sm4c_host::tasks::decode_token(&token).ok_or_else(|| {
                 HostError::UnknownTask(format!(
                     "{token:?} is not a task token (tokens come in the tasks on the task list topics)"
                 ))
@@ -679,10 +679,10 @@ impl Backend for KafkaHost {
                     "no task: the token names instance {instance:?}, which does not exist"
                 )));
             };
-            let heartbeat = matches!(answer, crate::tasks::Answer::Heartbeat(_));
+            let heartbeat = matches!(answer, sm4c_host::tasks::Answer::Heartbeat(_));
             if !task_open(&r, &op) {
                 return if heartbeat {
-                    Ok(crate::durable::Answered {
+                    Ok(sm4c_host::service::Answered {
                         instance,
                         op,
                         cancel_requested: true,
@@ -691,7 +691,7 @@ impl Backend for KafkaHost {
                     Err(HostError::TaskClosed { instance, op })
                 };
             }
-            let request = crate::durable::new_id("answer");
+            let request = sm4c_host::service::new_id("answer");
             let c = Command::Answer {
                 id: instance.clone(),
                 op: op.clone(),
@@ -712,7 +712,7 @@ impl Backend for KafkaHost {
                     return Err(HostError::TaskClosed { instance, op });
                 }
             }
-            Ok(crate::durable::Answered {
+            Ok(sm4c_host::service::Answered {
                 instance,
                 op,
                 cancel_requested: false,
@@ -746,8 +746,8 @@ impl Backend for KafkaHost {
                     None => definition,
                 }));
             };
-            let id = id.unwrap_or_else(|| crate::durable::new_id(&m.id));
-            let request = crate::durable::new_id("start");
+            let id = id.unwrap_or_else(|| sm4c_host::service::new_id(&m.id));
+            let request = sm4c_host::service::new_id("start");
             if self.view.get(&id).is_some() {
                 return Ok((id, false));
             }
@@ -847,7 +847,7 @@ impl Backend for KafkaHost {
         })
     }
 
-    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<crate::serve::SentPage, HostError>> {
+    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<sm4c_host::service::SentPage, HostError>> {
         let after = after.to_string();
         Box::pin(async move {
             let me = self.clone();
@@ -871,14 +871,14 @@ impl Backend for KafkaHost {
 
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
         let snaps = self.view.snapshots();
-        let r = crate::explain::explain(&self.shared.machines(), snaps.iter(), &event);
+        let r = sm4c_host::explain::explain(&self.shared.machines(), snaps.iter(), &event);
         Box::pin(async move { Ok(r) })
     }
 }
 
 impl KafkaHost {
     /// Sent events on the default out topic; the cursor is `partition:offset,...`.
-    fn read_sent(&self, after: &str, limit: usize) -> Result<crate::serve::SentPage, HostError> {
+    fn read_sent(&self, after: &str, limit: usize) -> Result<sm4c_host::service::SentPage, HostError> {
         let topic = self.shared.topics.out.clone();
         let mut pos: Vec<i64> = vec![0; self.shared.partitions as usize];
         if !after.is_empty() {
@@ -919,7 +919,7 @@ impl KafkaHost {
                         .detach()
                         .to_event()
                         .ok()
-                        .and_then(|e| crate::host::event_json(&e).ok())
+                        .and_then(|e| sm4c_host::events::event_json(&e).ok())
                         .unwrap_or(Value::Null);
                     pos[m.partition() as usize] = m.offset() + 1;
                     let instance = m.key().map(|k| String::from_utf8_lossy(k).into_owned());

@@ -12,7 +12,7 @@
 //! Like the engine it does no IO and reads no clock: time comes in with the input, so it is tested
 //! by feeding inputs and checking outputs.
 
-use crate::host::FunctionCall;
+use crate::functions::FunctionCall;
 use crate::tasks::{Answer, Task};
 use serde_json::{json, Value};
 use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};

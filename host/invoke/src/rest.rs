@@ -7,7 +7,7 @@
 //! response is the result; anything else (a non-2xx status, a timeout, a refused connection) is a
 //! `functionError` that error handlers and retry policies see.
 
-use crate::host::FunctionCall;
+use sm4c_host::FunctionCall;
 use serde_json::{json, Map, Value};
 use sm4c_runtime::ErrorInfo;
 use std::collections::HashMap;
@@ -244,7 +244,7 @@ impl RestInvoker {
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.
-pub(crate) fn encode(s: &str) -> String {
+pub fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),

@@ -3,10 +3,8 @@
 //! Both implement [`Backend`], so the API, the CLI client and the OpenAPI document are the same
 //! in both modes.
 
-use crate::durable::{Answered, DurableHost, HostError};
-use crate::host::BoxFuture;
-use crate::store::{StoreError, Stored, Summary};
-use crate::tasks::Answer;
+use sm4c_host::service::{Answered, Backend, HostError};
+use sm4c_host::tasks::Answer;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -17,172 +15,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_runtime::engine::rfc3339;
 use sm4c_runtime::validate::is_task_list_name;
-use sm4c_runtime::{timespan, Entry, Machine};
+use sm4c_runtime::{timespan, Entry};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A page of sent events and the cursor of the next one.
-pub type SentPage = (Vec<Value>, Option<String>);
-
-/// What the HTTP API runs on.
-pub trait Backend: Send + Sync + 'static {
-    /// Registers a definition; `true` when it is new.
-    fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>>;
-    /// Every registered definition (all versions).
-    fn machines(&self) -> Vec<Arc<Machine>>;
-    /// The latest version of a definition.
-    fn latest(&self, id: &str) -> Option<Arc<Machine>>;
-    /// Starts an instance; `true` when it is new (an existing id is not started again).
-    fn start_instance(
-        &self,
-        definition: String,
-        version: Option<String>,
-        id: Option<String>,
-        input: Value,
-    ) -> BoxFuture<'_, Result<(String, bool), HostError>>;
-    /// One instance.
-    fn instance(&self, id: &str) -> Result<Option<Stored>, HostError>;
-    /// Instances, oldest first, after a cursor.
-    fn list(
-        &self,
-        status: Option<&str>,
-        definition: Option<&str>,
-        after: i64,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>>;
-    /// Journal entries of an instance after a cursor.
-    fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>>;
-    /// Cancels an instance.
-    fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>>;
-    /// Delivers (or queues) an incoming CloudEvent; the JSON answered with 202.
-    fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
-    /// Sent events after a cursor: (events, next cursor).
-    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>>;
-    /// Which instances an event would reach, and why the others turn it away.
-    fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
-    /// The task lists with tasks waiting or taken.
-    fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>>;
-    /// Waits up to `wait` for a task of a task list.
-    fn poll(
-        &self,
-        list: String,
-        worker: Option<String>,
-        wait: Duration,
-    ) -> BoxFuture<'_, Result<Option<Value>, HostError>>;
-    /// A worker's answer to a task, by token.
-    fn answer(&self, token: String, answer: Answer) -> BoxFuture<'_, Result<Answered, HostError>>;
-    /// What `GET /healthz` answers.
-    fn health(&self) -> Value {
-        json!({"status": "ok"})
-    }
-}
-
-impl Backend for DurableHost {
-    fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>> {
-        Box::pin(DurableHost::task_lists(self))
-    }
-    fn poll(
-        &self,
-        list: String,
-        worker: Option<String>,
-        wait: Duration,
-    ) -> BoxFuture<'_, Result<Option<Value>, HostError>> {
-        Box::pin(async move { DurableHost::poll(self, &list, worker, wait).await })
-    }
-    fn answer(&self, token: String, answer: Answer) -> BoxFuture<'_, Result<Answered, HostError>> {
-        Box::pin(async move { DurableHost::answer(self, &token, answer).await })
-    }
-    fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {
-        Box::pin(DurableHost::define(self, doc))
-    }
-    fn machines(&self) -> Vec<Arc<Machine>> {
-        self.registry().all()
-    }
-    fn latest(&self, id: &str) -> Option<Arc<Machine>> {
-        self.registry().get(id, None)
-    }
-    fn start_instance(
-        &self,
-        definition: String,
-        version: Option<String>,
-        id: Option<String>,
-        input: Value,
-    ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
-        Box::pin(async move { DurableHost::start_instance(self, &definition, version.as_deref(), id, input).await })
-    }
-    fn instance(&self, id: &str) -> Result<Option<Stored>, HostError> {
-        Ok(self.store().instance(id)?)
-    }
-    fn list(
-        &self,
-        status: Option<&str>,
-        definition: Option<&str>,
-        after: i64,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>> {
-        let r = self
-            .store()
-            .list(status, definition, after, limit)
-            .map_err(HostError::from);
-        Box::pin(async move { r })
-    }
-    fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>> {
-        let r = self.store().history(id, after, limit).map_err(HostError::from);
-        Box::pin(async move { r })
-    }
-    fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
-        Box::pin(async move { DurableHost::cancel(self, &id).await })
-    }
-    fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
-        Box::pin(async move {
-            let d = DurableHost::deliver(self, event).await?;
-            Ok(serde_json::to_value(d).unwrap_or(Value::Null))
-        })
-    }
-    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>> {
-        let r = after
-            .parse::<i64>()
-            .or_else(|_| {
-                if after.is_empty() {
-                    Ok(0)
-                } else {
-                    Err(HostError::InvalidCursor(after.to_string()))
-                }
-            })
-            .and_then(|after| {
-                let rows = self.store().outbox(after, limit)?;
-                let next = rows.last().map(|r| r.0.to_string());
-                let events = rows
-                    .into_iter()
-                    .map(|(s, i, e)| json!({"seq": s, "instance": i, "event": e}))
-                    .collect();
-                Ok((events, next))
-            });
-        Box::pin(async move { r })
-    }
-    fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
-        let r = (|| {
-            let machines = self.registry().all();
-            let defs: Vec<(String, String)> = machines
-                .iter()
-                .filter(|m| {
-                    m.events
-                        .iter()
-                        .any(|d| sm4c_runtime::engine::event::kind_matches(d, &event))
-                })
-                .map(|m| (m.id.clone(), m.version.clone()))
-                .collect();
-            let mut snaps = Vec::new();
-            for id in self.store().active(&defs)? {
-                if let Some(s) = self.store().instance(&id)? {
-                    snaps.push(s.snapshot);
-                }
-            }
-            Ok(crate::explain::explain(&machines, snaps.iter(), &event))
-        })();
-        Box::pin(async move { r })
-    }
-}
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -219,7 +54,7 @@ impl From<HostError> for ApiError {
             }
             HostError::UnknownInstance(i) => ApiError(StatusCode::NOT_FOUND, "unknownInstance", format!("no instance {i:?}"), None),
             HostError::Ended(i) => ApiError(StatusCode::CONFLICT, "instanceEnded", format!("instance {i:?} has already ended"), None),
-            HostError::Store(StoreError::Conflict { id, version }) => ApiError(
+            HostError::Conflict { id, version } => ApiError(
                 StatusCode::CONFLICT,
                 "definitionConflict",
                 format!("definition {id:?} version {version:?} is already registered with different content; register a new version"),
@@ -522,7 +357,7 @@ async fn read_event(req: Request) -> Result<Value, ApiError> {
     })?;
     // In binary mode a JSON body arrives as bytes; it becomes JSON data, as in structured mode.
     let value =
-        crate::host::event_json(&event).map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e, None))?;
+        sm4c_host::events::event_json(&event).map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e, None))?;
     Ok(value)
 }
 

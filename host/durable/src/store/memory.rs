@@ -1,6 +1,7 @@
 //! A store in memory, for tests and for trying things out.
 
-use super::{time, Batch, Store, StoreError, Stored, Summary};
+use sm4c_host::service::time;
+use super::{Batch, Store, StoreError, Stored, Summary};
 use serde_json::Value;
 use sm4c_runtime::{Effect, Entry, Millis};
 use std::collections::BTreeMap;

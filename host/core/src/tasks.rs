@@ -77,8 +77,8 @@ impl Task {
 
     /// The task as a function call, for hosts where the application's functions do the work
     /// (the in-memory host): the call is the task's start.
-    pub fn call(&self) -> crate::host::FunctionCall {
-        crate::host::FunctionCall {
+    pub fn call(&self) -> crate::functions::FunctionCall {
+        crate::functions::FunctionCall {
             instance: self.instance.clone(),
             op: self.op.clone(),
             function: self.function.clone(),

@@ -11,8 +11,9 @@ mod sqlite;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
-use crate::driver::ParentLink;
-use serde::Serialize;
+use sm4c_host::driver::ParentLink;
+pub use sm4c_host::service::{Stored, Summary};
+use sm4c_host::service::HostError;
 use serde_json::Value;
 use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
 
@@ -40,6 +41,15 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl From<StoreError> for HostError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict { id, version } => HostError::Conflict { id, version },
+            other => HostError::Store(other.to_string()),
+        }
+    }
+}
+
 /// What one batch writes.
 #[derive(Debug, Default)]
 pub struct Batch {
@@ -64,45 +74,6 @@ pub struct InstanceWrite {
     pub entries: Vec<Entry>,
     /// Calls and subflow starts the instance has open, now.
     pub calls: Vec<Effect>,
-}
-
-/// An instance as listings show it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Summary {
-    /// Instance id.
-    pub id: String,
-    /// Definition id.
-    pub definition: String,
-    /// Definition version.
-    pub version: String,
-    /// Status.
-    pub status: String,
-    /// Current state.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
-    /// Start time (RFC 3339).
-    pub started_at: Option<String>,
-    /// End time (RFC 3339).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ended_at: Option<String>,
-    /// Parent instance, for subflows.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parent: Option<String>,
-    /// Sequence number, for cursors.
-    #[serde(skip)]
-    pub seq: i64,
-}
-
-/// A stored instance.
-#[derive(Debug, Clone)]
-pub struct Stored {
-    /// Its snapshot.
-    pub snapshot: Snapshot,
-    /// Parent link.
-    pub parent: Option<ParentLink>,
-    /// Journal length.
-    pub journal_len: i64,
 }
 
 /// Storage for the durable host.
@@ -139,6 +110,4 @@ pub trait Store: Send + Sync + 'static {
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError>;
 }
 
-fn time(ms: Option<Millis>) -> Option<String> {
-    ms.map(sm4c_runtime::engine::rfc3339)
-}
+

@@ -8,17 +8,17 @@
 //! store (firing at once if they came due meanwhile) and calls that were in flight are made again
 //! with the same operation id.
 
-use crate::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
-use crate::host::Host;
+use sm4c_host::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
+use sm4c_host::service::{new_id, Answered, Delivery, HostError, Registry};
+use sm4c_host::Functions;
 use crate::store::{Batch, InstanceWrite, Store, StoreError};
-use crate::tasks::{decode_token, Answer, Poller, Task, TaskLists};
+use sm4c_host::tasks::{decode_token, Answer, Poller, Task, TaskLists};
 use serde_json::{json, Value};
 use sm4c_runtime::{
-    load, Effect, Entry, ErrorInfo, Input, LoadOptions, Machine, Millis, Status, Timed, ValidationError,
+    load, Effect, Entry, ErrorInfo, Input, LoadOptions, Machine, Millis, Status, Timed,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
@@ -41,112 +41,6 @@ impl Default for Limits {
             batch: 512,
         }
     }
-}
-
-/// Registered definitions by id and version.
-#[derive(Default)]
-pub struct Registry {
-    machines: HashMap<(String, String), Arc<Machine>>,
-    /// Newest version of each id, by registration order.
-    latest: HashMap<String, String>,
-    order: Vec<(String, String)>,
-}
-
-impl Registry {
-    /// A definition by id and optional version (newest registered when none).
-    pub fn get(&self, id: &str, version: Option<&str>) -> Option<Arc<Machine>> {
-        let v = version.map(str::to_string).or_else(|| self.latest.get(id).cloned())?;
-        self.machines.get(&(id.to_string(), v)).cloned()
-    }
-
-    /// Every definition, in registration order.
-    pub fn all(&self) -> Vec<Arc<Machine>> {
-        self.order
-            .iter()
-            .filter_map(|k| self.machines.get(k).cloned())
-            .collect()
-    }
-
-    pub(crate) fn insert(&mut self, m: Arc<Machine>) {
-        let key = (m.id.clone(), m.version.clone());
-        if !self.machines.contains_key(&key) {
-            self.order.push(key.clone());
-        }
-        self.latest.insert(m.id.clone(), m.version.clone());
-        self.machines.insert(key, m);
-    }
-}
-
-/// Why a request to the durable host failed.
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    /// The definition is invalid.
-    #[error("invalid definition")]
-    Invalid(Vec<ValidationError>),
-    /// Unknown definition.
-    #[error("no definition {0:?}")]
-    UnknownDefinition(String),
-    /// Unknown instance.
-    #[error("no instance {0:?}")]
-    UnknownInstance(String),
-    /// The instance has ended.
-    #[error("instance {0:?} has already ended")]
-    Ended(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A cursor that did not come from a previous page.
-    #[error("`after` must be a cursor from a previous page, not {0:?}")]
-    InvalidCursor(String),
-    /// The mode the server runs in does not offer this.
-    #[error("{0}")]
-    NotSupported(String),
-    /// A service the host depends on (the Kafka cluster) did not answer in time.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The host has stopped.
-    #[error("the server is shutting down")]
-    Stopped,
-    /// The host stopped deciding because its store failed: nothing after the failure was acted on.
-    #[error("the store failed, so the host stopped: {0}")]
-    Failed(String),
-    /// A task token that names no task.
-    #[error("{0}")]
-    UnknownTask(String),
-    /// The task was answered already, timed out or was cancelled.
-    #[error("task {op:?} of instance {instance:?} is closed: it was completed, failed, timed out or cancelled")]
-    TaskClosed {
-        /// Instance id.
-        instance: String,
-        /// Operation id.
-        op: String,
-    },
-    /// An `sm4c.task.*` CloudEvent that cannot answer a task.
-    #[error("{0}")]
-    InvalidTaskEvent(String),
-}
-
-/// Where an event went.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Delivery {
-    /// Instances it reached.
-    pub reached: Vec<String>,
-    /// True when it reached none and is kept for an instance that starts waiting for it.
-    pub parked: bool,
-    /// For a task heartbeat event: whether the instance no longer waits for the task.
-    #[serde(rename = "cancelRequested", skip_serializing_if = "Option::is_none")]
-    pub cancel_requested: Option<bool>,
-}
-
-/// A task answer the host accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answered {
-    /// The instance the task belongs to.
-    pub instance: String,
-    /// The task's operation id.
-    pub op: String,
-    /// For heartbeats: true when the instance no longer waits for the task (the worker should stop).
-    pub cancel_requested: bool,
 }
 
 enum Cmd {
@@ -196,13 +90,13 @@ pub struct DurableHost {
 }
 
 fn now_ms() -> Millis {
-    crate::clock::wall_ms()
+    sm4c_host::clock::wall_ms()
 }
 
 impl DurableHost {
     /// Opens the host on a store: loads definitions, timers and calls in flight, checks every
     /// unfinished instance's journal against its definition, and starts the deciding task.
-    pub fn start(store: Arc<dyn Store>, host: Arc<dyn Host>, limits: Limits) -> Result<DurableHost, HostError> {
+    pub fn start(store: Arc<dyn Store>, host: Arc<dyn Functions>, limits: Limits) -> Result<DurableHost, HostError> {
         let mut registry = Registry::default();
         for doc in store.definitions()? {
             match load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()) {
@@ -404,7 +298,7 @@ struct Slot {
 
 struct Loop {
     store: Arc<dyn Store>,
-    host: Arc<dyn Host>,
+    host: Arc<dyn Functions>,
     driver: Driver,
     failed: tokio::sync::watch::Sender<Option<String>>,
     registry: Arc<RwLock<Registry>>,
@@ -450,7 +344,7 @@ impl Loop {
                 self.after.push((inst, work));
             }
         }
-        let all: Vec<(String, String)> = self.registry.read().unwrap_or_else(|p| p.into_inner()).order.clone();
+        let all: Vec<(String, String)> = self.registry.read().unwrap_or_else(|p| p.into_inner()).keys().to_vec();
         ids.extend(self.store.active(&all)?);
         for id in ids {
             self.verify(&id)?;
@@ -823,7 +717,7 @@ impl Loop {
             }
             Work::Call { call, .. } => {
                 let key = (call.instance.clone(), call.op.clone());
-                let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
+                let task = sm4c_host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
                     Cmd::Result { instance, op, result }
                 });
                 self.in_flight.insert(key, task);
@@ -1109,32 +1003,15 @@ impl Loop {
     }
 }
 
-/// A fresh instance id: the definition id, the time, the process (workers of one Kafka group start
-/// instances side by side) and a counter.
-pub(crate) fn new_id(definition: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "{definition}-{:x}{:04x}{:04x}",
-        nanos,
-        std::process::id() & 0xffff,
-        n & 0xffff
-    )
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::{BoxFuture, FunctionCall};
+    use sm4c_host::{BoxFuture, FunctionCall};
     use crate::store::MemoryStore;
 
     struct Echo;
-    impl Host for Echo {
+    impl Functions for Echo {
         fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
             Box::pin(async move { Ok(json!({"echo": call.arguments, "op": call.op})) })
         }
@@ -1272,7 +1149,7 @@ mod tests {
         d["states"][0]["start"] = json!(true);
         assert!(matches!(
             h.define(d.clone()).await,
-            Err(HostError::Store(StoreError::Conflict { .. }))
+            Err(HostError::Conflict { .. })
         ));
         d["version"] = json!("2");
         assert!(h.define(d).await.unwrap().1);

@@ -8,8 +8,8 @@ use super::wire::{
     StateRecord, PARTITION_KEY,
 };
 use super::{Delivery, Shared};
-use crate::driver::{self, Answering, ChildStart, Hosted, Work};
-use crate::tasks::Answer;
+use sm4c_host::driver::{self, Answering, ChildStart, Hosted, Work};
+use sm4c_host::tasks::Answer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -42,7 +42,7 @@ pub(crate) struct CallDone {
     pub result: Result<Value, ErrorInfo>,
 }
 
-use crate::clock::wall_ms as now_ms;
+use sm4c_host::clock::wall_ms as now_ms;
 
 /// A message to produce.
 struct Out {
@@ -155,13 +155,13 @@ fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
             .map_err(|e| e.to_string())
     };
     match sdk {
-        Ok(ev) => crate::host::event_json(&ev).map_err(|e| ("unparsableData", e)),
+        Ok(ev) => sm4c_host::events::event_json(&ev).map_err(|e| ("unparsableData", e)),
         Err(e) => {
             let payload = m.payload().unwrap_or_default();
             if let Ok(v) = serde_json::from_slice::<Value>(payload) {
                 if v.get("specversion").is_some() {
                     return match serde_json::from_value::<cloudevents::Event>(v) {
-                        Ok(ev) => crate::host::event_json(&ev).map_err(|e| ("unparsableData", e)),
+                        Ok(ev) => sm4c_host::events::event_json(&ev).map_err(|e| ("unparsableData", e)),
                         Err(e) => Err(("notACloudEvent", format!("not a valid CloudEvent: {e}"))),
                     };
                 }
@@ -608,7 +608,7 @@ impl Worker {
     /// cannot, the partition keeps taking events through the commands topic until the next
     /// assignment (no token it reads matches).
     fn put_barrier(&self, p: i32) -> String {
-        let token = crate::durable::new_id("barrier");
+        let token = sm4c_host::service::new_id("barrier");
         let c = Command::Barrier { token: token.clone() };
         if let Err(e) = produce(&self.shared.plain, &command(&self.shared, p, None, &c)) {
             tracing::warn!(partition = p, error = %e, "cannot put a barrier");
@@ -960,10 +960,10 @@ impl Worker {
                     continue;
                 }
             };
-            match crate::tasks::Answer::from_event(&event) {
+            match sm4c_host::tasks::Answer::from_event(&event) {
                 Ok(None) => {}
                 Ok(Some((token, answer))) => {
-                    match crate::tasks::decode_token(&token) {
+                    match sm4c_host::tasks::decode_token(&token) {
                         Some((id, op)) => {
                             let c = Command::Answer {
                                 id: id.clone(),
@@ -975,7 +975,7 @@ impl Worker {
                             cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
                         }
                         None => {
-                            let why = format!("{token:?} in {} is not a task token", crate::tasks::TOKEN_ATTRIBUTE);
+                            let why = format!("{token:?} in {} is not a task token", sm4c_host::tasks::TOKEN_ATTRIBUTE);
                             outs.push(dead_message(shared, m, &origin, "unknownTask", &why));
                         }
                     }
@@ -990,7 +990,7 @@ impl Worker {
             for mach in machines.iter().filter(|mach| {
                 mach.start_event
                     .as_ref()
-                    .is_some_and(|s| crate::explain::starts_with(s, &event))
+                    .is_some_and(|s| sm4c_host::explain::starts_with(s, &event))
             }) {
                 let id = start_id(
                     &mach.id,

@@ -5,7 +5,7 @@
 //! virtual clock, whenever nothing is left to do but wait for timers, time jumps to the next one.
 
 use crate::driver::{self, Driver, Hosted, Limits, Work};
-use crate::host::Host;
+use crate::functions::Functions;
 use serde_json::Value;
 use sm4c_runtime::{Entry, ErrorInfo, Input, Machine, Millis, Options, Status, Timed, Trace};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -78,14 +78,14 @@ pub struct Outcome {
 /// Runs state machine instances in-process.
 ///
 /// ```
-/// use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Host, InMemoryHost};
+/// use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Functions, InMemoryHost};
 /// use sm4c_runtime::{load, no_files, ErrorInfo, LoadOptions, Status};
 /// use serde_json::{json, Value};
 /// use std::sync::Arc;
 ///
-/// // Functions are plain Rust closures behind the Host trait.
+/// // Functions are plain Rust closures behind the Functions trait.
 /// struct Greeter;
-/// impl Host for Greeter {
+/// impl Functions for Greeter {
 ///     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
 ///         Box::pin(async move {
 ///             let name = call.arguments["name"].as_str().unwrap_or("stranger").to_string();
@@ -142,7 +142,7 @@ enum Cmd {
 
 impl InMemoryHost {
     /// Starts the host's task on the current tokio runtime.
-    pub fn new(host: Arc<dyn Host>, config: Config) -> InMemoryHost {
+    pub fn new(host: Arc<dyn Functions>, config: Config) -> InMemoryHost {
         let (tx, rx) = mpsc::unbounded_channel();
         let now = match config.clock {
             Clock::Virtual { start } => start,
@@ -241,7 +241,7 @@ use crate::clock::wall_ms as wall_clock;
 pub const MAX_VIRTUAL_JUMPS: u64 = 1_000_000;
 
 struct Loop {
-    host: Arc<dyn Host>,
+    host: Arc<dyn Functions>,
     config: Config,
     driver: Driver,
     tx: mpsc::WeakUnboundedSender<Cmd>,
@@ -530,9 +530,9 @@ impl Loop {
     }
 
     /// Makes a call on its own task; the result comes back as a command.
-    fn call(&mut self, call: crate::host::FunctionCall) {
+    fn call(&mut self, call: crate::functions::FunctionCall) {
         let key = (call.instance.clone(), call.op.clone());
-        let task = crate::host::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| Cmd::Result {
+        let task = crate::functions::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| Cmd::Result {
             instance,
             op,
             result,

@@ -1,4 +1,4 @@
-//! The `Host` trait: what an application gives the runtime so its state machines can touch the world.
+//! The `Functions` trait: what an application gives the runtime so its state machines can touch the world.
 
 use serde_json::Value;
 use sm4c_runtime::{Effect, ErrorInfo, Machine};
@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-/// A boxed future, so `Host` can be used as a trait object.
+/// A boxed future, so `Functions` can be used as a trait object.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A function call an instance makes (`invokeFunction` of a `rest` or `rpc` function).
@@ -55,14 +55,14 @@ impl FunctionCall {
 }
 
 /// Performs a call on its own task; its result comes back to a host's loop as `wrap(instance, op, result)`.
-pub(crate) fn spawn_call<C: Send + 'static>(
-    host: &Arc<dyn Host>,
+pub fn spawn_call<C: Send + 'static>(
+    functions: &Arc<dyn Functions>,
     call: FunctionCall,
     tx: tokio::sync::mpsc::WeakUnboundedSender<C>,
     wrap: fn(String, String, Result<Value, ErrorInfo>) -> C,
 ) -> tokio::task::AbortHandle {
     let (instance, op) = (call.instance.clone(), call.op.clone());
-    let fut = host.invoke(call);
+    let fut = functions.invoke(call);
     tokio::spawn(async move {
         let result = fut.await;
         if let Some(tx) = tx.upgrade() {
@@ -75,7 +75,7 @@ pub(crate) fn spawn_call<C: Send + 'static>(
 /// The integration points of the seed's host: invoking functions, publishing sent events and
 /// finding subflow definitions. Delivering events and running timers is the runtime's part
 /// ([`crate::InMemoryHost`]).
-pub trait Host: Send + Sync + 'static {
+pub trait Functions: Send + Sync + 'static {
     /// Performs a function call. An `Err` becomes an action error that error handlers can catch.
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>>;
 
@@ -93,23 +93,3 @@ pub trait Host: Send + Sync + 'static {
     }
 }
 
-/// A CloudEvent read through the SDK, in the JSON form the engine takes; a JSON body sent in
-/// binary mode becomes JSON `data`.
-pub(crate) fn event_json(event: &cloudevents::Event) -> Result<Value, String> {
-    use cloudevents::AttributesReader;
-    let mut value = serde_json::to_value(event).map_err(|e| e.to_string())?;
-    if let Some(cloudevents::Data::Binary(bytes)) = event.data() {
-        let json_type = event
-            .datacontenttype()
-            .is_some_and(|t| t.starts_with("application/json") || t.contains("+json") || t.starts_with("text/json"));
-        if json_type {
-            let data: Value = serde_json::from_slice(bytes)
-                .map_err(|e| format!("the event says its data is JSON but it is not: {e}"))?;
-            if let Some(o) = value.as_object_mut() {
-                o.remove("data_base64");
-                o.insert("data".into(), data);
-            }
-        }
-    }
-    Ok(value)
-}

@@ -1,7 +1,7 @@
 //! The host `sm4c run` and `sm4c serve` use: functions answered by jq mocks, else called for real
 //! (REST, gRPC), sent events appended to a file, subflows from a folder.
 
-use crate::host::{BoxFuture, FunctionCall, Host};
+use sm4c_host::{BoxFuture, FunctionCall, Functions};
 use serde_json::Value;
 use sm4c_runtime::{ErrorInfo, Expr, Machine};
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 /// Functions answered by jq expressions over the call's arguments.
 #[derive(Default)]
-pub struct MockHost {
+pub struct CallRouter {
     /// Mock expressions by function name.
     pub mocks: HashMap<String, Expr>,
     /// Subflow definitions by id.
@@ -23,7 +23,7 @@ pub struct MockHost {
     pub grpc: Option<Arc<crate::grpc::GrpcInvoker>>,
 }
 
-impl Host for MockHost {
+impl Functions for CallRouter {
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
         let result = match self.mocks.get(&call.function) {
             Some(expr) => expr.eval_json(&call.arguments).map_err(|e| {

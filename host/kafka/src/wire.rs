@@ -22,7 +22,7 @@ pub enum Command {
         input: Value,
         /// Parent instance, operation and whether it waits.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        parent: Option<crate::driver::ParentLink>,
+        parent: Option<sm4c_host::driver::ParentLink>,
         /// Subflow nesting depth.
         #[serde(default)]
         depth: u32,
@@ -70,7 +70,7 @@ pub enum Command {
         /// The task's operation id.
         op: String,
         /// What the worker said.
-        answer: crate::tasks::Answer,
+        answer: sm4c_host::tasks::Answer,
         /// The `sm4c.task.*` CloudEvent it came in, and where it was read; dead-lettered if the
         /// task is closed. `None` for answers through the HTTP API.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,7 +177,7 @@ pub struct InstanceRecord {
     pub snapshot: Snapshot,
     /// Parent instance, operation, whether it waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent: Option<crate::driver::ParentLink>,
+    pub parent: Option<sm4c_host::driver::ParentLink>,
     /// Subflow depth.
     #[serde(default)]
     pub depth: u32,

@@ -1,0 +1,253 @@
+//! What a durable host offers the HTTP API and the CLI, whichever host it is: the
+//! [`Backend`] trait, its errors, and the records it answers with.
+
+use crate::functions::BoxFuture;
+use crate::driver::ParentLink;
+use crate::tasks::Answer;
+use serde::Serialize;
+use serde_json::{json, Value};
+use sm4c_runtime::{Entry, Machine, Millis, Snapshot, ValidationError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Registered definitions by id and version.
+#[derive(Default)]
+pub struct Registry {
+    machines: HashMap<(String, String), Arc<Machine>>,
+    /// Newest version of each id, by registration order.
+    latest: HashMap<String, String>,
+    order: Vec<(String, String)>,
+}
+
+impl Registry {
+    /// A definition by id and optional version (newest registered when none).
+    pub fn get(&self, id: &str, version: Option<&str>) -> Option<Arc<Machine>> {
+        let v = version.map(str::to_string).or_else(|| self.latest.get(id).cloned())?;
+        self.machines.get(&(id.to_string(), v)).cloned()
+    }
+
+    /// Every (id, version), in registration order.
+    pub fn keys(&self) -> &[(String, String)] {
+        &self.order
+    }
+
+    /// Every definition, in registration order.
+    pub fn all(&self) -> Vec<Arc<Machine>> {
+        self.order
+            .iter()
+            .filter_map(|k| self.machines.get(k).cloned())
+            .collect()
+    }
+
+    /// Adds a definition; it becomes the newest version of its id.
+    pub fn insert(&mut self, m: Arc<Machine>) {
+        let key = (m.id.clone(), m.version.clone());
+        if !self.machines.contains_key(&key) {
+            self.order.push(key.clone());
+        }
+        self.latest.insert(m.id.clone(), m.version.clone());
+        self.machines.insert(key, m);
+    }
+}
+
+/// Why a request to the durable host failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The definition is invalid.
+    #[error("invalid definition")]
+    Invalid(Vec<ValidationError>),
+    /// Unknown definition.
+    #[error("no definition {0:?}")]
+    UnknownDefinition(String),
+    /// Unknown instance.
+    #[error("no instance {0:?}")]
+    UnknownInstance(String),
+    /// The instance has ended.
+    #[error("instance {0:?} has already ended")]
+    Ended(String),
+    /// The same definition id and version is registered with other content.
+    #[error(
+        "definition {id:?} version {version:?} is already registered with different content; register a new version"
+    )]
+    Conflict {
+        /// Definition id.
+        id: String,
+        /// Version.
+        version: String,
+    },
+    /// The store failed.
+    #[error("{0}")]
+    Store(String),
+    /// A cursor that did not come from a previous page.
+    #[error("`after` must be a cursor from a previous page, not {0:?}")]
+    InvalidCursor(String),
+    /// The mode the server runs in does not offer this.
+    #[error("{0}")]
+    NotSupported(String),
+    /// A service the host depends on (the Kafka cluster) did not answer in time.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The host has stopped.
+    #[error("the server is shutting down")]
+    Stopped,
+    /// The host stopped deciding because its store failed: nothing after the failure was acted on.
+    #[error("the store failed, so the host stopped: {0}")]
+    Failed(String),
+    /// A task token that names no task.
+    #[error("{0}")]
+    UnknownTask(String),
+    /// The task was answered already, timed out or was cancelled.
+    #[error("task {op:?} of instance {instance:?} is closed: it was completed, failed, timed out or cancelled")]
+    TaskClosed {
+        /// Instance id.
+        instance: String,
+        /// Operation id.
+        op: String,
+    },
+    /// An `sm4c.task.*` CloudEvent that cannot answer a task.
+    #[error("{0}")]
+    InvalidTaskEvent(String),
+}
+
+/// Where an event went.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Delivery {
+    /// Instances it reached.
+    pub reached: Vec<String>,
+    /// True when it reached none and is kept for an instance that starts waiting for it.
+    pub parked: bool,
+    /// For a task heartbeat event: whether the instance no longer waits for the task.
+    #[serde(rename = "cancelRequested", skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<bool>,
+}
+
+/// A task answer the host accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    /// The instance the task belongs to.
+    pub instance: String,
+    /// The task's operation id.
+    pub op: String,
+    /// For heartbeats: true when the instance no longer waits for the task (the worker should stop).
+    pub cancel_requested: bool,
+}
+
+/// An instance as listings show it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Instance id.
+    pub id: String,
+    /// Definition id.
+    pub definition: String,
+    /// Definition version.
+    pub version: String,
+    /// Status.
+    pub status: String,
+    /// Current state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Start time (RFC 3339).
+    pub started_at: Option<String>,
+    /// End time (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Parent instance, for subflows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Sequence number, for cursors.
+    #[serde(skip)]
+    pub seq: i64,
+}
+
+/// A stored instance.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// Its snapshot.
+    pub snapshot: Snapshot,
+    /// Parent link.
+    pub parent: Option<ParentLink>,
+    /// Journal length.
+    pub journal_len: i64,
+}
+
+/// A time as listings show it (RFC 3339).
+pub fn time(ms: Option<Millis>) -> Option<String> {
+    ms.map(sm4c_runtime::engine::rfc3339)
+}
+
+/// A fresh instance id: the definition id, the time, the process (workers of one Kafka group start
+/// instances side by side) and a counter.
+pub fn new_id(definition: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{definition}-{:x}{:04x}{:04x}",
+        nanos,
+        std::process::id() & 0xffff,
+        n & 0xffff
+    )
+}
+
+/// A page of sent events and the cursor of the next one.
+pub type SentPage = (Vec<Value>, Option<String>);
+
+/// What the HTTP API runs on.
+pub trait Backend: Send + Sync + 'static {
+    /// Registers a definition; `true` when it is new.
+    fn define(&self, doc: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>>;
+    /// Every registered definition (all versions).
+    fn machines(&self) -> Vec<Arc<Machine>>;
+    /// The latest version of a definition.
+    fn latest(&self, id: &str) -> Option<Arc<Machine>>;
+    /// Starts an instance; `true` when it is new (an existing id is not started again).
+    fn start_instance(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>>;
+    /// One instance.
+    fn instance(&self, id: &str) -> Result<Option<Stored>, HostError>;
+    /// Instances, oldest first, after a cursor.
+    fn list(
+        &self,
+        status: Option<&str>,
+        definition: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>>;
+    /// Journal entries of an instance after a cursor.
+    fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>>;
+    /// Cancels an instance.
+    fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>>;
+    /// Delivers (or queues) an incoming CloudEvent; the JSON answered with 202.
+    fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
+    /// Sent events after a cursor: (events, next cursor).
+    fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>>;
+    /// Which instances an event would reach, and why the others turn it away.
+    fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
+    /// The task lists with tasks waiting or taken.
+    fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>>;
+    /// Waits up to `wait` for a task of a task list.
+    fn poll(
+        &self,
+        list: String,
+        worker: Option<String>,
+        wait: Duration,
+    ) -> BoxFuture<'_, Result<Option<Value>, HostError>>;
+    /// A worker's answer to a task, by token.
+    fn answer(&self, token: String, answer: Answer) -> BoxFuture<'_, Result<Answered, HostError>>;
+    /// What `GET /healthz` answers.
+    fn health(&self) -> Value {
+        json!({"status": "ok"})
+    }
+}
+
