@@ -3,8 +3,6 @@
 //! Both implement [`Backend`], so the API, the CLI client and the OpenAPI document are the same
 //! in both modes.
 
-use sm4c_host::service::{Answered, Backend, HostError};
-use sm4c_host::tasks::Answer;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
@@ -13,6 +11,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sm4c_host::service::{Answered, Backend, HostError};
+use sm4c_host::tasks::Answer;
 use sm4c_runtime::engine::rfc3339;
 use sm4c_runtime::validate::is_task_list_name;
 use sm4c_runtime::{timespan, Entry};
@@ -356,8 +356,8 @@ async fn read_event(req: Request) -> Result<Value, ApiError> {
         )
     })?;
     // In binary mode a JSON body arrives as bytes; it becomes JSON data, as in structured mode.
-    let value =
-        sm4c_host::events::event_json(&event).map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e, None))?;
+    let value = sm4c_host::events::event_json(&event)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e, None))?;
     Ok(value)
 }
 

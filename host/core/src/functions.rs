@@ -92,4 +92,3 @@ pub trait Functions: Send + Sync + 'static {
         None
     }
 }
-

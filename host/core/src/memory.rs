@@ -532,10 +532,8 @@ impl Loop {
     /// Makes a call on its own task; the result comes back as a command.
     fn call(&mut self, call: crate::functions::FunctionCall) {
         let key = (call.instance.clone(), call.op.clone());
-        let task = crate::functions::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| Cmd::Result {
-            instance,
-            op,
-            result,
+        let task = crate::functions::spawn_call(&self.host, call, self.tx.clone(), |instance, op, result| {
+            Cmd::Result { instance, op, result }
         });
         self.in_flight.insert(key, task);
     }

@@ -1,8 +1,8 @@
 //! What a durable host offers the HTTP API and the CLI, whichever host it is: the
 //! [`Backend`] trait, its errors, and the records it answers with.
 
-use crate::functions::BoxFuture;
 use crate::driver::ParentLink;
+use crate::functions::BoxFuture;
 use crate::tasks::Answer;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -250,4 +250,3 @@ pub trait Backend: Send + Sync + 'static {
         json!({"status": "ok"})
     }
 }
-

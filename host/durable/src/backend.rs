@@ -1,10 +1,10 @@
 //! The durable host behind the HTTP API.
 
 use crate::host::DurableHost;
+use serde_json::{json, Value};
 use sm4c_host::service::{Answered, Backend, HostError, SentPage, Stored, Summary};
 use sm4c_host::tasks::Answer;
 use sm4c_host::BoxFuture;
-use serde_json::{json, Value};
 use sm4c_runtime::{Entry, Machine};
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,4 +115,3 @@ impl Backend for DurableHost {
         Box::pin(async move { r })
     }
 }
-

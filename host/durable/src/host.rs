@@ -8,15 +8,13 @@
 //! store (firing at once if they came due meanwhile) and calls that were in flight are made again
 //! with the same operation id.
 
+use crate::store::{Batch, InstanceWrite, Store, StoreError};
+use serde_json::{json, Value};
 use sm4c_host::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
 use sm4c_host::service::{new_id, Answered, Delivery, HostError, Registry};
-use sm4c_host::Functions;
-use crate::store::{Batch, InstanceWrite, Store, StoreError};
 use sm4c_host::tasks::{decode_token, Answer, Poller, Task, TaskLists};
-use serde_json::{json, Value};
-use sm4c_runtime::{
-    load, Effect, Entry, ErrorInfo, Input, LoadOptions, Machine, Millis, Status, Timed,
-};
+use sm4c_host::Functions;
+use sm4c_runtime::{load, Effect, Entry, ErrorInfo, Input, LoadOptions, Machine, Millis, Status, Timed};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
@@ -1003,12 +1001,11 @@ impl Loop {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sm4c_host::{BoxFuture, FunctionCall};
     use crate::store::MemoryStore;
+    use sm4c_host::{BoxFuture, FunctionCall};
 
     struct Echo;
     impl Functions for Echo {
@@ -1147,10 +1144,7 @@ mod tests {
         assert!(!h.define(d.clone()).await.unwrap().1, "same content again is not new");
         d["states"][0]["name"] = json!("Waiting");
         d["states"][0]["start"] = json!(true);
-        assert!(matches!(
-            h.define(d.clone()).await,
-            Err(HostError::Conflict { .. })
-        ));
+        assert!(matches!(h.define(d.clone()).await, Err(HostError::Conflict { .. })));
         d["version"] = json!("2");
         assert!(h.define(d).await.unwrap().1);
         let (id, _) = h

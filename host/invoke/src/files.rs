@@ -44,4 +44,3 @@ pub fn resolve_uri(dir: &Path, uri: &str) -> Result<PathBuf, String> {
     let p = Path::new(path);
     Ok(if p.is_absolute() { p.to_path_buf() } else { dir.join(p) })
 }
-

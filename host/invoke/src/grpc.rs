@@ -9,10 +9,10 @@
 //! apply.
 
 use crate::files::FileError;
-use sm4c_host::FunctionCall;
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, SerializeOptions};
 use serde_json::{json, Value};
+use sm4c_host::FunctionCall;
 use sm4c_runtime::model::FunctionKind;
 use sm4c_runtime::{ErrorInfo, Machine};
 use std::collections::HashMap;

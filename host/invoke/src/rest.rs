@@ -7,8 +7,8 @@
 //! response is the result; anything else (a non-2xx status, a timeout, a refused connection) is a
 //! `functionError` that error handlers and retry policies see.
 
-use sm4c_host::FunctionCall;
 use serde_json::{json, Map, Value};
+use sm4c_host::FunctionCall;
 use sm4c_runtime::ErrorInfo;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
 //! The host `sm4c run` and `sm4c serve` use: functions answered by jq mocks, else called for real
 //! (REST, gRPC), sent events appended to a file, subflows from a folder.
 
-use sm4c_host::{BoxFuture, FunctionCall, Functions};
 use serde_json::Value;
+use sm4c_host::{BoxFuture, FunctionCall, Functions};
 use sm4c_runtime::{ErrorInfo, Expr, Machine};
 use std::collections::HashMap;
 use std::io::Write;

@@ -56,10 +56,6 @@ mod worker;
 
 pub use wire::{partition_of, start_id};
 
-use sm4c_host::service::{HostError, Registry};
-use sm4c_host::{BoxFuture, Functions};
-use sm4c_host::service::Backend;
-use sm4c_host::service::{Stored, Summary};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -67,6 +63,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{json, Value};
+use sm4c_host::service::Backend;
+use sm4c_host::service::{HostError, Registry};
+use sm4c_host::service::{Stored, Summary};
+use sm4c_host::{BoxFuture, Functions};
 use sm4c_runtime::{load, Entry, LoadOptions, Machine};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

@@ -4,9 +4,9 @@
 use super::wire::Quiet;
 use super::wire::{InstanceRecord, StateRecord, PARTITION_KEY};
 use super::Shared;
-use sm4c_host::service::Summary;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use sm4c_host::service::Summary;
 use sm4c_runtime::engine::rfc3339;
 use sm4c_runtime::{load, LoadOptions, Snapshot};
 use std::collections::{HashMap, HashSet};

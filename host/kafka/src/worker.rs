@@ -8,13 +8,13 @@ use super::wire::{
     StateRecord, PARTITION_KEY,
 };
 use super::{Delivery, Shared};
-use sm4c_host::driver::{self, Answering, ChildStart, Hosted, Work};
-use sm4c_host::tasks::Answer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
+use sm4c_host::driver::{self, Answering, ChildStart, Hosted, Work};
+use sm4c_host::tasks::Answer;
 use sm4c_runtime::engine::event::attribute_text;
 use sm4c_runtime::{ErrorInfo, Input, Machine, Status, Timed};
 use std::collections::{BTreeSet, HashMap, HashSet};

@@ -1,8 +1,8 @@
 //! A store in memory, for tests and for trying things out.
 
-use sm4c_host::service::time;
 use super::{Batch, Store, StoreError, Stored, Summary};
 use serde_json::Value;
+use sm4c_host::service::time;
 use sm4c_runtime::{Effect, Entry, Millis};
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -11,10 +11,10 @@ mod sqlite;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
-use sm4c_host::driver::ParentLink;
-pub use sm4c_host::service::{Stored, Summary};
-use sm4c_host::service::HostError;
 use serde_json::Value;
+use sm4c_host::driver::ParentLink;
+use sm4c_host::service::HostError;
+pub use sm4c_host::service::{Stored, Summary};
 use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
 
 /// A store failure.
@@ -109,5 +109,3 @@ pub trait Store: Send + Sync + 'static {
     /// Parked events not expired at `now`: (seq, event).
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError>;
 }
-
-

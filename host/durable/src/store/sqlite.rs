@@ -1,10 +1,10 @@
 //! The embedded store: one SQLite file in WAL mode.
 
-use sm4c_host::service::time;
 use super::{Batch, Store, StoreError, Stored, Summary};
-use sm4c_host::driver::ParentLink;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
+use sm4c_host::driver::ParentLink;
+use sm4c_host::service::time;
 use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
 use std::path::Path;
 use std::sync::Mutex;
