@@ -8,6 +8,7 @@
 use serde_json::{json, Value};
 use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Functions, InMemoryHost};
 use sm4c_runtime::{load, no_files, ErrorInfo, LoadOptions, Status};
+use std::process::ExitCode;
 use std::sync::Arc;
 
 /// The application's functions.
@@ -26,7 +27,7 @@ impl Functions for Shop {
     }
 }
 
-fn main() {
+fn main() -> ExitCode {
     let definition = json!({
         "id": "quote", "name": "Quote", "version": "1.0",
         "functions": [{"name": "price", "operation": "shop#price"}],
@@ -45,7 +46,7 @@ fn main() {
             for e in errors {
                 eprintln!("definition: {e}");
             }
-            std::process::exit(2);
+            return ExitCode::from(2);
         }
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -64,7 +65,9 @@ fn main() {
         host.outcome(&id).await
     });
     println!("{}", outcome.data);
-    if outcome.status != Status::Completed {
-        std::process::exit(1);
+    if outcome.status == Status::Completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

@@ -346,7 +346,7 @@ impl Slot {
 }
 
 /// The owner of one commands partition.
-struct Task {
+struct Owner {
     partition: i32,
     txn: Option<ThreadedProducer<Quiet>>,
     slots: HashMap<String, Slot>,
@@ -424,7 +424,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
     let mut w = Worker {
         shared: shared.clone(),
         consumer,
-        tasks: HashMap::new(),
+        owners: HashMap::new(),
         routers: HashMap::new(),
         results_tx,
         outstanding: HashMap::new(),
@@ -484,9 +484,9 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             last_tick = Instant::now();
             w.tick();
         }
-        shared.owned.store(w.tasks.len(), Ordering::Relaxed);
+        shared.owned.store(w.owners.len(), Ordering::Relaxed);
     }
-    for (_, t) in w.tasks.drain() {
+    for (_, t) in w.owners.drain() {
         for (_, h) in t.in_flight {
             h.abort();
         }
@@ -497,7 +497,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
 struct Worker {
     shared: Arc<Shared>,
     consumer: BaseConsumer<Quiet>,
-    tasks: HashMap<i32, Task>,
+    owners: HashMap<i32, Owner>,
     routers: HashMap<(String, i32), Router>,
     results_tx: mpsc::Sender<CallDone>,
     /// (events partition, owned commands partition) → the largest event offset routed there as a
@@ -521,19 +521,19 @@ impl Worker {
 
     fn sync_assignment(&mut self) {
         let assigned = self.assigned();
-        if assigned.len() != self.tasks.len() + self.routers.len() {
+        if assigned.len() != self.owners.len() + self.routers.len() {
             tracing::info!(partitions = assigned.len(), "assignment changed");
         }
         let commands = self.shared.topics.commands.clone();
         let gone: Vec<i32> = self
-            .tasks
+            .owners
             .keys()
             .filter(|p| !assigned.contains(&(commands.clone(), **p)))
             .copied()
             .collect();
         for p in gone {
             tracing::info!(partition = p, "partition revoked");
-            if let Some(t) = self.tasks.remove(&p) {
+            if let Some(t) = self.owners.remove(&p) {
                 for (_, h) in t.in_flight {
                     h.abort();
                 }
@@ -543,10 +543,10 @@ impl Worker {
         // Partitions are restored side by side: a rebalance should not take partitions × round trips.
         let new: Vec<i32> = assigned
             .iter()
-            .filter(|(t, p)| *t == commands && !self.tasks.contains_key(p))
+            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p))
             .map(|(_, p)| *p)
             .collect();
-        let restored: Vec<(i32, Result<Task, String>)> = std::thread::scope(|s| {
+        let restored: Vec<(i32, Result<Owner, String>)> = std::thread::scope(|s| {
             let handles: Vec<_> = new
                 .iter()
                 .map(|p| {
@@ -562,7 +562,7 @@ impl Worker {
         for (p, r) in restored {
             match r {
                 Ok(t) => {
-                    self.tasks.insert(p, t);
+                    self.owners.insert(p, t);
                 }
                 Err(e) => {
                     tracing::error!(partition = p, error = %e, "cannot restore the partition; retrying");
@@ -592,16 +592,16 @@ impl Worker {
         if new_router {
             // Its previous owner (fenced now) may have routed events to our partitions: those
             // commands are applied before any of its events is applied directly.
-            let owned: Vec<i32> = self.tasks.keys().copied().collect();
+            let owned: Vec<i32> = self.owners.keys().copied().collect();
             for p in owned {
                 let token = self.put_barrier(p);
-                if let Some(t) = self.tasks.get_mut(&p) {
+                if let Some(t) = self.owners.get_mut(&p) {
                     t.barrier = Some(token);
                 }
             }
         }
-        let tasks = &self.tasks;
-        self.outstanding.retain(|(_, q), _| tasks.contains_key(q));
+        let owners = &self.owners;
+        self.outstanding.retain(|(_, q), _| owners.contains_key(q));
     }
 
     /// Puts a barrier command at the end of a commands partition; returns its token. If it
@@ -634,7 +634,7 @@ impl Worker {
 
     /// Moves the consumer back to the committed offset, so uncommitted inputs are read again. If
     /// that offset cannot be read, back to the beginning: a commands partition's restore skips
-    /// what its committed offset covers (see [`Task::resume`]), and an instance ignores events at
+    /// what its committed offset covers (see [`Owner::resume`]), and an instance ignores events at
     /// or below the last offset it took from each events partition.
     fn rewind(&self, topic: &str, p: i32) {
         let off = match self.committed(topic, p, REWIND_TIMEOUT) {
@@ -649,7 +649,7 @@ impl Worker {
 
     /// Takes over a commands partition: fences its previous owner, reads its state, re-arms
     /// timers and performs again the calls in flight.
-    fn restore(&self, p: i32) -> Result<Task, String> {
+    fn restore(&self, p: i32) -> Result<Owner, String> {
         let started = Instant::now();
         let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
         let txn = if self.shared.cfg.exactly_once {
@@ -685,7 +685,7 @@ impl Worker {
                 "the commands partition has a committed offset but its clock has none; its state records are set aside"
             );
         }
-        let mut t = Task {
+        let mut t = Owner {
             partition: p,
             txn,
             slots: HashMap::new(),
@@ -758,7 +758,7 @@ impl Worker {
     /// Does, once a decision is committed, what it asked for outside the transaction: calls,
     /// timers, and stopping calls no longer wanted. A worker task is on its task list topic since
     /// the decision committed, and subflow starts and sent events went in the transaction.
-    fn perform(&self, t: &mut Task, id: &str, work: Work) {
+    fn perform(&self, t: &mut Owner, id: &str, work: Work) {
         match work {
             Work::Call { call, .. } => {
                 let (instance, op) = (call.instance.clone(), call.op.clone());
@@ -797,16 +797,16 @@ impl Worker {
         let mut event_batches = Vec::new();
         for ((topic, p), msgs) in groups {
             if topic == commands {
-                if self.tasks.contains_key(&p) {
+                if self.owners.contains_key(&p) {
                     batches.entry(p).or_default().extend(msgs);
                 }
             } else if self.routers.contains_key(&(topic.clone(), p)) {
                 event_batches.push(((topic, p), msgs));
             }
         }
-        let local: BTreeSet<i32> = self.tasks.keys().copied().collect();
+        let local: BTreeSet<i32> = self.owners.keys().copied().collect();
         let ready: BTreeSet<i32> = self
-            .tasks
+            .owners
             .iter()
             .filter(|(_, t)| t.barrier.is_none())
             .map(|(p, _)| *p)
@@ -848,19 +848,19 @@ impl Worker {
             h.offsets.push((k.0.clone(), k.1, plan.last + 1));
             hosted_by.push((k, host));
         }
-        let mut tasks = Vec::new();
+        let mut owned = Vec::new();
         let busy: BTreeSet<i32> = batches.keys().chain(hosted.keys()).copied().collect();
         for p in busy {
-            if let Some(t) = self.tasks.remove(&p) {
+            if let Some(t) = self.owners.remove(&p) {
                 let msgs = batches.remove(&p).unwrap_or_default();
-                tasks.push((p, t, msgs, hosted.remove(&p).unwrap_or_default()));
+                owned.push((p, t, msgs, hosted.remove(&p).unwrap_or_default()));
             }
         }
         let me = &*self;
-        type Decided = (i32, Task, Result<(Applied, Vec<((String, i32), i32, i64)>), String>);
+        type Decided = (i32, Owner, Result<(Applied, Vec<((String, i32), i32, i64)>), String>);
         type Routed = ((String, i32), Router, Result<(), String>);
         let (decided, routed): (Vec<Decided>, Vec<Routed>) = std::thread::scope(|s| {
-            let ht: Vec<_> = tasks
+            let ht: Vec<_> = owned
                 .into_iter()
                 .map(|(p, mut t, msgs, extra)| {
                     s.spawn(move || {
@@ -887,7 +887,7 @@ impl Worker {
         for (p, mut t, r) in decided {
             match r {
                 Ok((applied, forwarded)) => {
-                    self.tasks.insert(p, t);
+                    self.owners.insert(p, t);
                     for (e, q, offset) in forwarded {
                         let o = self.outstanding.entry((e, q)).or_insert(offset);
                         *o = (*o).max(offset);
@@ -1048,7 +1048,7 @@ impl Worker {
     }
 
     /// One batch of commands for one partition, committed in one transaction.
-    fn decide(&self, t: &mut Task, msgs: Vec<OwnedMessage>, hosted: Carried) -> Result<Applied, String> {
+    fn decide(&self, t: &mut Owner, msgs: Vec<OwnedMessage>, hosted: Carried) -> Result<Applied, String> {
         let shared = self.shared.clone();
         let decide_started = Instant::now();
         let mut applied = Applied::new();
@@ -1169,7 +1169,7 @@ impl Worker {
     fn fire_timers(&mut self) {
         let now = now_ms();
         let n = self.shared.partitions;
-        for t in self.tasks.values_mut() {
+        for t in self.owners.values_mut() {
             while let Some(first) = t.timers.first().cloned() {
                 if first.0 > now {
                     break;
@@ -1189,7 +1189,7 @@ impl Worker {
 
     fn result(&mut self, done: CallDone) {
         let p = partition_of(&done.instance, self.shared.partitions);
-        if let Some(t) = self.tasks.get_mut(&p) {
+        if let Some(t) = self.owners.get_mut(&p) {
             t.in_flight.remove(&(done.instance.clone(), done.op.clone()));
         }
         let c = Command::Result {
@@ -1211,7 +1211,7 @@ impl Worker {
     fn tick(&mut self) {
         let now = now_ms();
         let window = self.shared.cfg.event_window_ms;
-        for t in self.tasks.values() {
+        for t in self.owners.values() {
             if next_expiry(&t.part, window).is_some_and(|due| due <= now) {
                 let _ = produce(
                     &self.shared.plain,
@@ -1225,7 +1225,7 @@ impl Worker {
 /// The decisions of one batch.
 struct Decision<'a> {
     shared: &'a Shared,
-    t: &'a mut Task,
+    t: &'a mut Owner,
     outs: Vec<Out>,
     after: Vec<(String, Work)>,
     through: i64,
