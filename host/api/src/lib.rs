@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use errors::*;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sm4c_host::service::{Answered, Backend, HostError};
@@ -19,62 +20,15 @@ use sm4c_runtime::{timespan, Entry};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod errors;
+
+pub use errors::ApiError;
+
 /// Largest request body accepted (bytes).
 pub const MAX_BODY: usize = 1024 * 1024;
 
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("openapi.json");
-
-/// An API error: a status and `{"error": CODE, "message": ...}`.
-pub struct ApiError(StatusCode, &'static str, String, Option<Value>);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut body = json!({"error": self.1, "message": self.2});
-        if let Some(d) = self.3 {
-            body["details"] = d;
-        }
-        (self.0, Json(body)).into_response()
-    }
-}
-
-impl From<HostError> for ApiError {
-    fn from(e: HostError) -> Self {
-        match e {
-            HostError::Invalid(errs) => {
-                let details: Vec<Value> = errs
-                    .iter()
-                    .map(|e| json!({"pointer": if e.pointer.is_empty() { "/" } else { &e.pointer }, "message": e.message}))
-                    .collect();
-                let message = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
-                ApiError(StatusCode::BAD_REQUEST, "invalidDefinition", message, Some(Value::Array(details)))
-            }
-            HostError::UnknownDefinition(d) => {
-                ApiError(StatusCode::NOT_FOUND, "unknownDefinition", format!("no definition {d:?}"), None)
-            }
-            HostError::UnknownInstance(i) => ApiError(StatusCode::NOT_FOUND, "unknownInstance", format!("no instance {i:?}"), None),
-            HostError::Ended(i) => ApiError(StatusCode::CONFLICT, "instanceEnded", format!("instance {i:?} has already ended"), None),
-            HostError::Conflict { id, version } => ApiError(
-                StatusCode::CONFLICT,
-                "definitionConflict",
-                format!("definition {id:?} version {version:?} is already registered with different content; register a new version"),
-                None,
-            ),
-            HostError::InvalidCursor(c) => ApiError(
-                StatusCode::BAD_REQUEST,
-                "invalidCursor",
-                format!("`after` must be a cursor from a previous page, not {c:?}"),
-                None,
-            ),
-            HostError::Unavailable(m) => ApiError(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m, None),
-            HostError::NotSupported(m) => ApiError(StatusCode::NOT_IMPLEMENTED, "notSupported", m, None),
-            HostError::UnknownTask(m) => ApiError(StatusCode::NOT_FOUND, "unknownTask", m, None),
-            e @ HostError::TaskClosed { .. } => ApiError(StatusCode::CONFLICT, "taskClosed", e.to_string(), None),
-            HostError::InvalidTaskEvent(m) => ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", m, None),
-            other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, "internal", other.to_string(), None),
-        }
-    }
-}
 
 /// JSON bodies with our error shape for malformed input.
 pub struct Body<T>(pub T);
@@ -85,19 +39,9 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(Body(v)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupportedMediaType",
-                "send JSON with Content-Type: application/json".into(),
-                None,
-            )),
-            Err(JsonRejection::BytesRejection(e)) => Err(ApiError(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payloadTooLarge",
-                format!("the body is larger than {MAX_BODY} bytes ({e})"),
-                None,
-            )),
-            Err(e) => Err(ApiError(StatusCode::BAD_REQUEST, "malformedJson", e.body_text(), None)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(UnsupportedMediaType.into()),
+            Err(JsonRejection::BytesRejection(_)) => Err(PayloadTooLarge(MAX_BODY).into()),
+            Err(e) => Err(MalformedJson(e.body_text()).into()),
         }
     }
 }
@@ -112,7 +56,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(v)| Params(v))
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidQuery", e.body_text(), None))
+            .map_err(|e| InvalidQuery(e.body_text()).into())
     }
 }
 
@@ -139,14 +83,7 @@ pub fn router(backend: impl Backend) -> Router {
             get(|| async { ([("content-type", "application/json")], OPENAPI) }),
         )
         .route("/healthz", get(|State(h): State<Api>| async move { Json(h.health()) }))
-        .fallback(|| async {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                "notFound",
-                "no such endpoint; see /openapi.json".into(),
-                None,
-            )
-        })
+        .fallback(|| async { NoSuchEndpoint })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(host)
 }
@@ -192,12 +129,7 @@ struct StartBody {
 
 async fn post_instance(State(h): State<Api>, Body(b): Body<StartBody>) -> Result<Response, ApiError> {
     if b.id.as_deref().is_some_and(|i| i.is_empty() || i.len() > 200) {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "invalidId",
-            "an instance id must have 1 to 200 characters".into(),
-            None,
-        ));
+        return Err(InvalidId.into());
     }
     let input = b.input.unwrap_or_else(|| json!({}));
     let (id, created) = h.start_instance(b.definition, b.version, b.id, input).await?;
@@ -245,12 +177,7 @@ async fn instance_get(
 async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result<Json<Value>, ApiError> {
     match rest.strip_suffix("/cancel") {
         Some(id) => cancel(h, id.to_string()).await,
-        None => Err(ApiError(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "methodNotAllowed",
-            "POST /instances/{id}/cancel cancels an instance; see /openapi.json".into(),
-            None,
-        )),
+        None => Err(NoSuchInstanceAction.into()),
     }
 }
 
@@ -265,14 +192,7 @@ struct ListQuery {
 fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
     match after {
         None | Some("") => Ok(0),
-        Some(a) => a.parse().map_err(|_| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                "invalidCursor",
-                format!("`after` must be a cursor from a previous page, not {a:?}"),
-                None,
-            )
-        }),
+        Some(a) => a.parse().map_err(|_| InvalidCursor(a.to_string()).into()),
     }
 }
 
@@ -338,26 +258,17 @@ async fn post_explain(State(h): State<Api>, req: Request) -> Result<Json<Value>,
 /// A CloudEvent from an HTTP request in either content mode, as its JSON (structured) form.
 async fn read_event(req: Request) -> Result<Value, ApiError> {
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payloadTooLarge",
-            format!("the body is larger than {MAX_BODY} bytes"),
-            None,
-        )
-    })?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| PayloadTooLarge(MAX_BODY))?;
     // cloudevents-sdk reads both content modes: `ce-*` headers (binary) or application/cloudevents+json (structured).
     let event = cloudevents::binding::http::to_event(&parts.headers, bytes.to_vec()).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            "invalidCloudEvent",
-            format!("not a CloudEvent in the HTTP binding (binary or structured mode): {e}"),
-            None,
-        )
+        InvalidCloudEvent(format!(
+            "not a CloudEvent in the HTTP binding (binary or structured mode): {e}"
+        ))
     })?;
     // In binary mode a JSON body arrives as bytes; it becomes JSON data, as in structured mode.
-    let value = sm4c_host::events::event_json(&event)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidCloudEvent", e, None))?;
+    let value = sm4c_host::events::event_json(&event).map_err(InvalidCloudEvent)?;
     Ok(value)
 }
 
@@ -389,29 +300,17 @@ async fn poll(
     Params(q): Params<PollQuery>,
 ) -> Result<Response, ApiError> {
     if !is_task_list_name(&name) {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "invalidTaskList",
-            format!("{name:?} is not a task list name: task lists have 1 to 249 letters, digits, `.`, `_` or `-`"),
-            None,
-        ));
+        return Err(InvalidTaskList(name).into());
     }
     let wait = match q.wait.as_deref() {
         None => DEFAULT_POLL,
         Some(w) => timespan::parse(w)
             .map(Duration::from_millis)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, "invalidQuery", format!("wait: {e}"), None))?,
+            .map_err(|e| InvalidQuery(format!("wait: {e}")))?,
     };
     if wait > MAX_POLL {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "invalidQuery",
-            format!(
-                "wait: at most {} (PT60S)",
-                timespan::format(MAX_POLL.as_millis() as u64)
-            ),
-            None,
-        ));
+        let most = timespan::format(MAX_POLL.as_millis() as u64);
+        return Err(InvalidQuery(format!("wait: at most {most} (PT60S)")).into());
     }
     Ok(match h.poll(name.clone(), q.worker, wait).await? {
         Some(task) => Json(task).into_response(),
@@ -422,14 +321,9 @@ async fn poll(
 /// A JSON body that may be empty (`None`).
 async fn optional_json(req: Request) -> Result<Option<Value>, ApiError> {
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payloadTooLarge",
-            format!("the body is larger than {MAX_BODY} bytes"),
-            None,
-        )
-    })?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| PayloadTooLarge(MAX_BODY))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -439,21 +333,11 @@ async fn optional_json(req: Request) -> Result<Option<Value>, ApiError> {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
     if !json_type {
-        return Err(ApiError(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupportedMediaType",
-            "send JSON with Content-Type: application/json".into(),
-            None,
-        ));
+        return Err(UnsupportedMediaType.into());
     }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            "malformedJson",
-            format!("the body is not JSON: {e}"),
-            None,
-        )
-    })
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| MalformedJson(format!("the body is not JSON: {e}")).into())
 }
 
 fn answered(a: Answered) -> Json<Value> {
@@ -467,7 +351,7 @@ async fn complete(State(h): State<Api>, Path(token): Path<String>, req: Request)
 
 async fn fail(State(h): State<Api>, Path(token): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
     let body = optional_json(req).await?.unwrap_or(Value::Null);
-    let answer = Answer::failure(&body).map_err(|m| ApiError(StatusCode::BAD_REQUEST, "invalidFailure", m, None))?;
+    let answer = Answer::failure(&body).map_err(InvalidFailure)?;
     Ok(answered(h.answer(token, answer).await?))
 }
 
