@@ -1092,8 +1092,8 @@ fn at_least_once_delivery_runs_without_transactions() {
 
 #[test]
 fn the_kafka_host_runs_inside_an_application() {
-    use sm4c_kafka::{KafkaConfig, KafkaHost};
     use sm4c_host::service::Backend;
+    use sm4c_kafka::{KafkaConfig, KafkaHost};
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -2,11 +2,11 @@
 //! with messages that name the file and the place (JSON pointer or line number).
 
 use serde_json::Value;
+pub use sm4c_invoke::files::{ferr, resolve_uri, FileError};
 use sm4c_runtime::{load, Expr, Limits, LoadOptions, Machine};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-pub use sm4c_invoke::files::{ferr, resolve_uri, FileError};
 
 /// Reads a JSON document.
 pub fn read_json(path: &Path) -> Result<Value, FileError> {
