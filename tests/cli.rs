@@ -956,6 +956,152 @@ fn schema_is_json() {
     assert!(v["$defs"].is_object(), "no $defs object");
 }
 
+// ---------------------------------------------------------------- conditions fire only on true
+
+/// A value of every JSON type a condition can yield, and whether it fires: only `true` does (the
+/// seed: "result of 'true' triggers this transition"), not jq's truthiness.
+fn condition_values() -> Vec<(Value, bool)> {
+    vec![
+        (json!(true), true),
+        (json!(false), false),
+        (json!(null), false),
+        (json!("true"), false),
+        (json!(1), false),
+        (json!([true]), false),
+        (json!({"ok": true}), false),
+    ]
+}
+
+/// States `Hit` and `Miss`, each recording its name in `.outcome`.
+fn hit_and_miss() -> Vec<Value> {
+    ["Hit", "Miss"]
+        .iter()
+        .map(|name| {
+            json!({"name": name,
+                   "enterAction": {"type": "injectData", "expression": format!("${{ \"{}\" }}", name.to_lowercase())},
+                   "enterResultHandler": "${ .outcome = $value }"})
+        })
+        .collect()
+}
+
+/// Asserts what the `-v` trace says of the condition at `pointer`: for a value that is not a
+/// boolean, that it yielded it (as JSON) and did not fire; for a boolean, nothing.
+fn assert_condition_trace(err: &str, pointer: &str, condition: &str, value: &Value) {
+    let line = format!("condition {pointer} {condition} yielded {value}, not a boolean: it does not fire");
+    if value.is_boolean() {
+        assert!(!err.contains("not a boolean"), "{value}: stderr:\n{err}");
+    } else {
+        assert!(
+            err.lines().any(|l| l.ends_with(&line)),
+            "{value}: no stderr line ending `{line}`; stderr:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn transition_conditions_fire_only_on_true() {
+    let d = tmp();
+    let mut states = vec![json!({"name": "Check", "start": true, "transitions": [
+        {"nextState": "Hit", "condition": "${ .v }"},
+        {"nextState": "Miss"}
+    ]})];
+    states.extend(hit_and_miss());
+    let f = write(d.path(), "def.json", &sm(json!({ "states": states })));
+    for (value, fires) in condition_values() {
+        let input = write(d.path(), "input.json", &json!({ "v": value }));
+        let (code, out, err) = sm4c(&["run", &f, "--input", &input, "-v"]);
+        assert_eq!(code, 0, "{value}: stderr:\n{err}");
+        let outcome = if fires { "hit" } else { "miss" };
+        assert_eq!(parse(&out), json!({"v": value, "outcome": outcome}), "{value}");
+        assert_condition_trace(&err, "/states/0/transitions/0/condition", "${ .v }", &value);
+    }
+}
+
+#[test]
+fn event_group_conditions_fire_only_on_true() {
+    let d = tmp();
+    let mut states = vec![json!({"name": "Wait", "start": true, "transitions": [
+        {"nextState": "Hit", "eventGroups": [{"events": ["go"], "condition": "${ .data.v }"}]},
+        {"nextState": "Miss", "timeout": "PT1M"}
+    ]})];
+    states.extend(hit_and_miss());
+    let def = sm(json!({"events": [{"name": "go", "type": "go"}], "states": states}));
+    let f = write(d.path(), "def.json", &def);
+    for (value, fires) in condition_values() {
+        let ev = write_events(
+            d.path(),
+            "events.ndjson",
+            &[json!({"specversion": "1.0", "id": "e1", "source": "s", "type": "go",
+                     "datacontenttype": "application/json", "data": {"v": value}})],
+        );
+        let (code, out, err) = sm4c(&["run", &f, "--events", &ev, "--virtual-time", "-v"]);
+        assert_eq!(code, 0, "{value}: stderr:\n{err}");
+        let outcome = if fires { "hit" } else { "miss" };
+        assert_eq!(parse(&out), json!({ "outcome": outcome }), "{value}");
+        assert_eq!(err.contains("consumed"), fires, "{value}: stderr:\n{err}");
+        assert_condition_trace(
+            &err,
+            "/states/0/transitions/0/eventGroups/0/condition",
+            "${ .data.v }",
+            &value,
+        );
+    }
+}
+
+#[test]
+fn error_handler_conditions_fire_only_on_true() {
+    let d = tmp();
+    // The call fails with the JSON text of `.v` as its message; the first handler's condition
+    // turns it back into the value, the second handler takes any error.
+    let def = sm(json!({
+        "functions": [{"name": "f", "operation": "http://example.org/api.json#f"}],
+        "states": [{"name": "Call", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "f", "waitForCompletion": true,
+                            "arguments": {"v": "${ .v }"},
+                            "errorHandlers": [
+                                {"condition": "${ .message | fromjson }", "resultHandler": "${ .outcome = \"hit\" }"},
+                                {"resultHandler": "${ .outcome = \"miss\" }"}
+                            ]}}]
+    }));
+    let f = write(d.path(), "def.json", &def);
+    let mock = write(d.path(), "mock.json", &json!({"f": "error(.v | tojson)"}));
+    for (value, fires) in condition_values() {
+        let input = write(d.path(), "input.json", &json!({ "v": value }));
+        let (code, out, err) = sm4c(&["run", &f, "--input", &input, "--mock", &mock, "-v"]);
+        assert_eq!(code, 0, "{value}: stderr:\n{err}");
+        let outcome = if fires { "hit" } else { "miss" };
+        assert_eq!(parse(&out), json!({"v": value, "outcome": outcome}), "{value}");
+        assert_condition_trace(
+            &err,
+            "/states/0/enterAction/errorHandlers/0/condition",
+            "${ .message | fromjson }",
+            &value,
+        );
+    }
+}
+
+#[test]
+fn the_first_transition_whose_condition_is_true_fires_not_the_first_truthy_one() {
+    let d = tmp();
+    let mut states = vec![json!({"name": "Check", "start": true, "transitions": [
+        {"nextState": "Miss", "condition": "${ .status }"},
+        {"nextState": "Miss", "condition": "${ .count }"},
+        {"nextState": "Hit", "condition": "${ .status == \"yes\" }"}
+    ]})];
+    states.extend(hit_and_miss());
+    let f = write(d.path(), "def.json", &sm(json!({ "states": states })));
+    let input = write(d.path(), "input.json", &json!({"status": "yes", "count": 1}));
+    let (code, out, err) = sm4c(&["run", &f, "--input", &input, "-v"]);
+    assert_eq!(code, 0, "stderr:\n{err}");
+    assert_eq!(parse(&out), json!({"status": "yes", "count": 1, "outcome": "hit"}));
+    assert!(
+        err.contains("transition 2 of \"Check\" (condition) -> \"Hit\""),
+        "stderr:\n{err}"
+    );
+    assert_condition_trace(&err, "/states/0/transitions/0/condition", "${ .status }", &json!("yes"));
+    assert_condition_trace(&err, "/states/0/transitions/1/condition", "${ .count }", &json!(1));
+}
+
 // ---------------------------------------------------------------- long runs
 
 #[test]

@@ -2,7 +2,9 @@
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use sm4c_runtime::{load, no_files, Effect, Entry, Input, Instance, LoadOptions, Machine, Options, Status, Timed};
+use sm4c_runtime::{
+    load, no_files, Effect, Entry, Input, Instance, LoadOptions, Machine, Options, Status, Timed, Trace,
+};
 use std::sync::Arc;
 
 fn machine(doc: Value) -> Arc<Machine> {
@@ -485,5 +487,59 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_condition_that_is_not_a_boolean_is_traced_once_per_input() {
+    // The event group condition yields a string for every event, so no event matches; each input
+    // tries it on every event in the inbox, and says so once.
+    let m = machine(json!({
+        "id": "t", "name": "t", "version": "1",
+        "events": [{"name": "go", "type": "go"}],
+        "states": [
+            {"name": "Wait", "start": true, "transitions": [
+                {"nextState": "Done", "eventGroups": [{"events": ["go"], "condition": "${ .data.flag }"}]}]},
+            {"name": "Done"}
+        ]
+    }));
+    let options = Options {
+        trace: true,
+        ..Options::default()
+    };
+    let noted = |entries: &[Entry]| -> Vec<Trace> {
+        entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Trace(t @ Trace::ConditionNotBoolean { .. }) => Some(t.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut i = Instance::new(m, "c", options);
+    let out = i.handle(Timed {
+        at: 1_000,
+        input: Input::Start { data: json!({}) },
+    });
+    assert!(noted(&out.entries).is_empty(), "{:?}", out.entries);
+    for n in 1..=3 {
+        let out = i.handle(Timed {
+            at: 1_000 + n,
+            input: Input::Event {
+                event: json!({"specversion": "1.0", "id": format!("e{n}"), "source": "s", "type": "go",
+                              "data": {"flag": format!("no {n}")}}),
+            },
+        });
+        assert_eq!(i.status(), Status::Waiting);
+        assert_eq!(
+            noted(&out.entries),
+            vec![Trace::ConditionNotBoolean {
+                pointer: "/states/0/transitions/0/eventGroups/0/condition".into(),
+                condition: "${ .data.flag }".into(),
+                value: "\"no 1\"".into(),
+            }],
+            "input {n}: {:?}",
+            out.entries
+        );
     }
 }

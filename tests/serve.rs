@@ -799,6 +799,52 @@ fn history_entries_and_paging() {
 }
 
 #[test]
+fn a_condition_that_is_not_a_boolean_does_not_fire_and_is_in_the_history() {
+    let s = serve(&[]);
+    s.define(&json!({
+        "id": "checker", "name": "Checker", "version": "1",
+        "states": [
+            {"name": "Check", "start": true, "transitions": [
+                {"nextState": "Truthy", "condition": "${ .status }"},
+                {"nextState": "Yes", "condition": "${ .status == \"yes\" }"}
+            ]},
+            {"name": "Truthy"},
+            {"name": "Yes"}
+        ]
+    }));
+    s.start("checker", "c", json!({"status": "yes"}));
+    let v = s.wait_status("c", "completed");
+    assert_eq!(v["state"], json!("Yes"), "{v}");
+
+    let (code, body) = s.get("/instances/c/history");
+    assert_eq!(code, 200, "{body}");
+    let entries = body["entries"].as_array().expect("entries");
+    let noted: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["step"] == json!("conditionNotBoolean"))
+        .collect();
+    assert_eq!(noted.len(), 1, "{body}");
+    let e = noted[0];
+    assert_eq!(e["entry"], json!("trace"), "{e}");
+    assert_eq!(e["pointer"], json!("/states/0/transitions/0/condition"), "{e}");
+    assert_eq!(e["condition"], json!("${ .status }"), "{e}");
+    assert_eq!(e["value"], json!("\"yes\""), "{e}");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["step"] == json!("transitionFired") && e["transition"] == json!(1) && e["next"] == json!("Yes")),
+        "{body}"
+    );
+
+    let (code, out, err) = sm4c(&["history", "c", "--server", &s.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("condition /states/0/transitions/0/condition ${ .status } yielded \"yes\", not a boolean"),
+        "{out}"
+    );
+}
+
+#[test]
 fn cancel_instance() {
     let s = serve(&[]);
     s.define(&waiter());

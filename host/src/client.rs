@@ -465,6 +465,12 @@ fn describe(e: &Value) -> String {
                 ),
                 "eventConsumed" => format!("{pad}event {} consumed ({})", s(&e["event"]), s(&e["id"])),
                 "actionCompleted" => format!("{pad}{} {} completed", s(&e["action"]), s(&e["op"])),
+                "conditionNotBoolean" => format!(
+                    "{pad}condition {} {} yielded {}, not a boolean: it does not fire",
+                    s(&e["pointer"]),
+                    s(&e["condition"]),
+                    s(&e["value"])
+                ),
                 "actionFailed" => format!("{pad}{} {} failed: {}", s(&e["action"]), s(&e["op"]), s(&e["message"])),
                 "retrying" => format!(
                     "{pad}retry {}: attempt {} in {} ms",

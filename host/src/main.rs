@@ -5,8 +5,8 @@ mod files;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use serde_json::Value;
 use files::FileError;
+use serde_json::Value;
 use sm4c_host::{graph, Clock, Config, InMemoryHost};
 use sm4c_invoke::config::CallConfig;
 use sm4c_invoke::grpc::{self, GrpcInvoker};
@@ -432,6 +432,11 @@ fn print_trace(id: &str, t: &Trace) {
         },
         Trace::EventConsumed { event, id } => format!("event {event:?} consumed (id {id})"),
         Trace::ActionCompleted { op, action } => format!("{action} {op} completed"),
+        Trace::ConditionNotBoolean {
+            pointer,
+            condition,
+            value,
+        } => format!("condition {pointer} {condition} yielded {value}, not a boolean: it does not fire"),
         Trace::ActionFailed { op, action, message } => format!("{action} {op} failed: {message}"),
         Trace::Retrying { op, attempt, delay_ms } => format!("retry {op}: attempt {attempt} in {delay_ms} ms"),
         Trace::Finished { status } => format!("instance {}", status.as_str()),

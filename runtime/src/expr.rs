@@ -593,11 +593,6 @@ impl Expr {
         }
     }
 
-    /// Evaluates a condition: one output, true unless `false` or `null` (jq truthiness).
-    pub fn eval_bool(&self, input: Val, value: Val) -> Result<bool, EvalError> {
-        Ok(!matches!(self.eval(input, value)?, Val::Null | Val::Bool(false)))
-    }
-
     /// Convenience for hosts: evaluates on JSON values.
     pub fn eval_json(&self, input: &Value) -> Result<Value, EvalError> {
         self.eval(to_val(input), Val::Null).map(|v| from_val(&v))

@@ -117,7 +117,7 @@ pub struct Transition {
     /// Resolved `nextState`; `None` stays in the state and evaluates transitions again.
     pub next: Option<StateId>,
     /// `condition`.
-    pub condition: Option<Expr>,
+    pub condition: Option<Condition>,
     /// `eventGroups`.
     pub groups: Vec<EventGroup>,
     /// `timeout` in milliseconds.
@@ -136,7 +136,7 @@ pub struct EventGroup {
     /// Indices into [`Machine::events`].
     pub events: Vec<usize>,
     /// `condition`, evaluated against the matched event.
-    pub condition: Option<Expr>,
+    pub condition: Option<Condition>,
     /// `resultHandler`, with the matched event as `$value`.
     pub handler: Option<Expr>,
 }
@@ -390,11 +390,54 @@ impl ActionKind {
 #[derive(Debug)]
 pub struct ErrorHandler {
     /// `condition`, evaluated with the error as input (and as `$value`).
-    pub condition: Option<Expr>,
+    pub condition: Option<Condition>,
     /// `resultHandler`, over the global data with the error as `$value`.
     pub handler: Option<Expr>,
     /// `retryPolicy`, as an index into [`Machine::retries`].
     pub retry: Option<usize>,
+}
+
+/// A `condition` of a transition, an event group or an error handler.
+///
+/// It fires only when its expression yields the JSON boolean `true`: the specification says "result
+/// of 'true' triggers this transition", and the reference implementation does the same. `false`,
+/// `null`, strings (even `"true"`), numbers, arrays and objects do not fire; jq's truthiness (anything
+/// but `false` and `null`) does not apply here.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    /// The jq expression.
+    pub expr: Expr,
+    /// JSON pointer of the `condition` field in the definition.
+    pub pointer: String,
+}
+
+/// What a condition yielded, as far as firing goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// `true`: the condition fires.
+    True,
+    /// `false`: it does not.
+    False,
+    /// Something other than a boolean (`null`, a string, a number, an array, an object): it does
+    /// not fire, and the author may want to know.
+    NotBoolean(Val),
+}
+
+impl Condition {
+    /// The expression as written.
+    pub fn source(&self) -> &str {
+        self.expr.source()
+    }
+
+    /// Evaluates the condition (one output is needed) and judges its value. This is the one place
+    /// that decides whether a condition fires.
+    pub fn test(&self, input: Val, value: Val) -> Result<Verdict, EvalError> {
+        Ok(match self.expr.eval(input, value)? {
+            Val::Bool(true) => Verdict::True,
+            Val::Bool(false) => Verdict::False,
+            other => Verdict::NotBoolean(other),
+        })
+    }
 }
 
 /// JSON with jq expressions inside: `{"order": "${ .orders[1] }", "priority": 1}`.

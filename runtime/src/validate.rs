@@ -328,6 +328,14 @@ impl V {
         }
     }
 
+    /// The `condition` field of `o` (a transition, event group or error handler at `p`).
+    fn condition(&mut self, o: &Map<String, Value>, p: &str) -> Option<Condition> {
+        self.opt_expr(o, p, "condition").map(|expr| Condition {
+            expr,
+            pointer: format!("{p}/condition"),
+        })
+    }
+
     /// A string value that is an expression only when written `${ ... }`; any other JSON is literal.
     fn template(&mut self, value: &Value, p: &str) -> Template {
         match value {
@@ -716,7 +724,7 @@ impl V {
                 None
             }
         };
-        let condition = self.opt_expr(o, p, "condition");
+        let condition = self.condition(o, p);
         let timeout_ms = self.opt_timespan(o, p, "timeout");
         let mut groups = Vec::new();
         match o.get("eventGroups") {
@@ -778,7 +786,7 @@ impl V {
         }
         Some(EventGroup {
             events,
-            condition: self.opt_expr(o, p, "condition"),
+            condition: self.condition(o, p),
             handler: self.opt_expr(o, p, "resultHandler"),
         })
     }
@@ -828,7 +836,7 @@ impl V {
                         }
                     };
                     handlers.push(ErrorHandler {
-                        condition: self.opt_expr(ho, &hp, "condition"),
+                        condition: self.condition(ho, &hp),
                         handler: self.opt_expr(ho, &hp, "resultHandler"),
                         retry,
                     });

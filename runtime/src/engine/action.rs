@@ -435,7 +435,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
     let err_val = error.to_val();
     for h in &action.handlers {
         if let Some(c) = &h.condition {
-            match c.eval_bool(err_val.clone(), err_val.clone()) {
+            match super::fires(c, err_val.clone(), err_val.clone(), cx.options.trace, cx.out) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {

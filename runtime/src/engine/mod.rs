@@ -11,8 +11,9 @@ pub mod event;
 pub mod task;
 pub mod types;
 
+use crate::expr::EvalError;
 use crate::json::{from_val, to_val};
-use crate::model::{Machine, StateId, Trigger};
+use crate::model::{Condition, Machine, StateId, Trigger, Verdict};
 use crate::timespan;
 use action::{cancel, deliver, start, Run, Signal, Step};
 use jaq_json::Val;
@@ -56,6 +57,9 @@ pub struct Output {
     pub entries: Vec<Entry>,
     /// Effects for the host to perform, in order, after the entries are stored.
     pub effects: Vec<Effect>,
+    /// Pointers of the conditions already traced as not boolean in this output (each is traced once
+    /// per input, however often it is evaluated).
+    noted: Vec<String>,
 }
 
 /// Where an instance is in the seed's algorithm.
@@ -199,6 +203,25 @@ impl Cx<'_> {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
         (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Whether condition `c` fires on `input` (with `$value` = `value`): only when it yields `true`.
+/// A value that is not a boolean does not fire; with `trace` on, the first such value of each
+/// condition in an input is recorded as a [`Trace::ConditionNotBoolean`] naming the condition and
+/// the value (an event group condition may be tried on every event in the inbox: once is enough).
+pub(crate) fn fires(c: &Condition, input: Val, value: Val, trace: bool, out: &mut Output) -> Result<bool, EvalError> {
+    match c.test(input, value)? {
+        Verdict::True => Ok(true),
+        Verdict::False => Ok(false),
+        Verdict::NotBoolean(v) => {
+            if trace && !out.noted.contains(&c.pointer) {
+                out.noted.push(c.pointer.clone());
+                out.entries
+                    .push(Entry::Trace(Trace::condition_not_boolean(&c.pointer, c.source(), &v)));
+            }
+            Ok(false)
+        }
     }
 }
 
@@ -782,7 +805,7 @@ impl Instance {
                 Trigger::Implicit => return Next::Fire(i, "implicit"),
                 Trigger::Condition => {
                     let Some(c) = &t.condition else { continue };
-                    match c.eval_bool(view.clone(), Val::Null) {
+                    match fires(c, view.clone(), Val::Null, self.options.trace, out) {
                         Ok(true) => return Next::Fire(i, "condition"),
                         Ok(false) => {}
                         Err(e) => {
@@ -806,7 +829,7 @@ impl Instance {
             if t.trigger != Trigger::Events {
                 continue;
             }
-            match self.match_groups(i, &view) {
+            match self.match_groups(out, i, &view) {
                 Err(e) => return self.fail(out, e),
                 Ok(None) => {}
                 Ok(Some(chosen)) => {
@@ -858,7 +881,12 @@ impl Instance {
 
     /// Finds one inbox event per event group of transition `t`: `(group, inbox index, event definition)`.
     #[allow(clippy::type_complexity)]
-    fn match_groups(&self, t: usize, view: &Val) -> Result<Option<Vec<(usize, usize, usize)>>, ErrorInfo> {
+    fn match_groups(
+        &self,
+        out: &mut Output,
+        t: usize,
+        view: &Val,
+    ) -> Result<Option<Vec<(usize, usize, usize)>>, ErrorInfo> {
         let m = &self.machine;
         let tr = &m.states[self.s.state.unwrap_or(0)].transitions[t];
         let mut chosen: Vec<(usize, usize, usize)> = Vec::new();
@@ -874,7 +902,7 @@ impl Instance {
                     }
                     if let Some(c) = &group.condition {
                         let v = event::event_value(ev);
-                        match c.eval_bool(v.clone(), v) {
+                        match fires(c, v.clone(), v, self.options.trace, out) {
                             Ok(true) => {}
                             Ok(false) => continue,
                             Err(e) => {
@@ -895,7 +923,7 @@ impl Instance {
             }
         }
         if let Some(c) = &tr.condition {
-            match c.eval_bool(view.clone(), Val::Null) {
+            match fires(c, view.clone(), Val::Null, self.options.trace, out) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),
                 Err(e) => {

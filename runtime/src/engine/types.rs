@@ -279,6 +279,16 @@ pub enum Trace {
         /// Action type.
         action: String,
     },
+    /// A condition yielded something other than a boolean, so it did not fire (conditions fire only
+    /// on `true`). Recorded so the author hears of a condition that relied on jq's truthiness.
+    ConditionNotBoolean {
+        /// JSON pointer of the condition in the definition.
+        pointer: String,
+        /// The condition as written.
+        condition: String,
+        /// What it yielded, as JSON text (cut after [`Trace::MAX_VALUE_CHARS`] characters).
+        value: String,
+    },
     /// An action failed.
     ActionFailed {
         /// Operation id.
@@ -302,6 +312,25 @@ pub enum Trace {
         /// Final status.
         status: Status,
     },
+}
+
+impl Trace {
+    /// Longest rendering of a value a trace keeps, in characters.
+    pub const MAX_VALUE_CHARS: usize = 200;
+
+    /// The trace of a condition at `pointer` that yielded `value`, not a boolean.
+    pub fn condition_not_boolean(pointer: &str, condition: &str, value: &Val) -> Trace {
+        let text = from_val(value).to_string();
+        let value = match text.char_indices().nth(Self::MAX_VALUE_CHARS) {
+            Some((cut, _)) => format!("{}…", &text[..cut]),
+            None => text,
+        };
+        Trace::ConditionNotBoolean {
+            pointer: pointer.to_string(),
+            condition: condition.to_string(),
+            value,
+        }
+    }
 }
 
 /// A jq value stored as JSON in snapshots.
