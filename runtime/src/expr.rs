@@ -1,10 +1,13 @@
 //! jq expressions: compiled once through jaq, run in a sandbox with a bounded amount of work.
 //!
 //! # Sandbox
-//! The function set is jaq's standard library without anything that reaches outside the instance:
-//! no `env`/`$ENV`, `input`/`inputs`, `halt`/`halt_error`, `now`, `localtime`, module imports or file reads.
-//! `debug` and `stderr` are accepted and pass their input through without printing.
-//! Expressions that use a refused function are rejected when the definition is loaded.
+//! The function set is built from an allow-list, [`ALLOWED`]: the jaq natives and standard
+//! definitions on it, and nothing else, so a jaq upgrade that adds a function does not widen what a
+//! definition reaches until the function is reviewed and added (a test pins the list). Nothing on it
+//! reaches outside the instance: no `env`/`$ENV`, `input`/`inputs`, `halt`/`halt_error`, `now`,
+//! `localtime`, `mktime`, module imports or file reads. `debug` and `stderr` are accepted and pass their
+//! input through without printing. Expressions that call anything else are rejected when the
+//! definition is loaded.
 //!
 //! # Bounded evaluation
 //! Every evaluation gets a budget of *fuel* ([`Limits::fuel`], default one million). Each call of a
@@ -64,23 +67,250 @@ const REFUSED: &[(&str, &str)] = &[
     ("get_search_list", "reads files"),
 ];
 
-/// Natives left out of the function set (the refused ones and those we redefine).
-const NATIVE_OUT: &[&str] = &[
-    "env",
-    "now",
-    "halt",
-    "input",
-    "inputs",
-    "localtime",
-    "strflocaltime",
-    "mktime",
-    "debug_empty",
-    "stderr_empty",
-    "range",
+/// Every jq function a definition may call, as (name, arity), sorted. The sandbox is built from this
+/// list: jaq's natives and standard definitions that are on it, and [`OUR_DEFS`] (which must all be on
+/// it). Everything else, including whatever a newer jaq adds, is refused when an expression is
+/// compiled. Some entries are jaq's helpers behind standard definitions (`error_empty`, `matches`,
+/// `split_`, `totype`, ...), callable like any definition and as harmless.
+pub const ALLOWED: &[(&str, usize)] = &[
+    ("@base64", 0),
+    ("@base64d", 0),
+    ("@html", 0),
+    ("@htmld", 0),
+    ("@json", 0),
+    ("@sh", 0),
+    ("@text", 0),
+    ("@uri", 0),
+    ("@urid", 0),
+    ("abs", 0),
+    ("acos", 0),
+    ("acosh", 0),
+    ("add", 0),
+    ("add", 1),
+    ("all", 0),
+    ("all", 1),
+    ("all", 2),
+    ("any", 0),
+    ("any", 1),
+    ("any", 2),
+    ("arrays", 0),
+    ("ascii_downcase", 0),
+    ("ascii_upcase", 0),
+    ("asin", 0),
+    ("asinh", 0),
+    ("atan", 0),
+    ("atan2", 2),
+    ("atanh", 0),
+    ("booleans", 0),
+    ("bsearch", 1),
+    ("capture", 1),
+    ("capture", 2),
+    ("capture_of_match", 0),
+    ("cbrt", 0),
+    ("ceil", 0),
+    ("combinations", 0),
+    ("combinations", 1),
+    ("contains", 1),
+    ("copysign", 2),
+    ("cos", 0),
+    ("cosh", 0),
+    ("debug", 0),
+    ("debug", 1),
+    ("decode_base64", 0),
+    ("decode_uri", 0),
+    ("del", 1),
+    ("delpaths", 1),
+    ("drem", 2),
+    ("empty", 0),
+    ("encode_base64", 0),
+    ("encode_uri", 0),
+    ("endswith", 1),
+    ("erf", 0),
+    ("erfc", 0),
+    ("error", 0),
+    ("error", 1),
+    ("error_empty", 0),
+    ("escape_html", 0),
+    ("escape_sh", 0),
+    ("exp", 0),
+    ("exp10", 0),
+    ("exp2", 0),
+    ("explode", 0),
+    ("expm1", 0),
+    ("fabs", 0),
+    ("false", 0),
+    ("fdim", 2),
+    ("finites", 0),
+    ("first", 0),
+    ("first", 1),
+    ("flatten", 0),
+    ("flatten", 1),
+    ("floor", 0),
+    ("fma", 3),
+    ("fmax", 2),
+    ("fmin", 2),
+    ("fmod", 2),
+    ("frexp", 0),
+    ("from_entries", 0),
+    ("fromdate", 0),
+    ("fromdateiso8601", 0),
+    ("fromjson", 0),
+    ("gamma", 0),
+    ("getpath", 1),
+    ("gmtime", 0),
+    ("group_by", 1),
+    ("gsub", 2),
+    ("gsub", 3),
+    ("has", 1),
+    ("hypot", 2),
+    ("ilogb", 0),
+    ("implode", 0),
+    ("in", 1),
+    ("index", 1),
+    ("indices", 1),
+    ("infinite", 0),
+    ("inside", 1),
+    ("isarray", 0),
+    ("isboolean", 0),
+    ("isempty", 1),
+    ("isfinite", 0),
+    ("isinfinite", 0),
+    ("isnan", 0),
+    ("isnormal", 0),
+    ("isnumber", 0),
+    ("isobject", 0),
+    ("isstring", 0),
+    ("iterables", 0),
+    ("j0", 0),
+    ("j1", 0),
+    ("jn", 2),
+    ("join", 1),
+    ("key_values", 0),
+    ("keys", 0),
+    ("keys_unsorted", 0),
+    ("last", 0),
+    ("last", 1),
+    ("ldexp", 2),
+    ("length", 0),
+    ("lgamma", 0),
+    ("limit", 2),
+    ("log", 0),
+    ("log10", 0),
+    ("log1p", 0),
+    ("log2", 0),
+    ("logb", 0),
+    ("ltrim", 0),
+    ("ltrimstr", 1),
+    ("map", 1),
+    ("map_values", 1),
+    ("match", 1),
+    ("match", 2),
+    ("matches", 2),
+    ("max", 0),
+    ("max_by", 1),
+    ("max_by_or_empty", 1),
+    ("min", 0),
+    ("min_by", 1),
+    ("min_by_or_empty", 1),
+    ("modf", 0),
+    ("nan", 0),
+    ("nearbyint", 0),
+    ("nextafter", 2),
+    ("nexttoward", 2),
+    ("normals", 0),
+    ("not", 0),
+    ("nth", 1),
+    ("nth", 2),
+    ("null", 0),
+    ("nulls", 0),
+    ("numbers", 0),
+    ("objects", 0),
+    ("path", 1),
+    ("path_value", 1),
+    ("paths", 0),
+    ("paths", 1),
+    ("pick", 1),
+    ("pow", 2),
+    ("pow10", 0),
+    ("range", 1),
+    ("range", 2),
+    ("range", 3),
+    ("recurse", 0),
+    ("recurse", 1),
+    ("recurse", 2),
+    ("remainder", 2),
+    ("repeat", 1),
+    ("reverse", 0),
+    ("rindex", 1),
+    ("rint", 0),
+    ("round", 0),
+    ("rtrim", 0),
+    ("rtrimstr", 1),
+    ("scalars", 0),
+    ("scalb", 2),
+    ("scalbln", 2),
+    ("scan", 1),
+    ("scan", 2),
+    ("scan_", 2),
+    ("select", 1),
+    ("setpath", 2),
+    ("significand", 0),
+    ("sin", 0),
+    ("sinh", 0),
+    ("skip", 2),
+    ("sort", 0),
+    ("sort_by", 1),
+    ("split", 1),
+    ("split", 2),
+    ("split_", 2),
+    ("split_matches", 2),
+    ("splits", 1),
+    ("splits", 2),
+    ("sqrt", 0),
+    ("startswith", 1),
+    ("stderr", 0),
+    ("strftime", 1),
+    ("strings", 0),
+    ("strptime", 1),
+    ("sub", 2),
+    ("sub", 3),
+    ("tan", 0),
+    ("tanh", 0),
+    ("test", 1),
+    ("test", 2),
+    ("tgamma", 0),
+    ("to_entries", 0),
+    ("toboolean", 0),
+    ("tobytes", 0),
+    ("todate", 0),
+    ("todateiso8601", 0),
+    ("tojson", 0),
+    ("tonumber", 0),
+    ("tostring", 0),
+    ("totype", 2),
+    ("transpose", 0),
+    ("trim", 0),
+    ("true", 0),
+    ("trunc", 0),
+    ("type", 0),
+    ("unescape_html", 0),
+    ("unique", 0),
+    ("unique_by", 1),
+    ("until", 2),
+    ("utf8bytelength", 0),
+    ("values", 0),
+    ("walk", 1),
+    ("while", 2),
+    ("with_entries", 1),
+    ("y0", 0),
+    ("y1", 0),
+    ("yn", 2),
 ];
 
-/// Standard definitions left out or replaced.
-const DEF_OUT: &[&str] = &["halt", "halt_error", "debug", "stderr"];
+/// True when `name/arity` is on [`ALLOWED`].
+fn allowed(name: &str, arity: usize) -> bool {
+    ALLOWED.binary_search(&(name, arity)).is_ok()
+}
 
 /// Definitions we add: sandboxed replacements, and `range/3` as a recursion that burns fuel.
 const OUR_DEFS: &str = r#"
@@ -211,39 +441,83 @@ fn natives() -> Vec<Fun<Data>> {
             bome(Ok(cv.1))
         }
     }));
+    admitted_natives(jaq_natives())
+        .chain([depth])
+        .chain([tick, getp, setp])
+        .collect()
+}
+
+/// Every native jaq provides, jaq-json's `fromjson` renamed `__fromjson` (our `fromjson` wraps it).
+fn jaq_natives() -> impl Iterator<Item = Fun<Data>> {
     jaq_core::funs::<Data>()
         .chain(jaq_std::funs::<Data>())
         .chain(jaq_json::funs::<Data>().map(|(name, args, f)| match name {
             "fromjson" => ("__fromjson", args, f),
             _ => (name, args, f),
         }))
-        .filter(|(name, _, _)| !NATIVE_OUT.contains(name))
-        .chain([depth])
-        .chain([tick, getp, setp])
-        .collect()
+}
+
+/// The natives the sandbox takes from `natives`: those on [`ALLOWED`] that [`OUR_DEFS`] does not
+/// replace, and `__fromjson`.
+fn admitted_natives(natives: impl Iterator<Item = Fun<Data>>) -> impl Iterator<Item = Fun<Data>> {
+    natives.filter(|(name, args, _)| *name == "__fromjson" || (allowed(name, args.len()) && !ours(name, args.len())))
+}
+
+/// Our definitions, parsed once.
+fn our_defs() -> &'static [Def<&'static str>] {
+    static OURS: OnceLock<Vec<Def<&'static str>>> = OnceLock::new();
+    OURS.get_or_init(|| jaq_core::load::parse(OUR_DEFS, |p| p.defs()).expect("our definitions parse"))
+}
+
+/// True when [`OUR_DEFS`] defines `name/arity` (replacing jaq's).
+fn ours(name: &str, arity: usize) -> bool {
+    our_defs().iter().any(|d| d.name == name && d.args.len() == arity)
+}
+
+/// Every `(name, arity)` jaq provides, natives and standard definitions, allowed or not.
+fn jaq_functions() -> &'static std::collections::BTreeSet<(&'static str, usize)> {
+    static ALL: OnceLock<std::collections::BTreeSet<(&'static str, usize)>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        jaq_core::funs::<Data>()
+            .chain(jaq_std::funs::<Data>())
+            .chain(jaq_json::funs::<Data>())
+            .map(|(name, args, _)| (name, args.len()))
+            .chain(jaq_defs().map(|d| (d.name, d.args.len())))
+            .collect()
+    })
+}
+
+/// Every standard definition jaq provides.
+fn jaq_defs() -> impl Iterator<Item = Def<&'static str>> {
+    jaq_core::defs().chain(jaq_std::defs()).chain(jaq_json::defs())
 }
 
 /// The standard definitions, each body prefixed with a fuel tick. Parsed once per process.
 fn prelude() -> &'static [Def<&'static str>] {
     static PRELUDE: OnceLock<Vec<Def<&'static str>>> = OnceLock::new();
-    PRELUDE.get_or_init(|| {
-        let ours = jaq_core::load::parse(OUR_DEFS, |p| p.defs()).expect("our definitions parse");
-        let mut defs: Vec<Def<&'static str>> = Vec::new();
-        for def in jaq_core::defs().chain(jaq_std::defs()).chain(jaq_json::defs()) {
-            if DEF_OUT.contains(&def.name) {
-                continue;
-            }
-            // `range/3` must exist before the standard `range/2` refers to it.
-            if def.name == "range" && defs.iter().all(|d| d.name != "range") {
-                defs.extend(ours.iter().cloned());
-            }
-            defs.push(def);
+    PRELUDE.get_or_init(|| admitted_defs(jaq_defs()).into_iter().map(fuel_def).collect())
+}
+
+/// The definitions the sandbox takes from `standard`: those on [`ALLOWED`] that [`OUR_DEFS`] does
+/// not replace, and ours.
+fn admitted_defs(standard: impl Iterator<Item = Def<&'static str>>) -> Vec<Def<&'static str>> {
+    let mut defs: Vec<Def<&'static str>> = Vec::new();
+    let mut placed = false;
+    for def in standard {
+        if !allowed(def.name, def.args.len()) || ours(def.name, def.args.len()) {
+            continue;
         }
-        if defs.iter().all(|d| d.name != "range" || d.args.len() != 3) {
-            defs.extend(ours);
+        // Ours (among them `range/3`) must exist before the standard `range/2` refers to it.
+        if def.name == "range" && !placed {
+            defs.extend(our_defs().iter().cloned());
+            placed = true;
         }
-        defs.into_iter().map(fuel_def).collect()
-    })
+        defs.push(def);
+    }
+    if !placed {
+        defs.extend(our_defs().iter().cloned());
+    }
+    defs
 }
 
 fn tick<'a>() -> Term<&'a str> {
@@ -475,7 +749,7 @@ impl Expr {
                 let mut msgs = Vec::new();
                 for (_, undefined) in errs {
                     for (name, kind) in undefined {
-                        msgs.push(describe_undefined(name, kind.as_str()));
+                        msgs.push(describe_undefined(name, &kind));
                     }
                 }
                 msgs.dedup();
@@ -599,15 +873,23 @@ impl Expr {
     }
 }
 
-fn describe_undefined(name: &str, kind: &str) -> String {
+fn describe_undefined(name: &str, undefined: &jaq_core::compile::Undefined) -> String {
+    use jaq_core::compile::Undefined;
     let bare = name.trim_start_matches("__fn_");
     if let Some((_, why)) = REFUSED.iter().find(|(n, _)| *n == name) {
         return format!("`{name}` is not available in sm4c expressions: it {why}");
     }
+    if let Undefined::Filter(arity) = undefined {
+        if jaq_functions().contains(&(name, *arity)) {
+            return format!(
+                "`{name}` is not available in sm4c expressions: it is not on the list of jq functions sm4c allows"
+            );
+        }
+    }
     if bare != name {
         return format!("unknown expression function {bare}");
     }
-    format!("undefined {kind} `{name}`")
+    format!("undefined {} `{name}`", undefined.as_str())
 }
 
 fn describe_load_errors<P>(code: &str, errs: jaq_core::load::Errors<&str, P>) -> String {
@@ -897,6 +1179,135 @@ mod tests {
         }
         let err = Expr::compile("now", &[], Limits::default()).unwrap_err();
         assert!(err.contains("wall clock"), "{err}");
+    }
+
+    /// The functions a definition can call, pinned: widening the sandbox (a new entry on
+    /// `ALLOWED`, or a jaq upgrade that changes what an entry is) must change this list too, in a
+    /// reviewed change. It also fails when a jaq upgrade drops a function definitions may be using.
+    #[test]
+    fn the_allowed_functions_are_pinned() {
+        const PINNED: &str = "
+        @base64/0 @base64d/0 @html/0 @htmld/0 @json/0 @sh/0 @text/0 @uri/0 @urid/0 abs/0 acos/0 acosh/0
+        add/0 add/1 all/0 all/1 all/2 any/0 any/1 any/2 arrays/0 ascii_downcase/0 ascii_upcase/0 asin/0
+        asinh/0 atan/0 atan2/2 atanh/0 booleans/0 bsearch/1 capture/1 capture/2 capture_of_match/0
+        cbrt/0 ceil/0 combinations/0 combinations/1 contains/1 copysign/2 cos/0 cosh/0 debug/0 debug/1
+        decode_base64/0 decode_uri/0 del/1 delpaths/1 drem/2 empty/0 encode_base64/0 encode_uri/0
+        endswith/1 erf/0 erfc/0 error/0 error/1 error_empty/0 escape_html/0 escape_sh/0 exp/0 exp10/0
+        exp2/0 explode/0 expm1/0 fabs/0 false/0 fdim/2 finites/0 first/0 first/1 flatten/0 flatten/1
+        floor/0 fma/3 fmax/2 fmin/2 fmod/2 frexp/0 from_entries/0 fromdate/0 fromdateiso8601/0
+        fromjson/0 gamma/0 getpath/1 gmtime/0 group_by/1 gsub/2 gsub/3 has/1 hypot/2 ilogb/0 implode/0
+        in/1 index/1 indices/1 infinite/0 inside/1 isarray/0 isboolean/0 isempty/1 isfinite/0
+        isinfinite/0 isnan/0 isnormal/0 isnumber/0 isobject/0 isstring/0 iterables/0 j0/0 j1/0 jn/2
+        join/1 key_values/0 keys/0 keys_unsorted/0 last/0 last/1 ldexp/2 length/0 lgamma/0 limit/2 log/0
+        log10/0 log1p/0 log2/0 logb/0 ltrim/0 ltrimstr/1 map/1 map_values/1 match/1 match/2 matches/2
+        max/0 max_by/1 max_by_or_empty/1 min/0 min_by/1 min_by_or_empty/1 modf/0 nan/0 nearbyint/0
+        nextafter/2 nexttoward/2 normals/0 not/0 nth/1 nth/2 null/0 nulls/0 numbers/0 objects/0 path/1
+        path_value/1 paths/0 paths/1 pick/1 pow/2 pow10/0 range/1 range/2 range/3 recurse/0 recurse/1
+        recurse/2 remainder/2 repeat/1 reverse/0 rindex/1 rint/0 round/0 rtrim/0 rtrimstr/1 scalars/0
+        scalb/2 scalbln/2 scan/1 scan/2 scan_/2 select/1 setpath/2 significand/0 sin/0 sinh/0 skip/2
+        sort/0 sort_by/1 split/1 split/2 split_/2 split_matches/2 splits/1 splits/2 sqrt/0 startswith/1
+        stderr/0 strftime/1 strings/0 strptime/1 sub/2 sub/3 tan/0 tanh/0 test/1 test/2 tgamma/0
+        to_entries/0 toboolean/0 tobytes/0 todate/0 todateiso8601/0 tojson/0 tonumber/0 tostring/0
+        totype/2 transpose/0 trim/0 true/0 trunc/0 type/0 unescape_html/0 unique/0 unique_by/1 until/2
+        utf8bytelength/0 values/0 walk/1 while/2 with_entries/1 y0/0 y1/0 yn/2
+    ";
+        let mut built: Vec<(&str, usize)> = natives()
+            .iter()
+            .map(|(name, args, _)| (*name, args.len()))
+            .chain(prelude().iter().map(|d| (d.name, d.args.len())))
+            .collect();
+        built.sort_unstable();
+        built.dedup();
+        let (internal, callable): (Vec<_>, Vec<_>) = built.into_iter().partition(|(n, _)| n.starts_with("__"));
+        let text = |fs: &[(&str, usize)]| fs.iter().map(|(n, a)| format!("{n}/{a}")).collect::<Vec<_>>().join(" ");
+        assert_eq!(text(&callable), PINNED.split_whitespace().collect::<Vec<_>>().join(" "));
+        assert_eq!(callable, ALLOWED, "every allowed function is built, and nothing else");
+        assert_eq!(
+            text(&internal),
+            "__fromjson/0 __getp/1 __json_depth/0 __setp/2 __tick/0",
+            "our own helpers (assignments, fuel, fromjson's depth check)"
+        );
+        assert!(
+            ALLOWED.windows(2).all(|w| w[0] < w[1]),
+            "ALLOWED must be sorted (binary search)"
+        );
+        for d in our_defs() {
+            assert!(
+                allowed(d.name, d.args.len()),
+                "{}/{} is ours but not on ALLOWED",
+                d.name,
+                d.args.len()
+            );
+        }
+    }
+
+    #[test]
+    fn functions_not_on_the_list_are_refused() {
+        // jaq provides these; they are not on the list.
+        for (code, name, why) in [
+            (
+                "debug_empty",
+                "`debug_empty`",
+                "not on the list of jq functions sm4c allows",
+            ),
+            (
+                "\"x\" | stderr_empty",
+                "`stderr_empty`",
+                "not on the list of jq functions sm4c allows",
+            ),
+            ("env", "`env`", "process environment"),
+            ("now", "`now`", "wall clock"),
+            ("halt", "`halt`", "stops the process"),
+            ("halt(1)", "`halt`", "stops the process"),
+            ("halt_error(1)", "`halt_error`", "stops the process"),
+            ("localtime", "`localtime`", "time zone"),
+            ("strflocaltime(\"%c\")", "`strflocaltime`", "time zone"),
+            ("[1970, 0, 1, 0, 0, 0, 4, 0] | mktime", "`mktime`", "not deterministic"),
+        ] {
+            assert!(
+                jaq_functions().iter().any(|(n, _)| format!("`{n}`") == name),
+                "jaq has {name}"
+            );
+            let err = Expr::compile(code, &[], Limits::default()).unwrap_err();
+            assert_eq!(
+                err.split(": it ").next(),
+                Some(format!("{name} is not available in sm4c expressions").as_str()),
+                "{code}: {err}"
+            );
+            assert!(err.contains(why), "{code}: {err}");
+        }
+        // An allowed name with an arity jaq does not have is simply undefined.
+        let err = Expr::compile("map(.; .)", &[], Limits::default()).unwrap_err();
+        assert_eq!(err, "undefined filter `map`");
+    }
+
+    /// What a jaq upgrade could bring: a native and a definition that are not on the list, and a new
+    /// arity of an allowed name. None of them reaches the sandbox.
+    #[test]
+    fn functions_a_newer_jaq_adds_are_not_admitted() {
+        let exec: Fun<Data> = run(("exec", v(1), |cv| bome(Ok(cv.1))));
+        let natives: Vec<_> = admitted_natives(jaq_natives().chain([exec]))
+            .map(|(n, a, _)| (n, a.len()))
+            .collect();
+        assert!(!natives.contains(&("exec", 1)), "{natives:?}");
+        assert!(natives.contains(&("length", 0)), "{natives:?}");
+
+        let extra =
+            jaq_core::load::parse("def shell($cmd): $cmd; def map(f; g): map(f) | g;", |p| p.defs()).expect("parses");
+        let defs: Vec<_> = admitted_defs(jaq_defs().chain(extra))
+            .iter()
+            .map(|d| (d.name, d.args.len()))
+            .collect();
+        assert!(!defs.contains(&("shell", 1)), "{defs:?}");
+        assert!(!defs.contains(&("map", 2)), "{defs:?}");
+        assert!(defs.contains(&("map", 1)), "{defs:?}");
+        assert_eq!(
+            defs,
+            admitted_defs(jaq_defs())
+                .iter()
+                .map(|d| (d.name, d.args.len()))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
