@@ -452,6 +452,32 @@ fn jq_sandbox_refuses_env_now_input_halt() {
 }
 
 #[test]
+fn jq_sandbox_refuses_functions_not_on_its_list() {
+    // jaq has `debug_empty`, `stderr_empty` and `halt/1`; none is on sm4c's list of allowed functions.
+    let d = tmp();
+    let def = one_state(json!({
+        "enterAction": {"type": "injectData", "expression": "${ debug_empty }"},
+        "enterResultHandler": "${ stderr_empty }",
+        "exitResultHandler": "${ halt(1) }"
+    }));
+    let (f, err) = invalid(d.path(), &def);
+    for (place, name) in [
+        ("/states/0/enterAction/expression", "`debug_empty`"),
+        ("/states/0/enterResultHandler", "`stderr_empty`"),
+        ("/states/0/exitResultHandler", "`halt`"),
+    ] {
+        assert_error(&err, &f, place, &[name, "is not available in sm4c expressions"]);
+    }
+    assert_error(
+        &err,
+        &f,
+        "/states/0/enterAction/expression",
+        &["not on the list of jq functions sm4c allows"],
+    );
+    assert_eq!(err.lines().count(), 3, "stderr:\n{err}");
+}
+
+#[test]
 fn bad_timespan() {
     let d = tmp();
     let def = one_state(json!({"enterAction": {"type": "delay", "timeout": "soon"}}));
