@@ -33,16 +33,27 @@
 //! An application runs state machines inside its own service with its own librdkafka settings:
 //!
 //! ```no_run
-//! use sm4c_host::kafka::{KafkaConfig, KafkaHost};
-//! use sm4c_host::mock::MockHost;
+//! use serde_json::Value;
+//! use sm4c_host::{BoxFuture, FunctionCall, Functions};
+//! use sm4c_kafka::{KafkaConfig, KafkaHost};
+//! use sm4c_runtime::ErrorInfo;
 //! use std::sync::Arc;
+//!
+//! /// The application's functions: here, each call echoes its arguments.
+//! struct App;
+//!
+//! impl Functions for App {
+//!     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+//!         Box::pin(async move { Ok(call.arguments) })
+//!     }
+//! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut config = KafkaConfig::new("localhost:9092");
 //! config.group = "orders".into();
 //! config.settings.push(("security.protocol".into(), "plaintext".into()));
 //! let definition = serde_json::from_str(&std::fs::read_to_string("order-saga.json")?)?;
-//! let functions = Arc::new(MockHost::default());
+//! let functions = Arc::new(App);
 //! let host = KafkaHost::start(config, vec![definition], functions).await?;
 //! // ... the service runs; instances start from events or from `host.start_instance(..)`.
 //! host.shutdown().await;

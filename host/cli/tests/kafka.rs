@@ -44,7 +44,7 @@ fn free_port() -> u16 {
 }
 
 fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/kafka")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kafka")
 }
 
 fn tail(log: &Path) -> String {
@@ -1409,7 +1409,7 @@ fn answer_task(w: &Worker, token: &str, what: &str, body: Value) -> (u16, Value)
 #[test]
 fn worker_task_lists_are_topics_answered_by_cloudevents_or_http_through_a_sigkill() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/word-count-worker");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/word-count-worker");
     let defs = dir.path().join("defs");
     std::fs::create_dir(&defs).expect("mkdir");
     for f in ["thumbs.json", "audit.json"] {

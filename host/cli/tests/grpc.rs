@@ -28,7 +28,7 @@ fn tls_server(seen: Seen, client_auth: bool) -> u16 {
 }
 
 fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/grpc")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/grpc")
 }
 
 /// A folder holding `shop.proto`, for definitions made by the tests.

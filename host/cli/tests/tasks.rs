@@ -689,7 +689,7 @@ fn task_timeouts_survive_a_crash() {
 
 #[test]
 fn the_python_sample_worker_does_the_tasks_of_the_word_count_sample() {
-    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/word-count-worker");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/word-count-worker");
     let definitions = tempfile::tempdir().unwrap();
     std::fs::copy(
         sample.join("definition.json"),

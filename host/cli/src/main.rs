@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SCHEMA: &str = include_str!("../../schemas/sm4c.schema.json");
+const SCHEMA: &str = include_str!("../../../schemas/sm4c.schema.json");
 
 #[derive(Parser)]
 #[command(

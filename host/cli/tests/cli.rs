@@ -1,71 +1,13 @@
 //! The `sm4c` command as users see it: exit codes, stdout and stderr of `validate`, `run`,
-//! `graph` and `schema`, run against the real binary.
+//! `graph` and `schema`, run against the real binary. (The definitions of the SM4C reference
+//! implementation, in ../shared, are run by the `reference` test.)
 
+#[path = "support/run.rs"]
+mod run;
+
+use run::{parse, sm4c, tmp, write, write_events, write_raw};
 use serde_json::{json, Value};
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-const REF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/reference/sm4c");
-
-/// Longest any single command may take before the test calls it a hang.
-const DEADLINE: Duration = Duration::from_secs(120);
-
-/// Runs `sm4c ARGS`, returning (exit code, stdout, stderr); kills it and panics after [`DEADLINE`].
-fn sm4c(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sm4c starts");
-    let pipe = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            r.read_to_string(&mut s).expect("utf-8 output");
-            s
-        })
-    };
-    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
-    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if started.elapsed() > DEADLINE {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("sm4c {args:?} still running after {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    (
-        status.code().unwrap_or(-1),
-        out.join().expect("stdout reader"),
-        err.join().expect("stderr reader"),
-    )
-}
-
-/// Writes `text` to `dir/name` and returns the path.
-fn write_raw(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write file");
-    p.to_str().expect("utf-8 path").to_string()
-}
-
-/// Writes a JSON document to `dir/name` and returns the path.
-fn write(dir: &Path, name: &str, json: &Value) -> String {
-    write_raw(dir, name, &serde_json::to_string_pretty(json).expect("json"))
-}
-
-/// Writes CloudEvents as NDJSON.
-fn write_events(dir: &Path, name: &str, events: &[Value]) -> String {
-    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
-    write_raw(dir, name, &(lines.join("\n") + "\n"))
-}
 
 /// A definition with `id`, `name` and `version` added to `body`.
 fn sm(body: Value) -> Value {
@@ -76,12 +18,13 @@ fn sm(body: Value) -> Value {
     m
 }
 
-fn reference(file: &str) -> String {
-    format!("{REF}/{file}")
-}
-
-fn parse(stdout: &str) -> Value {
-    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{stdout}"))
+/// A small valid definition of the samples, for tests about everything but the definition.
+fn hello() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../samples/hello-world/definition.json")
+        .to_str()
+        .expect("utf-8 path")
+        .to_string()
 }
 
 /// Asserts one stderr line is `FILE: PLACE: ...` and contains every needle.
@@ -105,159 +48,11 @@ fn invalid(dir: &Path, def: &Value) -> (String, String) {
     (f, err)
 }
 
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
-}
-
 fn one_state(state: Value) -> Value {
     let mut s = state;
     s["name"] = json!(s.get("name").cloned().unwrap_or(json!("A")));
     s["start"] = json!(true);
     sm(json!({ "states": [s] }))
-}
-
-// ---------------------------------------------------------------- reference definitions
-
-fn credit_check(decision: Option<&str>, extra: &[&str]) -> (i32, String, String) {
-    let d = tmp();
-    let mock = write(
-        d.path(),
-        "mock.json",
-        &json!({"creditCheckFunction": "{ submitted: true }"}),
-    );
-    let events: Vec<Value> = decision
-        .map(|dec| {
-            json!({"specversion":"1.0","id":"e1","source":"creditCheckSource","type":"creditCheckCompleteType",
-                   "customerid":"c-1","data":{"decision": dec}})
-        })
-        .into_iter()
-        .collect();
-    let ev = write_events(d.path(), "events.ndjson", &events);
-    let input = write(d.path(), "input.json", &json!({"customer": {"id": "c-1"}}));
-    let def = reference("customercreditcheck.json");
-    let mut args = vec!["run", &def, "--input", &input, "--mock", &mock, "--events", &ev];
-    args.extend_from_slice(extra);
-    sm4c(&args)
-}
-
-#[test]
-fn reference_helloworld() {
-    let (code, out, err) = sm4c(&["run", &reference("helloworld.json")]);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    assert_eq!(parse(&out), json!({"result": "Hello World!"}));
-    assert_eq!(err, "");
-}
-
-#[test]
-fn reference_credit_check_approved() {
-    let (code, out, err) = credit_check(Some("Approved"), &[]);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    let v = parse(&out);
-    assert_eq!(v["status"], "approved", "{v}");
-    assert_eq!(v["creditCheck"], json!({"decision": "Approved"}));
-}
-
-#[test]
-fn reference_credit_check_denied() {
-    let (code, out, err) = credit_check(Some("Denied"), &[]);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    assert_eq!(parse(&out)["status"], "denied");
-}
-
-#[test]
-fn reference_credit_check_times_out_without_event() {
-    let (code, out, err) = credit_check(None, &["--virtual-time", "-v"]);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    let v = parse(&out);
-    assert!(v.get("status").is_none(), "{v}");
-    assert!(v.get("creditCheck").is_none(), "{v}");
-    assert!(err.contains("CreditCheckTimedOut"), "stderr:\n{err}");
-    assert!(!err.contains("EvaluateDecision"), "stderr:\n{err}");
-}
-
-fn travel(events: &[Value]) -> (i32, String, String) {
-    let d = tmp();
-    let mock = write(
-        d.path(),
-        "mock.json",
-        &json!({
-            "callFlightReservationMicroservice": "{ requested: true }",
-            "callFlightReservationUndoMicroservice": "{ undone: true }",
-            "callHotelReservationMicroservice": "{ requested: true }",
-            "callAutoReservationMicroservice": "{ requested: true }",
-            "reportErrors": "null"
-        }),
-    );
-    let ev = write_events(d.path(), "events.ndjson", events);
-    let input = write(d.path(), "input.json", &json!({"flightDetails": {"to": "AMS"}}));
-    sm4c(&[
-        "run",
-        &reference("travelbookingsaga.json"),
-        "--input",
-        &input,
-        "--mock",
-        &mock,
-        "--events",
-        &ev,
-        "-v",
-    ])
-}
-
-fn reservation(id: &str, ty: &str, data: Value) -> Value {
-    json!({"specversion":"1.0","id":id,"source":"reservationSystem","type":ty,"data":data})
-}
-
-#[test]
-fn reference_travel_saga_books_everything() {
-    let (code, out, err) = travel(&[
-        reservation("f1", "FlightBooked", json!({"flight": "TP662"})),
-        reservation("h1", "HotelBooked", json!({"hotel": "Canal House"})),
-        reservation("a1", "AutoBooked", json!({"car": "Polo"})),
-    ]);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    let v = parse(&out);
-    assert_eq!(v["bookedFlight"], json!({"flight": "TP662"}), "{v}");
-    assert_eq!(v["bookedHotel"], json!({"hotel": "Canal House"}), "{v}");
-    assert_eq!(v["bookedAuto"], json!({"car": "Polo"}), "{v}");
-    assert!(v.get("error").is_none(), "{v}");
-    assert!(err.contains("\"Done\""), "stderr:\n{err}");
-}
-
-#[test]
-fn reference_travel_saga_hotel_failure_compensates() {
-    let (code, out, err) = travel(&[
-        reservation("f1", "FlightBooked", json!({"flight": "TP662"})),
-        reservation("h1", "HotelBookingFailed", json!({"reason": "full"})),
-    ]);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    let v = parse(&out);
-    assert_eq!(v["error"], json!({"reason": "full"}), "{v}");
-    assert!(v.get("bookedHotel").is_none(), "{v}");
-    for state in ["UndoFlightReservation", "ReportError", "Done"] {
-        assert!(
-            err.contains(&format!("enter state \"{state}\"")),
-            "no {state} in stderr:\n{err}"
-        );
-    }
-}
-
-#[test]
-fn reference_definitions_validate() {
-    let files: Vec<String> = [
-        "helloworld.json",
-        "customercreditcheck.json",
-        "travelbookingsaga.json",
-        "greeting.json",
-    ]
-    .iter()
-    .map(|f| reference(f))
-    .collect();
-    let mut args = vec!["validate"];
-    args.extend(files.iter().map(String::as_str));
-    let (code, out, err) = sm4c(&args);
-    assert_eq!(code, 0, "stderr:\n{err}");
-    assert_eq!(out, "");
-    assert_eq!(err, "");
 }
 
 // ---------------------------------------------------------------- bad definitions
@@ -545,7 +340,7 @@ fn usage_errors_print_nothing_on_stdout() {
     let d = tmp();
     let missing = d.path().join("missing.json");
     let missing = missing.to_str().expect("utf-8");
-    let hello = reference("helloworld.json");
+    let hello = hello();
     for args in [
         vec!["run"],
         vec!["run", &hello, "--bogus"],
@@ -566,7 +361,7 @@ fn usage_errors_print_nothing_on_stdout() {
 fn input_not_json() {
     let d = tmp();
     let input = write_raw(d.path(), "input.json", "{\"a\": nope}");
-    let (code, out, err) = sm4c(&["run", &reference("helloworld.json"), "--input", &input]);
+    let (code, out, err) = sm4c(&["run", &hello(), "--input", &input]);
     assert_eq!(code, 2, "stderr:\n{err}");
     assert_eq!(out, "");
     assert_error(&err, &input, "/", &["not valid JSON", "line 1 column"]);
@@ -580,7 +375,7 @@ fn events_line_not_json() {
         "events.ndjson",
         "{\"specversion\":\"1.0\",\"id\":\"a\",\"source\":\"s\",\"type\":\"t\"}\n{oops\n",
     );
-    let (code, out, err) = sm4c(&["run", &reference("helloworld.json"), "--events", &ev]);
+    let (code, out, err) = sm4c(&["run", &hello(), "--events", &ev]);
     assert_eq!(code, 2, "stderr:\n{err}");
     assert_eq!(out, "");
     assert_error(&err, &ev, "line 2", &["not valid JSON"]);
@@ -597,7 +392,7 @@ fn events_line_missing_id() {
         "{\"specversion\":\"1.0\",\"id\":\"a\",\"source\":\"s\",\"type\":\"t\"}\n\n\
          {\"specversion\":\"1.0\",\"source\":\"s\",\"type\":\"t\"}\n",
     );
-    let (code, out, err) = sm4c(&["run", &reference("helloworld.json"), "--events", &ev]);
+    let (code, out, err) = sm4c(&["run", &hello(), "--events", &ev]);
     assert_eq!(code, 2, "stderr:\n{err}");
     assert_eq!(out, "");
     assert_error(&err, &ev, "line 3", &["`id`"]);
