@@ -35,8 +35,8 @@ pub mod timespan;
 pub mod validate;
 
 pub use engine::{
-    describe, Effect, Entry, ErrorInfo, Input, Instance, Millis, Options, Output, Phase, ReplayError, Snapshot, Status,
-    Timed, Trace,
+    describe, Effect, Entry, ErrorInfo, ErrorKind, Input, Instance, Millis, Options, Output, Phase, ReplayError,
+    Snapshot, Status, Timed, Trace,
 };
 pub use expr::{Expr, Limits};
 pub use model::Machine;

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use sm4c_runtime::{
-    load, no_files, Effect, Entry, Input, Instance, LoadOptions, Machine, Options, Status, Timed, Trace,
+    load, no_files, Effect, Entry, ErrorKind, Input, Instance, LoadOptions, Machine, Options, Status, Timed, Trace,
 };
 use std::sync::Arc;
 
@@ -76,7 +76,7 @@ fn retries_use_policy_delays_and_deterministic_jitter() {
     let (mut i, _) = start(&m, "o-1", json!({"amount": 5}));
     let fail = |op: &str| Input::Failed {
         op: op.into(),
-        error: sm4c_runtime::ErrorInfo::new("functionError", "down"),
+        error: sm4c_runtime::ErrorInfo::new(ErrorKind::FunctionError, "down"),
     };
     let out = i.handle(Timed {
         at: 2_000,
@@ -379,7 +379,7 @@ fn drive(m: &Arc<Machine>, choices: &[(u8, u16)]) -> (Instance, Vec<Entry>) {
             },
             2 => Input::Failed {
                 op: pending[(*dt as usize) % pending.len()].clone(),
-                error: sm4c_runtime::ErrorInfo::new("functionError", "x"),
+                error: sm4c_runtime::ErrorInfo::new(ErrorKind::FunctionError, "x"),
             },
             3 => Input::Event {
                 event: json!({"specversion": "1.0", "id": format!("e{dt}"), "source": "s", "type": "payment.done", "orderid": "A", "data": dt}),
@@ -461,7 +461,7 @@ fn drive_worker(m: &Arc<Machine>, choices: &[(u8, u16)]) -> (Instance, Vec<Entry
             3 => Input::Completed { op, result: json!(dt) },
             _ => Input::Failed {
                 op,
-                error: sm4c_runtime::ErrorInfo::new("functionError", "x"),
+                error: sm4c_runtime::ErrorInfo::new(ErrorKind::FunctionError, "x"),
             },
         };
         journal.extend(i.handle(Timed { at: now, input }).entries);

@@ -11,7 +11,7 @@ use sm4c_host::{graph, Clock, Config, InMemoryHost};
 use sm4c_invoke::config::CallConfig;
 use sm4c_invoke::grpc::{self, GrpcInvoker};
 use sm4c_invoke::router::CallRouter;
-use sm4c_runtime::{Limits, Options, Status, Trace};
+use sm4c_runtime::{ErrorKind, Limits, Options, Status, Trace};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -390,7 +390,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     } else {
                         "the instance still runs after a million timers under --virtual-time (an endless timer loop?)"
                     };
-                    let mut e = sm4c_runtime::ErrorInfo::new("stuck", why);
+                    let mut e = sm4c_runtime::ErrorInfo::new(ErrorKind::Stuck, why);
                     e.state = outcome.state.clone();
                     e
                 }

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Functions, InMemoryHost};
-use sm4c_runtime::{load, no_files, ErrorInfo, LoadOptions, Status};
+use sm4c_runtime::{load, no_files, ErrorInfo, ErrorKind, LoadOptions, Status};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ impl Functions for Shop {
                 let qty = call.arguments["qty"].as_f64().unwrap_or(0.0);
                 Ok(json!(qty * 2.5))
             }
-            other => Err(ErrorInfo::new("functionError", format!("no function {other}"))),
+            other => Err(ErrorInfo::new(ErrorKind::FunctionError, format!("no function {other}"))),
         };
         Box::pin(async move { result })
     }

@@ -16,7 +16,7 @@ use crate::functions::FunctionCall;
 use crate::tasks::{Answer, Task};
 use serde_json::{json, Value};
 use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
-use sm4c_runtime::{Effect, Entry, ErrorInfo, Input, Instance, Machine, Millis, Options, Status, Timed};
+use sm4c_runtime::{Effect, Entry, ErrorInfo, ErrorKind, Input, Instance, Machine, Millis, Options, Status, Timed};
 use std::sync::Arc;
 
 /// How deep subflows may nest (a definition that starts itself would otherwise never end).
@@ -305,7 +305,7 @@ impl Driver {
     /// `id`, `None` when there is none). When it cannot start, the parent is told why if it waits.
     pub fn child(&self, start: &ChildStart, machine: Option<Arc<Machine>>) -> Result<Hosted, Option<Notify>> {
         let refuse = |message: String| {
-            let error = ErrorInfo::new("subflowError", message);
+            let error = ErrorInfo::new(ErrorKind::SubflowError, message);
             let op = start.parent.op.clone();
             Err(start.parent.waits.then(|| Notify {
                 instance: start.parent.instance.clone(),
@@ -343,7 +343,7 @@ impl Driver {
         let input = if h.journal_len + h.pending.len() as i64 >= max {
             Input::Abort {
                 error: ErrorInfo::new(
-                    "limitExceeded",
+                    ErrorKind::LimitExceeded,
                     format!("the journal of this instance reached its limit of {max} entries"),
                 ),
             }
@@ -367,7 +367,7 @@ impl Driver {
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "a panic without a message".into());
                 h.inst.force_fail(ErrorInfo::new(
-                    "internalError",
+                    ErrorKind::InternalError,
                     format!("the engine failed on this instance: {what}"),
                 ));
                 Default::default()
@@ -523,8 +523,11 @@ pub fn subflow_result(child: &str, op: String, status: Status, data: Value, erro
         Status::Completed => Input::Completed { op, result: data },
         s => {
             let cause = error.map(|e| e.message).unwrap_or_default();
-            let e = ErrorInfo::new("subflowError", format!("subflow {child} ended {}: {cause}", s.as_str()))
-                .with_details(json!({"instance": child, "status": s.as_str()}));
+            let e = ErrorInfo::new(
+                ErrorKind::SubflowError,
+                format!("subflow {child} ended {}: {cause}", s.as_str()),
+            )
+            .with_details(json!({"instance": child, "status": s.as_str()}));
             Input::Failed { op, error: e }
         }
     }
@@ -655,7 +658,11 @@ mod tests {
             Answering::Closed
         );
         assert_eq!(
-            d.answer(&mut h, "9.nothing", Answer::Fail(ErrorInfo::new("functionError", "x"))),
+            d.answer(
+                &mut h,
+                "9.nothing",
+                Answer::Fail(ErrorInfo::new(ErrorKind::FunctionError, "x"))
+            ),
             Answering::Closed
         );
         d.step(&mut h, at(T0 + 5, input));
@@ -760,7 +767,7 @@ mod tests {
             "1.enter".into(),
             Status::Cancelled,
             Value::Null,
-            Some(ErrorInfo::new("cancelled", "by the API")),
+            Some(ErrorInfo::new(ErrorKind::Cancelled, "by the API")),
         );
         match input {
             Input::Failed { op, error } => {

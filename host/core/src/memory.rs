@@ -7,7 +7,7 @@
 use crate::driver::{self, Driver, Hosted, Limits, Work};
 use crate::functions::Functions;
 use serde_json::Value;
-use sm4c_runtime::{Entry, ErrorInfo, Input, Machine, Millis, Options, Status, Timed, Trace};
+use sm4c_runtime::{Entry, ErrorInfo, ErrorKind, Input, Machine, Millis, Options, Status, Timed, Trace};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -228,7 +228,7 @@ impl InMemoryHost {
             status: Status::Failed,
             state: None,
             data: Value::Null,
-            error: Some(ErrorInfo::new("hostError", "the in-memory host has stopped")),
+            error: Some(ErrorInfo::new(ErrorKind::HostError, "the in-memory host has stopped")),
             journal: Vec::new(),
             pending_timers: 0,
         })
@@ -379,7 +379,7 @@ impl Loop {
                         status: Status::Failed,
                         state: None,
                         data: Value::Null,
-                        error: Some(ErrorInfo::new("hostError", format!("no instance {id:?}"))),
+                        error: Some(ErrorInfo::new(ErrorKind::HostError, format!("no instance {id:?}"))),
                         journal: Vec::new(),
                         pending_timers: 0,
                     });

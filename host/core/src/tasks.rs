@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use sm4c_runtime::model::{FunctionKind, Machine, TaskTimeouts};
-use sm4c_runtime::ErrorInfo;
+use sm4c_runtime::{ErrorInfo, ErrorKind};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use tokio::sync::oneshot;
 
@@ -187,7 +187,7 @@ impl Answer {
         if let Some(d) = obj.get("details").filter(|d| !d.is_null()) {
             details.insert("details".into(), d.clone());
         }
-        let mut e = ErrorInfo::new("functionError", message);
+        let mut e = ErrorInfo::new(ErrorKind::FunctionError, message);
         if !details.is_empty() {
             e.details = Some(Value::Object(details));
         }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Functions, InMemoryHost};
-use sm4c_runtime::{load, no_files, ErrorInfo, LoadOptions, Machine, Status};
+use sm4c_runtime::{load, no_files, ErrorInfo, ErrorKind, LoadOptions, Machine, Status};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -23,7 +23,10 @@ impl Functions for TestHost {
         Box::pin(async move {
             match call.function.as_str() {
                 "double" => Ok(json!(call.arguments["n"].as_i64().unwrap_or(0) * 2)),
-                _ => Err(ErrorInfo::new("functionError", format!("{} is down", call.function))),
+                _ => Err(ErrorInfo::new(
+                    ErrorKind::FunctionError,
+                    format!("{} is down", call.function),
+                )),
             }
         })
     }

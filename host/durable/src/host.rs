@@ -14,7 +14,7 @@ use sm4c_host::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
 use sm4c_host::service::{new_id, Answered, Delivery, HostError, Registry};
 use sm4c_host::tasks::{decode_token, Answer, Poller, Task, TaskLists};
 use sm4c_host::Functions;
-use sm4c_runtime::{load, Effect, Entry, ErrorInfo, Input, LoadOptions, Machine, Millis, Status, Timed};
+use sm4c_runtime::{load, Effect, Entry, ErrorInfo, ErrorKind, Input, LoadOptions, Machine, Millis, Status, Timed};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
@@ -414,13 +414,15 @@ impl Loop {
             .map(|(_, e)| e)
             .collect();
         let error = match sm4c_runtime::Instance::replay(m, id, &journal, self.driver.options) {
-            Err(e) => Some(ErrorInfo::new("replayMismatch", e.to_string()).with_details(json!({"entry": e.index}))),
+            Err(e) => {
+                Some(ErrorInfo::new(ErrorKind::ReplayMismatch, e.to_string()).with_details(json!({"entry": e.index})))
+            }
             Ok(replayed) => {
                 // Same effects, but does the journal still lead to the saved instance?
                 let diffs = sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), &stored.snapshot);
                 (!diffs.is_empty()).then(|| {
                     ErrorInfo::new(
-                        "replayMismatch",
+                        ErrorKind::ReplayMismatch,
                         format!(
                             "journal entry {}: replaying the journal against the definition no longer gives the saved instance: {}",
                             journal.len(),

@@ -14,7 +14,7 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDes
 use serde_json::{json, Value};
 use sm4c_host::FunctionCall;
 use sm4c_runtime::model::FunctionKind;
-use sm4c_runtime::{ErrorInfo, Machine};
+use sm4c_runtime::{ErrorInfo, ErrorKind, Machine};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -103,7 +103,7 @@ pub struct GrpcInvoker {
 const LOCAL: &str = "sm4c-local-failure";
 
 fn err(message: String, details: Value) -> ErrorInfo {
-    ErrorInfo::new("functionError", message).with_details(details)
+    ErrorInfo::new(ErrorKind::FunctionError, message).with_details(details)
 }
 
 /// Splits `<.proto URI>#<package.Service>/<Method>`.

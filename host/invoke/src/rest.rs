@@ -9,7 +9,7 @@
 
 use serde_json::{json, Map, Value};
 use sm4c_host::FunctionCall;
-use sm4c_runtime::ErrorInfo;
+use sm4c_runtime::{ErrorInfo, ErrorKind};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,7 @@ struct Operation {
 }
 
 fn err(message: String, details: Value) -> ErrorInfo {
-    ErrorInfo::new("functionError", message).with_details(details)
+    ErrorInfo::new(ErrorKind::FunctionError, message).with_details(details)
 }
 
 impl RestInvoker {

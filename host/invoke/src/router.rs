@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use sm4c_host::{BoxFuture, FunctionCall, Functions};
-use sm4c_runtime::{ErrorInfo, Expr, Machine};
+use sm4c_runtime::{ErrorInfo, ErrorKind, Expr, Machine};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -27,7 +27,7 @@ impl Functions for CallRouter {
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
         let result = match self.mocks.get(&call.function) {
             Some(expr) => expr.eval_json(&call.arguments).map_err(|e| {
-                let mut err = ErrorInfo::new("functionError", e.message.clone());
+                let mut err = ErrorInfo::new(ErrorKind::FunctionError, e.message.clone());
                 err.details = e.value.filter(|v| !v.is_string());
                 err
             }),
@@ -41,11 +41,11 @@ impl Functions for CallRouter {
                     return Box::pin(async move { grpc.call(&call).await });
                 }
                 ("worker", _, _) => Err(ErrorInfo::new(
-                    "functionError",
+                    ErrorKind::FunctionError,
                     format!("function {:?} is a worker function (task list {:?}) and sm4c run has no workers: give a mock with --mock, or run the definition under sm4c serve, where workers poll its task list", call.function, call.operation),
                 )),
                 _ => Err(ErrorInfo::new(
-                    "functionError",
+                    ErrorKind::FunctionError,
                     format!("function {:?} has no mock: give one with --mock (a JSON object of function names to jq expressions)", call.function),
                 )),
             },
@@ -58,7 +58,8 @@ impl Functions for CallRouter {
             None => Ok(()),
             Some(file) => {
                 let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
-                writeln!(f, "{event}").map_err(|e| ErrorInfo::new("hostError", format!("cannot write sent event: {e}")))
+                writeln!(f, "{event}")
+                    .map_err(|e| ErrorInfo::new(ErrorKind::HostError, format!("cannot write sent event: {e}")))
             }
         };
         Box::pin(async move { result })

@@ -7,7 +7,7 @@
 
 use super::event::outgoing_event;
 use super::task::{self, Worker};
-use super::types::{Effect, ErrorInfo, Trace, J};
+use super::types::{Effect, ErrorInfo, ErrorKind, Trace, J};
 use super::Cx;
 use crate::json::{from_val, str_val};
 use crate::model::{ActionId, ActionKind, Completion, FunctionKind};
@@ -147,7 +147,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
         if let Some(v) = e.value {
             details["value"] = v;
         }
-        ErrorInfo::new("expressionError", e.message).with_details(details)
+        ErrorInfo::new(ErrorKind::ExpressionError, e.message).with_details(details)
     };
     let pending = |node| {
         Step::Pending(Run {
@@ -196,7 +196,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                     Ok(v) if *wait => Step::Done(v),
                     Ok(_) => Step::Done(Val::Null),
                     Err(e) if *wait => Step::Fail(ErrorInfo {
-                        kind: "functionError".into(),
+                        kind: ErrorKind::FunctionError,
                         message: format!("function {}: {}", f.name, e.message),
                         details: e.value.filter(|v| !v.is_string()),
                         state: None,
@@ -301,7 +301,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                 Ok(Val::Null) => Vec::new(),
                 Ok(other) => {
                     return Step::Fail(ErrorInfo::new(
-                        "expressionError",
+                        ErrorKind::ExpressionError,
                         format!(
                             "foreach input must be an array, got {} (in {})",
                             json_type(&other),
@@ -440,7 +440,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
                 Ok(false) => continue,
                 Err(e) => {
                     return Step::Fail(ErrorInfo::new(
-                        "expressionError",
+                        ErrorKind::ExpressionError,
                         format!("error handler condition failed: {}", e.message),
                     ))
                 }
@@ -451,7 +451,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
                 Ok(d) => *cx.data = d,
                 Err(e) => {
                     return Step::Fail(ErrorInfo::new(
-                        "expressionError",
+                        ErrorKind::ExpressionError,
                         format!("error handler resultHandler failed: {}", e.message),
                     ))
                 }

@@ -296,7 +296,7 @@ impl Instance {
         };
         if let Err(why) = inst.fits() {
             let e = ErrorInfo::new(
-                "replayMismatch",
+                ErrorKind::ReplayMismatch,
                 format!("the saved instance does not fit its definition: {why}"),
             );
             inst.force_fail(e);
@@ -574,7 +574,7 @@ impl Instance {
             }
             Input::Cancel { reason } => {
                 let mut e = ErrorInfo::new(
-                    "cancelled",
+                    ErrorKind::Cancelled,
                     reason.unwrap_or_else(|| "the instance was cancelled".into()),
                 );
                 e.state = self.state_name().map(str::to_string);
@@ -645,7 +645,7 @@ impl Instance {
             None => Ok(self.s.data.0.clone()),
             Some(f) => f.eval(self.s.data.0.clone(), Val::Null).map_err(|e| {
                 ErrorInfo::new(
-                    "expressionError",
+                    ErrorKind::ExpressionError,
                     format!("inputFilter failed: {} (in {})", e.message, e.expression),
                 )
             }),
@@ -657,7 +657,7 @@ impl Instance {
         if let Some(h) = handler {
             let d = h.eval(self.s.data.0.clone(), value).map_err(|e| {
                 ErrorInfo::new(
-                    "expressionError",
+                    ErrorKind::ExpressionError,
                     format!("{what} failed: {} (in {})", e.message, e.expression),
                 )
             })?;
@@ -698,7 +698,7 @@ impl Instance {
                     self.burst += 1;
                     if self.burst > self.options.max_transitions {
                         let e = ErrorInfo::new(
-                            "limitExceeded",
+                            ErrorKind::LimitExceeded,
                             format!(
                                 "more than {} transitions without waiting: the state machine loops",
                                 self.options.max_transitions
@@ -812,7 +812,7 @@ impl Instance {
                             return self.fail(
                                 out,
                                 ErrorInfo::new(
-                                    "expressionError",
+                                    ErrorKind::ExpressionError,
                                     format!(
                                         "condition of transition {i} failed: {} (in {})",
                                         e.message, e.expression
@@ -863,7 +863,7 @@ impl Instance {
         let has_events = st.transitions.iter().any(|t| t.trigger == Trigger::Events);
         if timeout.is_none() && !has_events {
             let e = ErrorInfo::new(
-                "noTransition",
+                ErrorKind::NoTransition,
                 format!("state {:?} cannot proceed: no transition condition holds and it has no event or timeout transition", st.name),
             );
             return self.fail(out, e);
@@ -907,7 +907,7 @@ impl Instance {
                             Ok(false) => continue,
                             Err(e) => {
                                 return Err(ErrorInfo::new(
-                                    "expressionError",
+                                    ErrorKind::ExpressionError,
                                     format!("event group condition failed: {} (in {})", e.message, e.expression),
                                 ))
                             }
@@ -928,7 +928,7 @@ impl Instance {
                 Ok(false) => return Ok(None),
                 Err(e) => {
                     return Err(ErrorInfo::new(
-                        "expressionError",
+                        ErrorKind::ExpressionError,
                         format!(
                             "condition of transition {t} failed: {} (in {})",
                             e.message, e.expression
@@ -959,7 +959,7 @@ impl Instance {
     fn finish_timed_out(&mut self, out: &mut Output) {
         let ms = self.machine.timeout.as_ref().map_or(0, |t| t.duration_ms);
         let mut e = ErrorInfo::new(
-            "timeout",
+            ErrorKind::Timeout,
             format!("the execution timeout of {} elapsed", timespan::format(ms)),
         );
         e.state = self.state_name().map(str::to_string);

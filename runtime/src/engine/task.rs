@@ -15,7 +15,7 @@
 //! the time, and when the timer fires early because of it, the timer is set again for the rest.
 
 use super::action::{Node, Signal};
-use super::types::{Effect, ErrorInfo, Millis};
+use super::types::{Effect, ErrorInfo, ErrorKind, Millis};
 use super::Cx;
 use crate::model::{ActionId, ActionKind, Function, FunctionKind, Machine, TaskTimeouts};
 use crate::timespan;
@@ -193,7 +193,7 @@ fn timed_out(cx: &Cx, action: ActionId, kind: &str, t: &TaskTimeouts, worker: Op
             details["lastHeartbeatDetails"] = d.clone();
         }
     }
-    ErrorInfo::new("timeout", message).with_details(details)
+    ErrorInfo::new(ErrorKind::Timeout, message).with_details(details)
 }
 
 /// Whether a worker has taken the task `op` somewhere in a running action.

@@ -1,6 +1,6 @@
 //! Worker tasks through the engine: which timers start and stop, what each timeout fails with.
 
-use crate::engine::{Effect, ErrorInfo, Input, Instance, Options, Status, Timed};
+use crate::engine::{Effect, ErrorInfo, ErrorKind, Input, Instance, Options, Status, Timed};
 use crate::{load, no_files, LoadOptions};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -253,7 +253,7 @@ fn the_action_timeout_gives_null_and_cancelling_the_instance_cancels_the_task() 
 #[test]
 fn a_worker_failure_is_the_action_error() {
     let (mut i, _) = started(definition(None));
-    let e = ErrorInfo::new("functionError", "no such image").with_details(json!({"error": "NotFound"}));
+    let e = ErrorInfo::new(ErrorKind::FunctionError, "no such image").with_details(json!({"error": "NotFound"}));
     at(
         &mut i,
         1_000,

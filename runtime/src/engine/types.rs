@@ -183,13 +183,110 @@ impl Status {
     }
 }
 
+/// What kind of error an [`ErrorInfo`] is: its `type`, which error handlers test.
+///
+/// Serialised as the strings instances have always seen (`functionError`, `timeout`, ...); a kind
+/// this version does not know (one a worker or a stored journal gives) is kept as written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum ErrorKind {
+    /// A function call failed (an HTTP or gRPC error, a mock's `error`, a worker's failure).
+    FunctionError,
+    /// A jq expression failed.
+    ExpressionError,
+    /// A subflow could not start, or ended other than completed.
+    SubflowError,
+    /// An event could not be sent or read.
+    EventError,
+    /// No transition of the state could be taken.
+    NoTransition,
+    /// A limit was reached (transitions, journal, inbox).
+    LimitExceeded,
+    /// A timeout fired.
+    Timeout,
+    /// The instance or the action was cancelled.
+    Cancelled,
+    /// The instance waits for what can never come (no timer, no call in flight) in `sm4c run`.
+    Stuck,
+    /// Replaying the journal against the definition no longer gives the same instance.
+    ReplayMismatch,
+    /// The engine failed on this instance (a bug, caught).
+    InternalError,
+    /// The host could not do what the instance asked.
+    HostError,
+    /// Any other kind, as written.
+    Other(String),
+}
+
+impl ErrorKind {
+    const NAMED: [(ErrorKind, &'static str); 12] = [
+        (ErrorKind::FunctionError, "functionError"),
+        (ErrorKind::ExpressionError, "expressionError"),
+        (ErrorKind::SubflowError, "subflowError"),
+        (ErrorKind::EventError, "eventError"),
+        (ErrorKind::NoTransition, "noTransition"),
+        (ErrorKind::LimitExceeded, "limitExceeded"),
+        (ErrorKind::Timeout, "timeout"),
+        (ErrorKind::Cancelled, "cancelled"),
+        (ErrorKind::Stuck, "stuck"),
+        (ErrorKind::ReplayMismatch, "replayMismatch"),
+        (ErrorKind::InternalError, "internalError"),
+        (ErrorKind::HostError, "hostError"),
+    ];
+
+    /// The kind as instances see it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorKind::Other(s) => s,
+            k => ErrorKind::NAMED
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, s)| *s)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl From<String> for ErrorKind {
+    fn from(s: String) -> Self {
+        ErrorKind::NAMED
+            .iter()
+            .find(|(_, n)| *n == s)
+            .map(|(k, _)| k.clone())
+            .unwrap_or(ErrorKind::Other(s))
+    }
+}
+
+impl From<ErrorKind> for String {
+    fn from(k: ErrorKind) -> Self {
+        k.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for ErrorKind {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ErrorKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// An error as instances see it (`$value` in error handlers) and as a failed instance reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorInfo {
-    /// A stable kind: `functionError`, `expressionError`, `subflowError`, `eventError`,
-    /// `noTransition`, `limitExceeded`, `timeout`, `cancelled`.
+    /// What kind of error it is (its `type`).
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: ErrorKind,
     /// Human-readable message.
     pub message: String,
     /// More about the error (an HTTP status and body, the value given to jq `error`).
@@ -202,9 +299,9 @@ pub struct ErrorInfo {
 
 impl ErrorInfo {
     /// A new error.
-    pub fn new(kind: &str, message: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         ErrorInfo {
-            kind: kind.to_string(),
+            kind,
             message: message.into(),
             details: None,
             state: None,
@@ -219,7 +316,7 @@ impl ErrorInfo {
 
     /// The error as jq sees it: `type`, `message`, `Message`, optional `details`.
     pub fn to_val(&self) -> Val {
-        let mut v = json!({"type": self.kind, "message": self.message, "Message": self.message});
+        let mut v = json!({"type": self.kind.as_str(), "message": self.message, "Message": self.message});
         if let Some(d) = &self.details {
             v["details"] = d.clone();
         }
@@ -401,5 +498,28 @@ mod tests {
         let s = serde_json::to_string(&t).unwrap();
         assert_eq!(s, r#"{"at":5,"input":"timerFired","timer":"1.enter#delay"}"#);
         assert_eq!(serde_json::from_str::<Timed>(&s).unwrap(), t);
+    }
+}
+
+#[cfg(test)]
+mod error_kind_tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_serialise_to_the_strings_instances_have_always_seen() {
+        for (kind, text) in ErrorKind::NAMED {
+            assert_eq!(serde_json::to_value(&kind).unwrap(), json!(text));
+            assert_eq!(serde_json::from_value::<ErrorKind>(json!(text)).unwrap(), kind);
+            assert_eq!(kind.as_str(), text);
+        }
+        // A kind this version does not know (from a worker or an older journal) is kept as written.
+        let other: ErrorKind = serde_json::from_value(json!("paymentDeclined")).unwrap();
+        assert_eq!(other, ErrorKind::Other("paymentDeclined".into()));
+        assert_eq!(serde_json::to_value(&other).unwrap(), json!("paymentDeclined"));
+        let e = ErrorInfo::new(ErrorKind::Timeout, "late");
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            json!({"type": "timeout", "message": "late"})
+        );
     }
 }
