@@ -417,15 +417,30 @@ impl Driver {
     /// Hosts use it for the effects they recover after a crash too.
     pub fn work(&self, id: &str, machine: &Machine, depth: u32, effect: Effect) -> Work {
         match effect {
-            Effect::InvokeFunction { .. } => {
-                if let Some(task) = Task::from_effect(id, &effect, machine) {
-                    return Work::Task {
-                        task,
-                        wait: waits(&effect),
-                    };
+            Effect::InvokeFunction {
+                op,
+                function,
+                operation,
+                function_type,
+                arguments,
+                wait,
+            } => {
+                let call = FunctionCall {
+                    instance: id.to_string(),
+                    op,
+                    function,
+                    operation,
+                    function_type,
+                    arguments,
+                };
+                if call.function_type == "worker" {
+                    Work::Task {
+                        task: Task::of_call(call, machine),
+                        wait,
+                    }
+                } else {
+                    Work::Call { call, wait }
                 }
-                let (call, wait) = FunctionCall::from_effect(id, &effect).expect("an InvokeFunction effect");
-                Work::Call { call, wait }
             }
             Effect::StartSubflow {
                 op,

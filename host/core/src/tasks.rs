@@ -42,37 +42,29 @@ pub struct Task {
 impl Task {
     /// The task an `InvokeFunction` effect of a `worker` function asks for.
     pub fn from_effect(instance: &str, effect: &sm4c_runtime::Effect, machine: &Machine) -> Option<Task> {
-        let sm4c_runtime::Effect::InvokeFunction {
-            op,
-            function,
-            operation,
-            function_type,
-            arguments,
-            ..
-        } = effect
-        else {
-            return None;
-        };
-        if function_type != "worker" {
-            return None;
-        }
+        let (call, _) = crate::functions::FunctionCall::from_effect(instance, effect)?;
+        (call.function_type == "worker").then(|| Task::of_call(call, machine))
+    }
+
+    /// The task of a call of a `worker` function (its timeouts come from the function's definition).
+    pub fn of_call(call: crate::functions::FunctionCall, machine: &Machine) -> Task {
         let timeouts = machine
             .functions
             .iter()
-            .find(|f| f.name == *function)
+            .find(|f| f.name == call.function)
             .and_then(|f| match f.kind {
                 FunctionKind::Worker(t) => Some(t),
                 _ => None,
             })
             .unwrap_or_default();
-        Some(Task {
-            instance: instance.to_string(),
-            op: op.clone(),
-            function: function.clone(),
-            task_list: operation.clone(),
-            arguments: arguments.clone(),
+        Task {
+            instance: call.instance,
+            op: call.op,
+            function: call.function,
+            task_list: call.operation,
+            arguments: call.arguments,
             timeouts,
-        })
+        }
     }
 
     /// The task as a function call, for hosts where the application's functions do the work
