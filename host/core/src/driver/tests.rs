@@ -1,0 +1,417 @@
+//! The driver's policies, shown by feeding inputs and reading steps: no store, no broker, no
+//! clock, no runtime.
+
+use super::*;
+use sm4c_runtime::{load, no_files, LoadOptions};
+
+const T0: Millis = 1_700_000_000_000;
+
+fn machine(doc: Value) -> Arc<Machine> {
+    Arc::new(load(&doc, &mut no_files, LoadOptions::default()).expect("valid definition"))
+}
+
+fn at(at: Millis, input: Input) -> Timed {
+    Timed { at, input }
+}
+
+fn start(d: &Driver, h: &mut Hosted, data: Value) -> Step {
+    d.step(h, at(T0, Input::Start { data }))
+}
+
+/// Calls `f`, waiting for its result, then ends.
+fn caller(function_type: &str, wait: bool) -> Arc<Machine> {
+    machine(json!({"id": "caller", "name": "caller", "version": "1",
+        "functions": [{"name": "f", "operation": "list.a", "type": function_type}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "f", "arguments": {"n": "${ .n }"},
+                            "waitForCompletion": wait},
+            "enterResultHandler": "${ .r = $value }"}]}))
+}
+
+fn parent(wait: bool) -> Arc<Machine> {
+    machine(
+        json!({"id": "parent", "name": "p", "version": "1", "states": [{"name": "P", "start": true,
+        "enterAction": {"type": "invokeSubflow", "subflowName": "child", "arguments": {"n": 7}, "waitForCompletion": wait},
+        "enterResultHandler": "${ .child = $value }"}]}),
+    )
+}
+
+fn child_machine() -> Arc<Machine> {
+    machine(json!({"id": "child", "name": "c", "version": "1",
+        "states": [{"name": "C", "start": true, "enterAction": {"type": "injectData", "expression": "${ {done: true} }"},
+                    "enterResultHandler": "${ .out = $value }"}]}))
+}
+
+fn waiter() -> Arc<Machine> {
+    machine(json!({"id": "w", "name": "w", "version": "1",
+        "events": [{"name": "go", "type": "go", "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .order }"}]}],
+        "states": [{"name": "Wait", "start": true, "transitions": [
+            {"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+            {"name": "Done"}]}))
+}
+
+fn only_call(step: &Step) -> (FunctionCall, bool) {
+    match step.work.as_slice() {
+        [Work::Call { call, wait }] => (call.clone(), *wait),
+        other => panic!("expected one call, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_call_is_open_until_its_result_and_the_result_reaches_the_instance_once() {
+    let d = Driver::durable();
+    let mut h = d.create(caller("rest", true), "i");
+    let (call, wait) = only_call(&start(&d, &mut h, json!({"n": 3})));
+    assert!(wait);
+    assert_eq!(call.op, "1.enter");
+    assert_eq!(call.arguments, json!({"n": 3}));
+    assert!(h.open_op("1.enter").is_some());
+    let input = d
+        .call_done(&mut h, "1.enter", Ok(json!(9)))
+        .expect("the instance waits");
+    assert!(h.open.is_empty());
+    // A second result for the same call (a retry after a crash) reaches nothing.
+    assert_eq!(d.call_done(&mut h, "1.enter", Ok(json!(10))), None);
+    let step = d.step(&mut h, at(T0 + 1, input));
+    assert!(step.finished);
+    assert_eq!(h.inst.status(), Status::Completed);
+    assert_eq!(h.inst.data()["r"], json!(9));
+    // Journaling drivers keep the entries for the host to record.
+    assert_eq!(h.pending.len() as i64 + h.journal_len, h.pending.len() as i64);
+    assert!(!h.pending.is_empty());
+}
+
+#[test]
+fn a_call_nobody_waits_for_closes_when_it_returns_and_delivers_nothing() {
+    let d = Driver::durable();
+    let mut h = d.create(caller("rest", false), "i");
+    let (_, wait) = only_call(&start(&d, &mut h, json!({"n": 1})));
+    assert!(!wait);
+    assert_eq!(h.inst.status(), Status::Completed);
+    // Ended: nothing stays open, and a late result is moot.
+    assert!(h.open.is_empty());
+    assert_eq!(d.call_done(&mut h, "1.enter", Ok(json!(1))), None);
+}
+
+#[test]
+fn a_worker_call_is_a_task_and_only_its_first_answer_counts() {
+    let d = Driver::durable();
+    let mut h = d.create(caller("worker", true), "i");
+    let step = start(&d, &mut h, json!({"n": 1}));
+    let task = match step.work.as_slice() {
+        [Work::Task { task, wait: true }] => task.clone(),
+        other => panic!("expected a task, got {other:?}"),
+    };
+    assert_eq!(task.task_list, "list.a");
+    assert!(h.open_task("1.enter"));
+    // A heartbeat keeps it open.
+    match d.answer(&mut h, "1.enter", Answer::Heartbeat(None)) {
+        Answering::Open {
+            input: Some(Input::TaskHeartbeat { .. }),
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(h.open_task("1.enter"));
+    let input = match d.answer(&mut h, "1.enter", Answer::Complete(json!("ok"))) {
+        Answering::Open { input: Some(i) } => i,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        d.answer(&mut h, "1.enter", Answer::Complete(json!("again"))),
+        Answering::Closed
+    );
+    assert_eq!(
+        d.answer(
+            &mut h,
+            "9.nothing",
+            Answer::Fail(ErrorInfo::new(ErrorKind::FunctionError, "x"))
+        ),
+        Answering::Closed
+    );
+    d.step(&mut h, at(T0 + 5, input));
+    assert_eq!(h.inst.data()["r"], json!("ok"));
+}
+
+#[test]
+fn the_journal_limit_fails_the_instance_instead_of_taking_the_input() {
+    let d = Driver {
+        limits: Limits {
+            max_journal: 3,
+            ..Limits::default()
+        },
+        ..Driver::durable()
+    };
+    let mut h = d.create(caller("rest", true), "i");
+    start(&d, &mut h, json!({"n": 1}));
+    assert!(h.pending.len() >= 3, "the start alone fills this small journal");
+    let input = d.call_done(&mut h, "1.enter", Ok(json!(1))).unwrap();
+    let step = d.step(&mut h, at(T0 + 1, input));
+    assert!(step.finished);
+    let e = h.inst.error().expect("failed");
+    assert_eq!(e.kind, "limitExceeded");
+    assert_eq!(e.message, "the journal of this instance reached its limit of 3 entries");
+    // Recorded entries count as much as pending ones.
+    let mut h = d.create(caller("rest", true), "j");
+    start(&d, &mut h, json!({}));
+    h.journal_len = h.pending.len() as i64;
+    h.pending.clear();
+    let input = d.call_done(&mut h, "1.enter", Ok(json!(1))).unwrap();
+    d.step(&mut h, at(T0 + 1, input));
+    assert_eq!(h.inst.error().map(|e| e.kind.as_str()), Some("limitExceeded"));
+}
+
+#[test]
+fn an_engine_panic_fails_that_instance_with_its_message() {
+    let d = Driver::durable();
+    let mut h = d.create(caller("rest", true), "i");
+    let step = d.run_engine(&mut h, |_| {
+        panic!("index out of bounds: the len is 1 but the index is 4")
+    });
+    assert!(step.finished);
+    assert!(step.work.is_empty());
+    let e = h.inst.error().expect("failed");
+    assert_eq!(e.kind, "internalError");
+    assert_eq!(
+        e.message,
+        "the engine failed on this instance: index out of bounds: the len is 1 but the index is 4"
+    );
+    // Ended: it takes no more input.
+    assert_eq!(start(&d, &mut h, json!({})), Step::default());
+    // Another instance is untouched.
+    let mut other = d.create(caller("rest", true), "j");
+    assert_eq!(only_call(&start(&d, &mut other, json!({}))).0.instance, "j");
+}
+
+#[test]
+fn a_subflow_is_linked_to_its_parent_which_hears_how_it_ended() {
+    let d = Driver::durable();
+    let mut p = d.create(parent(true), "p");
+    let step = start(&d, &mut p, json!({}));
+    let child = match step.work.as_slice() {
+        [Work::StartChild(c)] => c.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(child.id, "p/1.enter");
+    assert_eq!(child.depth, 1);
+    assert_eq!(
+        child.parent,
+        ParentLink {
+            instance: "p".into(),
+            op: "1.enter".into(),
+            waits: true
+        }
+    );
+    let mut c = d.child(&child, Some(child_machine())).expect("starts");
+    // A waited-for start stays open until the child ends, even once started.
+    p.child_started("1.enter");
+    assert!(p.open_op("1.enter").is_some());
+    let step = d.step(
+        &mut c,
+        at(
+            T0,
+            Input::Start {
+                data: child.input.clone(),
+            },
+        ),
+    );
+    assert!(step.finished);
+    let n = step.notify.expect("the parent waits");
+    assert_eq!(n.instance, "p");
+    let step = d.step(&mut p, at(T0 + 1, n.input));
+    assert!(step.finished);
+    assert_eq!(p.inst.data()["child"]["out"], json!({"done": true}));
+    assert!(p.open.is_empty());
+}
+
+#[test]
+fn a_failed_subflow_is_a_subflow_error_for_the_parent() {
+    let input = subflow_result(
+        "p/1.enter",
+        "1.enter".into(),
+        Status::Cancelled,
+        Value::Null,
+        Some(ErrorInfo::new(ErrorKind::Cancelled, "by the API")),
+    );
+    match input {
+        Input::Failed { op, error } => {
+            assert_eq!(op, "1.enter");
+            assert_eq!(error.kind, "subflowError");
+            assert_eq!(error.message, "subflow p/1.enter ended cancelled: by the API");
+            assert_eq!(
+                error.details,
+                Some(json!({"instance": "p/1.enter", "status": "cancelled"}))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_parent_that_does_not_wait_forgets_the_start_once_made_and_hears_nothing() {
+    let d = Driver::durable();
+    let mut p = d.create(parent(false), "p");
+    let step = start(&d, &mut p, json!({}));
+    let child = match step.work.as_slice() {
+        [Work::StartChild(c)] => c.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(!child.parent.waits);
+    let mut c = d.child(&child, Some(child_machine())).unwrap();
+    p.child_started("1.enter");
+    assert!(p.open.is_empty());
+    let step = d.step(&mut c, at(T0, Input::Start { data: json!({}) }));
+    assert!(step.finished);
+    assert_eq!(step.notify, None);
+}
+
+#[test]
+fn subflows_nest_at_most_the_limit_and_an_unknown_definition_is_refused() {
+    let d = Driver::durable();
+    let link = ParentLink {
+        instance: "p".into(),
+        op: "1.enter".into(),
+        waits: true,
+    };
+    let start = |depth| ChildStart {
+        id: "p/1.enter".into(),
+        definition: "child".into(),
+        input: json!({}),
+        parent: link.clone(),
+        depth,
+    };
+    assert!(d.child(&start(MAX_SUBFLOW_DEPTH), Some(child_machine())).is_ok());
+    let refused = |r: Result<Hosted, Option<Notify>>| match r {
+        Err(Some(Notify {
+            instance,
+            input: Input::Failed { op, error },
+        })) => {
+            assert_eq!((instance.as_str(), op.as_str()), ("p", "1.enter"));
+            assert_eq!(error.kind, "subflowError");
+            error.message
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => panic!("started"),
+    };
+    assert_eq!(
+        refused(d.child(&start(MAX_SUBFLOW_DEPTH + 1), Some(child_machine()))),
+        "subflow \"child\" would nest deeper than 32 levels (does a subflow start itself?)"
+    );
+    assert_eq!(
+        refused(d.child(&start(1), None)),
+        "no definition with id \"child\" for invokeSubflow"
+    );
+    // A parent that does not wait is not told.
+    let mut quiet = start(1);
+    quiet.parent.waits = false;
+    assert!(matches!(d.child(&quiet, None), Err(None)));
+}
+
+#[test]
+fn cancelling_an_operation_stops_its_call_and_names_its_child() {
+    let d = Driver::durable();
+    let m = machine(json!({"id": "t", "name": "t", "version": "1",
+        "functions": [{"name": "f", "operation": "x#f"}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "f", "waitForCompletion": true, "timeout": "PT1S"}}]}));
+    let mut h = d.create(m, "i");
+    let step = start(&d, &mut h, json!({}));
+    let timer = step
+        .work
+        .iter()
+        .find_map(|w| match w {
+            Work::ArmTimer { timer, due } => Some((timer.clone(), *due)),
+            _ => None,
+        })
+        .expect("the action's timeout is a timer");
+    assert_eq!(timer.1, T0 + 1000);
+    let step = d.step(&mut h, at(T0 + 1000, Input::TimerFired { timer: timer.0 }));
+    assert!(step.work.contains(&Work::Stop {
+        op: "1.enter".into(),
+        child: "i/1.enter".into()
+    }));
+    assert!(h.open.is_empty());
+    // The call's late result reaches nothing.
+    assert_eq!(d.call_done(&mut h, "1.enter", Ok(json!(1))), None);
+}
+
+#[test]
+fn events_go_to_the_instance_they_name_or_to_the_instances_whose_correlation_they_carry() {
+    let d = Driver::durable();
+    let m = waiter();
+    let mut a = d.create(m.clone(), "a");
+    let mut b = d.create(m.clone(), "b");
+    start(&d, &mut a, json!({"order": "A-1"}));
+    start(&d, &mut b, json!({"order": "B-2"}));
+    let ev = |order: &str| json!({"specversion": "1.0", "id": "e1", "source": "s", "type": "go", "orderid": order, "data": {"x": 1}});
+    assert!(may_accept(&m, &ev("A-1")));
+    assert!(!may_accept(
+        &m,
+        &json!({"specversion": "1.0", "id": "e", "source": "s", "type": "other"})
+    ));
+    assert!(accepts(&a.inst, &ev("A-1")));
+    assert!(!accepts(&b.inst, &ev("A-1")));
+    assert_eq!(target(&ev("A-1")), None);
+    let mut named = ev("B-2");
+    named[INSTANCE_ATTRIBUTE] = json!("b");
+    assert_eq!(target(&named).as_deref(), Some("b"));
+    let step = d.step(&mut a, at(T0 + 1, Input::Event { event: ev("A-1") }));
+    assert!(step.finished);
+    assert_eq!(a.inst.data()["got"], json!({"x": 1}));
+    // An instance that has ended accepts nothing.
+    assert!(!accepts(&a.inst, &ev("A-1")));
+}
+
+#[test]
+fn the_inbox_limit_is_the_drivers_engine_setting() {
+    let d = Driver {
+        options: Options {
+            max_inbox: 2,
+            ..Driver::durable().options
+        },
+        ..Driver::durable()
+    };
+    let m = machine(json!({"id": "w", "name": "w", "version": "1",
+        "events": [{"name": "go", "type": "go"}, {"name": "other", "type": "other"}],
+        "states": [{"name": "Wait", "start": true, "transitions": [
+            {"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+            {"name": "Done"}]}));
+    let mut h = d.create(m, "i");
+    start(&d, &mut h, json!({}));
+    for n in 0..3 {
+        let e = json!({"specversion": "1.0", "id": format!("o{n}"), "source": "s", "type": "other", "data": n});
+        d.step(&mut h, at(T0 + n, Input::Event { event: e }));
+    }
+    assert_eq!(h.inst.snapshot().inbox.len(), 2);
+}
+
+#[test]
+fn sent_events_and_timers_come_out_as_work_in_the_engines_order() {
+    let d = Driver::durable();
+    let m = machine(json!({"id": "s", "name": "s", "version": "1",
+        "events": [{"name": "out", "type": "out", "kind": "produced"}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "sequence", "actions": [
+                {"type": "sendEvent", "event": "out", "expression": "${ {n: 1} }"},
+                {"type": "delay", "timeout": "PT5S"}]}}]}));
+    let mut h = d.create(m, "i");
+    let step = start(&d, &mut h, json!({}));
+    match step.work.as_slice() {
+        [Work::Send { event, .. }, Work::ArmTimer { due, .. }] => {
+            assert_eq!(event["type"], "out");
+            assert_eq!(*due, T0 + 5000);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn parent_links_keep_the_tuple_form_stores_and_records_have() {
+    let l = ParentLink {
+        instance: "p".into(),
+        op: "1.enter".into(),
+        waits: true,
+    };
+    assert_eq!(serde_json::to_value(&l).unwrap(), json!(["p", "1.enter", true]));
+    let back: ParentLink = serde_json::from_value(json!(["p", "1.enter", true])).unwrap();
+    assert_eq!(back, l);
+}
