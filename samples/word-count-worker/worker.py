@@ -4,12 +4,18 @@
 It speaks the task list protocol of docs/src/worker-task-lists.md: it long-polls for a task,
 heartbeats while it works, and completes or fails the task by its token. No SDK is needed.
 
-    python3 worker.py --server http://127.0.0.1:8080 [--task-list text-analysis] [--max-tasks N]
+    python3 worker.py --server http://127.0.0.1:8080 [--task-list text-analysis] [--max-tasks N] [--ca FILE]
+
+When the server requires authentication, give the worker a token with the `operate` role in the
+SM4C_TOKEN environment variable; it is sent as `Authorization: Bearer TOKEN`. For an https:// server
+whose certificate is not signed by a CA the system trusts, pass that CA with --ca.
 """
 
 import argparse
 import json
+import os
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -20,16 +26,20 @@ import urllib.request
 class Server:
     """The few HTTP calls a worker makes."""
 
-    def __init__(self, base):
+    def __init__(self, base, token=None, ca=None):
         self.base = base.rstrip("/")
+        self.token = token
+        self.context = ssl.create_default_context(cafile=ca) if ca else None
 
     def post(self, path, body=None, timeout=30):
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method="POST")
         if data is not None:
             request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
                 text = response.read()
                 return response.status, (json.loads(text) if text else None)
         except urllib.error.HTTPError as e:
@@ -42,6 +52,8 @@ class Server:
         status, body = self.post(path, timeout=wait_seconds + 30)
         if status == 204:
             return None
+        if status in (401, 403):
+            raise PermissionError(f"poll: {status} {body['message'] if body else ''} (set SM4C_TOKEN to a token with the operate role)")
         if status != 200:
             raise RuntimeError(f"poll: {status} {body}")
         return body
@@ -84,8 +96,9 @@ def main():
     parser.add_argument("--name", default=f"word-counter@{socket.gethostname()}")
     parser.add_argument("--wait", type=int, default=20, help="seconds one poll waits for a task")
     parser.add_argument("--max-tasks", type=int, default=0, help="stop after this many tasks (0: never)")
+    parser.add_argument("--ca", help="PEM file of the CA of an https:// server's certificate")
     args = parser.parse_args()
-    server = Server(args.server)
+    server = Server(args.server, token=os.environ.get("SM4C_TOKEN") or None, ca=args.ca)
     done = 0
     while args.max_tasks == 0 or done < args.max_tasks:
         try:
@@ -94,6 +107,9 @@ def main():
             print(f"poll failed ({e}); retrying", file=sys.stderr)
             time.sleep(1)
             continue
+        except PermissionError as e:
+            print(f"worker.py: {e}", file=sys.stderr)
+            sys.exit(2)
         if task is None:
             continue
         work(server, task)

@@ -87,6 +87,12 @@ macro_rules! errors {
 }
 
 errors! {
+    /// No credentials, or credentials the server does not know (why). The response also carries
+    /// `WWW-Authenticate: Bearer` (see [`crate::auth`]).
+    Unauthenticated(String) => UNAUTHORIZED, "unauthorized", |s| s.0.clone();
+    /// The caller's role (first) does not allow the request, which needs the second.
+    Forbidden(String, String) => FORBIDDEN, "forbidden",
+        |s| format!("the {} role does not allow this request; it needs {}", s.0, s.1);
     /// No route has this path.
     NoSuchEndpoint => NOT_FOUND, "notFound", |_s| "no such endpoint; see /openapi.json".into();
     /// A POST to an instance path other than `/cancel`.

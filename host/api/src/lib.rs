@@ -20,7 +20,9 @@ use sm4c_runtime::{timespan, Entry};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod auth;
 pub mod errors;
+pub mod tls;
 
 pub use errors::ApiError;
 

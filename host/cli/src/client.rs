@@ -13,6 +13,53 @@ pub struct Remote {
     /// Print the server's JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Bearer token for a server that requires one (visible to other local users in the process
+    /// list: prefer --token-file or the SM4C_TOKEN environment variable).
+    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// File whose first line is the bearer token.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the CA certificates to trust for an https:// server, besides the webpki roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+}
+
+impl Remote {
+    /// The token: --token, else --token-file, else $SM4C_TOKEN.
+    fn token(&self) -> Result<Option<String>, Failure> {
+        if let Some(t) = &self.token {
+            return Ok(Some(t.trim().to_string()));
+        }
+        if let Some(p) = &self.token_file {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| (2, format!("--token-file {}: cannot read: {e}", p.display())))?;
+            let token = text.lines().next().unwrap_or("").trim();
+            if token.is_empty() {
+                return Err((2, format!("--token-file {}: the first line is empty", p.display())));
+            }
+            return Ok(Some(token.to_string()));
+        }
+        Ok(std::env::var("SM4C_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()))
+    }
+
+    fn client(&self) -> Result<reqwest::blocking::Client, Failure> {
+        let mut b = reqwest::blocking::Client::builder();
+        if let Some(p) = &self.ca {
+            let pem = std::fs::read(p).map_err(|e| (2, format!("--ca {}: cannot read: {e}", p.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| (2, format!("--ca {}: not a PEM file of certificates", p.display())))?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        b.build().map_err(|e| (2, format!("cannot make an HTTP client: {e}")))
+    }
 }
 
 /// Client commands.
@@ -108,18 +155,22 @@ pub fn run(cmd: ClientCommand) -> ExitCode {
 type Failure = (u8, String);
 
 fn call(remote: &Remote, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, Failure> {
-    let client = reqwest::blocking::Client::new();
+    let client = remote.client()?;
+    let token = remote.token()?;
     let url = format!("{}{}", remote.server.trim_end_matches('/'), path);
     let mut req = match method {
         "POST" => client.post(&url),
         _ => client.get(&url),
     };
+    if let Some(t) = &token {
+        req = req.bearer_auth(t);
+    }
     if let Some((ctype, bytes)) = body {
         req = req.header("content-type", ctype).body(bytes);
     }
     let resp = req
         .send()
-        .map_err(|e| (2, format!("cannot reach {}: {e}", remote.server)))?;
+        .map_err(|e| (2, format!("cannot reach {}: {}", remote.server, causes(&e))))?;
     let status = resp.status();
     let value: Value = resp.json().unwrap_or(Value::Null);
     if status.is_success() {
@@ -127,8 +178,27 @@ fn call(remote: &Remote, method: &str, path: &str, body: Option<(&str, Vec<u8>)>
     } else {
         let msg = value["message"].as_str().unwrap_or("request failed").to_string();
         let code = value["error"].as_str().unwrap_or("error").to_string();
-        Err((1, format!("{code} ({}): {msg}", status.as_u16())))
+        let hint = if status == reqwest::StatusCode::UNAUTHORIZED && token.is_none() {
+            " (give a token with --token-file, --token or SM4C_TOKEN)"
+        } else {
+            ""
+        };
+        Err((1, format!("{code} ({}): {msg}{hint}", status.as_u16())))
     }
+}
+
+/// An error and its causes, `: `-separated (reqwest says what failed, its causes say why).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
+        source = s.source();
+    }
+    out
 }
 
 /// Every item of a paginated listing: follows the `next` cursor until the last page.

@@ -80,6 +80,10 @@ struct ServeArgs {
     /// How long an event that reached no instance is kept for one that starts waiting (e.g. 5m).
     #[arg(long, default_value = "5m")]
     event_window: String,
+    /// Listen on an address other than loopback without authentication (no token and no client
+    /// certificate configured): anyone who reaches the port may do anything.
+    #[arg(long)]
+    insecure_no_auth: bool,
     #[command(flatten)]
     calls: CallArgs,
     #[command(flatten)]
@@ -483,8 +487,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if !errs.is_empty() {
         return Ok(report(&errs));
     }
+    let security = match Security::of(&args, &calls.server) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sm4c: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     if let Some(bootstrap) = &args.kafka.kafka {
-        return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms);
+        return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms, security);
     }
     let store = match SqliteStore::open(&args.db) {
         Ok(s) => Arc::new(s),
@@ -532,23 +543,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
         };
-        tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), "sm4c serving");
-        let app = sm4c_api::router(durable.clone());
+        tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving");
+        let app = sm4c_api::auth::layer(sm4c_api::router(durable.clone()), security.auth);
         let polls = durable.clone();
         let store_failure = Arc::new(std::sync::OnceLock::new());
         let failure = store_failure.clone();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = shutdown_signal() => {}
-                    why = polls.failed() => {
-                        let _ = failure.set(why);
-                    }
+        sm4c_api::tls::serve(listener, security.tls, app, async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                why = polls.failed() => {
+                    let _ = failure.set(why);
                 }
-                // Long polls would hold the stop for up to a minute.
-                polls.close_polls();
-            })
-            .await?;
+            }
+            // Long polls would hold the stop for up to a minute.
+            polls.close_polls();
+        })
+        .await?;
         if let Some(why) = store_failure.get() {
             // Nothing decided since the failure was acted on; a restart recovers from the store.
             eprintln!("sm4c: cannot write to the store: {why}; stopping");
@@ -567,6 +577,7 @@ fn serve_kafka(
     mocks: HashMap<String, sm4c_runtime::Expr>,
     calls: sm4c_invoke::config::CallConfig,
     park_ms: u64,
+    security: Security,
 ) -> anyhow::Result<ExitCode> {
     let mut config = sm4c_kafka::KafkaConfig::new(bootstrap);
     config.group = args.kafka.group.clone();
@@ -612,15 +623,80 @@ fn serve_kafka(
                 return Ok(ExitCode::from(2));
             }
         };
-        tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, "sm4c serving on Kafka");
-        let app = sm4c_api::router(kafka.clone());
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
+        let app = sm4c_api::auth::layer(sm4c_api::router(kafka.clone()), security.auth);
+        sm4c_api::tls::serve(listener, security.tls, app, shutdown_signal()).await?;
         kafka.shutdown().await;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Who may use the server and whether it speaks TLS: from the `[server]` section of the
+/// configuration file and the `SM4C_TOKEN_ADMIN`, `SM4C_TOKEN_OPERATE` and `SM4C_TOKEN_READ`
+/// variables (comma-separated tokens).
+struct Security {
+    auth: sm4c_api::auth::Auth,
+    tls: Option<Arc<sm4c_api::tls::ServerConfig>>,
+}
+
+impl Security {
+    fn of(args: &ServeArgs, server: &sm4c_invoke::config::ServerConfig) -> Result<Security, String> {
+        use sm4c_api::auth::{Auth, Role};
+        let mut auth = Auth::default();
+        for (role, digest) in &server.tokens {
+            auth.token(role.parse()?, *digest);
+        }
+        for role in Role::ALL {
+            let var = format!("SM4C_TOKEN_{}", role.as_str().to_uppercase());
+            if let Ok(list) = std::env::var(&var) {
+                for token in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                    auth.token(role, sm4c_api::auth::digest(token));
+                }
+            }
+        }
+        let config_file = args
+            .calls
+            .config
+            .as_deref()
+            .unwrap_or(Path::new("the configuration file"));
+        let tls = match &server.tls {
+            None => None,
+            Some(t) => {
+                for (cn, role) in &t.clients {
+                    auth.client(cn.clone(), role.parse()?);
+                }
+                let config = sm4c_api::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                    .map_err(|e| format!("{}: server.tls: {e}", config_file.display()))?;
+                Some(Arc::new(config))
+            }
+        };
+        if !auth.is_on() {
+            if !is_loopback(&args.listen) && !args.insecure_no_auth {
+                return Err(format!(
+                    "refusing to listen on {} without authentication: anyone who reaches it could register \
+                     definitions, start and cancel instances. Configure tokens ([server] tokens in --config, or \
+                     SM4C_TOKEN_ADMIN / SM4C_TOKEN_OPERATE / SM4C_TOKEN_READ), listen on loopback (127.0.0.1, \
+                     ::1, localhost), or pass --insecure-no-auth",
+                    args.listen
+                ));
+            }
+            if args.insecure_no_auth && !is_loopback(&args.listen) {
+                tracing::warn!(listen = %args.listen, "no authentication (--insecure-no-auth): anyone who reaches this address may do anything");
+            }
+        }
+        Ok(Security { auth, tls })
+    }
+}
+
+/// Whether `--listen` is a loopback address: 127.0.0.0/8, ::1 or `localhost`.
+fn is_loopback(listen: &str) -> bool {
+    if let Ok(a) = listen.parse::<std::net::SocketAddr>() {
+        return a.ip().is_loopback();
+    }
+    listen
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
 }
 
 async fn shutdown_signal() {

@@ -16,8 +16,21 @@
 //! key = "certs/client.key"
 //! ```
 //!
-//! Header and metadata values are literal or `env:VAR`. They are credentials: no message quotes them.
-//! File paths are relative to the configuration file's folder.
+//! The `[server]` section is for `sm4c serve`: its bearer tokens and its TLS (see [`ServerConfig`]).
+//!
+//! ```toml
+//! [server]
+//! tokens = [{ role = "admin", token = "env:SM4C_ADMIN" }, { role = "read", token = "env:DASHBOARD" }]
+//!
+//! [server.tls]
+//! cert = "certs/server.pem"
+//! key = "certs/server.key"
+//! client_ca = "certs/clients-ca.pem"   # mutual TLS: verify client certificates signed by these CAs
+//! clients = { "CN=ops" = "operate" }   # a verified client certificate's subject CN and its role
+//! ```
+//!
+//! Header, metadata and token values are literal or `env:VAR`. They are credentials: no message
+//! quotes them. File paths are relative to the configuration file's folder.
 
 use crate::files::FileError;
 use crate::grpc::{GrpcConfig, GrpcTls};
@@ -36,6 +49,51 @@ pub struct CallConfig {
     pub rest: RestConfig,
     /// gRPC functions.
     pub grpc: GrpcConfig,
+    /// The `[server]` section, for `sm4c serve`.
+    pub server: ServerConfig,
+}
+
+/// The roles a token or a client certificate may have, from the least to the most allowed.
+pub const ROLES: [&str; 3] = ["read", "operate", "admin"];
+
+/// `sm4c serve`'s authentication and TLS, from the `[server]` section.
+#[derive(Clone, Default)]
+pub struct ServerConfig {
+    /// Bearer tokens: (role, SHA-256 digest of the token). The tokens themselves are not kept.
+    pub tokens: Vec<(String, [u8; 32])>,
+    /// HTTPS instead of HTTP.
+    pub tls: Option<ServerTls>,
+}
+
+/// The server's certificate and key (PEM), and for mutual TLS the client CA and the roles of clients.
+#[derive(Clone)]
+pub struct ServerTls {
+    /// The certificate chain (PEM).
+    pub cert: Vec<u8>,
+    /// Its private key (PEM).
+    pub key: Vec<u8>,
+    /// CAs whose client certificates are verified (PEM).
+    pub client_ca: Option<Vec<u8>>,
+    /// (subject common name, role) of verified client certificates.
+    pub clients: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let roles: Vec<&str> = self.tokens.iter().map(|(r, _)| r.as_str()).collect();
+        f.debug_struct("ServerConfig")
+            .field("tokens", &roles)
+            .field("tls", &self.tls.as_ref().map(|t| (&t.clients, t.client_ca.is_some())))
+            .finish()
+    }
+}
+
+/// The SHA-256 digest of a token.
+pub fn token_digest(token: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 #[derive(Deserialize)]
@@ -45,6 +103,32 @@ struct RawFile {
     rest: BTreeMap<String, RawDocument>,
     #[serde(default)]
     grpc: BTreeMap<String, RawService>,
+    server: Option<RawServer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    #[serde(default)]
+    tokens: Vec<RawToken>,
+    tls: Option<RawServerTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    role: Spanned<String>,
+    token: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServerTls {
+    cert: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    client_ca: Option<Spanned<String>>,
+    #[serde(default)]
+    clients: BTreeMap<String, Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -264,6 +348,90 @@ impl CallConfig {
                 c.grpc.tls.insert(service.clone(), tls);
             }
         }
+        if let Some(server) = &raw.server {
+            for (i, t) in server.tokens.iter().enumerate() {
+                let at = |field: &str| format!("server.tokens[{i}].{field}");
+                if !ROLES.contains(&t.role.get_ref().as_str()) {
+                    fail(
+                        t.role.span().start,
+                        at("role"),
+                        format!("{:?} is not a role: read, operate or admin", t.role.get_ref()),
+                    );
+                }
+                match secret(t.token.get_ref()) {
+                    Ok(v) if v.trim().is_empty() => {
+                        fail(t.token.span().start, at("token"), "the token is empty".into())
+                    }
+                    Ok(v) if v.trim() != v || v.contains(char::is_whitespace) => fail(
+                        t.token.span().start,
+                        at("token"),
+                        "a token cannot contain spaces".into(),
+                    ),
+                    Ok(v) => c.server.tokens.push((t.role.get_ref().clone(), token_digest(&v))),
+                    Err(m) => fail(t.token.span().start, at("token"), m),
+                }
+            }
+            if let Some(tls) = &server.tls {
+                let file = |v: &Option<Spanned<String>>,
+                            name: &str,
+                            what: &str,
+                            fail: &mut dyn FnMut(usize, String, String)| {
+                    v.as_ref().and_then(|v| match pem(dir, v.get_ref(), what) {
+                        Ok(b) => Some(b),
+                        Err(m) => {
+                            fail(v.span().start, key(&["server", "tls", name]), m);
+                            None
+                        }
+                    })
+                };
+                let cert = file(&tls.cert, "cert", "server certificate", &mut fail);
+                let k = file(&tls.key, "key", "server key", &mut fail);
+                let client_ca = file(&tls.client_ca, "client_ca", "client CA certificates", &mut fail);
+                match (&tls.cert, &tls.key) {
+                    (Some(one), None) | (None, Some(one)) => fail(
+                        one.span().start,
+                        key(&["server", "tls"]),
+                        "TLS needs both cert and key".into(),
+                    ),
+                    (None, None) => fail(0, key(&["server", "tls"]), "TLS needs both cert and key".into()),
+                    _ => {}
+                }
+                let mut clients = Vec::new();
+                for (subject, role) in &tls.clients {
+                    let at = key(&["server", "tls", "clients", subject]);
+                    match subject.strip_prefix("CN=") {
+                        Some(cn) if !cn.is_empty() => clients.push((cn.to_string(), role.get_ref().clone())),
+                        _ => fail(
+                            role.span().start,
+                            at.clone(),
+                            "a client is named by its certificate's subject common name: \"CN=NAME\"".into(),
+                        ),
+                    }
+                    if !ROLES.contains(&role.get_ref().as_str()) {
+                        fail(
+                            role.span().start,
+                            at,
+                            format!("{:?} is not a role: read, operate or admin", role.get_ref()),
+                        );
+                    }
+                }
+                if !tls.clients.is_empty() && tls.client_ca.is_none() {
+                    fail(
+                        0,
+                        key(&["server", "tls", "clients"]),
+                        "client certificates need client_ca, the CAs that sign them".into(),
+                    );
+                }
+                if let (Some(cert), Some(key)) = (cert, k) {
+                    c.server.tls = Some(ServerTls {
+                        cert,
+                        key,
+                        client_ca,
+                        clients,
+                    });
+                }
+            }
+        }
         if errs.is_empty() {
             Ok(c)
         } else {
@@ -397,6 +565,48 @@ mod tests {
             e,
             "--rest-header d=x-key: environment variable SM4C_CONFIG_TEST_UNSET is not set"
         );
+    }
+
+    #[test]
+    fn reads_the_server_section_keeping_only_token_digests() {
+        std::env::set_var("SM4C_CONFIG_TEST_TOKEN", "from-env");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("certs")).unwrap();
+        for f in ["a.pem", "a.key", "ca.pem"] {
+            std::fs::write(dir.path().join("certs").join(f), "-----BEGIN X-----\n-----END X-----\n").unwrap();
+        }
+        let path = dir.path().join("sm4c.toml");
+        std::fs::write(
+            &path,
+            "[server]\ntokens = [{ role = \"admin\", token = \"lit\" }, { role = \"read\", token = \"env:SM4C_CONFIG_TEST_TOKEN\" }]\n[server.tls]\ncert = \"certs/a.pem\"\nkey = \"certs/a.key\"\nclient_ca = \"certs/ca.pem\"\nclients = { \"CN=ops team\" = \"operate\" }\n",
+        )
+        .unwrap();
+        let c = CallConfig::from_file(&path).unwrap();
+        assert_eq!(
+            c.server.tokens,
+            vec![
+                ("admin".to_string(), token_digest("lit")),
+                ("read".to_string(), token_digest("from-env"))
+            ]
+        );
+        let tls = c.server.tls.as_ref().unwrap();
+        assert!(tls.cert.starts_with(b"-----BEGIN X") && tls.client_ca.is_some());
+        assert_eq!(tls.clients, vec![("ops team".to_string(), "operate".to_string())]);
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("lit") && !debug.contains("from-env"), "{debug}");
+        // Empty tokens and tokens with spaces are refused; an unknown key in a token too.
+        let errs =
+            load("[server]\ntokens = [{ role = \"read\", token = \"\" },\n { role = \"read\", token = \"a b\" }]\n")
+                .unwrap_err();
+        assert_eq!(
+            errs,
+            vec![
+                "line 2: server.tokens[0].token: the token is empty",
+                "line 3: server.tokens[1].token: a token cannot contain spaces"
+            ]
+        );
+        let errs = load("[server]\ntokens = [{ role = \"read\", token = \"t\", note = \"x\" }]\n").unwrap_err();
+        assert!(errs[0].contains("unknown field `note`"), "{errs:?}");
     }
 
     #[test]

@@ -1,0 +1,303 @@
+//! Authentication and roles of the HTTP API.
+//!
+//! A request proves who it is with a bearer token (`Authorization: Bearer TOKEN`) or, over mutual
+//! TLS, with a client certificate whose subject common name is mapped to a role. Three roles, each
+//! implying the ones below it:
+//!
+//! - `read`: every `GET`, and `POST /events/explain` (which delivers nothing);
+//! - `operate`: starting, cancelling instances, sending events, polling and answering tasks (workers);
+//! - `admin`: registering definitions (`POST /definitions`).
+//!
+//! `GET /healthz` and `GET /openapi.json` stay open. Tokens are kept as their SHA-256 digests and
+//! compared in constant time; no message or log quotes them. Without any token or client mapping,
+//! [`Auth::is_on`] is false and [`layer`] lets every request through.
+
+use crate::errors::{Forbidden, Unauthenticated};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+/// What a caller may do; each role implies the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Every `GET`.
+    Read,
+    /// Starting and cancelling instances, sending events, worker task lists.
+    Operate,
+    /// Registering definitions.
+    Admin,
+}
+
+impl Role {
+    /// Every role, from the least to the most allowed.
+    pub const ALL: [Role; 3] = [Role::Read, Role::Operate, Role::Admin];
+
+    /// Its name in the configuration file and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Operate => "operate",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Role, String> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a role: read, operate or admin"))
+    }
+}
+
+/// The SHA-256 digest of a token, the only form in which the server keeps it.
+pub fn digest(token: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Who may do what: token digests and client certificate names with their roles.
+#[derive(Default, Clone)]
+pub struct Auth {
+    tokens: Vec<([u8; 32], Role)>,
+    clients: BTreeMap<String, Role>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth")
+            .field("tokens", &self.tokens.len())
+            .field("clients", &self.clients)
+            .finish()
+    }
+}
+
+impl Auth {
+    /// Adds a token by its [`digest`].
+    pub fn token(&mut self, role: Role, digest: [u8; 32]) {
+        self.tokens.push((digest, role));
+    }
+
+    /// Maps the subject common name of a verified client certificate to a role.
+    pub fn client(&mut self, common_name: impl Into<String>, role: Role) {
+        self.clients.insert(common_name.into(), role);
+    }
+
+    /// Whether requests must authenticate (some token or client certificate is configured).
+    pub fn is_on(&self) -> bool {
+        !self.tokens.is_empty() || !self.clients.is_empty()
+    }
+
+    /// The role of a token, comparing its digest with every known one in constant time.
+    fn role_of_token(&self, token: &str) -> Option<Role> {
+        let d = digest(token);
+        let mut found = None;
+        for (known, role) in &self.tokens {
+            if bool::from(known.ct_eq(&d)) {
+                found = found.max(Some(*role));
+            }
+        }
+        found
+    }
+}
+
+/// The client of a connection: the subject common name of its verified TLS client certificate.
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    /// `None` over plain HTTP, or over TLS without a client certificate.
+    pub common_name: Option<String>,
+}
+
+/// The role a request needs, `None` for the open endpoints.
+pub fn needs(method: &Method, path: &str) -> Option<Role> {
+    match (method, path) {
+        (&Method::GET | &Method::HEAD, "/healthz" | "/openapi.json") => None,
+        (&Method::GET | &Method::HEAD, _) => Some(Role::Read),
+        (&Method::POST, "/definitions") => Some(Role::Admin),
+        (&Method::POST, "/events/explain") => Some(Role::Read),
+        _ => Some(Role::Operate),
+    }
+}
+
+/// Adds authentication to a router when `auth` [is on](Auth::is_on); otherwise returns it as it is.
+pub fn layer(router: Router, auth: Auth) -> Router {
+    if !auth.is_on() {
+        return router;
+    }
+    router.layer(axum::middleware::from_fn_with_state(Arc::new(auth), check))
+}
+
+async fn check(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
+    let Some(needed) = needs(req.method(), req.uri().path()) else {
+        return next.run(req).await;
+    };
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("").trim())
+        .map(|v| match v.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => Some(token.trim()),
+            _ => None,
+        });
+    let role = match bearer {
+        Some(Some(token)) => match auth.role_of_token(token) {
+            Some(r) => r,
+            None => return unauthenticated("the bearer token is not valid"),
+        },
+        Some(None) => return unauthenticated("the Authorization header must be `Bearer TOKEN`"),
+        None => {
+            let cn = req
+                .extensions()
+                .get::<ConnectInfo<Peer>>()
+                .and_then(|ConnectInfo(p)| p.common_name.clone());
+            match cn.as_ref().and_then(|cn| auth.clients.get(cn)) {
+                Some(r) => *r,
+                None => {
+                    return unauthenticated(&match cn {
+                        Some(cn) => format!("the client certificate CN={cn} has no role and no bearer token was sent"),
+                        None => "this request needs a bearer token (Authorization: Bearer TOKEN)".into(),
+                    })
+                }
+            }
+        }
+    };
+    if role < needed {
+        return Forbidden(role.to_string(), needed.to_string()).into_response();
+    }
+    next.run(req).await
+}
+
+fn unauthenticated(why: &str) -> Response {
+    let mut r = Unauthenticated(why.to_string()).into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer realm=\"sm4c\""),
+    );
+    r
+}
+
+/// The subject common name of a DER certificate, if it has one.
+pub fn common_name(cert: &[u8]) -> Option<String> {
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version?, serialNumber, signature,
+    // issuer, validity, subject, ... }, ... }
+    let (_, cert_body, _) = tlv(cert)?;
+    let (_, mut tbs, _) = tlv(cert_body)?;
+    let mut fields = Vec::new();
+    while !tbs.is_empty() && fields.len() < 6 {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let skip = usize::from(fields.first()?.0 == 0xa0);
+    let (tag, mut subject) = *fields.get(skip + 4)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let mut found = None;
+    // Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value }; the last CN wins, as in most tools.
+    while !subject.is_empty() {
+        let (_, mut set, rest) = tlv(subject)?;
+        subject = rest;
+        while !set.is_empty() {
+            let (_, attr, rest) = tlv(set)?;
+            set = rest;
+            let (tag, oid, value) = tlv(attr)?;
+            if tag == 0x06 && oid == [0x55, 0x04, 0x03] {
+                let (tag, text, _) = tlv(value)?;
+                // UTF8String, PrintableString, IA5String, TeletexString
+                if matches!(tag, 0x0c | 0x13 | 0x16 | 0x14) {
+                    found = Some(String::from_utf8_lossy(text).into_owned());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// One DER tag-length-value: (tag, value, the bytes after it).
+fn tlv(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let tag = *der.first()?;
+    let first = *der.get(1)?;
+    let (len, head) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for b in der.get(2..2 + n)? {
+            len = (len << 8) | usize::from(*b);
+        }
+        (len, 2 + n)
+    };
+    let value = der.get(head..head.checked_add(len)?)?;
+    Some((tag, value, &der[head + len..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_imply_the_ones_below() {
+        assert!(Role::Admin > Role::Operate && Role::Operate > Role::Read);
+        assert_eq!("operate".parse::<Role>(), Ok(Role::Operate));
+        assert!("root".parse::<Role>().unwrap_err().contains("read, operate or admin"));
+    }
+
+    #[test]
+    fn what_each_request_needs() {
+        assert_eq!(needs(&Method::GET, "/healthz"), None);
+        assert_eq!(needs(&Method::GET, "/openapi.json"), None);
+        assert_eq!(needs(&Method::GET, "/instances/x"), Some(Role::Read));
+        assert_eq!(needs(&Method::POST, "/events/explain"), Some(Role::Read));
+        assert_eq!(needs(&Method::POST, "/instances"), Some(Role::Operate));
+        assert_eq!(needs(&Method::POST, "/tasks/t/complete"), Some(Role::Operate));
+        assert_eq!(needs(&Method::POST, "/definitions"), Some(Role::Admin));
+        assert_eq!(needs(&Method::DELETE, "/definitions"), Some(Role::Operate));
+    }
+
+    #[test]
+    fn tokens_are_matched_by_digest_and_the_highest_role_wins() {
+        let mut a = Auth::default();
+        assert!(!a.is_on());
+        a.token(Role::Read, digest("r"));
+        a.token(Role::Admin, digest("shared"));
+        a.token(Role::Read, digest("shared"));
+        assert!(a.is_on());
+        assert_eq!(a.role_of_token("r"), Some(Role::Read));
+        assert_eq!(a.role_of_token("shared"), Some(Role::Admin));
+        assert_eq!(a.role_of_token("R"), None);
+        assert_eq!(a.role_of_token(""), None);
+        assert!(!format!("{a:?}").contains(&format!("{:?}", digest("r"))));
+    }
+
+    #[test]
+    fn common_name_of_a_certificate() {
+        use rustls::pki_types::pem::PemObject;
+        let pem = include_bytes!("../../cli/tests/data/grpc/tls/client.pem");
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem).expect("PEM");
+        assert_eq!(common_name(&der).as_deref(), Some("sm4c test client"));
+        assert_eq!(common_name(&der[..40]), None);
+        assert_eq!(common_name(b""), None);
+    }
+}
