@@ -247,6 +247,10 @@ fn no_token_and_a_wrong_token_are_401_and_the_open_endpoints_stay_open() {
     for path in ["/healthz", "/openapi.json"] {
         let (status, body, _) = answer(s.request("GET", path, None));
         assert_eq!(status, 200, "{path} is open: {body}");
+        if path == "/openapi.json" {
+            assert_eq!(body["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+            assert_eq!(body["paths"]["/healthz"]["get"]["security"], json!([{}]));
+        }
     }
     let (status, body, _) = answer(s.request("GET", "/instances", Some(READ)));
     assert_eq!(status, 200, "{body}");
