@@ -1902,3 +1902,101 @@ fn workers_reconnect_to_a_restarted_broker_and_finish() {
         broker.run();
     });
 }
+
+/// Kafka mode serves the same API behind the same authentication and TLS as the SQLite mode
+/// (tests/auth.rs has the full table of roles), and refuses to listen beyond loopback without it.
+#[test]
+fn kafka_mode_asks_for_tokens_over_https_and_refuses_an_open_listen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "auth";
+    // Refused before it connects to anything.
+    let mut open = worker_args(&broker, prefix, 1, &["--listen", "0.0.0.0:0"]);
+    open.insert(0, "serve".into());
+    let out = Command::new(BIN)
+        .args(&open)
+        .env_remove("SM4C_TOKEN_ADMIN")
+        .env_remove("SM4C_TOKEN_OPERATE")
+        .env_remove("SM4C_TOKEN_READ")
+        .output()
+        .expect("sm4c serve --kafka");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refusing to listen on 0.0.0.0:0 without authentication"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let tls = data_dir().join("../grpc/tls");
+    let config = dir.path().join("sm4c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ntokens = [{{ role = \"read\", token = \"kafka-read\" }}, {{ role = \"operate\", token = \"kafka-operate\" }}]\n[server.tls]\ncert = {:?}\nkey = {:?}\n",
+            tls.join("server.pem"),
+            tls.join("server.key")
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut args = worker_args(&broker, prefix, 1, &["--config", config.to_str().unwrap()]);
+    args.extend(["--listen".to_string(), format!("127.0.0.1:{port}")]);
+    let log = dir.path().join("w.log");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("sm4c serve --kafka");
+    let ca = std::fs::read(tls.join("ca.pem")).unwrap();
+    let client = Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let base = format!("https://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client.get(format!("{base}/healthz")).send().is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the worker exited with {status}: {}", tail(&log));
+        }
+        assert!(Instant::now() < deadline, "no /healthz over https: {}", tail(&log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = |r: reqwest::blocking::RequestBuilder| r.send().expect("answered").status().as_u16();
+    assert_eq!(status(client.get(format!("{base}/definitions"))), 401);
+    assert_eq!(
+        status(client.get(format!("{base}/definitions")).bearer_auth("wrong")),
+        401
+    );
+    assert_eq!(
+        status(client.get(format!("{base}/definitions")).bearer_auth("kafka-read")),
+        200
+    );
+    let saga = std::fs::read_to_string(data_dir().join("saga.json")).expect("saga definition");
+    let saga: Value = serde_json::from_str(&saga).unwrap();
+    let define = |token: &str| {
+        status(
+            client
+                .post(format!("{base}/definitions"))
+                .bearer_auth(token)
+                .json(&saga),
+        )
+    };
+    assert_eq!(define("kafka-operate"), 403, "registering needs admin");
+    assert_eq!(
+        status(
+            client
+                .post(format!("{base}/tasklists/x/poll?wait=0s"))
+                .bearer_auth("kafka-read")
+        ),
+        403,
+        "polling needs operate"
+    );
+    // Plain HTTP gets nothing from the HTTPS port.
+    assert!(http().get(format!("http://127.0.0.1:{port}/healthz")).send().is_err());
+    let _ = child.kill();
+    let _ = child.wait();
+}
