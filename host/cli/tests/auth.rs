@@ -794,9 +794,16 @@ fn the_cli_client_with_a_token_and_a_ca() {
 }
 
 #[test]
-fn the_python_sample_worker_sends_its_token() {
+fn the_python_sample_worker_sends_its_token_over_https() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/word-count-worker");
-    let s = with_tokens();
+    let config = format!("{TOKENS}\n[server.tls]\ncert = \"certs/server.pem\"\nkey = \"certs/server.key\"\n");
+    let s = serve(Setup {
+        config: Some(&config),
+        env: vec![("SM4C_TEST_OPERATE", OPERATE)],
+        https: true,
+        ..Setup::default()
+    });
+    let ca = tls_data().join("ca.pem");
     let definition: Value =
         serde_json::from_str(&std::fs::read_to_string(sample.join("definition.json")).unwrap()).unwrap();
     let (status, body, _) = answer(s.request("POST", "/definitions", Some(ADMIN)).json(&definition));
@@ -814,6 +821,8 @@ fn the_python_sample_worker_sends_its_token() {
         let mut cmd = Command::new("python3");
         cmd.arg(sample.join("worker.py"))
             .args(["--server", &s.url, "--wait", "5", "--max-tasks", &tasks])
+            .arg("--ca")
+            .arg(&ca)
             .env_remove("SM4C_TOKEN");
         if let Some(t) = token {
             cmd.env("SM4C_TOKEN", t);
