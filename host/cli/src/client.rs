@@ -23,6 +23,12 @@ pub struct Remote {
     /// PEM file of the CA certificates to trust for an https:// server, besides the webpki roots.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+    /// PEM client certificate for a server that maps client certificates to roles (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
 }
 
 impl Remote {
@@ -58,7 +64,28 @@ impl Remote {
                 b = b.add_root_certificate(c);
             }
         }
-        b.build().map_err(|e| (2, format!("cannot make an HTTP client: {e}")))
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            let read = |p: &PathBuf, flag: &str| {
+                std::fs::read(p).map_err(|e| (2, format!("{flag} {}: cannot read: {e}", p.display())))
+            };
+            let mut pem = read(cert, "--cert")?;
+            pem.push(b'\n');
+            pem.extend(read(key, "--key")?);
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                (
+                    2,
+                    format!(
+                        "--cert {} --key {}: not a PEM certificate and key: {}",
+                        cert.display(),
+                        key.display(),
+                        causes(&e)
+                    ),
+                )
+            })?;
+            b = b.identity(identity);
+        }
+        b.build()
+            .map_err(|e| (2, format!("cannot make an HTTP client: {}", causes(&e))))
     }
 }
 

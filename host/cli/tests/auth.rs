@@ -619,6 +619,32 @@ fn mutual_tls_maps_a_client_certificate_to_its_role() {
     // A certificate with the same name that the client CA did not sign: the handshake fails.
     let stranger = with_cert(&stranger().join("stranger.pem"), &stranger().join("stranger.key"));
     assert!(stranger.get(format!("{}/instances", s.url)).send().is_err());
+    // The CLI client with --cert and --key.
+    let (ca, cert, key) = (
+        tls_data().join("ca.pem"),
+        tls_data().join("client.pem"),
+        tls_data().join("client.key"),
+    );
+    let (ca, cert, key) = (ca.to_str().unwrap(), cert.to_str().unwrap(), key.to_str().unwrap());
+    let out = sm4c(
+        &["tasks", "--server", &s.url, "--ca", ca, "--cert", cert, "--key", key],
+        &[],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = sm4c(&["tasks", "--server", &s.url, "--ca", ca], &[]);
+    assert_eq!(out.status.code(), Some(1), "no certificate, no token");
+    let out = sm4c(&["tasks", "--server", &s.url, "--ca", ca, "--cert", cert], &[]);
+    assert_eq!(out.status.code(), Some(2), "--cert needs --key");
+    let out = sm4c(
+        &["tasks", "--server", &s.url, "--ca", ca, "--cert", ca, "--key", ca],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a PEM certificate and key"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
