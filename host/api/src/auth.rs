@@ -269,6 +269,7 @@ mod tests {
         assert_eq!(needs(&Method::GET, "/healthz"), None);
         assert_eq!(needs(&Method::GET, "/openapi.json"), None);
         assert_eq!(needs(&Method::GET, "/instances/x"), Some(Role::Read));
+        assert_eq!(needs(&Method::GET, "/metrics"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/events/explain"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/instances"), Some(Role::Operate));
         assert_eq!(needs(&Method::POST, "/tasks/t/complete"), Some(Role::Operate));

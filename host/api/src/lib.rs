@@ -22,6 +22,7 @@ use std::time::Duration;
 
 pub mod auth;
 pub mod errors;
+pub mod metrics;
 pub mod tls;
 
 pub use errors::ApiError;

@@ -512,12 +512,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .thread_stack_size(STACK)
         .build()?;
     rt.block_on(async move {
-        let host = Arc::new(CallRouter {
-            mocks,
-            subflows: HashMap::new(),
-            sent: None,
-            rest: Some(rest),
-            grpc: Some(grpc),
+        let metrics = metrics();
+        let host = Arc::new(sm4c_api::metrics::Metered {
+            inner: Arc::new(CallRouter {
+                mocks,
+                subflows: HashMap::new(),
+                sent: None,
+                rest: Some(rest),
+                grpc: Some(grpc),
+            }),
+            metrics: metrics.clone(),
         });
         let limits = HostLimits {
             park_ms,
@@ -544,7 +548,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving");
-        let app = sm4c_api::auth::layer(sm4c_api::router(durable.clone()), security.auth);
+        let app = sm4c_api::auth::layer(
+            sm4c_api::router(durable.clone()).merge(sm4c_api::metrics::route(metrics)),
+            security.auth,
+        );
         let polls = durable.clone();
         let store_failure = Arc::new(std::sync::OnceLock::new());
         let failure = store_failure.clone();
@@ -568,6 +575,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The metrics of `sm4c serve` (`GET /metrics`), fed by the driver of this process.
+fn metrics() -> Arc<sm4c_api::metrics::Metrics> {
+    let metrics = Arc::new(sm4c_api::metrics::Metrics::new());
+    // One server per process: the observer is installed once.
+    sm4c_host::metrics::observe(Box::new(sm4c_api::metrics::Observed(metrics.clone())));
+    metrics
 }
 
 fn serve_kafka(
@@ -601,12 +616,16 @@ fn serve_kafka(
         .thread_stack_size(STACK)
         .build()?;
     rt.block_on(async move {
-        let host = Arc::new(CallRouter {
-            mocks,
-            subflows: HashMap::new(),
-            sent: None,
-            rest: Some(rest),
-            grpc: Some(grpc),
+        let metrics = metrics();
+        let host = Arc::new(sm4c_api::metrics::Metered {
+            inner: Arc::new(CallRouter {
+                mocks,
+                subflows: HashMap::new(),
+                sent: None,
+                rest: Some(rest),
+                grpc: Some(grpc),
+            }),
+            metrics: metrics.clone(),
         });
         let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
         let kafka = match sm4c_kafka::KafkaHost::start(config, docs, host).await {
@@ -624,7 +643,10 @@ fn serve_kafka(
             }
         };
         tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
-        let app = sm4c_api::auth::layer(sm4c_api::router(kafka.clone()), security.auth);
+        let app = sm4c_api::auth::layer(
+            sm4c_api::router(kafka.clone()).merge(sm4c_api::metrics::route(metrics)),
+            security.auth,
+        );
         sm4c_api::tls::serve(listener, security.tls, app, shutdown_signal()).await?;
         kafka.shutdown().await;
         tracing::info!("stopped");

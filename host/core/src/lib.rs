@@ -23,6 +23,7 @@ pub mod events;
 pub mod explain;
 mod functions;
 pub mod graph;
+pub mod metrics;
 pub mod memory;
 pub mod service;
 pub mod tasks;

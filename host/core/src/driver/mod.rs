@@ -151,6 +151,25 @@ pub fn op_of(effect: &Effect) -> Option<&str> {
     }
 }
 
+/// Reports a step of `h` to the metrics observer: a start, the transitions its trace shows, its end.
+fn observe(o: &dyn crate::metrics::Observer, h: &Hosted, started: bool, step: &Step) {
+    let definition = h.inst.machine().id.as_str();
+    if started {
+        o.instance_started(definition);
+    }
+    let fired = step
+        .entries
+        .iter()
+        .filter(|e| matches!(e, Entry::Trace(sm4c_runtime::Trace::TransitionFired { .. })))
+        .count() as u64;
+    if fired > 0 {
+        o.transitions(definition, fired);
+    }
+    if step.finished {
+        o.instance_ended(definition, h.inst.status());
+    }
+}
+
 /// Whether an effect asks for a worker task (a call of a `worker` function).
 pub fn is_task(effect: &Effect) -> bool {
     matches!(effect, Effect::InvokeFunction { function_type, .. } if function_type == "worker")
@@ -351,7 +370,12 @@ impl Driver {
             timed.input
         };
         let at = timed.at;
-        self.run_engine(h, |inst| inst.handle(Timed { at, input }))
+        let starts = matches!(input, Input::Start { .. });
+        let step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
+        if let Some(o) = crate::metrics::observer() {
+            observe(o, h, starts, &step);
+        }
+        step
     }
 
     /// Runs the engine on the instance through `engine` (a seam for tests that need the engine to

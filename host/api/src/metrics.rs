@@ -1,0 +1,248 @@
+//! `GET /metrics`: Prometheus metrics of `sm4c serve`, kept with the `prometheus-client` crate.
+//!
+//! [`Metrics`] holds the registry and its families. It is fed by the driver through the core's
+//! [`Observer`] hook (instances started and ended, transitions) and by [`Metered`], which wraps the
+//! host's [`Functions`] to time every function call. [`route`] answers the registry in the text
+//! format (OpenMetrics 1.0, which Prometheus scrapes). Label values are definition ids, function
+//! names, function types, statuses and error types: never instance ids or data. The names are
+//! documented in `docs/src/metrics.md`.
+
+use axum::http::header::CONTENT_TYPE;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use serde_json::Value;
+use sm4c_host::metrics::Observer;
+use sm4c_host::{BoxFuture, FunctionCall, Functions};
+use sm4c_runtime::{ErrorInfo, ErrorKind, Machine, Status};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The content type of the answer to `GET /metrics`.
+pub const CONTENT_TYPE_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of instance counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DefinitionLabels {
+    definition: String,
+}
+
+/// Labels of ended instances.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndedLabels {
+    definition: String,
+    status: String,
+}
+
+/// Labels of function calls.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    function: String,
+    r#type: String,
+    outcome: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn call_histogram() -> Histogram {
+    // 1 ms to about 65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The registry of `sm4c serve` and its families.
+pub struct Metrics {
+    registry: Registry,
+    started: Family<DefinitionLabels, Counter>,
+    ended: Family<EndedLabels, Counter>,
+    transitions: Family<DefinitionLabels, Counter>,
+    calls: Histograms<CallLabels>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// An empty registry with every family registered.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sm4c");
+        let started = Family::<DefinitionLabels, Counter>::default();
+        let ended = Family::<EndedLabels, Counter>::default();
+        let transitions = Family::<DefinitionLabels, Counter>::default();
+        let calls: Histograms<CallLabels> = Family::new_with_constructor(call_histogram);
+        registry.register("instances_started", "Instances started, by definition", started.clone());
+        registry.register(
+            "instances_ended",
+            "Instances that ended, by definition and final status (completed, failed, cancelled, timedOut)",
+            ended.clone(),
+        );
+        registry.register("transitions", "Transitions fired, by definition", transitions.clone());
+        registry.register_with_unit(
+            "function_call_duration",
+            "Function calls from start to result, by function, function type and outcome (ok or the error type)",
+            Unit::Seconds,
+            calls.clone(),
+        );
+        Metrics {
+            registry,
+            started,
+            ended,
+            transitions,
+            calls,
+        }
+    }
+
+    /// The registry in the text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Records one function call.
+    pub fn function_call(&self, function: &str, function_type: &str, outcome: &str, seconds: f64) {
+        let labels = CallLabels {
+            function: function.to_string(),
+            r#type: function_type.to_string(),
+            outcome: outcome.to_string(),
+        };
+        self.calls.get_or_create(&labels).observe(seconds);
+    }
+}
+
+/// `Arc<Metrics>` as the driver's observer (install it with [`sm4c_host::metrics::observe`]).
+pub struct Observed(pub Arc<Metrics>);
+
+impl Observer for Observed {
+    fn instance_started(&self, definition: &str) {
+        let labels = DefinitionLabels {
+            definition: definition.to_string(),
+        };
+        self.0.started.get_or_create(&labels).inc();
+    }
+
+    fn instance_ended(&self, definition: &str, status: Status) {
+        let labels = EndedLabels {
+            definition: definition.to_string(),
+            status: status.as_str().to_string(),
+        };
+        self.0.ended.get_or_create(&labels).inc();
+    }
+
+    fn transitions(&self, definition: &str, count: u64) {
+        let labels = DefinitionLabels {
+            definition: definition.to_string(),
+        };
+        self.0.transitions.get_or_create(&labels).inc_by(count);
+    }
+}
+
+/// The outcome label of a call's result: `ok`, the error type when it is one of the runtime's, else
+/// `error` (an application's own error type could be anything).
+fn outcome(result: &Result<Value, ErrorInfo>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(e) if !matches!(e.kind, ErrorKind::Other(_)) => e.kind.as_str().to_string(),
+        Err(_) => "error".into(),
+    }
+}
+
+/// The host's functions, each call timed into [`Metrics`].
+pub struct Metered {
+    /// The functions that answer.
+    pub inner: Arc<dyn Functions>,
+    /// Where calls are recorded.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Functions for Metered {
+    fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+        let function = call.function.clone();
+        let function_type = call.function_type.clone();
+        let metrics = self.metrics.clone();
+        let call = self.inner.invoke(call);
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = call.await;
+            let seconds = start.elapsed().as_secs_f64();
+            metrics.function_call(&function, &function_type, &outcome(&result), seconds);
+            result
+        })
+    }
+
+    fn send_event(&self, event: Value) -> BoxFuture<'static, Result<(), ErrorInfo>> {
+        self.inner.send_event(event)
+    }
+
+    fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
+        self.inner.subflow(id)
+    }
+}
+
+/// `GET /metrics`, answering `metrics` (merge it into the API's router, inside the auth layer: it
+/// needs the `read` role when authentication is on).
+pub fn route(metrics: Arc<Metrics>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move { ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], metrics.encode()) }
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_named_and_labelled_as_documented() {
+        let m = Arc::new(Metrics::new());
+        let o = Observed(m.clone());
+        o.instance_started("order");
+        o.transitions("order", 3);
+        o.instance_ended("order", Status::TimedOut);
+        m.function_call("charge", "rest", "ok", 0.003);
+        let text = m.encode();
+        assert!(text.contains("# TYPE sm4c_instances_started counter"), "{text}");
+        assert!(
+            text.contains("sm4c_instances_started_total{definition=\"order\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sm4c_transitions_total{definition=\"order\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sm4c_instances_ended_total{definition=\"order\",status=\"timedOut\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE sm4c_function_call_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "sm4c_function_call_duration_seconds_count{function=\"charge\",type=\"rest\",outcome=\"ok\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn outcome_names_runtime_error_types_only() {
+        assert_eq!(outcome(&Ok(Value::Null)), "ok");
+        let e = ErrorInfo::new(ErrorKind::Timeout, "slow");
+        assert_eq!(outcome(&Err(e)), "timeout");
+        let e = ErrorInfo::new(ErrorKind::Other("customer 42 unknown".into()), "x");
+        assert_eq!(outcome(&Err(e)), "error");
+    }
+}

@@ -1,0 +1,31 @@
+//! What the driver reports for metrics, to an [`Observer`] the application installs.
+//!
+//! The core keeps no registry and no exporter (it depends on the runtime and tokio only): `sm4c
+//! serve` installs an observer that feeds Prometheus families (in `sm4c-api`); an embedding
+//! application may install its own, or none (then nothing is counted). Label values a host passes
+//! are definition ids, function names and statuses, never instance ids or data.
+
+use sm4c_runtime::Status;
+use std::sync::OnceLock;
+
+/// Receives what instances do, as the driver sees it. Every method does nothing by default.
+pub trait Observer: Send + Sync {
+    /// An instance of `definition` took its start input.
+    fn instance_started(&self, _definition: &str) {}
+    /// An instance of `definition` ended with a final `status`.
+    fn instance_ended(&self, _definition: &str, _status: Status) {}
+    /// An instance of `definition` fired `count` transitions in one step.
+    fn transitions(&self, _definition: &str, _count: u64) {}
+}
+
+static OBSERVER: OnceLock<Box<dyn Observer>> = OnceLock::new();
+
+/// Installs the process's observer; `false` (and `observer` dropped) when one is installed already.
+pub fn observe(observer: Box<dyn Observer>) -> bool {
+    OBSERVER.set(observer).is_ok()
+}
+
+/// The installed observer, if any.
+pub fn observer() -> Option<&'static dyn Observer> {
+    OBSERVER.get().map(|o| o.as_ref())
+}
