@@ -22,6 +22,7 @@ use jaq_core::box_iter::box_once;
 use jaq_core::load::parse::{BinaryOp, Def, Pattern, Term};
 use jaq_core::load::{Arena, File, Loader};
 use jaq_core::native::{bome, run, v, Fun};
+use jaq_core::ops::Math;
 use jaq_core::path::{Part, Path};
 use jaq_core::{Ctx, DataT, Exn, Vars};
 use jaq_json::Val;
@@ -36,6 +37,12 @@ pub struct Limits {
     pub fuel: u64,
     /// Stack one evaluation may use for nested definition calls, in bytes.
     pub stack_bytes: usize,
+    /// Longest string an evaluation may build, in bytes.
+    pub max_string: usize,
+    /// Most elements of an array, or entries of an object, an evaluation may build.
+    pub max_items: usize,
+    /// Bytes one evaluation may build in all (see the module documentation for how they count).
+    pub memory: u64,
 }
 
 impl Default for Limits {
@@ -43,6 +50,9 @@ impl Default for Limits {
         Limits {
             fuel: 1_000_000,
             stack_bytes: 512 * 1024,
+            max_string: 10 << 20,
+            max_items: 1 << 20,
+            memory: 64 << 20,
         }
     }
 }
@@ -315,6 +325,9 @@ fn allowed(name: &str, arity: usize) -> bool {
 /// Definitions we add: sandboxed replacements, and `range/3` as a recursion that burns fuel.
 const OUR_DEFS: &str = r#"
 def fromjson: __json_depth | __fromjson;
+def matches(re; flags): __regex_guard(flags) | __matches(re; flags);
+def split_matches(re; flags): __regex_guard(flags) | __split_matches(re; flags);
+def split_(re; flags): __regex_guard(flags) | __split_(re; flags);
 def debug: .;
 def debug(msgs): .;
 def stderr: .;
@@ -337,6 +350,9 @@ impl DataT for Data {
 pub struct Env<'a> {
     lut: &'a jaq_core::Lut<Data>,
     fuel: &'a Cell<u64>,
+    /// Bytes the evaluation may still build, and the limits.
+    memory: &'a Cell<u64>,
+    limits: &'a Limits,
     /// Stack address where the evaluation began, and how far below it definitions may nest.
     base: usize,
     stack_bytes: usize,
@@ -351,6 +367,164 @@ impl<'a> jaq_core::data::HasLut<'a, Data> for Env<'a> {
 /// Halt codes used internally to stop an evaluation; `try` cannot catch a halt.
 const OUT_OF_FUEL: i32 = -7_777;
 const OUT_OF_STACK: i32 = -7_778;
+const STRING_TOO_LONG: i32 = -7_779;
+const TOO_MANY_ITEMS: i32 = -7_780;
+const OUT_OF_MEMORY: i32 = -7_781;
+
+/// What an array element and an object entry count for against [`Limits::memory`].
+const VAL_BYTES: u64 = 16;
+const ENTRY_BYTES: u64 = 48;
+/// What `fromjson` is charged per byte of text (the most a JSON text can grow into as values), and
+/// a global regex function per character of its input (the most its matches can take).
+const JSON_FACTOR: u64 = 8;
+const MATCH_BYTES: u64 = 64;
+
+/// The natives whose output is new and can be large: their output is checked and charged.
+const SIZED: &[&str] = &[
+    "__fromjson",
+    "ascii_downcase",
+    "ascii_upcase",
+    "decode_base64",
+    "decode_uri",
+    "encode_base64",
+    "encode_uri",
+    "escape_html",
+    "escape_sh",
+    "explode",
+    "group_by",
+    "implode",
+    "indices",
+    "keys_unsorted",
+    "reverse",
+    "sort",
+    "sort_by",
+    "strftime",
+    "todateiso8601",
+    "tojson",
+    "unescape_html",
+];
+
+/// What a value counts for against [`Limits::memory`]: its own size, not its elements'.
+fn shallow_size(v: &Val) -> u64 {
+    match v {
+        Val::TStr(s) | Val::BStr(s) => s.len() as u64,
+        Val::Arr(a) => a.len() as u64 * VAL_BYTES,
+        Val::Obj(o) => o.len() as u64 * ENTRY_BYTES,
+        _ => 0,
+    }
+}
+
+/// Checks a value against the size limits (not charging it).
+fn check_size(env: &Env, v: &Val) -> Result<(), i32> {
+    match v {
+        Val::TStr(s) | Val::BStr(s) if s.len() > env.limits.max_string => Err(STRING_TOO_LONG),
+        Val::Arr(a) if a.len() > env.limits.max_items => Err(TOO_MANY_ITEMS),
+        Val::Obj(o) if o.len() > env.limits.max_items => Err(TOO_MANY_ITEMS),
+        _ => Ok(()),
+    }
+}
+
+/// Takes `bytes` from what the evaluation may still build.
+fn charge(env: &Env, bytes: u64) -> Result<(), i32> {
+    match env.memory.get().checked_sub(bytes) {
+        Some(left) => {
+            env.memory.set(left);
+            Ok(())
+        }
+        None => Err(OUT_OF_MEMORY),
+    }
+}
+
+/// Checks a new value and charges it.
+fn check_new(env: &Env, v: &Val) -> Result<(), i32> {
+    check_size(env, v)?;
+    charge(env, shallow_size(v))
+}
+
+fn str_len(v: &Val) -> Option<usize> {
+    match v {
+        Val::TStr(s) | Val::BStr(s) => Some(s.len()),
+        _ => None,
+    }
+}
+
+/// `l + r`, `l * r` and `l / r`, refusing before they allocate what would cross a limit.
+fn checked_math(env: &Env, op: Math, l: Val, r: Val) -> Result<Result<Val, jaq_core::Error<Val>>, i32> {
+    let limits = env.limits;
+    let before = shallow_size(&l);
+    match (op, &l, &r) {
+        (Math::Add, Val::TStr(a) | Val::BStr(a), Val::TStr(b) | Val::BStr(b))
+            if a.len().saturating_add(b.len()) > limits.max_string =>
+        {
+            return Err(STRING_TOO_LONG);
+        }
+        (Math::Add, Val::Arr(a), Val::Arr(b)) if a.len().saturating_add(b.len()) > limits.max_items => {
+            return Err(TOO_MANY_ITEMS);
+        }
+        (Math::Mul, Val::TStr(_) | Val::BStr(_), Val::Num(n))
+        | (Math::Mul, Val::Num(n), Val::TStr(_) | Val::BStr(_)) => {
+            let len = str_len(&l).or_else(|| str_len(&r)).unwrap_or(0);
+            let times = match n {
+                jaq_json::Num::Int(i) => (*i).max(0) as u64,
+                big @ jaq_json::Num::BigInt(_) => {
+                    if Val::Num(big.clone()) < Val::Num(jaq_json::Num::Int(0)) {
+                        0
+                    } else {
+                        u64::MAX
+                    }
+                }
+                _ => 0,
+            };
+            let total = (len as u64).saturating_mul(times);
+            if total > limits.max_string as u64 {
+                return Err(STRING_TOO_LONG);
+            }
+            charge(env, total)?;
+            return Ok(op.run(l, r));
+        }
+        (Math::Div, Val::TStr(a), Val::TStr(b)) | (Math::Div, Val::BStr(a), Val::BStr(b)) => {
+            let pieces = split_count(a, b) as u64;
+            if pieces > limits.max_items as u64 {
+                return Err(TOO_MANY_ITEMS);
+            }
+            charge(env, pieces * VAL_BYTES)?;
+            return Ok(op.run(l, r));
+        }
+        _ => {}
+    }
+    let out = op.run(l, r);
+    if let Ok(v) = &out {
+        check_size(env, v)?;
+        let grown = match op {
+            Math::Add => shallow_size(v).saturating_sub(before),
+            _ => shallow_size(v),
+        };
+        charge(env, grown)?;
+    }
+    Ok(out)
+}
+
+/// How many pieces `s / sep` yields (jaq splits on characters when `sep` is empty), counted
+/// without allocating.
+fn split_count(s: &[u8], sep: &[u8]) -> usize {
+    if s.is_empty() {
+        0
+    } else if sep.is_empty() {
+        // One piece per character: count the bytes that do not continue a UTF-8 sequence.
+        s.iter().filter(|b| (**b & 0xC0) != 0x80).count()
+    } else {
+        let (mut n, mut i) = (1, 0);
+        while i + sep.len() <= s.len() {
+            if &s[i..i + sep.len()] == sep {
+                n += 1;
+                i += sep.len();
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+}
 
 /// An address in the current stack frame.
 #[inline(always)]
@@ -430,8 +604,13 @@ fn natives() -> Vec<Fun<Data>> {
         let path = cv.0.pop_var();
         bome(crate::fast::set_path(cv.1, &path, x).map_err(jaq_core::Error::str))
     }));
-    // Deeply nested JSON would exhaust the stack while it is parsed and later converted.
+    // Deeply nested JSON would exhaust the stack while it is parsed and later converted; a long
+    // text is charged for the most it can turn into before it is parsed.
     let depth: Fun<Data> = run(("__json_depth", v(0), |cv| {
+        let len = str_len(&cv.1).unwrap_or(0) as u64;
+        if let Err(code) = charge(cv.0.data(), len.saturating_mul(JSON_FACTOR)) {
+            return box_once(Err(Exn::halt(code)));
+        }
         let deep = crate::json::as_str(&cv.1).is_some_and(|s| json_nesting(&s) > MAX_JSON_DEPTH);
         if deep {
             bome(Err(jaq_core::Error::str(format!(
@@ -441,9 +620,58 @@ fn natives() -> Vec<Fun<Data>> {
             bome(Ok(cv.1))
         }
     }));
+    fn math(mut cv: jaq_core::Cv<Data>, op: Math) -> jaq_core::ValXs<Val> {
+        let r = cv.0.pop_var();
+        match checked_math(cv.0.data(), op, cv.1, r) {
+            Ok(out) => bome(out),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        }
+    }
+    let add: Fun<Data> = run(("__add", v(1), |cv| math(cv, Math::Add)));
+    let mul: Fun<Data> = run(("__mul", v(1), |cv| math(cv, Math::Mul)));
+    let div: Fun<Data> = run(("__div", v(1), |cv| math(cv, Math::Div)));
+    // `[f]` collects `f | __item`: every element counts before the array holds it.
+    let item: Fun<Data> = run(("__item", v(0), |cv| match charge(cv.0.data(), VAL_BYTES) {
+        Ok(()) => bome(Ok(cv.1)),
+        Err(code) => box_once(Err(Exn::halt(code))),
+    }));
+    // `__check` passes a new value through (also as a path and under updates, like `__tick`),
+    // checking its size and charging it.
+    let check: Fun<Data> = (
+        "__check",
+        v(0),
+        jaq_core::Native::new(|cv| match check_new(cv.0.data(), &cv.1) {
+            Ok(()) => bome(Ok(cv.1)),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        })
+        .with_paths(|cv| match check_new(cv.0.data(), &cv.1 .0) {
+            Ok(()) => box_once(Ok(cv.1)),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        })
+        .with_update(|cv, f| match check_new(cv.0.data(), &cv.1) {
+            Ok(()) => f(cv.1),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        }),
+    );
+    // `__sized` checks the size of a value without charging it (assignments to computed paths).
+    let sized: Fun<Data> = run(("__sized", v(0), |cv| match check_size(cv.0.data(), &cv.1) {
+        Ok(()) => bome(Ok(cv.1)),
+        Err(code) => box_once(Err(Exn::halt(code))),
+    }));
+    // A global regex function can turn every character of its input into a match: it is charged
+    // for that before it runs.
+    let regex: Fun<Data> = run(("__regex_guard", v(1), |mut cv| {
+        let flags = cv.0.pop_var();
+        let global = crate::json::as_str(&flags).is_some_and(|f| f.contains('g'));
+        let len = str_len(&cv.1).unwrap_or(0) as u64;
+        match charge(cv.0.data(), if global { (len + 1) * MATCH_BYTES } else { 0 }) {
+            Ok(()) => bome(Ok(cv.1)),
+            Err(code) => box_once(Err(Exn::halt(code))),
+        }
+    }));
     admitted_natives(jaq_natives())
         .chain([depth])
-        .chain([tick, getp, setp])
+        .chain([tick, getp, setp, add, mul, div, item, check, sized, regex])
         .collect()
 }
 
@@ -451,16 +679,27 @@ fn natives() -> Vec<Fun<Data>> {
 fn jaq_natives() -> impl Iterator<Item = Fun<Data>> {
     jaq_core::funs::<Data>()
         .chain(jaq_std::funs::<Data>())
-        .chain(jaq_json::funs::<Data>().map(|(name, args, f)| match name {
-            "fromjson" => ("__fromjson", args, f),
-            _ => (name, args, f),
-        }))
+        .chain(jaq_json::funs::<Data>())
+        .map(|(name, args, f)| match RENAMED.iter().find(|(n, _)| *n == name) {
+            Some((_, ours)) => (*ours, args, f),
+            None => (name, args, f),
+        })
 }
+
+/// jaq natives our definitions wrap, under the names the wrappers call.
+const RENAMED: &[(&str, &str)] = &[
+    ("fromjson", "__fromjson"),
+    ("matches", "__matches"),
+    ("split_matches", "__split_matches"),
+    ("split_", "__split_"),
+];
 
 /// The natives the sandbox takes from `natives`: those on [`ALLOWED`] that [`OUR_DEFS`] does not
 /// replace, and `__fromjson`.
 fn admitted_natives(natives: impl Iterator<Item = Fun<Data>>) -> impl Iterator<Item = Fun<Data>> {
-    natives.filter(|(name, args, _)| *name == "__fromjson" || (allowed(name, args.len()) && !ours(name, args.len())))
+    natives.filter(|(name, args, _)| {
+        RENAMED.iter().any(|(_, ours)| ours == name) || (allowed(name, args.len()) && !ours(name, args.len()))
+    })
 }
 
 /// Our definitions, parsed once.
@@ -537,17 +776,29 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
     let b = |t: Box<Term<&'a str>>| Box::new(fuel_term(*t));
     match t {
         Term::Def(defs, body) => Term::Def(defs.into_iter().map(fuel_def).collect(), b(body)),
-        Term::Str(fmt, parts) => Term::Str(
-            fmt,
-            parts
-                .into_iter()
-                .map(|p| match p {
-                    jaq_core::load::lex::StrPart::Term(t) => jaq_core::load::lex::StrPart::Term(fuel_term(t)),
-                    other => other,
-                })
-                .collect(),
-        ),
-        Term::Arr(a) => Term::Arr(a.map(b)),
+        Term::Str(fmt, parts) => {
+            let interpolated = parts.iter().any(|p| matches!(p, jaq_core::load::lex::StrPart::Term(_)));
+            let s = Term::Str(
+                fmt,
+                parts
+                    .into_iter()
+                    .map(|p| match p {
+                        jaq_core::load::lex::StrPart::Term(t) => jaq_core::load::lex::StrPart::Term(fuel_term(t)),
+                        other => other,
+                    })
+                    .collect(),
+            );
+            if interpolated {
+                checked(s)
+            } else {
+                s
+            }
+        }
+        Term::Arr(Some(f)) => checked(Term::Arr(Some(Box::new(Term::BinOp(
+            b(f),
+            BinaryOp::Pipe(None),
+            Box::new(Term::Call("__item", Vec::new())),
+        ))))),
         Term::Obj(kvs) => Term::Obj(kvs.into_iter().map(|(k, v)| (fuel_term(k), v.map(fuel_term))).collect()),
         Term::Neg(x) => Term::Neg(b(x)),
         Term::BinOp(l, op, r) => match (crate::fast::simple_path(&l), op) {
@@ -555,6 +806,23 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 Some(path),
                 op @ (BinaryOp::Assign | BinaryOp::Update | BinaryOp::UpdateMath(_) | BinaryOp::UpdateAlt),
             ) => assignment(path, op, fuel_term(*r)),
+            (_, BinaryOp::Math(m)) => math_term(fuel_term(*l), m, fuel_term(*r)),
+            // `l op= r` is jq's `r as $v | l |= . op $v`, so that the operation is checked.
+            (_, BinaryOp::UpdateMath(m)) => Term::BinOp(
+                b(r),
+                BinaryOp::Pipe(Some(Pattern::Var("$__u"))),
+                Box::new(Term::BinOp(
+                    b(l),
+                    BinaryOp::Update,
+                    Box::new(math_term(Term::Id, m, Term::Var("$__u"))),
+                )),
+            ),
+            // What an assignment to a computed path builds is new entries: their number is checked.
+            (_, op @ (BinaryOp::Assign | BinaryOp::Update | BinaryOp::UpdateAlt)) => Term::BinOp(
+                Box::new(Term::BinOp(b(l), op, b(r))),
+                BinaryOp::Pipe(None),
+                Box::new(Term::Call("__sized", Vec::new())),
+            ),
             (_, op) => Term::BinOp(b(l), fuel_op(op), b(r)),
         },
         Term::Label(l, x) => Term::Label(l, b(x)),
@@ -569,7 +837,14 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 .collect(),
             els.map(b),
         ),
-        Term::Call(f, args) => Term::Call(f, args.into_iter().map(fuel_term).collect()),
+        Term::Call(f, args) => {
+            let call = Term::Call(f, args.into_iter().map(fuel_term).collect());
+            if SIZED.contains(&f) {
+                checked(call)
+            } else {
+                call
+            }
+        }
         Term::Path(x, Path(parts)) => Term::Path(
             b(x),
             Path(
@@ -589,6 +864,64 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
     }
 }
 
+/// `t | __check`: the size of what `t` built is checked and charged.
+fn checked(t: Term<&str>) -> Term<&str> {
+    Term::BinOp(
+        Box::new(t),
+        BinaryOp::Pipe(None),
+        Box::new(Term::Call("__check", Vec::new())),
+    )
+}
+
+/// `l op r`, through our checked natives for the operations that can make values bigger. The
+/// native takes `l`'s output as its input, so that a value built up in `reduce` (`. + $x`) stays
+/// unshared and grows in place as with jaq's own operator; outputs come in jaq's order (each of
+/// `l`, then each of `r`). `r` runs on the original input: when it may read it, that input is
+/// bound first (`. as $__in | l | __add($__in | r)`).
+fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
+    let name = match m {
+        Math::Add => "__add",
+        Math::Mul => "__mul",
+        Math::Div => "__div",
+        Math::Sub | Math::Rem => return Term::BinOp(Box::new(l), BinaryOp::Math(m), Box::new(r)),
+    };
+    let pipe = |a: Term<&'a str>, pat, b: Term<&'a str>| Term::BinOp(Box::new(a), BinaryOp::Pipe(pat), Box::new(b));
+    if closed(&r) {
+        pipe(l, None, Term::Call(name, vec![r]))
+    } else {
+        let r = pipe(Term::Var("$__in"), None, r);
+        pipe(
+            Term::Id,
+            Some(Pattern::Var("$__in")),
+            pipe(l, None, Term::Call(name, vec![r])),
+        )
+    }
+}
+
+/// True when a term does not read its input (variables, literals, and what is built of them).
+fn closed(t: &Term<&str>) -> bool {
+    match t {
+        Term::Var(_) | Term::Num(_) => true,
+        Term::Str(_, parts) => parts.iter().all(|p| match p {
+            jaq_core::load::lex::StrPart::Term(t) => closed(t),
+            _ => true,
+        }),
+        Term::Call(name, args) => args.is_empty() && matches!(*name, "true" | "false" | "null"),
+        Term::Arr(None) => true,
+        Term::Arr(Some(x)) | Term::Neg(x) => closed(x),
+        Term::Obj(kvs) => kvs.iter().all(|(k, v)| closed(k) && v.as_ref().is_some_and(closed)),
+        Term::Path(base, Path(parts)) => {
+            closed(base)
+                && parts.iter().all(|(part, _)| match part {
+                    Part::Index(i) => closed(i),
+                    Part::Range(f, t) => f.as_ref().is_none_or(closed) && t.as_ref().is_none_or(closed),
+                })
+        }
+        Term::BinOp(l, BinaryOp::Math(_) | BinaryOp::Comma | BinaryOp::Alt, r) => closed(l) && closed(r),
+        _ => false,
+    }
+}
+
 /// `.a.b = r` and friends with jq's semantics (a missing or null parent becomes an object), which
 /// jaq's own updates do not have: `r as $__v | __setp(["a","b"]; $__v)`, and so on.
 fn assignment<'a>(path: Term<&'a str>, op: BinaryOp<&'a str>, r: Term<&'a str>) -> Term<&'a str> {
@@ -601,7 +934,7 @@ fn assignment<'a>(path: Term<&'a str>, op: BinaryOp<&'a str>, r: Term<&'a str>) 
     let bind = |body: Term<&'a str>| pipe(r.clone(), Some(Pattern::Var("$__v")), body);
     match op {
         BinaryOp::Update => set(pipe(get(), None, r.clone())),
-        BinaryOp::UpdateMath(m) => bind(set(Term::BinOp(Box::new(get()), BinaryOp::Math(m), Box::new(var())))),
+        BinaryOp::UpdateMath(m) => bind(set(math_term(get(), m, var()))),
         BinaryOp::UpdateAlt => bind(set(Term::BinOp(Box::new(get()), BinaryOp::Alt, Box::new(var())))),
         _ => bind(set(var())),
     }
@@ -672,7 +1005,8 @@ pub struct EvalError {
     pub message: String,
     /// The value given to jq's `error(...)`, when the expression raised one itself.
     pub value: Option<Value>,
-    /// True when the fuel ran out.
+    /// True when a limit stopped the evaluation (fuel, stack, or the size of what it builds): an
+    /// error `try` could not catch.
     pub out_of_fuel: bool,
     /// The expression as written.
     pub expression: String,
@@ -771,9 +1105,12 @@ impl Expr {
     /// Runs the expression and returns every output, up to `max` of them.
     fn outputs(&self, input: Val, value: Val, max: usize) -> Result<Vec<Val>, EvalError> {
         let fuel = Cell::new(self.0.limits.fuel);
+        let memory = Cell::new(self.0.limits.memory);
         let env = Env {
             lut: &self.0.filter.lut,
             fuel: &fuel,
+            memory: &memory,
+            limits: &self.0.limits,
             base: stack_address(),
             stack_bytes: self.0.limits.stack_bytes,
         };
@@ -813,17 +1150,29 @@ impl Expr {
                 }
             }
             Err(exn) => {
-                let message = if exn.get_halt().ok() == Some(OUT_OF_STACK) {
-                    format!(
-                        "expression recursed too deeply (more than {} KiB of stack) (in {})",
-                        self.0.limits.stack_bytes / 1024,
-                        self.0.source
-                    )
-                } else {
-                    format!(
-                        "expression stopped after {} definition calls without finishing (in {}); see the expression limits in the README",
-                        self.0.limits.fuel, self.0.source
-                    )
+                let limits = &self.0.limits;
+                let source = &self.0.source;
+                let message = match exn.get_halt().ok() {
+                    Some(OUT_OF_STACK) => format!(
+                        "expression recursed too deeply (more than {} KiB of stack) (in {source})",
+                        limits.stack_bytes / 1024,
+                    ),
+                    Some(STRING_TOO_LONG) => format!(
+                        "expression stopped: it would build a string longer than {} bytes (in {source}); see the expression limits in the README",
+                        limits.max_string
+                    ),
+                    Some(TOO_MANY_ITEMS) => format!(
+                        "expression stopped: it would build an array or object of more than {} entries (in {source}); see the expression limits in the README",
+                        limits.max_items
+                    ),
+                    Some(OUT_OF_MEMORY) => format!(
+                        "expression stopped: it would build more than {} bytes in one evaluation (in {source}); see the expression limits in the README",
+                        limits.memory
+                    ),
+                    _ => format!(
+                        "expression stopped after {} definition calls without finishing (in {source}); see the expression limits in the README",
+                        limits.fuel
+                    ),
                 };
                 EvalError {
                     message,
@@ -1224,8 +1573,9 @@ mod tests {
         assert_eq!(callable, ALLOWED, "every allowed function is built, and nothing else");
         assert_eq!(
             text(&internal),
-            "__fromjson/0 __getp/1 __json_depth/0 __setp/2 __tick/0",
-            "our own helpers (assignments, fuel, fromjson's depth check)"
+            "__add/1 __check/0 __div/1 __fromjson/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
+             __regex_guard/1 __setp/2 __sized/0 __split_/2 __split_matches/2 __tick/0",
+            "our own helpers (assignments, fuel, fromjson's depth check, checked sizes)"
         );
         assert!(
             ALLOWED.windows(2).all(|w| w[0] < w[1]),
@@ -1346,6 +1696,152 @@ mod tests {
             let err = e.eval_json(&json!(0)).unwrap_err();
             assert!(err.out_of_fuel, "{code}: {err:?}");
         }
+    }
+
+    /// Builds too big for the limits stop the evaluation, before they allocate where they can,
+    /// and `try` cannot catch it.
+    #[test]
+    fn what_an_expression_builds_is_bounded() {
+        let wide = json!((0..200).collect::<Vec<_>>());
+        for (code, input, why) in [
+            ("\"x\" * 10000000000", json!(null), "string longer than 10485760 bytes"),
+            ("\"x\" * 100000000", json!(null), "string longer than"),
+            ("100000000 * \"xy\"", json!(null), "string longer than"),
+            ("\"x\" * (10000000000 * 10000000000)", json!(null), "string longer than"),
+            ("try (\"x\" * 100000000) catch 0", json!(null), "string longer than"),
+            (
+                "reduce range(40) as $i (\"x\"; . + .)",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "reduce range(40) as $i ([1]; . + .)",
+                json!(null),
+                "more than 1048576 entries",
+            ),
+            (
+                "reduce range(40) as $i (\"x\"; \"\\(.)\\(.)\")",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "reduce range(40) as $i ({a: \"x\"}; .[\"a\"] += .a)",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "\"a\" as $k | reduce range(40) as $i ({a: \"x\"}; .[$k] += .[$k])",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "[range(100)] | map(\"x\" * 1000000) | length",
+                json!(null),
+                "more than 67108864 bytes",
+            ),
+            (
+                "[range(30)] | map(\"x\" * 1000000) | tojson",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "reduce range(22) as $i ([1]; [., .]) | tostring",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "reduce range(22) as $i ([1]; [., .]) | tojson",
+                json!(null),
+                "string longer than",
+            ),
+            (
+                "\"[\" + (\"0,\" * 4000000) + \"0]\" | fromjson",
+                json!(null),
+                "more than 67108864 bytes",
+            ),
+            (
+                "\"x\" * 2000000 | gsub(\"x\"; \"y\")",
+                json!(null),
+                "more than 67108864 bytes",
+            ),
+            (
+                "\"x\" * 2000000 | [match(\"x\"; \"g\")] | length",
+                json!(null),
+                "more than 67108864 bytes",
+            ),
+            ("\"x\" * 5000000 | explode", json!(null), "more than 1048576 entries"),
+            ("\"x\" * 5000000 | . / \"\"", json!(null), "more than 1048576 entries"),
+            (
+                "[.[] as $a | .[] as $b | .[] as $c | 1] | length",
+                wide,
+                "more than 67108864 bytes",
+            ),
+        ] {
+            let e = Expr::compile(
+                code,
+                &[],
+                Limits {
+                    fuel: 100_000_000,
+                    ..Limits::default()
+                },
+            )
+            .unwrap();
+            let err = e.eval_json(&input).unwrap_err();
+            assert!(err.message.contains(why), "{code}: {err:?}");
+            assert!(err.message.contains(code), "{code}: {err:?}");
+            assert!(err.out_of_fuel, "{code}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn assignments_to_computed_paths_are_bounded() {
+        let limits = Limits {
+            max_items: 1000,
+            ..Limits::default()
+        };
+        let e = Expr::compile("reduce range(2000) as $i ({}; .[\"k\\($i)\"] = 1)", &[], limits).unwrap();
+        let err = e.eval_json(&json!(null)).unwrap_err();
+        assert!(
+            err.message.contains("more than 1000 entries") && err.out_of_fuel,
+            "{err:?}"
+        );
+        let e = Expr::compile(
+            "reduce range(1000) as $i ({}; .[\"k\\($i)\"] = 1) | length",
+            &[],
+            limits,
+        )
+        .unwrap();
+        assert_eq!(e.eval_json(&json!(null)).unwrap(), json!(1000));
+    }
+
+    #[test]
+    fn size_checks_leave_ordinary_work_alone() {
+        give(json!(null), "\"ab\" * 3", json!("ababab"));
+        give(json!(null), "\"ab\" * 0", json!(null));
+        give(json!(null), "\"a,b\" / \",\"", json!(["a", "b"]));
+        give(json!(null), "\"héllo\" / \"\" | length", json!(5));
+        give(json!(null), "{a: {b: 1}} * {a: {c: 2}}", json!({"a": {"b": 1, "c": 2}}));
+        // Outputs come in jaq's order (`-` is still jaq's own operator).
+        give(json!(null), "[(1, 2) + (10, 20)] == [(1, 2) - (-10, -20)]", json!(true));
+        give(json!(null), "[(\"a\", \"b\") * (1, 2)]", json!(["a", "aa", "b", "bb"]));
+        give(json!([1, 2]), ".[] += 1", json!([2, 3]));
+        give(json!({"a": "x"}), "\"a\" as $k | .[$k] += \"y\"", json!({"a": "xy"}));
+        give(json!({"a": [1]}), ".a += [2] | .a |= . + [3]", json!({"a": [1, 2, 3]}));
+        give(json!(null), "\"a-b-c\" | gsub(\"-\"; \"+\")", json!("a+b+c"));
+        give(json!(null), "\"abc\" | test(\"b\")", json!(true));
+        give(json!(null), "\"[1, [2]]\" | fromjson", json!([1, [2]]));
+        give(json!(null), "[1, {a: 2}] | tojson", json!("[1,{\"a\":2}]"));
+        // Growth is what counts for `+`: joining 100,000 strings builds each once, not each prefix.
+        give(
+            json!(null),
+            "[range(100000) | \"abcdefghij\"] | join(\",\") | length",
+            json!(1_099_999),
+        );
+        give(
+            json!(null),
+            "reduce range(100000) as $i (\"\"; . + \"abcdefghij\") | length",
+            json!(1_000_000),
+        );
     }
 
     #[test]

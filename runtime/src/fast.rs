@@ -3,8 +3,9 @@
 //!
 //! It reuses jaq's own operations (`ops::Cmp`, `ops::Math`, `Val` ordering), and it only takes the
 //! happy path: anything unusual (an index into a non-object, an arithmetic error) returns `None` and
-//! the expression runs through jaq, so results and error messages stay exactly jaq's. A property
-//! test checks the two agree.
+//! the expression runs through jaq, so results and error messages stay exactly jaq's. Arithmetic is
+//! on numbers only: what `+`, `*` and `/` build from strings, arrays and objects is checked against
+//! the expression limits in jaq. A property test checks the two agree.
 
 use jaq_core::load::lex::StrPart;
 use jaq_core::load::parse::{BinaryOp, Term};
@@ -226,6 +227,15 @@ fn set(v: Val, ks: &[Val], x: Val) -> Option<Val> {
     }
 }
 
+/// Arithmetic on two numbers. Strings, arrays and objects go to jaq, where what `+`, `*` and `/`
+/// build is checked against the expression limits.
+fn numbers(m: Math, l: Val, r: Val) -> Option<Val> {
+    match (&l, &r) {
+        (Val::Num(_), Val::Num(_)) => m.run(l, r).ok(),
+        _ => None,
+    }
+}
+
 impl Fast {
     /// Evaluates; `None` means "ask jaq" (an edge case or an error).
     pub fn eval(&self, input: &Val, value: &Val) -> Option<Val> {
@@ -246,7 +256,7 @@ impl Fast {
             }
             Fast::Math(l, m, r) => {
                 let (l, r) = (l.eval(input, value)?, r.eval(input, value)?);
-                m.run(l, r).ok()
+                numbers(*m, l, r)
             }
             Fast::And(l, r) => {
                 if !truthy(&l.eval(input, value)?) {
@@ -274,7 +284,7 @@ impl Fast {
                 for k in ks {
                     cur = get(&cur, k)?;
                 }
-                let new = m.run(cur, x).ok()?;
+                let new = numbers(*m, cur, x)?;
                 set(input.clone(), ks, new)
             }
         }

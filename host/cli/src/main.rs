@@ -80,6 +80,8 @@ struct ServeArgs {
     /// How long an event that reached no instance is kept for one that starts waiting (e.g. 5m).
     #[arg(long, default_value = "5m")]
     event_window: String,
+    #[command(flatten)]
+    expression: ExpressionArgs,
     /// Listen on an address other than loopback without authentication (no token and no client
     /// certificate configured): anyone who reaches the port may do anything.
     #[arg(long)]
@@ -150,11 +152,39 @@ struct RunArgs {
     /// Transitions one input may cause before the instance fails as looping.
     #[arg(long, default_value_t = Options::default().max_transitions)]
     max_transitions: u64,
+    #[command(flatten)]
+    expression: ExpressionArgs,
+    #[command(flatten)]
+    calls: CallArgs,
+}
+
+/// The limits of every jq evaluation.
+#[derive(clap::Args, Clone, Copy)]
+struct ExpressionArgs {
     /// Definition calls one jq evaluation may make (its fuel).
     #[arg(long, default_value_t = Limits::default().fuel)]
     expression_fuel: u64,
-    #[command(flatten)]
-    calls: CallArgs,
+    /// Longest string one jq evaluation may build, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_string)]
+    expression_max_string: usize,
+    /// Most elements of an array, or entries of an object, one jq evaluation may build.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_items)]
+    expression_max_items: usize,
+    /// Bytes one jq evaluation may build in all.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().memory)]
+    expression_memory: u64,
+}
+
+impl ExpressionArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            fuel: self.expression_fuel,
+            max_string: self.expression_max_string,
+            max_items: self.expression_max_items,
+            memory: self.expression_memory,
+            ..Limits::default()
+        }
+    }
 }
 
 /// Where functions without a mock go (they are called for real): REST servers and credentials,
@@ -293,10 +323,7 @@ fn validate(paths: &[PathBuf], subflows: Option<&Path>) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let limits = Limits {
-        fuel: args.expression_fuel,
-        ..Limits::default()
-    };
+    let limits = args.expression.limits();
     let mut errs = Vec::new();
     let machine = files::load_definition(&args.file, limits)
         .map_err(|e| errs.extend(e))
@@ -468,7 +495,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Err(e) => return Ok(report(&[e])),
         };
         for p in paths {
-            match files::load_definition(&p, Limits::default()) {
+            match files::load_definition(&p, args.expression.limits()) {
                 Ok(m) => {
                     errs.extend(grpc::check_definition(&p, &m));
                     docs.push((p, m.source.clone()))
@@ -478,7 +505,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mocks = match &args.mock {
-        Some(p) => files::load_mocks(p, Limits::default())
+        Some(p) => files::load_mocks(p, args.expression.limits())
             .map_err(|e| errs.extend(e))
             .unwrap_or_default(),
         None => HashMap::new(),
@@ -525,6 +552,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         });
         let limits = HostLimits {
             park_ms,
+            expression: args.expression.limits(),
             ..HostLimits::default()
         };
         let durable = match DurableHost::start(store, host, limits) {
@@ -601,6 +629,7 @@ fn serve_kafka(
     config.exactly_once = args.kafka.delivery == "exactly-once";
     config.partitions = args.kafka.partitions;
     config.event_window_ms = park_ms as i64;
+    config.expression = args.expression.limits();
     for kv in &args.kafka.kafka_config {
         let Some((k, v)) = kv.split_once('=') else {
             eprintln!("sm4c: --kafka-config {kv:?}: expected KEY=VALUE");

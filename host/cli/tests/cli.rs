@@ -478,6 +478,115 @@ fn runaway_expression_is_stopped() {
     assert!(err.contains("Spin") && err.contains("stopped"), "stderr:\n{err}");
 }
 
+/// Runs a one-state definition injecting `expression` (with `flags`), expecting the run to end with
+/// exit 1 and an `expressionError` that quotes the expression and contains `why`, never a signal.
+fn assert_expression_stopped(expression: &str, flags: &[&str], why: &str) {
+    let d = tmp();
+    let def = one_state(json!({"name": "Build", "enterAction": {"type": "injectData", "expression": expression}}));
+    let f = write(d.path(), "def.json", &def);
+    let mut args = vec!["run", f.as_str()];
+    args.extend_from_slice(flags);
+    let (code, out, err) = sm4c(&args);
+    assert_eq!(code, 1, "{expression}: exit {code} (-1 is a signal); stderr:\n{err}");
+    let v = parse(&out);
+    assert_eq!(v["type"], "expressionError", "{expression}: {v}");
+    assert_eq!(v["state"], "Build", "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(message.contains(why), "{expression}: {v}");
+    assert!(message.contains(expression), "the message quotes the expression: {v}");
+    assert!(err.contains("Build") && err.contains(why), "stderr:\n{err}");
+}
+
+#[test]
+fn repeating_a_string_ten_billion_times_is_refused_not_an_abort() {
+    assert_expression_stopped(
+        "${ (\"x\" * 10000000000) | length }",
+        &[],
+        "string longer than 10485760 bytes",
+    );
+}
+
+#[test]
+fn repeating_a_string_into_100_mb_is_refused() {
+    assert_expression_stopped("${ (\"x\" * 100000000) | length }", &[], "string longer than");
+}
+
+#[test]
+fn expression_limits_are_flags_of_run() {
+    // 2,000 bytes are fine by default and too long with a 1,000-byte limit.
+    assert_expression_stopped(
+        "${ \"x\" * 2000 }",
+        &["--expression-max-string", "1000"],
+        "string longer than 1000 bytes",
+    );
+    assert_expression_stopped(
+        "${ [range(10)] }",
+        &["--expression-max-items", "5"],
+        "more than 5 entries",
+    );
+    assert_expression_stopped(
+        "${ [range(10) | \"x\" * 100] }",
+        &["--expression-memory", "500"],
+        "more than 500 bytes",
+    );
+}
+
+#[test]
+fn range_collected_into_a_huge_array_is_stopped() {
+    assert_expression_stopped(
+        "${ [range(1100000)] | length }",
+        &["--expression-fuel", "100000000"],
+        "more than 1048576 entries",
+    );
+}
+
+#[test]
+fn tostring_and_tojson_of_a_wide_value_are_stopped() {
+    // Each step doubles the value by sharing it, so 22 steps are cheap, but its text is 25 MB.
+    assert_expression_stopped(
+        "${ reduce range(22) as $i ([1]; [., .]) | tostring | length }",
+        &[],
+        "string longer than",
+    );
+    assert_expression_stopped(
+        "${ reduce range(22) as $i ([1]; [., .]) | tojson | length }",
+        &[],
+        "string longer than",
+    );
+    assert_expression_stopped(
+        "${ [range(30) | \"x\" * 1000000] | tojson | length }",
+        &[],
+        "string longer than",
+    );
+}
+
+#[test]
+fn string_concatenation_in_reduce_is_stopped() {
+    assert_expression_stopped(
+        "${ reduce range(40) as $i (\"x\"; . + .) | length }",
+        &[],
+        "string longer than",
+    );
+}
+
+#[test]
+fn fromjson_of_a_huge_text_is_stopped() {
+    assert_expression_stopped(
+        "${ \"[\" + (\"0,\" * 4000000) + \"0]\" | fromjson | length }",
+        &[],
+        "more than 67108864 bytes",
+    );
+}
+
+#[test]
+fn regex_functions_on_long_input_are_stopped() {
+    assert_expression_stopped(
+        "${ \"x\" * 2000000 | gsub(\"x\"; \"y\") | length }",
+        &[],
+        "more than 67108864 bytes",
+    );
+}
+
 #[test]
 fn waiting_for_events_that_never_come_fails() {
     let d = tmp();

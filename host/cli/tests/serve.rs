@@ -1129,6 +1129,71 @@ fn bodies_over_one_mebibyte_are_refused() {
     assert_eq!(code, 201, "{resp}");
 }
 
+/// Expressions that would build too much (a signal ended the whole server for the first one) fail
+/// their instance with an `expressionError` quoting them; the server goes on serving the others.
+#[test]
+fn expressions_that_build_too_much_fail_their_instance_only() {
+    let cases = [
+        (
+            "${ (\"x\" * 10000000000) | length }",
+            "string longer than 10485760 bytes",
+        ),
+        ("${ (\"x\" * 100000000) | length }", "string longer than"),
+        ("${ [range(1100000)] | length }", "more than 1048576 entries"),
+        (
+            "${ reduce range(22) as $i ([1]; [., .]) | tostring | length }",
+            "string longer than",
+        ),
+        (
+            "${ reduce range(22) as $i ([1]; [., .]) | tojson | length }",
+            "string longer than",
+        ),
+        (
+            "${ reduce range(40) as $i (\"x\"; . + .) | length }",
+            "string longer than",
+        ),
+        (
+            "${ \"[\" + (\"0,\" * 4000000) + \"0]\" | fromjson | length }",
+            "more than 67108864 bytes",
+        ),
+        (
+            "${ \"x\" * 2000000 | gsub(\"x\"; \"y\") | length }",
+            "more than 67108864 bytes",
+        ),
+    ];
+    // The fuel is raised so that the array of `range` is stopped by its size, not by its steps.
+    let s = serve(&["--expression-fuel", "100000000"]);
+    s.define(&hello());
+    for (i, (expression, _)) in cases.iter().enumerate() {
+        s.define(&json!({
+            "id": format!("build{i}"), "name": "Build", "version": "1",
+            "states": [{"name": "Build", "start": true,
+                "enterAction": {"type": "injectData", "expression": expression},
+                "enterResultHandler": "${ .n = $value }"}]
+        }));
+    }
+    s.start("hello", "before", json!({"name": "Ada"}));
+    for i in 0..cases.len() {
+        s.start(&format!("build{i}"), &format!("b{i}"), json!({}));
+    }
+    s.start("hello", "after", json!({"name": "Bob"}));
+    for (i, (expression, why)) in cases.iter().enumerate() {
+        let v = s.wait_status(&format!("b{i}"), "failed");
+        assert_eq!(v["error"]["type"], "expressionError", "{expression}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(why) && message.contains(expression),
+            "{expression}: {v}"
+        );
+    }
+    for (id, name) in [("before", "Ada"), ("after", "Bob")] {
+        let v = s.wait_status(id, "completed");
+        assert_eq!(v["data"]["greeting"], json!(format!("Hello {name}")), "{v}");
+    }
+    let (code, _) = s.get("/healthz");
+    assert_eq!(code, 200, "the server still answers:\n{}", s.stderr());
+}
+
 #[test]
 fn concurrent_starts_with_distinct_ids() {
     let s = serve(&[]);

@@ -29,6 +29,8 @@ pub struct Limits {
     pub max_journal: i64,
     /// Inputs handled per batch (one commit).
     pub batch: usize,
+    /// Limits of every jq evaluation (fuel, sizes) of the definitions the host loads.
+    pub expression: sm4c_runtime::Limits,
 }
 
 impl Default for Limits {
@@ -37,6 +39,7 @@ impl Default for Limits {
             park_ms: 5 * 60 * 1000,
             max_journal: 100_000,
             batch: 512,
+            expression: sm4c_runtime::Limits::default(),
         }
     }
 }
@@ -97,7 +100,10 @@ impl DurableHost {
     pub fn start(store: Arc<dyn Store>, host: Arc<dyn Functions>, limits: Limits) -> Result<DurableHost, HostError> {
         let mut registry = Registry::default();
         for doc in store.definitions()? {
-            match load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()) {
+            let options = LoadOptions {
+                limits: limits.expression,
+            };
+            match load(&doc, &mut sm4c_runtime::no_files, options) {
                 Ok(m) => registry.insert(Arc::new(m)),
                 Err(errs) => return Err(HostError::Invalid(errs)),
             }
@@ -990,7 +996,10 @@ impl Loop {
     }
 
     fn define(&mut self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
-        let m = load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).map_err(HostError::Invalid)?;
+        let options = LoadOptions {
+            limits: self.limits.expression,
+        };
+        let m = load(&doc, &mut sm4c_runtime::no_files, options).map_err(HostError::Invalid)?;
         let created = self.store.put_definition(&m.id, &m.version, &doc)?;
         let m = Arc::new(m);
         if created || self.machine(&m.id, &m.version).is_none() {

@@ -108,6 +108,8 @@ pub struct KafkaConfig {
     pub event_window_ms: i64,
     /// Journal entries an instance may have.
     pub max_journal: i64,
+    /// Limits of every jq evaluation (fuel, sizes) of the definitions the workers load.
+    pub expression: sm4c_runtime::Limits,
 }
 
 impl KafkaConfig {
@@ -123,6 +125,7 @@ impl KafkaConfig {
             partitions: 8,
             event_window_ms: 5 * 60_000,
             max_journal: 100_000,
+            expression: sm4c_runtime::Limits::default(),
         }
     }
 
@@ -523,7 +526,10 @@ impl KafkaHost {
     }
 
     async fn register(&self, doc: Value) -> Result<(Arc<Machine>, bool), HostError> {
-        let m = load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).map_err(HostError::Invalid)?;
+        let options = LoadOptions {
+            limits: self.shared.cfg.expression,
+        };
+        let m = load(&doc, &mut sm4c_runtime::no_files, options).map_err(HostError::Invalid)?;
         // Its task lists' topics exist before an instance can put a task on them.
         self.create_task_topics(task_lists_of(&m))
             .await

@@ -109,7 +109,10 @@ pub(crate) fn run(shared: Arc<Shared>, view: Arc<View>) {
                 let payload = m.payload().unwrap_or_default();
                 if m.topic() == shared.topics.definitions {
                     if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(payload) {
-                        match load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()) {
+                        let options = LoadOptions {
+                            limits: shared.cfg.expression,
+                        };
+                        match load(&doc, &mut sm4c_runtime::no_files, options) {
                             Ok(mach) => {
                                 let mut reg = shared.registry.write().unwrap_or_else(|p| p.into_inner());
                                 if reg.get(&mach.id, Some(&mach.version)).is_none() {
