@@ -1,7 +1,7 @@
 //! `GET /metrics`: Prometheus metrics of `sm4c serve`, kept with the `prometheus-client` crate.
 //!
 //! [`Metrics`] holds the registry and its families. It is fed by the driver through the core's
-//! [`Observer`] hook (instances started and ended, transitions) and by [`Metered`], which wraps the
+//! [`Observer`] hook (instances started and ended, transitions, store commits) and by [`Metered`], which wraps the
 //! host's [`Functions`] to time every function call. [`route`] answers the registry in the text
 //! format (OpenMetrics 1.0, which Prometheus scrapes). Label values are definition ids, function
 //! names, function types, statuses and error types: never instance ids or data. The names are
@@ -60,6 +60,8 @@ pub struct Metrics {
     ended: Family<EndedLabels, Counter>,
     transitions: Family<DefinitionLabels, Counter>,
     calls: Histograms<CallLabels>,
+    commits: Histogram,
+    batches: Histogram,
 }
 
 impl Default for Metrics {
@@ -89,12 +91,29 @@ impl Metrics {
             Unit::Seconds,
             calls.clone(),
         );
+        // 0.5 ms to about 4 s.
+        let commits = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        // 1 to 1024 inputs (a batch holds 512 at most by default).
+        let batches = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        registry.register_with_unit(
+            "store_commit_duration",
+            "Store transactions (SQLite mode: one group commit per batch of inputs), from begin to durable",
+            Unit::Seconds,
+            commits.clone(),
+        );
+        registry.register(
+            "store_commit_batch_size",
+            "Inputs committed per store transaction (SQLite mode)",
+            batches.clone(),
+        );
         Metrics {
             registry,
             started,
             ended,
             transitions,
             calls,
+            commits,
+            batches,
         }
     }
 
@@ -141,6 +160,11 @@ impl Observer for Observed {
             definition: definition.to_string(),
         };
         self.0.transitions.get_or_create(&labels).inc_by(count);
+    }
+
+    fn store_commit(&self, seconds: f64, inputs: usize) {
+        self.0.commits.observe(seconds);
+        self.0.batches.observe(inputs as f64);
     }
 }
 
@@ -210,6 +234,7 @@ mod tests {
         o.transitions("order", 3);
         o.instance_ended("order", Status::TimedOut);
         m.function_call("charge", "rest", "ok", 0.003);
+        o.store_commit(0.002, 3);
         let text = m.encode();
         assert!(text.contains("# TYPE sm4c_instances_started counter"), "{text}");
         assert!(
@@ -234,6 +259,8 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(text.contains("sm4c_store_commit_duration_seconds_count 1"), "{text}");
+        assert!(text.contains("sm4c_store_commit_batch_size_sum 3.0"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 

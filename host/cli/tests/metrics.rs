@@ -256,6 +256,8 @@ fn metrics_count_instances_transitions_and_function_calls() {
         ("sm4c_instances_ended", "counter"),
         ("sm4c_transitions", "counter"),
         ("sm4c_function_call_duration_seconds", "histogram"),
+        ("sm4c_store_commit_duration_seconds", "histogram"),
+        ("sm4c_store_commit_batch_size", "histogram"),
     ] {
         assert_eq!(m.types.get(family).map(String::as_str), Some(kind), "{family}: {m:?}");
     }
@@ -333,6 +335,17 @@ fn metrics_count_instances_transitions_and_function_calls() {
     inf.push(("le", "+Inf"));
     assert_eq!(m.value(&format!("{call}_bucket"), &inf), 2.0, "{m:?}");
     assert_eq!(m.series(&format!("{call}_count")).len(), 2, "{m:?}");
+
+    // Group commits: every input handled went through one. At least 7 starts, 3 call results,
+    // 2 delays, 1 cancel and 1 instance timeout were committed.
+    let commits = m.value("sm4c_store_commit_duration_seconds_count", &[]);
+    assert!(commits >= 1.0, "{m:?}");
+    assert_eq!(m.value("sm4c_store_commit_batch_size_count", &[]), commits, "{m:?}");
+    assert_eq!(
+        m.value("sm4c_store_commit_duration_seconds_bucket", &[("le", "+Inf")]),
+        commits
+    );
+    assert!(m.value("sm4c_store_commit_batch_size_sum", &[]) >= 14.0, "{m:?}");
 
     // No label carries an instance id.
     for (_, labels, _) in &m.samples {

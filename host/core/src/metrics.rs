@@ -16,6 +16,9 @@ pub trait Observer: Send + Sync {
     fn instance_ended(&self, _definition: &str, _status: Status) {}
     /// An instance of `definition` fired `count` transitions in one step.
     fn transitions(&self, _definition: &str, _count: u64) {}
+    /// A host committed a batch of `inputs` inputs to its store in one transaction that took
+    /// `seconds` (the SQLite host's group commit).
+    fn store_commit(&self, _seconds: f64, _inputs: usize) {}
 }
 
 static OBSERVER: OnceLock<Box<dyn Observer>> = OnceLock::new();

@@ -525,7 +525,7 @@ impl Loop {
         }
         self.queue = queue.into();
         self.unpark_for_waiting();
-        self.commit()
+        self.commit(processed)
     }
 
     fn slot(&mut self, id: &str) -> Option<&mut Slot> {
@@ -667,7 +667,8 @@ impl Loop {
         }
     }
 
-    fn commit(&mut self) -> Result<(), StoreError> {
+    /// Commits the batch of `inputs` inputs in one transaction.
+    fn commit(&mut self, inputs: usize) -> Result<(), StoreError> {
         let mut batch = std::mem::take(&mut self.batch);
         for (_, slot) in self.cache.iter_mut().filter(|(_, s)| s.dirty) {
             let h = &mut slot.h;
@@ -679,7 +680,11 @@ impl Loop {
                 calls: h.open.clone(),
             });
         }
+        let started = std::time::Instant::now();
         self.store.commit(&batch)?;
+        if let Some(o) = sm4c_host::metrics::observer() {
+            o.store_commit(started.elapsed().as_secs_f64(), inputs);
+        }
         // Waiting instances hold no memory: keep nothing past the batch.
         self.cache.clear();
         for reply in std::mem::take(&mut self.replies) {
