@@ -1,7 +1,7 @@
 //! `GET /metrics`: Prometheus metrics of `sm4c serve`, kept with the `prometheus-client` crate.
 //!
 //! [`Metrics`] holds the registry and its families. It is fed by the driver through the core's
-//! [`Observer`] hook (instances started and ended, transitions, store commits) and by [`Metered`], which wraps the
+//! [`Observer`] hook (instances started and ended, transitions, store commits, Kafka transactions) and by [`Metered`], which wraps the
 //! host's [`Functions`] to time every function call. [`route`] answers the registry in the text
 //! format (OpenMetrics 1.0, which Prometheus scrapes). Label values are definition ids, function
 //! names, function types, statuses and error types: never instance ids or data. The names are
@@ -46,6 +46,17 @@ struct CallLabels {
     outcome: String,
 }
 
+/// Labels of Kafka transactions.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+fn commit_histogram() -> Histogram {
+    // 0.5 ms to about 4 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn call_histogram() -> Histogram {
@@ -62,6 +73,7 @@ pub struct Metrics {
     calls: Histograms<CallLabels>,
     commits: Histogram,
     batches: Histogram,
+    transactions: Histograms<OutcomeLabels>,
 }
 
 impl Default for Metrics {
@@ -91,8 +103,7 @@ impl Metrics {
             Unit::Seconds,
             calls.clone(),
         );
-        // 0.5 ms to about 4 s.
-        let commits = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let commits = commit_histogram();
         // 1 to 1024 inputs (a batch holds 512 at most by default).
         let batches = Histogram::new(exponential_buckets(1.0, 2.0, 11));
         registry.register_with_unit(
@@ -106,6 +117,13 @@ impl Metrics {
             "Inputs committed per store transaction (SQLite mode)",
             batches.clone(),
         );
+        let transactions: Histograms<OutcomeLabels> = Family::new_with_constructor(commit_histogram);
+        registry.register_with_unit(
+            "kafka_transaction_duration",
+            "Kafka mode: transactions from begin to commit, by outcome (committed or aborted)",
+            Unit::Seconds,
+            transactions.clone(),
+        );
         Metrics {
             registry,
             started,
@@ -114,6 +132,7 @@ impl Metrics {
             calls,
             commits,
             batches,
+            transactions,
         }
     }
 
@@ -165,6 +184,14 @@ impl Observer for Observed {
     fn store_commit(&self, seconds: f64, inputs: usize) {
         self.0.commits.observe(seconds);
         self.0.batches.observe(inputs as f64);
+    }
+
+    fn kafka_transaction(&self, seconds: f64, committed: bool) {
+        let outcome = if committed { "committed" } else { "aborted" };
+        let labels = OutcomeLabels {
+            outcome: outcome.to_string(),
+        };
+        self.0.transactions.get_or_create(&labels).observe(seconds);
     }
 }
 
@@ -235,6 +262,7 @@ mod tests {
         o.instance_ended("order", Status::TimedOut);
         m.function_call("charge", "rest", "ok", 0.003);
         o.store_commit(0.002, 3);
+        o.kafka_transaction(0.01, false);
         let text = m.encode();
         assert!(text.contains("# TYPE sm4c_instances_started counter"), "{text}");
         assert!(
@@ -261,6 +289,10 @@ mod tests {
         );
         assert!(text.contains("sm4c_store_commit_duration_seconds_count 1"), "{text}");
         assert!(text.contains("sm4c_store_commit_batch_size_sum 3.0"), "{text}");
+        assert!(
+            text.contains("sm4c_kafka_transaction_duration_seconds_count{outcome=\"aborted\"} 1"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 

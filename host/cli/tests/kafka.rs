@@ -2000,3 +2000,54 @@ fn kafka_mode_asks_for_tokens_over_https_and_refuses_an_open_listen() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The value of the sample `series` (name and labels exactly as written) in a `GET /metrics` answer.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(s, _)| *s == series)
+        .map(|(_, v)| v.parse().expect("a number"))
+}
+
+#[test]
+fn kafka_mode_serves_metrics_of_instances_and_transactions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "metrics";
+    let w = Worker::start(dir.path(), "w", &worker_args(&broker, prefix, 2, &[]));
+    wait_owned(&[&w], 2);
+    let _responder = Responder::start(&broker, prefix, usize::MAX);
+    for i in 0..3 {
+        start(
+            &w,
+            "saga",
+            &format!("m{i}"),
+            json!({"orderId": format!("m{i}"), "amount": i}),
+        );
+    }
+    wait_until("the sagas", 60, || count_status(&w, "completed") == 3, &[&w]);
+    let r = http().get(format!("{}/metrics", w.base)).send().expect("GET /metrics");
+    assert_eq!(r.status(), 200);
+    let text = r.text().expect("body");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let started = sample(&text, r#"sm4c_instances_started_total{definition="saga"}"#);
+    assert_eq!(started, Some(3.0), "{text}");
+    let ended = sample(
+        &text,
+        r#"sm4c_instances_ended_total{definition="saga",status="completed"}"#,
+    );
+    assert_eq!(ended, Some(3.0), "{text}");
+    // Exactly once by default: every batch is a transaction, and at least the starts needed some.
+    let committed = sample(
+        &text,
+        r#"sm4c_kafka_transaction_duration_seconds_count{outcome="committed"}"#,
+    );
+    assert!(committed.is_some_and(|n| n >= 1.0), "{text}");
+    // The SQLite store is not used in Kafka mode.
+    assert_eq!(
+        sample(&text, "sm4c_store_commit_duration_seconds_count"),
+        Some(0.0),
+        "{text}"
+    );
+}

@@ -19,6 +19,9 @@ pub trait Observer: Send + Sync {
     /// A host committed a batch of `inputs` inputs to its store in one transaction that took
     /// `seconds` (the SQLite host's group commit).
     fn store_commit(&self, _seconds: f64, _inputs: usize) {}
+    /// A Kafka worker's transaction (exactly-once delivery) took `seconds` from its begin to its
+    /// commit, or to the failure that aborted it (`committed` false).
+    fn kafka_transaction(&self, _seconds: f64, _committed: bool) {}
 }
 
 static OBSERVER: OnceLock<Box<dyn Observer>> = OnceLock::new();

@@ -264,6 +264,9 @@ fn commit(
                 );
                 r
             })();
+            if let Some(o) = sm4c_host::metrics::observer() {
+                o.kafka_transaction(t0.elapsed().as_secs_f64(), r.is_ok());
+            }
             if let Err(e) = &r {
                 let _ = p.abort_transaction(ABORT_TIMEOUT);
                 return Err(e.clone());
