@@ -23,8 +23,8 @@ pub mod events;
 pub mod explain;
 mod functions;
 pub mod graph;
-pub mod metrics;
 pub mod memory;
+pub mod metrics;
 pub mod service;
 pub mod tasks;
 
