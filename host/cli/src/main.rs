@@ -531,25 +531,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
-    let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
-    let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_stack_size(STACK)
-        .build()?;
+    let rt = serve_runtime()?;
     rt.block_on(async move {
         let metrics = metrics();
-        let host = Arc::new(sm4c_api::metrics::Metered {
-            inner: Arc::new(CallRouter {
-                mocks,
-                subflows: HashMap::new(),
-                sent: None,
-                rest: Some(rest),
-                grpc: Some(grpc),
-            }),
-            metrics: metrics.clone(),
-        });
+        let host = served_functions(args.definitions.as_deref(), calls, mocks, &metrics);
         let limits = HostLimits {
             park_ms,
             expression: args.expression.limits(),
@@ -606,6 +591,35 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The metrics of `sm4c serve` (`GET /metrics`), fed by the driver of this process.
+/// The runtime `sm4c serve` runs on, in both modes (instances run on threads with a large stack).
+fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(STACK)
+        .build()
+}
+
+/// The functions `sm4c serve` calls, in both modes: a jq mock where there is one, else the REST or
+/// gRPC invoker (paths relative to the definitions folder), every call timed for the metrics.
+fn served_functions(
+    definitions: Option<&Path>,
+    calls: sm4c_invoke::config::CallConfig,
+    mocks: HashMap<String, sm4c_runtime::Expr>,
+    metrics: &Arc<sm4c_api::metrics::Metrics>,
+) -> Arc<sm4c_api::metrics::Metered> {
+    let base = definitions.unwrap_or(Path::new("."));
+    Arc::new(sm4c_api::metrics::Metered {
+        inner: Arc::new(CallRouter {
+            mocks,
+            subflows: HashMap::new(),
+            sent: None,
+            rest: Some(Arc::new(sm4c_invoke::rest::RestInvoker::new(base, calls.rest))),
+            grpc: Some(Arc::new(GrpcInvoker::new(base, calls.grpc))),
+        }),
+        metrics: metrics.clone(),
+    })
+}
+
 fn metrics() -> Arc<sm4c_api::metrics::Metrics> {
     let metrics = Arc::new(sm4c_api::metrics::Metrics::new());
     // One server per process: the observer is installed once.
@@ -637,25 +651,10 @@ fn serve_kafka(
         };
         config.settings.push((k.trim().to_string(), v.trim().to_string()));
     }
-    let base = args.definitions.clone().unwrap_or_else(|| PathBuf::from("."));
-    let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
-    let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_stack_size(STACK)
-        .build()?;
+    let rt = serve_runtime()?;
     rt.block_on(async move {
         let metrics = metrics();
-        let host = Arc::new(sm4c_api::metrics::Metered {
-            inner: Arc::new(CallRouter {
-                mocks,
-                subflows: HashMap::new(),
-                sent: None,
-                rest: Some(rest),
-                grpc: Some(grpc),
-            }),
-            metrics: metrics.clone(),
-        });
+        let host = served_functions(args.definitions.as_deref(), calls, mocks, &metrics);
         let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
         let kafka = match sm4c_kafka::KafkaHost::start(config, docs, host).await {
             Ok(k) => k,
