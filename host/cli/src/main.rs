@@ -553,18 +553,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
         }
-        let listener = match tokio::net::TcpListener::bind(&args.listen).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("sm4c: cannot listen on {}: {e}", args.listen);
-                return Ok(ExitCode::from(2));
-            }
+        let Some(listener) = listen(&args.listen).await else {
+            return Ok(ExitCode::from(2));
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving");
-        let app = sm4c_api::auth::layer(
-            sm4c_api::router(durable.clone()).merge(sm4c_api::metrics::route(metrics)),
-            security.auth,
-        );
+        let app = served_api(durable.clone(), metrics, security.auth);
         let polls = durable.clone();
         let store_failure = Arc::new(std::sync::OnceLock::new());
         let failure = store_failure.clone();
@@ -620,6 +613,26 @@ fn served_functions(
     })
 }
 
+/// Binds the API's address; says why on stderr when it cannot.
+async fn listen(addr: &str) -> Option<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            eprintln!("sm4c: cannot listen on {addr}: {e}");
+            None
+        }
+    }
+}
+
+/// The HTTP API of `sm4c serve` over either host, with `/metrics` and, when configured, authentication.
+fn served_api(
+    backend: impl sm4c_host::service::Backend,
+    metrics: Arc<sm4c_api::metrics::Metrics>,
+    auth: sm4c_api::auth::Auth,
+) -> axum::Router {
+    sm4c_api::auth::layer(sm4c_api::router(backend).merge(sm4c_api::metrics::route(metrics)), auth)
+}
+
 fn metrics() -> Arc<sm4c_api::metrics::Metrics> {
     let metrics = Arc::new(sm4c_api::metrics::Metrics::new());
     // One server per process: the observer is installed once.
@@ -663,18 +676,11 @@ fn serve_kafka(
                 return Ok(ExitCode::from(2));
             }
         };
-        let listener = match tokio::net::TcpListener::bind(&args.listen).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("sm4c: cannot listen on {}: {e}", args.listen);
-                return Ok(ExitCode::from(2));
-            }
+        let Some(listener) = listen(&args.listen).await else {
+            return Ok(ExitCode::from(2));
         };
         tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
-        let app = sm4c_api::auth::layer(
-            sm4c_api::router(kafka.clone()).merge(sm4c_api::metrics::route(metrics)),
-            security.auth,
-        );
+        let app = served_api(kafka.clone(), metrics, security.auth);
         sm4c_api::tls::serve(listener, security.tls, app, shutdown_signal()).await?;
         kafka.shutdown().await;
         tracing::info!("stopped");
