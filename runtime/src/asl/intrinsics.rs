@@ -1399,4 +1399,19 @@ mod tests {
         assert_eq!(ok("States.Array('\"quoted\"')", json!({})), json!(["\"quoted\""]));
         assert_eq!(Call::parse("States.UUID()").unwrap().text(), "States.UUID()");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn never_panics(args in "[$a-z0-9_.,'{}\\\\()\\[\\] -]{0,24}", f in 0usize..18) {
+            let text = format!("{}({args})", FUNCS[f].1);
+            if let Ok(c) = Call::parse(&text) {
+                let doc = json!({"a": [1, "b", {"c": 2}], "s": "x,y", "n": 2.5});
+                let vars = Map::new();
+                let rng = Cell::new(1);
+                let env = Env { input: &doc, context: &doc, vars: &vars, rng: &rng };
+                let _ = c.eval(&env);
+            }
+        }
+    }
 }

@@ -17,6 +17,8 @@ use serde_json::Value;
 
 /// How deep filter expressions (parentheses, `!`) may nest.
 const MAX_NESTING: usize = 32;
+/// How many `&&` or `||` may chain at one level of a filter.
+const MAX_CHAIN: usize = 64;
 
 /// Where a path starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -661,9 +663,14 @@ impl Parser<'_> {
             return Err("the filter nests too deeply".into());
         }
         let mut e = self.and_expr(depth)?;
+        let mut terms = 0;
         loop {
             self.ws();
             if self.eat_str("||") {
+                terms += 1;
+                if terms > MAX_CHAIN {
+                    return Err(format!("a filter chains more than {MAX_CHAIN} '||'"));
+                }
                 let r = self.and_expr(depth)?;
                 e = Expr::Or(Box::new(e), Box::new(r));
             } else {
@@ -674,9 +681,14 @@ impl Parser<'_> {
 
     fn and_expr(&mut self, depth: usize) -> Result<Expr, String> {
         let mut e = self.unary(depth)?;
+        let mut terms = 0;
         loop {
             self.ws();
             if self.eat_str("&&") {
+                terms += 1;
+                if terms > MAX_CHAIN {
+                    return Err(format!("a filter chains more than {MAX_CHAIN} '&&'"));
+                }
                 let r = self.unary(depth)?;
                 e = Expr::And(Box::new(e), Box::new(r));
             } else {
@@ -1048,6 +1060,10 @@ mod tests {
             assert!(Path::parse(bad).is_err(), "{bad:?} should not parse");
         }
         assert!(Path::parse("$[?(@.a)]").is_ok());
+        let long = format!("$[?({})]", ["@.a == 1"; 100].join(" && "));
+        assert!(Path::parse(&long).is_err());
+        let fine = format!("$[?({})]", ["@.a == 1"; 10].join(" || "));
+        assert!(Path::parse(&fine).is_ok());
     }
 
     #[test]
@@ -1121,5 +1137,17 @@ mod tests {
         assert!(json_eq(&json!({"a": [1, {"b": 2}]}), &json!({"a": [1.0, {"b": 2}]})));
         assert!(!json_eq(&json!([1]), &json!([1, 2])));
         assert!(!json_eq(&json!("1"), &json!(1)));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn never_panics(text in "\\$[$a-z0-9_.*\\[\\]'\"?()@<>=!&| :,\\\\-]{0,24}") {
+            if let Ok(p) = Path::parse(&text) {
+                let doc = json!({"a": [1, {"b": [2, 3]}, "x"], "b": {"a": null}, "1": 2});
+                let _ = read_in(&text, &doc, &doc, &Map::new());
+                let _ = p.write(doc.clone(), json!(0));
+            }
+        }
     }
 }
