@@ -26,6 +26,7 @@
 // Errors are the cold path; boxing ErrorInfo would cost an allocation on every failure for no gain.
 #![allow(clippy::result_large_err)]
 
+pub mod asl;
 pub mod engine;
 pub mod expr;
 mod fast;

@@ -42,6 +42,9 @@ pub struct Machine {
     pub start_event: Option<StartEvent>,
     /// The definition as it was loaded (external `events`/`functions`/`retries` inlined).
     pub source: Value,
+    /// For a definition written in the Amazon States Language: the validated machine (then
+    /// `states` and `actions` are empty and the engine runs this instead).
+    pub asl: Option<std::sync::Arc<crate::asl::model::AslMachine>>,
 }
 
 impl Machine {

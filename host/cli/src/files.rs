@@ -35,7 +35,21 @@ fn strip_position(e: &serde_json::Error) -> String {
 
 /// Loads and validates a definition; `events`/`functions`/`retries` URIs resolve relative to it.
 pub fn load_definition(path: &Path, limits: Limits) -> Result<Machine, Vec<FileError>> {
-    let doc = read_json(path).map_err(|e| vec![e])?;
+    let mut doc = read_json(path).map_err(|e| vec![e])?;
+    // An ASL definition is named after its file (`order.asl.json` is `order`).
+    if sm4c_runtime::asl::model::is_asl(&doc) {
+        if let Some(o) = doc.as_object_mut() {
+            if !o.contains_key(sm4c_runtime::asl::model::ID_KEY) {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state-machine");
+                let stem = name
+                    .split('.')
+                    .next()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("state-machine");
+                o.insert(sm4c_runtime::asl::model::ID_KEY.into(), Value::String(stem.to_string()));
+            }
+        }
+    }
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut resolve = |uri: &str| -> Result<Value, String> {
         let target = resolve_uri(&dir, uri)?;

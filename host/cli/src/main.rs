@@ -6,7 +6,7 @@ mod files;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use files::FileError;
-use serde_json::Value;
+use serde_json::{json, Value};
 use sm4c_host::{graph, Clock, Config, InMemoryHost};
 use sm4c_invoke::config::CallConfig;
 use sm4c_invoke::grpc::{self, GrpcInvoker};
@@ -371,6 +371,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     let machine = Arc::new(machine);
+    let is_asl = machine.asl.is_some();
     let base = args.file.parent().map(Path::to_path_buf).unwrap_or_default();
     let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
     let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
@@ -407,6 +408,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .await;
         host.settle(&id).await
     });
+    if is_asl {
+        return asl_outcome(&outcome);
+    }
     match outcome.status {
         Status::Completed => {
             println!("{}", serde_json::to_string_pretty(&outcome.data)?);
@@ -447,6 +451,45 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// How `sm4c run` reports an ASL execution: its output (exit 0), or `{"Error", "Cause"}` on stdout
+/// and a line naming the state on stderr (exit 1).
+fn asl_outcome(outcome: &sm4c_host::memory::Outcome) -> anyhow::Result<ExitCode> {
+    if outcome.status == Status::Completed {
+        println!("{}", serde_json::to_string_pretty(&outcome.data)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (error, state) = match &outcome.error {
+        Some(e) => (
+            e.details
+                .clone()
+                .unwrap_or_else(|| json!({"Error": e.kind.as_str(), "Cause": e.message})),
+            e.state.clone().or(outcome.state.clone()),
+        ),
+        None => (
+            json!({"Error": "States.Runtime", "Cause": "the execution cannot proceed: it waits for a task or timer that never comes"}),
+            outcome.state.clone(),
+        ),
+    };
+    println!("{}", serde_json::to_string_pretty(&error)?);
+    let name = error.get("Error").and_then(Value::as_str).unwrap_or("(no error name)");
+    let cause = error
+        .get("Cause")
+        .and_then(Value::as_str)
+        .map(|c| format!(": {c}"))
+        .unwrap_or_default();
+    let what = match outcome.status {
+        Status::TimedOut => "timed out",
+        Status::Cancelled => "was cancelled",
+        s if s.is_final() => "failed",
+        _ => "cannot proceed",
+    };
+    eprintln!(
+        "sm4c: execution {what} in state {:?}: {name}{cause}",
+        state.as_deref().unwrap_or("?")
+    );
+    Ok(ExitCode::from(1))
 }
 
 fn print_trace(id: &str, t: &Trace) {

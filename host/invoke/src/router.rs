@@ -23,8 +23,52 @@ pub struct CallRouter {
     pub grpc: Option<Arc<crate::grpc::GrpcInvoker>>,
 }
 
+impl CallRouter {
+    /// An ASL Task (`function` is its `Resource`, `operation` its state name): answered by the mock
+    /// keyed by the Resource, else by the state name. A mock's `error({"Error": ..., "Cause": ...})`
+    /// fails the task with that error; `error("text")` with `States.TaskFailed` and cause `text`.
+    fn asl_task(&self, call: &FunctionCall) -> Result<Value, ErrorInfo> {
+        let Some(expr) = self
+            .mocks
+            .get(&call.function)
+            .or_else(|| self.mocks.get(&call.operation))
+        else {
+            return Err(ErrorInfo::new(
+                ErrorKind::FunctionError,
+                format!(
+                    "Task state {:?} calls {:?}, which has no mock: give one with --mock (a JSON object of Resources or Task state names to jq expressions)",
+                    call.operation, call.function
+                ),
+            )
+            .with_details(serde_json::json!({
+                "Error": "States.TaskFailed",
+                "Cause": format!("no mock and no configured function for Resource {:?}", call.function),
+            })));
+        };
+        expr.eval_json(&call.arguments).map_err(|e| {
+            let mut err = ErrorInfo::new(ErrorKind::FunctionError, e.message.clone());
+            match e.value {
+                Some(Value::String(text)) => {
+                    err.details = Some(serde_json::json!({"Error": "States.TaskFailed", "Cause": text}));
+                }
+                Some(Value::Object(o)) if o.contains_key("Error") => err.details = Some(Value::Object(o)),
+                Some(other) => {
+                    err.details = Some(serde_json::json!({"Error": "States.TaskFailed", "Cause": other.to_string()}));
+                }
+                None => {
+                    err.details = Some(serde_json::json!({"Error": "States.TaskFailed", "Cause": e.message}));
+                }
+            }
+            err
+        })
+    }
+}
+
 impl Functions for CallRouter {
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+        if call.function_type == "asl" {
+            return Box::pin(std::future::ready(self.asl_task(&call)));
+        }
         let result = match self.mocks.get(&call.function) {
             Some(expr) => expr.eval_json(&call.arguments).map_err(|e| {
                 let mut err = ErrorInfo::new(ErrorKind::FunctionError, e.message.clone());

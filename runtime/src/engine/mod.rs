@@ -141,6 +141,9 @@ pub struct Snapshot {
     pub bindings: BTreeMap<String, String>,
     /// Why the instance failed or timed out.
     pub error: Option<ErrorInfo>,
+    /// An ASL execution's runs (the definition is in the Amazon States Language).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asl: Option<Box<crate::asl::engine::Exec>>,
 }
 
 /// A running instance of a [`Machine`].
@@ -276,6 +279,7 @@ impl Instance {
             rng: seed(&id),
             bindings: BTreeMap::new(),
             error: None,
+            asl: None,
             id,
         };
         Instance {
@@ -326,6 +330,9 @@ impl Instance {
         let m = &self.machine;
         if self.s.status.is_final() {
             return Ok(());
+        }
+        if let Some(asl) = &m.asl {
+            return crate::asl::fits(asl, &self.s);
         }
         let state = match self.s.state {
             Some(s) if s >= m.states.len() => {
@@ -477,6 +484,9 @@ impl Instance {
 
     /// The current state's name.
     pub fn state_name(&self) -> Option<&str> {
+        if self.machine.asl.is_some() {
+            return self.s.state_name.as_deref();
+        }
         self.s
             .state
             .and_then(|s| self.machine.states.get(s))
@@ -496,7 +506,10 @@ impl Instance {
             | Phase::Transition { run, .. }
             | Phase::Exit { run, .. }
             | Phase::TimeoutAction { run } => task::started(&run.node, op),
-            Phase::Idle | Phase::Waiting | Phase::Ended => None,
+            Phase::Idle | Phase::Waiting | Phase::Ended => match &self.s.asl {
+                Some(exec) if crate::asl::engine::waits_for(&exec.root, op) => Some(false),
+                _ => None,
+            },
         }
     }
 
@@ -508,6 +521,10 @@ impl Instance {
         }
         self.s.now = self.s.now.max(timed.at);
         self.burst = 0;
+        if let Some(asl) = self.machine.asl.clone() {
+            crate::asl::handle(&asl, &mut self.s, timed.input, self.options, &mut out);
+            return out;
+        }
         let next = match timed.input {
             Input::Start { data } => {
                 if self.s.status != Status::Created {
