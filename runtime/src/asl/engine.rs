@@ -381,8 +381,15 @@ fn deliver_to(cx: &mut Cx, run: &mut Run, d: &Delivery) -> bool {
             if let Some((t, _)) = heartbeat {
                 cx.cancel_timer(&t);
             }
-            let Step::Task { effective, .. } = std::mem::replace(&mut run.step, Step::Enter) else {
+            let Step::Task { effective, op, .. } = std::mem::replace(&mut run.step, Step::Enter) else {
                 return true;
+            };
+            let result = match state(cx, run).kind {
+                Kind::Task { ref resource, .. } => match StartExecution::of(resource) {
+                    Some(mode) => sync_result(cx, mode, &effective, &op, result),
+                    None => result,
+                },
+                _ => result,
             };
             match result {
                 Ok(v) => task_result(cx, run, effective, v),
@@ -730,15 +737,37 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                 })?),
                 None => None,
             };
-            let function_type = if token.is_some() { "worker" } else { "asl" };
-            cx.effect(Effect::InvokeFunction {
-                op: op.clone(),
-                function: resource.clone(),
-                operation: st.name.clone(),
-                function_type: function_type.into(),
-                arguments: eff.clone(),
-                wait: true,
-            });
+            match StartExecution::of(resource) {
+                Some(mode) => {
+                    let (definition, input) = start_execution_target(&eff)?;
+                    cx.effect(Effect::StartSubflow {
+                        op: op.clone(),
+                        definition: definition.clone(),
+                        input,
+                        wait: mode != StartExecution::Start,
+                    });
+                    if mode == StartExecution::Start {
+                        // Without .sync the task ends once the execution has started.
+                        let result = json!({
+                            "ExecutionArn": execution_arn(&definition, &format!("{}/{op}", cx.id)),
+                            "StartDate": rfc3339(cx.now),
+                        });
+                        task_result(cx, run, eff, result);
+                        return Ok(());
+                    }
+                }
+                None => {
+                    let function_type = if token.is_some() { "worker" } else { "asl" };
+                    cx.effect(Effect::InvokeFunction {
+                        op: op.clone(),
+                        function: resource.clone(),
+                        operation: st.name.clone(),
+                        function_type: function_type.into(),
+                        arguments: eff.clone(),
+                        wait: true,
+                    });
+                }
+            }
             let timeout = timeout_s.map(|s| {
                 let t = format!("timeout:{op}");
                 cx.start_timer(&t, cx.now.saturating_add((s.min(u32::MAX as u64) * 1000) as i64));
@@ -866,6 +895,96 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                 total,
             };
             Ok(())
+        }
+    }
+}
+
+/// How a Task starts another state machine's execution (`arn:aws:states:::states:startExecution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartExecution {
+    /// Start it and go on.
+    Start,
+    /// `.sync`: wait for it; its input and output are JSON text in the result.
+    Sync,
+    /// `.sync:2`: wait for it; its input and output are JSON in the result.
+    Sync2,
+}
+
+impl StartExecution {
+    fn of(resource: &str) -> Option<StartExecution> {
+        match resource.strip_prefix("arn:aws:states:::states:startExecution")? {
+            "" => Some(StartExecution::Start),
+            ".sync" => Some(StartExecution::Sync),
+            ".sync:2" => Some(StartExecution::Sync2),
+            _ => None,
+        }
+    }
+}
+
+fn execution_arn(definition: &str, id: &str) -> String {
+    format!("arn:aws:states:local:000000000000:execution:{definition}:{id}")
+}
+
+fn state_machine_arn(definition: &str) -> String {
+    format!("arn:aws:states:local:000000000000:stateMachine:{definition}")
+}
+
+/// The definition (by name, the last part of `StateMachineArn`) and input a startExecution Task
+/// gives.
+fn start_execution_target(eff: &Value) -> Result<(String, Value), AslError> {
+    let arn = eff
+        .get("StateMachineArn")
+        .and_then(Value::as_str)
+        .ok_or_else(|| AslError::runtime("a startExecution Task needs Parameters with StateMachineArn (a string)"))?;
+    // arn:aws:states:REGION:ACCOUNT:stateMachine:NAME[:VERSION], or just NAME.
+    let name = match arn.split(':').collect::<Vec<_>>().as_slice() {
+        [.., "stateMachine", name] | [.., "stateMachine", name, _] => name.to_string(),
+        _ => arn.to_string(),
+    };
+    let input = match eff.get("Input") {
+        None => json!({}),
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+        Some(v) => v.clone(),
+    };
+    Ok((name, input))
+}
+
+/// The result of a `.sync` startExecution Task from the child's output or failure, as AWS gives it.
+fn sync_result(
+    cx: &Cx,
+    mode: StartExecution,
+    eff: &Value,
+    op: &str,
+    result: Result<Value, AslError>,
+) -> Result<Value, AslError> {
+    let (definition, input) = start_execution_target(eff)?;
+    let child = format!("{}/{op}", cx.id);
+    let text = |v: &Value| match mode {
+        StartExecution::Sync2 => v.clone(),
+        _ => Value::String(v.to_string()),
+    };
+    let mut described = json!({
+        "ExecutionArn": execution_arn(&definition, &child),
+        "Input": text(&input),
+        "Name": child,
+        "StateMachineArn": state_machine_arn(&definition),
+        "StopDate": rfc3339(cx.now),
+    });
+    match result {
+        Ok(output) => {
+            described["Output"] = text(&output);
+            described["Status"] = json!("SUCCEEDED");
+            Ok(described)
+        }
+        Err(e) => {
+            described["Status"] = json!("FAILED");
+            if let Some(name) = &e.error {
+                described["Error"] = json!(name);
+            }
+            if let Some(cause) = &e.cause {
+                described["Cause"] = json!(cause);
+            }
+            Err(AslError::new(names::TASK_FAILED, described.to_string()))
         }
     }
 }

@@ -149,6 +149,23 @@ impl AslError {
                     cause: text("Cause"),
                 };
             }
+            // A child execution that failed: its own error (an ASL child's is in its details).
+            if let (ErrorKind::SubflowError, Some(Value::Object(child))) = (&e.kind, d.get("error")) {
+                if let Some(Value::Object(asl)) = child.get("details") {
+                    if asl.contains_key("Error") || asl.contains_key("Cause") {
+                        return AslError::from_info(
+                            &ErrorInfo::new(ErrorKind::Other(String::new()), "")
+                                .with_details(Value::Object(asl.clone())),
+                        );
+                    }
+                }
+                let kind = child.get("type").and_then(Value::as_str).unwrap_or("States.TaskFailed");
+                let message = child.get("message").and_then(Value::as_str).map(str::to_string);
+                return AslError {
+                    error: Some(kind.to_string()),
+                    cause: message,
+                };
+            }
         }
         let cause = (!e.message.is_empty()).then(|| e.message.clone());
         match &e.kind {

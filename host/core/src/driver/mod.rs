@@ -561,12 +561,16 @@ pub fn subflow_result(child: &str, op: String, status: Status, data: Value, erro
     match status {
         Status::Completed => Input::Completed { op, result: data },
         s => {
-            let cause = error.map(|e| e.message).unwrap_or_default();
+            let cause = error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+            let mut details = json!({"instance": child, "status": s.as_str()});
+            if let Some(e) = &error {
+                details["error"] = e.to_json();
+            }
             let e = ErrorInfo::new(
                 ErrorKind::SubflowError,
                 format!("subflow {child} ended {}: {cause}", s.as_str()),
             )
-            .with_details(json!({"instance": child, "status": s.as_str()}));
+            .with_details(details);
             Input::Failed { op, error: e }
         }
     }
