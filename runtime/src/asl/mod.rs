@@ -340,6 +340,10 @@ pub fn handle(
     match ended {
         None => {
             s.status = Status::Waiting;
+            // What `show` gives of a running execution: the input of the machine's current state.
+            if let Some(e) = &exec {
+                s.data = crate::engine::J(crate::json::to_val(&e.root.input));
+            }
         }
         Some((status, err)) => {
             if let Some(e) = &exec {
