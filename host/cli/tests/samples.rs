@@ -96,3 +96,20 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+#[test]
+fn an_asl_sample_shows_task_retry_catch_choice_map_and_wait() {
+    let text = std::fs::read_to_string(root().join("samples/asl-order/definition.json")).expect("the ASL sample");
+    let doc: Value = serde_json::from_str(&text).expect("JSON");
+    assert!(doc.get("StartAt").is_some() && doc.get("States").is_some(), "it is ASL");
+    for needle in [
+        "\"Type\": \"Task\"",
+        "\"Retry\"",
+        "\"Catch\"",
+        "\"Type\": \"Choice\"",
+        "\"Type\": \"Map\"",
+        "\"Type\": \"Wait\"",
+    ] {
+        assert!(text.contains(needle), "the ASL sample has no {needle}");
+    }
+}
