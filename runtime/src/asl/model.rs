@@ -638,10 +638,20 @@ fn state(v: &mut V, sp: &str, name: &str, def: &Value, names: &HashMap<&str, usi
                     String::new()
                 }
             };
+            let timeout = seconds(v, sp, o, "TimeoutSeconds", lang);
+            let heartbeat = seconds(v, sp, o, "HeartbeatSeconds", lang);
+            if let (Some(Dyn::Lit(t)), Some(Dyn::Lit(h))) = (&timeout, &heartbeat) {
+                if h >= t {
+                    v.err(
+                        format!("{sp}/HeartbeatSeconds"),
+                        format!("HeartbeatSeconds ({h}) must be smaller than TimeoutSeconds ({t})"),
+                    );
+                }
+            }
             Kind::Task {
                 resource,
-                timeout: seconds(v, sp, o, "TimeoutSeconds", lang),
-                heartbeat: seconds(v, sp, o, "HeartbeatSeconds", lang),
+                timeout,
+                heartbeat,
             }
         }
         "Choice" => choice_state(v, sp, o, names, lang),
