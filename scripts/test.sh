@@ -21,3 +21,14 @@ if [ -d ../shared/reference/sm4c ]; then
 else
   echo "scripts/test.sh: NOT RUN: the checks against the SM4C reference definitions (cargo test -p sm4c --test reference): ../shared/reference/sm4c is not beside the repository" >&2
 fi
+# The ASL conformance cases in ../shared/conformance/asl (recorded against AWS Step Functions; never
+# copied into the repository), all of them, the jsonata/ and variables/ folders too, through the debug
+# binary built above (about 10 s). Any failing case fails the script.
+if [ -d ../shared/conformance/asl ] && command -v jq >/dev/null; then
+  echo "scripts/test.sh: running the ASL conformance cases in ../shared/conformance/asl" >&2
+  ASL_ALL=1 python3 ../shared/conformance/run-cases.py target/debug/sm4c ../shared/conformance/asl
+elif [ -d ../shared/conformance/asl ]; then
+  echo "scripts/test.sh: NOT RUN: the ASL conformance cases (../shared/conformance/run-cases.py): their expectations need jq, which is not installed" >&2
+else
+  echo "scripts/test.sh: NOT RUN: the ASL conformance cases (../shared/conformance/run-cases.py target/debug/sm4c ../shared/conformance/asl): ../shared/conformance/asl is not beside the repository" >&2
+fi
