@@ -795,6 +795,56 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
 }
 
 #[test]
+fn asl_executions_run_on_kafka_and_finish_their_map_waits_after_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "asl";
+    let args = worker_args(&broker, prefix, 4, &[]);
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 4);
+    // Each execution waits 2 s per item, one item at a time: 6 s in all.
+    for i in 0..12 {
+        start(
+            &w,
+            "asl-batch",
+            &format!("b{i}"),
+            json!({"name": format!("batch {i}"), "items": [1, 2, 3]}),
+        );
+    }
+    wait_until(
+        "every execution inside its Map",
+        60,
+        || (0..12).all(|i| state_of(&w, &format!("b{i}")) == "Each"),
+        &[&w],
+    );
+    w.kill9();
+    std::thread::sleep(Duration::from_secs(3));
+    w.run();
+    wait_owned(&[&w], 4);
+    wait_until(
+        "every execution completed",
+        90,
+        || (0..12).all(|i| w.get(&format!("/instances/b{i}"))["status"] == "completed"),
+        &[&w],
+    );
+    for i in 0..12 {
+        let inst = w.get(&format!("/instances/b{i}"));
+        assert_eq!(inst["data"], json!([{"count": 3}, format!("batch {i}")]), "{inst}");
+        // Each item's wait fired exactly once, through the crash.
+        let h = w.get(&format!("/instances/b{i}/history"));
+        let fired: Vec<&Value> = h["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["input"] == "timerFired")
+            .collect();
+        assert_eq!(fired.len(), 3, "{h}");
+        let timers: std::collections::BTreeSet<&str> = fired.iter().filter_map(|e| e["timer"].as_str()).collect();
+        assert_eq!(timers.len(), 3, "three distinct timers: {h}");
+    }
+}
+
+#[test]
 fn events_that_reach_no_instance_go_to_the_dead_letter_topic_with_the_reason() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
