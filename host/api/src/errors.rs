@@ -137,6 +137,12 @@ errors! {
     Unavailable(String) => SERVICE_UNAVAILABLE, "unavailable", |s| s.0.clone();
     /// The mode the server runs in does not offer this (what).
     NotSupported(String) => NOT_IMPLEMENTED, "notSupported", |s| s.0.clone();
+    /// An ASL definition posted without a name: no `?name=` and no top-level `sm4c:id`.
+    UnnamedDefinition => BAD_REQUEST, "unnamedDefinition",
+        |_s| format!("an Amazon States Language definition carries no id: name it with ?name=NAME or a top-level {:?} field", sm4c_runtime::asl::model::ID_KEY);
+    /// `?name=` (first) disagrees with the name in the body (second) in its field (third).
+    DefinitionNameMismatch(String, String, String) => BAD_REQUEST, "definitionNameMismatch",
+        |s| format!("?name={} disagrees with the definition's {:?} field, {:?}; drop one or make them agree", s.0, s.2, s.1);
     /// Something went wrong inside the server (what).
     Internal(String) => INTERNAL_SERVER_ERROR, "internal", |s| s.0.clone();
 }

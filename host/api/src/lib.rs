@@ -91,8 +91,42 @@ pub fn router(backend: impl Backend) -> Router {
         .with_state(host)
 }
 
-async fn post_definition(State(h): State<Api>, Body(doc): Body<Value>) -> Result<Response, ApiError> {
-    let (m, created) = h.define(doc).await?;
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefineQuery {
+    name: Option<String>,
+}
+
+/// The definition to register: an ASL document gets its name (`?name=`) as its `sm4c:id`, as ASL
+/// carries no id of its own; a name that disagrees with the body is refused.
+fn named(mut doc: Value, name: Option<String>) -> Result<Value, ApiError> {
+    use sm4c_runtime::asl::model::{is_asl, ID_KEY};
+    if name.as_deref() == Some("") {
+        return Err(InvalidQuery("name: must not be empty".into()).into());
+    }
+    let field = if is_asl(&doc) { ID_KEY } else { "id" };
+    match (name, doc.get(field)) {
+        (Some(n), Some(Value::String(have))) if *have != n => {
+            Err(DefinitionNameMismatch(n, have.clone(), field.into()).into())
+        }
+        (Some(n), None) if field == ID_KEY => {
+            if let Some(o) = doc.as_object_mut() {
+                o.insert(ID_KEY.into(), Value::String(n));
+            }
+            Ok(doc)
+        }
+        (None, None) if field == ID_KEY => Err(UnnamedDefinition.into()),
+        // A name that agrees, or an SM4C document whose `id` validation reports.
+        _ => Ok(doc),
+    }
+}
+
+async fn post_definition(
+    State(h): State<Api>,
+    Params(q): Params<DefineQuery>,
+    Body(doc): Body<Value>,
+) -> Result<Response, ApiError> {
+    let (m, created) = h.define(named(doc, q.name)?).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"id": m.id, "version": m.version, "name": m.name}))).into_response())
 }
@@ -154,6 +188,10 @@ fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
         "data": sm4c_runtime::json::from_val(&snap.data.0),
         "startedAt": snap.started_at.map(rfc3339),
     });
+    // An ASL execution keeps its data in its runs: while it runs, show the current state's input.
+    if let (Some(exec), false) = (&snap.asl, snap.status.is_final()) {
+        v["data"] = exec.root.input.clone();
+    }
     if let Some(e) = &snap.error {
         v["error"] = e.to_json();
     }
