@@ -1,4 +1,4 @@
-//! State diagrams of a definition, as Mermaid or Graphviz dot.
+//! State diagrams of a definition, as Mermaid or Graphviz dot (ASL definitions: [`crate::asl_graph`]).
 
 use sm4c_runtime::expr::strip;
 use sm4c_runtime::model::{Machine, Transition, Trigger};
@@ -38,6 +38,9 @@ fn mermaid_text(s: &str) -> String {
 
 /// The diagram in Mermaid `stateDiagram-v2` syntax.
 pub fn mermaid(m: &Machine) -> String {
+    if let Some(asl) = &m.asl {
+        return crate::asl_graph::mermaid(m, asl);
+    }
     let mut out = String::from("stateDiagram-v2\n");
     for (i, s) in m.states.iter().enumerate() {
         out += &format!("    s{i} : {}\n", mermaid_text(&s.name));
@@ -66,6 +69,9 @@ fn dot_text(s: &str) -> String {
 
 /// The diagram in Graphviz dot syntax.
 pub fn dot(m: &Machine) -> String {
+    if let Some(asl) = &m.asl {
+        return crate::asl_graph::dot(m, asl);
+    }
     let mut out = format!(
         "digraph \"{}\" {{\n    rankdir=LR;\n    node [shape=box, style=rounded];\n    __start [shape=point];\n",
         dot_text(&m.id)

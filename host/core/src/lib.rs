@@ -16,6 +16,7 @@
 // ErrorInfo is returned on the cold path only; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod asl_graph;
 pub mod clock;
 pub mod driver;
 #[cfg(feature = "cloudevents")]
