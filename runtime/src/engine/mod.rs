@@ -522,6 +522,10 @@ impl Instance {
         self.s.now = self.s.now.max(timed.at);
         self.burst = 0;
         if let Some(asl) = self.machine.asl.clone() {
+            // As for SM4C: the start time is the start input's (`$$.Execution.StartTime`, listings).
+            if matches!(timed.input, Input::Start { .. }) && self.s.status == Status::Created {
+                self.s.started_at = Some(self.s.now);
+            }
             crate::asl::handle(&asl, &mut self.s, timed.input, self.options, &mut out);
             return out;
         }
