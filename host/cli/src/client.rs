@@ -1,4 +1,4 @@
-//! The CLI client of `sm4c serve`: `start`, `list`, `show`, `history`, `send`, `cancel`, `tasks`.
+//! The CLI client of `sm4c serve`: `define`, `start`, `list`, `show`, `history`, `send`, `cancel`, `tasks`.
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -92,6 +92,15 @@ impl Remote {
 /// Client commands.
 #[derive(clap::Subcommand, Debug)]
 pub enum ClientCommand {
+    /// Register definitions (SM4C or Amazon States Language files) with the server. An ASL file is
+    /// registered under its `sm4c:id`, else under its file name (`order.asl.json` is `order`).
+    Define {
+        /// Definition files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Start an instance of a registered definition.
     Start {
         /// Definition id.
@@ -271,6 +280,28 @@ fn s(v: &Value) -> String {
 
 fn exec(cmd: ClientCommand) -> Result<(), Failure> {
     match cmd {
+        ClientCommand::Define { files, remote } => {
+            use sm4c_runtime::asl::model::{is_asl, ID_KEY};
+            let mut all = Vec::new();
+            for f in &files {
+                let doc = read_json(f).map_err(|e| (2, e))?;
+                let mut path = "/definitions".to_string();
+                if is_asl(&doc) && doc.get(ID_KEY).is_none() {
+                    let name = crate::files::asl_name(f);
+                    path += &format!("?name={}", sm4c_invoke::rest::encode(&name));
+                }
+                let body = Some(("application/json", doc.to_string().into_bytes()));
+                let v = call(&remote, "POST", &path, body).map_err(|(c, m)| (c, format!("{}: {m}", f.display())))?;
+                if remote.json {
+                    all.push(v);
+                } else {
+                    println!("registered {} version {}", s(&v["id"]), s(&v["version"]));
+                }
+            }
+            if remote.json {
+                print_json(&Value::Array(all));
+            }
+        }
         ClientCommand::Start {
             definition,
             input,
@@ -361,10 +392,14 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                     ]);
                 }
                 if let Some(e) = v.get("error") {
-                    rows.push(vec![
-                        "error:".into(),
-                        format!("{}: {}", s(&e["type"]), s(&e["message"])),
-                    ]);
+                    // An ASL error is its `Error` name (the type) and its `Cause` (the message), either may be absent.
+                    let field = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                    let text = match (field("type"), field("message")) {
+                        (t, m) if m.is_empty() => t,
+                        (t, m) if t.is_empty() => m,
+                        (t, m) => format!("{t}: {m}"),
+                    };
+                    rows.push(vec!["error:".into(), text]);
                 }
                 table(&rows);
                 println!(

@@ -33,6 +33,16 @@ fn strip_position(e: &serde_json::Error) -> String {
     }
 }
 
+/// The name of an ASL definition file: its name up to the first `.` (`order.asl.json` is `order`).
+pub fn asl_name(path: &Path) -> String {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state-machine");
+    name.split('.')
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or("state-machine")
+        .to_string()
+}
+
 /// Loads and validates a definition; `events`/`functions`/`retries` URIs resolve relative to it.
 pub fn load_definition(path: &Path, limits: Limits) -> Result<Machine, Vec<FileError>> {
     let mut doc = read_json(path).map_err(|e| vec![e])?;
@@ -40,13 +50,7 @@ pub fn load_definition(path: &Path, limits: Limits) -> Result<Machine, Vec<FileE
     if sm4c_runtime::asl::model::is_asl(&doc) {
         if let Some(o) = doc.as_object_mut() {
             if !o.contains_key(sm4c_runtime::asl::model::ID_KEY) {
-                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state-machine");
-                let stem = name
-                    .split('.')
-                    .next()
-                    .filter(|s| !s.is_empty())
-                    .unwrap_or("state-machine");
-                o.insert(sm4c_runtime::asl::model::ID_KEY.into(), Value::String(stem.to_string()));
+                o.insert(sm4c_runtime::asl::model::ID_KEY.into(), Value::String(asl_name(path)));
             }
         }
     }
