@@ -32,6 +32,7 @@ pub mod expr;
 mod fast;
 pub mod json;
 pub mod model;
+pub mod task_token;
 pub mod timespan;
 pub mod validate;
 

@@ -717,9 +717,12 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
             heartbeat,
         } => {
             let op = op_id(run, st);
-            let token = resource.ends_with(".waitForTaskToken").then_some(op.as_str());
+            // `$$.Task.Token` names the instance and the operation, so a worker's answer finds them.
+            let token = resource
+                .ends_with(".waitForTaskToken")
+                .then(|| crate::task_token::token(cx.id, &op));
             let ctx = if token.is_some() {
-                cx.context(run, st, None, token)
+                cx.context(run, st, None, token.as_deref())
             } else {
                 ctx
             };
