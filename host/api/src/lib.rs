@@ -80,6 +80,9 @@ pub fn router(backend: impl Backend) -> Router {
         .route("/tasks/{token}/complete", post(complete))
         .route("/tasks/{token}/fail", post(fail))
         .route("/tasks/{token}/heartbeat", post(heartbeat))
+        .route("/tasks/send-task-success", post(send_task_success))
+        .route("/tasks/send-task-failure", post(send_task_failure))
+        .route("/tasks/send-task-heartbeat", post(send_task_heartbeat))
         .route("/events/sent", get(sent))
         .route(
             "/openapi.json",
@@ -399,5 +402,84 @@ async fn fail(State(h): State<Api>, Path(token): Path<String>, req: Request) -> 
 async fn heartbeat(State(h): State<Api>, Path(token): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
     let details = optional_json(req).await?;
     let a = h.answer(token, Answer::Heartbeat(details)).await?;
+    Ok(Json(json!({"cancelRequested": a.cancel_requested})))
+}
+
+/// A body of the AWS-shaped task answers: JSON, as `application/json` or as the AWS JSON protocol's
+/// `application/x-amz-json-1.0` (what AWS SDKs send), with `taskToken` and the fields `fields` names.
+async fn aws_answer(req: Request, fields: &[&str]) -> Result<(String, serde_json::Map<String, Value>), ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| PayloadTooLarge(MAX_BODY))?;
+    let json_type = parts
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| {
+            t.starts_with("application/json") || t.contains("+json") || t.starts_with("application/x-amz-json")
+        });
+    if !json_type {
+        return Err(UnsupportedMediaType.into());
+    }
+    let body: Value =
+        serde_json::from_slice(&bytes).map_err(|e| MalformedJson(format!("the body is not JSON: {e}")))?;
+    let Value::Object(mut o) = body else {
+        return Err(InvalidFailure("the body must be a JSON object with taskToken".into()).into());
+    };
+    if let Some(k) = o.keys().find(|k| *k != "taskToken" && !fields.contains(&k.as_str())) {
+        let known: Vec<String> = std::iter::once("taskToken")
+            .chain(fields.iter().copied())
+            .map(|f| format!("{f:?}"))
+            .collect();
+        return Err(InvalidFailure(format!("unknown field {k:?}: expected {}", known.join(", "))).into());
+    }
+    match o.remove("taskToken") {
+        Some(Value::String(t)) if !t.is_empty() => Ok((t, o)),
+        _ => Err(InvalidFailure("taskToken (a string, the task's token) is missing".into()).into()),
+    }
+}
+
+/// `SendTaskSuccess`, as AWS Step Functions takes it: `{"taskToken", "output"}`, `output` a JSON
+/// text.
+async fn send_task_success(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
+    let (token, o) = aws_answer(req, &["output"]).await?;
+    let result = match o.get("output") {
+        Some(Value::String(text)) => serde_json::from_str(text)
+            .map_err(|e| InvalidFailure(format!("output must be a JSON text (a string holding JSON): {e}")))?,
+        _ => {
+            return Err(InvalidFailure(
+                "output (a string holding the task's JSON result, as AWS's SendTaskSuccess) is missing".into(),
+            )
+            .into())
+        }
+    };
+    Ok(answered(h.answer(token, Answer::Complete(result)).await?))
+}
+
+/// `SendTaskFailure`, as AWS Step Functions takes it: `{"taskToken", "error"?, "cause"?}`. An ASL
+/// Task fails with error name `error` (`States.TaskFailed` when absent) and cause `cause`.
+async fn send_task_failure(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
+    let (token, o) = aws_answer(req, &["error", "cause"]).await?;
+    let text = |k: &str, most: usize| match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.chars().count() <= most => Ok(Some(s.clone())),
+        Some(Value::String(_)) => Err(InvalidFailure(format!("{k} has more than {most} characters"))),
+        Some(_) => Err(InvalidFailure(format!("{k} must be a string"))),
+    };
+    let (error, cause) = (text("error", 256)?, text("cause", 32768)?);
+    let name = error.unwrap_or_else(|| "States.TaskFailed".into());
+    let message = cause
+        .clone()
+        .unwrap_or_else(|| format!("the worker failed the task: {name}"));
+    let e = sm4c_runtime::ErrorInfo::new(sm4c_runtime::ErrorKind::FunctionError, message)
+        .with_details(json!({"Error": name, "Cause": cause}));
+    Ok(answered(h.answer(token, Answer::Fail(e)).await?))
+}
+
+/// `SendTaskHeartbeat`, as AWS Step Functions takes it: `{"taskToken"}`.
+async fn send_task_heartbeat(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
+    let (token, _) = aws_answer(req, &[]).await?;
+    let a = h.answer(token, Answer::Heartbeat(None)).await?;
     Ok(Json(json!({"cancelRequested": a.cancel_requested})))
 }

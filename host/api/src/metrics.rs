@@ -235,6 +235,10 @@ impl Functions for Metered {
     fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
         self.inner.subflow(id)
     }
+
+    fn task_lists(&self) -> Option<Arc<sm4c_host::driver::TaskListBindings>> {
+        self.inner.task_lists()
+    }
 }
 
 /// `GET /metrics`, answering `metrics` (merge it into the API's router, inside the auth layer: it

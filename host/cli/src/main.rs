@@ -192,7 +192,7 @@ impl ExpressionArgs {
 #[derive(clap::Args, Clone, Default)]
 struct CallArgs {
     /// TOML file of REST servers and headers per document, gRPC targets, metadata and deadlines per
-    /// service (see the README); the flags below override and extend it.
+    /// service, and what ASL Task Resources call (see the README); the flags below override and extend it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Base URL for an OpenAPI document, replacing its `servers`: DOCUMENT=URL (repeatable).
@@ -381,6 +381,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         sent,
         rest: Some(rest),
         grpc: Some(grpc),
+        asl_resources: calls.asl.resources,
+        http: Some(Arc::new(sm4c_invoke::asl::HttpTask::new(calls.asl.connections))),
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let verbose = args.verbose;
@@ -651,6 +653,8 @@ fn served_functions(
             sent: None,
             rest: Some(Arc::new(sm4c_invoke::rest::RestInvoker::new(base, calls.rest))),
             grpc: Some(Arc::new(GrpcInvoker::new(base, calls.grpc))),
+            asl_resources: calls.asl.resources,
+            http: Some(Arc::new(sm4c_invoke::asl::HttpTask::new(calls.asl.connections))),
         }),
         metrics: metrics.clone(),
     })

@@ -91,4 +91,11 @@ pub trait Functions: Send + Sync + 'static {
         let _ = id;
         None
     }
+
+    /// ASL Task Resources that host configuration binds to worker task lists (Resource → task
+    /// list): hosts with task lists put those Tasks on them instead of calling
+    /// [`Functions::invoke`] ([`crate::driver::Driver::task_lists`]).
+    fn task_lists(&self) -> Option<Arc<crate::driver::TaskListBindings>> {
+        None
+    }
 }

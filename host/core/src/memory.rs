@@ -153,6 +153,8 @@ impl InMemoryHost {
             driver: Driver {
                 options: config.options,
                 limits: config.limits,
+                // Its functions do the work of worker tasks too: nothing is bound to task lists.
+                task_lists: None,
             },
             config,
             tx: tx.downgrade(),

@@ -111,6 +111,7 @@ impl DurableHost {
         let registry = Arc::new(RwLock::new(registry));
         let (tx, rx) = mpsc::unbounded_channel();
         let (failed, failure) = tokio::sync::watch::channel(None);
+        let task_lists = host.task_lists();
         let mut lp = Loop {
             store: store.clone(),
             host,
@@ -119,6 +120,7 @@ impl DurableHost {
                     max_journal: limits.max_journal,
                     ..driver::Limits::default()
                 },
+                task_lists,
                 ..Driver::durable()
             },
             failed,
@@ -555,7 +557,7 @@ impl Loop {
 
     fn handle(&mut self, id: &str, input: Input) {
         let now = now_ms();
-        let driver = self.driver;
+        let driver = self.driver.clone();
         let Some(slot) = self.slot(id) else { return };
         if slot.h.inst.status().is_final() {
             return;
@@ -887,7 +889,7 @@ impl Loop {
             Cmd::Result { instance, op, result } => {
                 // A call that was stopped meanwhile is not in flight any more: its result is moot.
                 if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
-                    let driver = self.driver;
+                    let driver = self.driver.clone();
                     if let Some(slot) = self.slot(&instance) {
                         // The call is done, so it is no longer open, whether or not anyone waits.
                         slot.dirty = true;
@@ -961,7 +963,7 @@ impl Loop {
         answer: Answer,
         reply: oneshot::Sender<Result<Answered, HostError>>,
     ) {
-        let driver = self.driver;
+        let driver = self.driver.clone();
         let Some(slot) = self.slot(&instance) else {
             let _ = reply.send(Err(HostError::UnknownTask(format!(
                 "no task: the token names instance {instance:?}, which does not exist"

@@ -29,9 +29,28 @@
 //! clients = { "CN=ops" = "operate" }   # a verified client certificate's subject CN and its role
 //! ```
 //!
+//! The `[asl]` section binds ASL Task `Resource`s to functions (see [`crate::asl`]): a REST
+//! operation, a gRPC method (both written as an SM4C function's `operation`, resolved the same
+//! way) or a worker task list; and gives the HTTP Task's connections their credentials.
+//!
+//! ```toml
+//! [asl.resources."arn:aws:lambda:us-east-1:123456789012:function:charge"]
+//! rest = "payments.yaml#chargeCard"
+//!
+//! [asl.resources."arn:aws:states:::lambda:invoke"]
+//! grpc = "shop.proto#shop.v1.Inventory/Reserve"
+//!
+//! [asl.resources."arn:aws:states:::sqs:sendMessage.waitForTaskToken"]
+//! worker = "approvals"                 # a .waitForTaskToken Resource can only go to a worker
+//!
+//! [asl.connections."arn:aws:events:us-east-1:123456789012:connection/stripe/1"]
+//! headers = { authorization = "env:STRIPE_AUTH" }
+//! ```
+//!
 //! Header, metadata and token values are literal or `env:VAR`. They are credentials: no message
 //! quotes them. File paths are relative to the configuration file's folder.
 
+use crate::asl::AslConfig;
 use crate::files::FileError;
 use crate::grpc::{GrpcConfig, GrpcTls};
 use crate::rest::RestConfig;
@@ -51,6 +70,8 @@ pub struct CallConfig {
     pub grpc: GrpcConfig,
     /// The `[server]` section, for `sm4c serve`.
     pub server: ServerConfig,
+    /// The `[asl]` section: what ASL Task Resources call.
+    pub asl: AslConfig,
 }
 
 /// The roles a token or a client certificate may have, from the least to the most allowed.
@@ -104,6 +125,31 @@ struct RawFile {
     #[serde(default)]
     grpc: BTreeMap<String, RawService>,
     server: Option<RawServer>,
+    asl: Option<RawAsl>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAsl {
+    #[serde(default)]
+    resources: BTreeMap<String, RawResource>,
+    #[serde(default)]
+    connections: BTreeMap<String, RawConnection>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResource {
+    rest: Option<Spanned<String>>,
+    grpc: Option<Spanned<String>>,
+    worker: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConnection {
+    #[serde(default)]
+    headers: BTreeMap<String, Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -346,6 +392,38 @@ impl CallConfig {
                     fail(0, key(&["grpc", service]), m);
                 }
                 c.grpc.tls.insert(service.clone(), tls);
+            }
+        }
+        if let Some(asl) = &raw.asl {
+            for (resource, r) in &asl.resources {
+                let at = [&r.rest, &r.grpc, &r.worker]
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.span().start)
+                    .min()
+                    .unwrap_or(0);
+                fn text(v: &Option<Spanned<String>>) -> Option<&str> {
+                    v.as_ref().map(|v| v.get_ref().as_str())
+                }
+                match crate::asl::check_target(resource, text(&r.rest), text(&r.grpc), text(&r.worker)) {
+                    Ok(t) => {
+                        c.asl.resources.insert(resource.clone(), t);
+                    }
+                    Err(m) => fail(at, key(&["asl", "resources", resource]), m),
+                }
+            }
+            for (arn, conn) in &asl.connections {
+                let headers = c.asl.connections.entry(arn.clone()).or_default();
+                for (name, value) in &conn.headers {
+                    match secret(value.get_ref()).and_then(|v| header(name, &v).map(|_| v)) {
+                        Ok(v) => headers.push((name.clone(), v)),
+                        Err(m) => fail(
+                            value.span().start,
+                            key(&["asl", "connections", arn, "headers", name]),
+                            m,
+                        ),
+                    }
+                }
             }
         }
         if let Some(server) = &raw.server {
@@ -607,6 +685,53 @@ mod tests {
         );
         let errs = load("[server]\ntokens = [{ role = \"read\", token = \"t\", note = \"x\" }]\n").unwrap_err();
         assert!(errs[0].contains("unknown field `note`"), "{errs:?}");
+    }
+
+    #[test]
+    fn reads_the_asl_section_and_names_bad_entries() {
+        std::env::set_var("SM4C_CONFIG_TEST_CONN", "Bearer c-1");
+        let c = load(
+            "[asl.resources.\"arn:aws:lambda:us-east-1:1:function:charge\"]\nrest = \"pay.yaml#charge\"\n[asl.resources.\"arn:x:grpc\"]\ngrpc = \"s.proto#a.B/C\"\n[asl.resources.\"arn:aws:states:::sqs:sendMessage.waitForTaskToken\"]\nworker = \"approvals\"\n[asl.connections.\"arn:conn\"]\nheaders = { authorization = \"env:SM4C_CONFIG_TEST_CONN\" }\n",
+        )
+        .unwrap();
+        use crate::asl::AslTarget;
+        assert_eq!(
+            c.asl.resources["arn:aws:lambda:us-east-1:1:function:charge"],
+            AslTarget::Rest("pay.yaml#charge".into())
+        );
+        assert_eq!(c.asl.resources["arn:x:grpc"], AslTarget::Grpc("s.proto#a.B/C".into()));
+        assert_eq!(
+            c.asl.task_lists()["arn:aws:states:::sqs:sendMessage.waitForTaskToken"],
+            "approvals"
+        );
+        assert_eq!(
+            c.asl.connections["arn:conn"],
+            vec![("authorization".to_string(), "Bearer c-1".to_string())]
+        );
+        let errs = load(
+            "[asl.resources.a]\nrest = \"no-operation\"\n\n[asl.resources.\"b.waitForTaskToken\"]\ngrpc = \"s.proto#a.B/C\"\n[asl.resources.c]\nworker = \"x\"\nrest = \"d#o\"\n[asl.connections.k]\nheaders = { \"bad name\" = \"s3cret\" }\n",
+        )
+        .unwrap_err();
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert!(
+            errs[0].starts_with("line 2: asl.resources.a: rest = \"no-operation\" must be"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1].starts_with("line 5: asl.resources.\"b.waitForTaskToken\": a .waitForTaskToken"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[2].starts_with("line 7: asl.resources.c: give only one"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[3].starts_with("line 10: asl.connections.k.headers.\"bad name\": "),
+            "{errs:?}"
+        );
+        assert!(!errs.iter().any(|e| e.contains("s3cret")), "{errs:?}");
+        let errs = load("[asl.resources.a]\nlambda = \"x\"\n").unwrap_err();
+        assert!(errs[0].starts_with("line 2: unknown field `lambda`"), "{errs:?}");
     }
 
     #[test]

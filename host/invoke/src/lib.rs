@@ -2,6 +2,7 @@
 //!
 //! - [`rest`]: `rest` functions, through an OpenAPI document.
 //! - [`grpc`]: `rpc` functions, through a `.proto` file compiled at load time.
+//! - [`asl`]: what ASL Task Resources call (bound functions, the HTTP Task).
 //! - [`config`]: where calls go and with which credentials (the configuration file and flags).
 //! - [`router::CallRouter`]: the [`sm4c_host::Functions`] of `sm4c run` and `sm4c serve`: each
 //!   call goes to its jq mock, else to the REST or gRPC invoker.
@@ -9,6 +10,7 @@
 // ErrorInfo is returned on the cold path only; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod asl;
 pub mod config;
 pub mod files;
 pub mod grpc;

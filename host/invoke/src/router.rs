@@ -1,10 +1,12 @@
 //! The host `sm4c run` and `sm4c serve` use: functions answered by jq mocks, else called for real
-//! (REST, gRPC), sent events appended to a file, subflows from a folder.
+//! (REST, gRPC, and for ASL Tasks what host configuration binds their Resource to, or the HTTP
+//! Task), sent events appended to a file, subflows from a folder.
 
+use crate::asl::{asl_error, bound_call, AslTarget, HttpTask, HTTP_INVOKE};
 use serde_json::Value;
 use sm4c_host::{BoxFuture, FunctionCall, Functions};
 use sm4c_runtime::{ErrorInfo, ErrorKind, Expr, Machine};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -21,29 +23,70 @@ pub struct CallRouter {
     pub rest: Option<Arc<crate::rest::RestInvoker>>,
     /// Real calls of `rpc` functions that have no mock.
     pub grpc: Option<Arc<crate::grpc::GrpcInvoker>>,
+    /// What ASL Task Resources without a mock call (`[asl.resources]` of the configuration).
+    pub asl_resources: BTreeMap<String, AslTarget>,
+    /// HTTP Tasks (`arn:aws:states:::http:invoke`) without a mock.
+    pub http: Option<Arc<HttpTask>>,
 }
 
 impl CallRouter {
     /// An ASL Task (`function` is its `Resource`, `operation` its state name): answered by the mock
-    /// keyed by the Resource, else by the state name. A mock's `error({"Error": ..., "Cause": ...})`
-    /// fails the task with that error; `error("text")` with `States.TaskFailed` and cause `text`.
-    fn asl_task(&self, call: &FunctionCall) -> Result<Value, ErrorInfo> {
+    /// keyed by the Resource, else by the state name; else by what the configuration binds the
+    /// Resource to (REST, gRPC), else, for `arn:aws:states:::http:invoke`, by the HTTP call.
+    fn asl_task(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
+        if self.mocks.contains_key(&call.function) || self.mocks.contains_key(&call.operation) {
+            return Box::pin(std::future::ready(self.asl_mock(&call)));
+        }
+        let missing = |what: &str| {
+            asl_error(
+                "States.TaskFailed",
+                format!(
+                    "Task state {:?} calls Resource {:?}, {what}",
+                    call.operation, call.function
+                ),
+            )
+        };
+        let result = match (self.asl_resources.get(&call.function), call.function.as_str()) {
+            (Some(AslTarget::Rest(op)), _) => match &self.rest {
+                Some(rest) => {
+                    let (rest, call) = (rest.clone(), bound_call(&call, "rest", op));
+                    return Box::pin(async move { rest.call(&call).await });
+                }
+                None => Err(missing("bound to a REST operation, and this host makes no REST calls")),
+            },
+            (Some(AslTarget::Grpc(op)), _) => match &self.grpc {
+                Some(grpc) => {
+                    let (grpc, call) = (grpc.clone(), bound_call(&call, "rpc", op));
+                    return Box::pin(async move { grpc.call(&call).await });
+                }
+                None => Err(missing("bound to a gRPC method, and this host makes no gRPC calls")),
+            },
+            (Some(AslTarget::Worker(list)), _) => Err(missing(&format!(
+                "bound to task list {list:?}, and sm4c run has no workers: give a mock with --mock, or run the definition under sm4c serve, where workers poll the task list"
+            ))),
+            (None, HTTP_INVOKE) => match &self.http {
+                Some(http) => {
+                    let http = http.clone();
+                    return Box::pin(async move { http.call(&call).await });
+                }
+                None => Err(missing("the HTTP Task, and this host makes no HTTP calls")),
+            },
+            (None, _) => Err(missing(
+                "which has no mock and is bound to nothing: give a mock with --mock (a JSON object of Resources or Task state names to jq expressions), or bind the Resource in the configuration file (--config), [asl.resources.\"RESOURCE\"] with rest = \"DOCUMENT#operationId\", grpc = \"FILE.proto#package.Service/Method\" or worker = \"TASK-LIST\"",
+            )),
+        };
+        Box::pin(std::future::ready(result))
+    }
+
+    /// An ASL Task answered by its mock. A mock's `error({"Error": ..., "Cause": ...})` fails the
+    /// task with that error; `error("text")` with `States.TaskFailed` and cause `text`.
+    fn asl_mock(&self, call: &FunctionCall) -> Result<Value, ErrorInfo> {
         let Some(expr) = self
             .mocks
             .get(&call.function)
             .or_else(|| self.mocks.get(&call.operation))
         else {
-            return Err(ErrorInfo::new(
-                ErrorKind::FunctionError,
-                format!(
-                    "Task state {:?} calls {:?}, which has no mock: give one with --mock (a JSON object of Resources or Task state names to jq expressions)",
-                    call.operation, call.function
-                ),
-            )
-            .with_details(serde_json::json!({
-                "Error": "States.TaskFailed",
-                "Cause": format!("no mock and no configured function for Resource {:?}", call.function),
-            })));
+            return Err(asl_error("States.TaskFailed", "no mock"));
         };
         expr.eval_json(&call.arguments).map_err(|e| {
             let mut err = ErrorInfo::new(ErrorKind::FunctionError, e.message.clone());
@@ -67,7 +110,7 @@ impl CallRouter {
 impl Functions for CallRouter {
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
         if call.function_type == "asl" {
-            return Box::pin(std::future::ready(self.asl_task(&call)));
+            return self.asl_task(call);
         }
         let result = match self.mocks.get(&call.function) {
             Some(expr) => expr.eval_json(&call.arguments).map_err(|e| {
@@ -111,5 +154,19 @@ impl Functions for CallRouter {
 
     fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
         self.subflows.get(id).cloned()
+    }
+
+    /// Resources bound to task lists, except those a mock answers.
+    fn task_lists(&self) -> Option<Arc<sm4c_host::driver::TaskListBindings>> {
+        let bound: sm4c_host::driver::TaskListBindings = self
+            .asl_resources
+            .iter()
+            .filter(|(r, _)| !self.mocks.contains_key(*r))
+            .filter_map(|(r, t)| match t {
+                AslTarget::Worker(list) => Some((r.clone(), list.clone())),
+                _ => None,
+            })
+            .collect();
+        (!bound.is_empty()).then(|| Arc::new(bound))
     }
 }

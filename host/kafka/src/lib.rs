@@ -428,6 +428,7 @@ impl KafkaHost {
                 max_journal: config.max_journal,
                 ..sm4c_host::driver::Limits::default()
             },
+            task_lists: host.task_lists(),
             ..sm4c_host::driver::Driver::durable()
         };
         let shared = Arc::new(Shared {

@@ -1354,7 +1354,7 @@ impl Decision<'_> {
                 }
             }
             Command::Result { id, op, outcome } => {
-                let driver = self.shared.driver;
+                let driver = self.shared.driver.clone();
                 let Some(s) = self.t.slots.get_mut(&id) else { return };
                 if s.h.open_op(&op).is_none() {
                     return;
@@ -1375,7 +1375,7 @@ impl Decision<'_> {
                 event,
                 request,
             } => {
-                let driver = self.shared.driver;
+                let driver = self.shared.driver.clone();
                 let heartbeat = matches!(answer, Answer::Heartbeat(_));
                 let answering = match self.t.slots.get_mut(&id) {
                     Some(s) => driver.answer(&mut s.h, &op, answer),

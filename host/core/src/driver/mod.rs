@@ -283,13 +283,19 @@ pub enum Answering {
 }
 
 /// Runs instances through the engine: one policy for every host.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Driver {
     /// Engine settings for every instance.
     pub options: Options,
     /// The limits.
     pub limits: Limits,
+    /// ASL Task Resources the host configuration binds to worker task lists (Resource → task
+    /// list; [`crate::Functions::task_lists`]): their Tasks become worker tasks on that list.
+    pub task_lists: Option<Arc<TaskListBindings>>,
 }
+
+/// ASL Task Resources bound to worker task lists, from host configuration.
+pub type TaskListBindings = std::collections::BTreeMap<String, String>;
 
 impl Default for Driver {
     fn default() -> Self {
@@ -307,6 +313,7 @@ impl Driver {
                 ..Options::default()
             },
             limits: Limits::default(),
+            task_lists: None,
         }
     }
 
@@ -403,6 +410,7 @@ impl Driver {
         let id = h.inst.id().to_string();
         let mut work = Vec::with_capacity(out.effects.len());
         for effect in out.effects {
+            let effect = self.bind(h.inst.machine(), effect);
             match &effect {
                 Effect::InvokeFunction { .. } | Effect::StartSubflow { .. } => h.open.push(effect.clone()),
                 Effect::CancelOperation { op } => {
@@ -434,6 +442,35 @@ impl Driver {
             work,
             notify,
             finished,
+        }
+    }
+
+    /// An ASL Task call whose Resource host configuration binds to a worker task list
+    /// ([`Driver::task_lists`]) becomes a worker task on that list; every other effect is left as
+    /// it is. Bound before the call is kept open, so the worker's answer finds a task.
+    pub fn bind(&self, machine: &Machine, effect: Effect) -> Effect {
+        let (Some(bindings), Some(_)) = (&self.task_lists, &machine.asl) else {
+            return effect;
+        };
+        match effect {
+            Effect::InvokeFunction {
+                op,
+                function,
+                operation: _,
+                function_type,
+                arguments,
+                wait,
+            } if matches!(function_type.as_str(), "asl" | "worker") && bindings.contains_key(&function) => {
+                Effect::InvokeFunction {
+                    op,
+                    operation: bindings[&function].clone(),
+                    function,
+                    function_type: "worker".into(),
+                    arguments,
+                    wait,
+                }
+            }
+            other => other,
         }
     }
 
@@ -522,6 +559,10 @@ impl Driver {
             }
             Answer::Fail(error) => {
                 h.close(&op);
+                let error = match h.inst.machine().asl {
+                    Some(_) => asl_failure(error),
+                    None => error,
+                };
                 Input::Failed { op, error }
             }
         };
@@ -529,6 +570,21 @@ impl Driver {
             input: waited.then_some(input),
         }
     }
+}
+
+/// A worker's failure of an ASL Task: the `error` a worker gives (`{"error": CODE, "message":
+/// TEXT}`) is the ASL error name and its message the cause, so `Catch` and `Retry` see the name.
+/// A failure that already names its ASL `Error` (`SendTaskFailure`) is left as it is.
+fn asl_failure(mut error: ErrorInfo) -> ErrorInfo {
+    if let Some(Value::Object(d)) = &mut error.details {
+        if !d.contains_key("Error") {
+            if let Some(Value::String(code)) = d.get("error").cloned() {
+                d.insert("Error".into(), json!(code));
+                d.insert("Cause".into(), json!(error.message));
+            }
+        }
+    }
+    error
 }
 
 /// The instance an event names with the `sm4cinstanceid` attribute.

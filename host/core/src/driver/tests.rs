@@ -415,3 +415,48 @@ fn parent_links_keep_the_tuple_form_stores_and_records_have() {
     let back: ParentLink = serde_json::from_value(json!(["p", "1.enter", true])).unwrap();
     assert_eq!(back, l);
 }
+
+/// An ASL Task of Resource `arn:pack`, failing into a catch of `Rejected`.
+fn asl_packer() -> Arc<Machine> {
+    machine(json!({"sm4c:id": "pack", "StartAt": "Pack", "States": {
+        "Pack": {"Type": "Task", "Resource": "arn:pack", "End": true,
+                 "Catch": [{"ErrorEquals": ["Rejected"], "Next": "Caught"}]},
+        "Caught": {"Type": "Pass", "End": true}}}))
+}
+
+#[test]
+fn asl_tasks_bound_to_task_lists_become_tasks_whose_failures_keep_their_name() {
+    // Unbound, the Task is a call.
+    let d = Driver::durable();
+    let mut h = d.create(asl_packer(), "o-1");
+    let step = start(&d, &mut h, json!({}));
+    assert!(matches!(&step.work[0], Work::Call { call, .. } if call.function_type == "asl"));
+
+    let mut d = Driver::durable();
+    let bindings = [("arn:pack", "packing"), ("f", "packing")].map(|(r, l)| (r.to_string(), l.to_string()));
+    d.task_lists = Some(Arc::new(TaskListBindings::from(bindings)));
+    let mut h = d.create(asl_packer(), "o-2");
+    let step = start(&d, &mut h, json!({}));
+    let Work::Task { task, wait: true } = &step.work[0] else {
+        panic!("{:?}", step.work)
+    };
+    assert_eq!(
+        (task.task_list.as_str(), task.function.as_str()),
+        ("packing", "arn:pack")
+    );
+    assert!(
+        h.open_task(&task.op),
+        "the bound Task is open as a task, so a worker's answer finds it"
+    );
+    // The task API's failure `error` is the ASL error name, which Catch matches.
+    let failure = Answer::failure(&json!({"error": "Rejected", "message": "too big"})).unwrap();
+    let Answering::Open { input: Some(input) } = d.answer(&mut h, &task.op, failure) else {
+        panic!("the task is open")
+    };
+    d.step(&mut h, at(T0 + 1, input));
+    assert_eq!(h.inst.status(), Status::Completed);
+    assert_eq!(h.inst.data(), json!({"Error": "Rejected", "Cause": "too big"}));
+    // SM4C definitions are never bound, whatever their function names.
+    let mut h = d.create(caller("rest", true), "c-1");
+    assert!(matches!(&start(&d, &mut h, json!({"n": 1})).work[0], Work::Call { .. }));
+}
