@@ -1293,8 +1293,14 @@ pub fn matches(list: &[String], name: Option<&str>) -> bool {
     if name == names::RUNTIME {
         return false;
     }
-    list.iter()
-        .any(|e| e == name || e == names::ALL || (e == names::TASK_FAILED && name != names::TIMEOUT))
+    let timeout = name == names::TIMEOUT || name == names::HEARTBEAT_TIMEOUT;
+    list.iter().any(|e| {
+        e == name
+            || e == names::ALL
+            || (e == names::TASK_FAILED && !timeout)
+            // States.Timeout covers a missed heartbeat too (AWS reports it as States.HeartbeatTimeout).
+            || (e == names::TIMEOUT && timeout)
+    })
 }
 
 /// The state failed with `e`: retry, catch, or end the run with the error.
