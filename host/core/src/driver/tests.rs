@@ -239,7 +239,11 @@ fn a_failed_subflow_is_a_subflow_error_for_the_parent() {
             assert_eq!(error.message, "subflow p/1.enter ended cancelled: by the API");
             assert_eq!(
                 error.details,
-                Some(json!({"instance": "p/1.enter", "status": "cancelled"}))
+                Some(json!({
+                    "instance": "p/1.enter",
+                    "status": "cancelled",
+                    "error": {"type": "cancelled", "message": "by the API"}
+                }))
             );
         }
         other => panic!("{other:?}"),
