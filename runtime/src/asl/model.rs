@@ -521,7 +521,10 @@ fn state(v: &mut V, sp: &str, name: &str, def: &Value, names: &HashMap<&str, usi
         v.err(sp, "a state must be a JSON object");
         return st;
     };
-    st.uses_context = def.to_string().contains("$$") || def.to_string().contains("$states.context");
+    // The context object is built only for states that read it: `$$`, `$states.context`, and
+    // JSONata's clock (`$now()`, `$millis()` give the state's entered time, so replays agree).
+    let text = def.to_string();
+    st.uses_context = ["$$", "$states.context", "$now", "$millis"].iter().any(|k| text.contains(k));
     if let Some(l) = o.get("QueryLanguage") {
         if let Some(l) = lang_of(v, &format!("{sp}/QueryLanguage"), l) {
             if outer == Lang::Jsonata && l == Lang::JsonPath {
