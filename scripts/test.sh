@@ -28,7 +28,7 @@ if [ -d ../shared/conformance/asl ] && command -v jq >/dev/null; then
   echo "scripts/test.sh: running the ASL conformance cases in ../shared/conformance/asl" >&2
   ASL_ALL=1 python3 ../shared/conformance/run-cases.py target/debug/sm4c ../shared/conformance/asl
 elif [ -d ../shared/conformance/asl ]; then
-  echo "scripts/test.sh: NOT RUN: the ASL conformance cases (../shared/conformance/run-cases.py): their expectations need jq, which is not installed" >&2
+  echo "scripts/test.sh: NOT RUN: the ASL conformance cases (../shared/conformance/run-cases.py): their expectations need a jq command, and scripts/setup.sh could not provide one" >&2
 else
   echo "scripts/test.sh: NOT RUN: the ASL conformance cases (../shared/conformance/run-cases.py target/debug/sm4c ../shared/conformance/asl): ../shared/conformance/asl is not beside the repository" >&2
 fi
