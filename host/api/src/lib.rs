@@ -167,12 +167,18 @@ struct StartBody {
     id: Option<String>,
 }
 
-async fn post_instance(State(h): State<Api>, Body(b): Body<StartBody>) -> Result<Response, ApiError> {
+async fn post_instance(
+    State(h): State<Api>,
+    headers: axum::http::HeaderMap,
+    Body(b): Body<StartBody>,
+) -> Result<Response, ApiError> {
     if b.id.as_deref().is_some_and(|i| i.is_empty() || i.len() > 200) {
         return Err(InvalidId.into());
     }
     let input = b.input.unwrap_or_else(|| json!({}));
-    let (id, created) = h.start_instance(b.definition, b.version, b.id, input).await?;
+    // The request's W3C trace context is the instance's origin: its steps' spans link to it.
+    let origin = traceparent(&headers).map(str::to_string);
+    let (id, created) = h.start_traced(b.definition, b.version, b.id, input, origin).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"id": id, "created": created}))).into_response())
 }
@@ -289,7 +295,13 @@ async fn cancel(h: Api, id: String) -> Result<Json<Value>, ApiError> {
 }
 
 async fn post_event(State(h): State<Api>, req: Request) -> Result<Response, ApiError> {
-    let value = read_event(req).await?;
+    let hop = traceparent(req.headers()).map(str::to_string);
+    let mut value = read_event(req).await?;
+    // An event without the CloudEvents distributed-tracing extension has the request that posted
+    // it as its origin.
+    if let (Some(tp), Some(o)) = (hop, value.as_object_mut()) {
+        o.entry("traceparent").or_insert(Value::String(tp));
+    }
     let delivery = h.deliver(value).await?;
     Ok((StatusCode::ACCEPTED, Json(delivery)).into_response())
 }
@@ -297,6 +309,22 @@ async fn post_event(State(h): State<Api>, req: Request) -> Result<Response, ApiE
 async fn post_explain(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
     let value = read_event(req).await?;
     Ok(Json(h.explain(value).await?))
+}
+
+/// The W3C `traceparent` header of a request, when it has the form of version 00:
+/// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`.
+fn traceparent(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let v = headers.get("traceparent")?.to_str().ok()?.trim();
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (parts.len() == 4
+        && hex(parts[0], 2)
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+        && parts[1].bytes().any(|b| b != b'0')
+        && parts[2].bytes().any(|b| b != b'0'))
+    .then_some(v)
 }
 
 /// A CloudEvent from an HTTP request in either content mode, as its JSON (structured) form.

@@ -2,6 +2,7 @@
 
 mod client;
 mod files;
+mod traces;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -86,6 +87,11 @@ struct ServeArgs {
     /// certificate configured): anyone who reaches the port may do anything.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Export OpenTelemetry traces (a span per instance step) over OTLP/HTTP to this URL, e.g. a
+    /// collector's http://localhost:4318 (`/v1/traces` is added to a URL without a path). Off by
+    /// default; the standard OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_* variables configure it too.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     #[command(flatten)]
     calls: CallArgs,
     #[command(flatten)]
@@ -521,8 +527,6 @@ fn print_trace(id: &str, t: &Trace) {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    use sm4c_durable::store::SqliteStore;
-    use sm4c_durable::{DurableHost, Limits as HostLimits};
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -566,8 +570,28 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    // Before the runtime: the exporter's blocking HTTP client is built outside async code.
+    let traces = traces::Traces::configure(args.otlp_endpoint.as_deref())?.map(Arc::new);
+    let code = serve_on(args, docs, mocks, calls, park_ms, security, traces.clone());
+    if let Some(t) = traces {
+        t.shutdown();
+    }
+    code
+}
+
+fn serve_on(
+    args: ServeArgs,
+    docs: Vec<(PathBuf, serde_json::Value)>,
+    mocks: HashMap<String, sm4c_runtime::Expr>,
+    calls: sm4c_invoke::config::CallConfig,
+    park_ms: u64,
+    security: Security,
+    traces: Option<Arc<traces::Traces>>,
+) -> anyhow::Result<ExitCode> {
+    use sm4c_durable::store::SqliteStore;
+    use sm4c_durable::{DurableHost, Limits as HostLimits};
     if let Some(bootstrap) = &args.kafka.kafka {
-        return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms, security);
+        return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms, security, traces);
     }
     let store = match SqliteStore::open(&args.db) {
         Ok(s) => Arc::new(s),
@@ -578,7 +602,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let rt = serve_runtime()?;
     rt.block_on(async move {
-        let metrics = metrics();
+        let metrics = metrics(traces);
         let host = served_functions(args.definitions.as_deref(), calls, mocks, &metrics);
         let limits = HostLimits {
             park_ms,
@@ -680,13 +704,18 @@ fn served_api(
     sm4c_api::auth::layer(sm4c_api::router(backend).merge(sm4c_api::metrics::route(metrics)), auth)
 }
 
-fn metrics() -> Arc<sm4c_api::metrics::Metrics> {
+/// The metrics of `sm4c serve`, and the observer that feeds them and, when on, the traces.
+fn metrics(traces: Option<Arc<traces::Traces>>) -> Arc<sm4c_api::metrics::Metrics> {
     let metrics = Arc::new(sm4c_api::metrics::Metrics::new());
     // One server per process: the observer is installed once.
-    sm4c_host::metrics::observe(Box::new(sm4c_api::metrics::Observed(metrics.clone())));
+    sm4c_host::metrics::observe(Box::new(traces::Observed {
+        metrics: Box::new(sm4c_api::metrics::Observed(metrics.clone())),
+        traces,
+    }));
     metrics
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve_kafka(
     args: &ServeArgs,
     bootstrap: &str,
@@ -695,6 +724,7 @@ fn serve_kafka(
     calls: sm4c_invoke::config::CallConfig,
     park_ms: u64,
     security: Security,
+    traces: Option<Arc<traces::Traces>>,
 ) -> anyhow::Result<ExitCode> {
     let mut config = sm4c_kafka::KafkaConfig::new(bootstrap);
     config.group = args.kafka.group.clone();
@@ -713,7 +743,7 @@ fn serve_kafka(
     }
     let rt = serve_runtime()?;
     rt.block_on(async move {
-        let metrics = metrics();
+        let metrics = metrics(traces);
         let host = served_functions(args.definitions.as_deref(), calls, mocks, &metrics);
         let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
         let kafka = match sm4c_kafka::KafkaHost::start(config, docs, host).await {

@@ -25,6 +25,9 @@ pub struct FunctionCall {
     pub function_type: String,
     /// Resolved arguments.
     pub arguments: Value,
+    /// The W3C `traceparent` of the step that made the call, when steps are traced: invokers send
+    /// it on (an HTTP header, gRPC metadata).
+    pub traceparent: Option<String>,
 }
 
 impl FunctionCall {
@@ -46,6 +49,7 @@ impl FunctionCall {
                     operation: operation.clone(),
                     function_type: function_type.clone(),
                     arguments: arguments.clone(),
+                    traceparent: None,
                 },
                 *wait,
             )),

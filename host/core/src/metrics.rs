@@ -22,6 +22,39 @@ pub trait Observer: Send + Sync {
     /// A Kafka worker's transaction (exactly-once delivery) took `seconds` from its begin to its
     /// commit, or to the failure that aborted it (`committed` false).
     fn kafka_transaction(&self, _seconds: f64, _committed: bool) {}
+    /// A step of an instance is about to run: an observer that traces steps answers with the time
+    /// it began, and is told of the step's end by [`Observer::step_traced`]. `None` (the default)
+    /// traces nothing and costs nothing more.
+    fn step_begin(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+    /// A step that [`Observer::step_begin`] timed has run. The answer is the W3C `traceparent` of the
+    /// step's span, which the driver puts on the calls and events the step asks for.
+    fn step_traced(&self, _begun: std::time::SystemTime, _step: &StepSpan<'_>) -> Option<String> {
+        None
+    }
+}
+
+/// What a traced step was: the span an observer makes of it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSpan<'a> {
+    /// The instance.
+    pub instance: &'a str,
+    /// Its definition id.
+    pub definition: &'a str,
+    /// The kind of input the step took (`start`, `event`, `timerFired`, `completed`, ...).
+    pub input: &'static str,
+    /// The W3C `traceparent` of what started the instance (its origin), when one came with it:
+    /// every step of the instance links to it rather than nesting under it.
+    pub origin: Option<&'a str>,
+    /// The `traceparent` extension attribute of the CloudEvent the step took, if any.
+    pub event: Option<&'a str>,
+    /// The state the instance is in after the step.
+    pub state: Option<&'a str>,
+    /// Its status after the step.
+    pub status: Status,
+    /// Transitions the step fired.
+    pub transitions: u64,
 }
 
 static OBSERVER: OnceLock<Box<dyn Observer>> = OnceLock::new();

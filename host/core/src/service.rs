@@ -214,6 +214,18 @@ pub trait Backend: Send + Sync + 'static {
         id: Option<String>,
         input: Value,
     ) -> BoxFuture<'_, Result<(String, bool), HostError>>;
+    /// Starts an instance with the W3C `traceparent` of the request that started it (its origin),
+    /// for a host that keeps it; by default the origin is not kept.
+    fn start_traced(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+        _origin: Option<String>,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+        self.start_instance(definition, version, id, input)
+    }
     /// One instance.
     fn instance(&self, id: &str) -> Result<Option<Stored>, HostError>;
     /// Instances, oldest first, after a cursor.

@@ -78,6 +78,7 @@ impl Task {
             operation: self.task_list.clone(),
             function_type: "worker".into(),
             arguments: self.arguments.clone(),
+            traceparent: None,
         }
     }
 

@@ -42,6 +42,18 @@ impl Backend for DurableHost {
     ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
         Box::pin(async move { DurableHost::start_instance(self, &definition, version.as_deref(), id, input).await })
     }
+    fn start_traced(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+        origin: Option<String>,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+        Box::pin(
+            async move { DurableHost::start_traced(self, &definition, version.as_deref(), id, input, origin).await },
+        )
+    }
     fn instance(&self, id: &str) -> Result<Option<Stored>, HostError> {
         Ok(self.store().instance(id)?)
     }

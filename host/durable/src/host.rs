@@ -51,6 +51,7 @@ enum Cmd {
         version: Option<String>,
         id: Option<String>,
         input: Value,
+        origin: Option<String>,
         reply: oneshot::Sender<Result<(String, bool), HostError>>,
     },
     Event(Value, oneshot::Sender<Result<Delivery, HostError>>),
@@ -198,12 +199,27 @@ impl DurableHost {
         id: Option<String>,
         input: Value,
     ) -> Result<(String, bool), HostError> {
+        self.start_traced(definition, version, id, input, None).await
+    }
+
+    /// Starts an instance as [`DurableHost::start_instance`] does, with the W3C `traceparent` of
+    /// what started it (its origin): stored beside it, so the spans of its steps link to it across
+    /// restarts.
+    pub async fn start_traced(
+        &self,
+        definition: &str,
+        version: Option<&str>,
+        id: Option<String>,
+        input: Value,
+        origin: Option<String>,
+    ) -> Result<(String, bool), HostError> {
         let (definition, version) = (definition.to_string(), version.map(str::to_string));
         self.ask(|reply| Cmd::Start {
             definition,
             version,
             id,
             input,
+            origin,
             reply,
         })
         .await
@@ -542,7 +558,8 @@ impl Loop {
             let depth = self.depth(stored.parent.as_ref());
             // Calls in flight are kept with the instance; reload them for this batch.
             let open = self.store.calls_of(id).unwrap_or_default();
-            let h = Hosted::restored(inst, stored.parent, depth, open, stored.journal_len);
+            let mut h = Hosted::restored(inst, stored.parent, depth, open, stored.journal_len);
+            h.origin = self.store.origin(id).unwrap_or_default();
             self.cache.insert(
                 id.to_string(),
                 Slot {
@@ -680,6 +697,7 @@ impl Loop {
                 parent: h.parent.clone(),
                 entries: std::mem::take(&mut h.pending),
                 calls: h.open.clone(),
+                origin: h.origin.clone(),
             });
         }
         let started = std::time::Instant::now();
@@ -744,8 +762,11 @@ impl Loop {
                         .read()
                         .unwrap_or_else(|p| p.into_inner())
                         .get(&start.definition, None);
+                    // A subflow's steps link to the origin of the instance that started it.
+                    let origin = self.cache.get(id).and_then(|s| s.h.origin.clone());
                     match self.driver.child(&start, machine) {
-                        Ok(child) => {
+                        Ok(mut child) => {
+                            child.origin = origin;
                             self.cache.insert(
                                 start.id.clone(),
                                 Slot {
@@ -803,8 +824,9 @@ impl Loop {
         }
     }
 
-    fn create(&mut self, id: &str, m: Arc<Machine>) {
-        let h = self.driver.create(m, id);
+    fn create(&mut self, id: &str, m: Arc<Machine>, origin: Option<String>) {
+        let mut h = self.driver.create(m, id);
+        h.origin = origin;
         self.cache.insert(
             id.to_string(),
             Slot {
@@ -825,6 +847,7 @@ impl Loop {
                 version,
                 id,
                 input,
+                origin,
                 reply,
             } => {
                 let m = self
@@ -849,7 +872,7 @@ impl Loop {
                         let _ = reply.send(Ok((id, false)));
                     }
                     Ok(None) => {
-                        self.create(&id, m);
+                        self.create(&id, m, origin);
                         self.queue.push((id.clone(), Input::Start { data: input }));
                         // Starting is acknowledged once its first step is committed.
                         self.replies.push(Box::new(move || {

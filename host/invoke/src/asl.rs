@@ -128,6 +128,7 @@ pub fn bound_call(call: &FunctionCall, function_type: &str, operation: &str) -> 
         operation: operation.to_string(),
         function_type: function_type.to_string(),
         arguments: call.arguments.clone(),
+        traceparent: call.traceparent.clone(),
     }
 }
 
@@ -254,6 +255,12 @@ impl HttpTask {
                 .map_err(|_| bad(format!("the value of header {k} is not a valid header value")))?;
             req = req.header(name, value);
         }
+        if let (Some(tp), false) = (
+            &call.traceparent,
+            headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("traceparent")),
+        ) {
+            req = req.header("traceparent", tp.as_str());
+        }
         match p.get("RequestBody") {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) => {
@@ -369,6 +376,7 @@ mod tests {
             operation: "Call".into(),
             function_type: "asl".into(),
             arguments,
+            traceparent: None,
         }
     }
 

@@ -423,6 +423,14 @@ impl GrpcInvoker {
         if let Ok(v) = AsciiMetadataValue::try_from(visible_ascii(&key)) {
             req.metadata_mut().insert("idempotency-key", v);
         }
+        // The step's trace context (W3C Trace Context); configured metadata may replace it.
+        if let Some(v) = call
+            .traceparent
+            .as_deref()
+            .and_then(|t| AsciiMetadataValue::try_from(t).ok())
+        {
+            req.metadata_mut().insert("traceparent", v);
+        }
         for (k, v) in self.config.metadata.get(service).into_iter().flatten() {
             req.metadata_mut().insert(k.clone(), v.clone());
         }

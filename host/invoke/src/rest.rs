@@ -205,8 +205,14 @@ impl RestInvoker {
             .query(&query)
             .header("Idempotency-Key", format!("{}/{}", call.instance, call.op))
             .header("Accept", "application/json");
+        let mut traced = false;
         for (k, v) in headers.iter().chain(self.config.headers.get(uri).into_iter().flatten()) {
+            traced |= k.eq_ignore_ascii_case("traceparent");
             req = req.header(k.as_str(), v.as_str());
+        }
+        // The step's trace context (W3C Trace Context), unless the call sets its own.
+        if let (Some(tp), false) = (&call.traceparent, traced) {
+            req = req.header("traceparent", tp.as_str());
         }
         if !args.is_empty() {
             req = req.json(&Value::Object(args));

@@ -92,6 +92,9 @@ pub struct Hosted {
     pub journal_len: i64,
     /// Journal entries not yet recorded (the host drains them when it commits).
     pub pending: Vec<Entry>,
+    /// The W3C `traceparent` of the request or event that started the instance, where the host
+    /// keeps it: the spans of its steps link to it ([`crate::metrics::StepSpan::origin`]).
+    pub origin: Option<String>,
 }
 
 impl Hosted {
@@ -110,6 +113,7 @@ impl Hosted {
             open,
             journal_len,
             pending: Vec::new(),
+            origin: None,
         }
     }
 
@@ -167,6 +171,37 @@ fn observe(o: &dyn crate::metrics::Observer, h: &Hosted, started: bool, step: &S
     }
     if step.finished {
         o.instance_ended(definition, h.inst.status());
+    }
+}
+
+/// The name of an input's kind, for a step's span.
+fn input_kind(input: &Input) -> &'static str {
+    match input {
+        Input::Start { .. } => "start",
+        Input::Completed { .. } => "completed",
+        Input::Failed { .. } => "failed",
+        Input::TaskStarted { .. } => "taskStarted",
+        Input::TaskHeartbeat { .. } => "taskHeartbeat",
+        Input::Event { .. } => "event",
+        Input::TimerFired { .. } => "timerFired",
+        Input::Abort { .. } => "abort",
+        Input::Cancel { .. } => "cancel",
+    }
+}
+
+/// Puts the `traceparent` of a step's span on the calls it makes and on the events it sends that
+/// carry none (the CloudEvents distributed-tracing extension).
+fn propagate(work: &mut [Work], traceparent: &str) {
+    for w in work {
+        match w {
+            Work::Call { call, .. } => call.traceparent = Some(traceparent.to_string()),
+            Work::Send { event, .. } => {
+                if let Some(o) = event.as_object_mut() {
+                    o.entry("traceparent").or_insert_with(|| traceparent.into());
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -378,9 +413,38 @@ impl Driver {
         };
         let at = timed.at;
         let starts = matches!(input, Input::Start { .. });
-        let step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
-        if let Some(o) = crate::metrics::observer() {
+        let Some(o) = crate::metrics::observer() else {
+            return self.run_engine(h, |inst| inst.handle(Timed { at, input }));
+        };
+        let Some(begun) = o.step_begin() else {
+            let step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
             observe(o, h, starts, &step);
+            return step;
+        };
+        let kind = input_kind(&input);
+        let event = match &input {
+            Input::Event { event } => event.get("traceparent").and_then(Value::as_str).map(str::to_string),
+            _ => None,
+        };
+        let mut step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
+        observe(o, h, starts, &step);
+        let transitions = step
+            .entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Trace(sm4c_runtime::Trace::TransitionFired { .. })))
+            .count() as u64;
+        let span = crate::metrics::StepSpan {
+            instance: h.inst.id(),
+            definition: h.inst.machine().id.as_str(),
+            input: kind,
+            origin: h.origin.as_deref(),
+            event: event.as_deref(),
+            state: h.inst.state_name(),
+            status: h.inst.status(),
+            transitions,
+        };
+        if let Some(parent) = o.step_traced(begun, &span) {
+            propagate(&mut step.work, &parent);
         }
         step
     }
@@ -493,6 +557,7 @@ impl Driver {
                     operation,
                     function_type,
                     arguments,
+                    traceparent: None,
                 };
                 if call.function_type == "worker" {
                     Work::Task {

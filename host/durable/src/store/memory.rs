@@ -14,6 +14,7 @@ struct Inner {
     seq: i64,
     journal: BTreeMap<String, Vec<Entry>>,
     calls: BTreeMap<String, Vec<Effect>>,
+    origins: BTreeMap<String, String>,
     outbox: Vec<(i64, String, Value)>,
     parked: BTreeMap<i64, (Value, Millis)>,
     parked_seq: i64,
@@ -58,6 +59,9 @@ impl Store for MemoryStore {
         let mut i = self.inner();
         for w in &batch.instances {
             let id = w.snapshot.id.clone();
+            if let Some(tp) = &w.origin {
+                i.origins.entry(id.clone()).or_insert_with(|| tp.clone());
+            }
             let journal = i.journal.entry(id.clone()).or_default();
             journal.extend(w.entries.iter().cloned());
             let journal_len = journal.len() as i64;
@@ -175,6 +179,10 @@ impl Store for MemoryStore {
 
     fn calls_of(&self, instance: &str) -> Result<Vec<Effect>, StoreError> {
         Ok(self.inner().calls.get(instance).cloned().unwrap_or_default())
+    }
+
+    fn origin(&self, instance: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.inner().origins.get(instance).cloned())
     }
 
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {

@@ -74,6 +74,8 @@ pub struct InstanceWrite {
     pub entries: Vec<Entry>,
     /// Calls and subflow starts the instance has open, now.
     pub calls: Vec<Effect>,
+    /// The W3C `traceparent` of what started the instance, kept beside it once written.
+    pub origin: Option<String>,
 }
 
 /// Storage for the durable host.
@@ -102,6 +104,10 @@ pub trait Store: Send + Sync + 'static {
     fn calls(&self) -> Result<Vec<(String, Effect)>, StoreError>;
     /// The open calls and subflow starts of one instance.
     fn calls_of(&self, instance: &str) -> Result<Vec<Effect>, StoreError>;
+    /// The W3C `traceparent` of what started an instance, when one was written with it.
+    fn origin(&self, _instance: &str) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
     /// Ids of instances that have not ended, of the given definitions.
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError>;
     /// Sent events after a sequence number: (seq, instance, event).

@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS calls (
     PRIMARY KEY (instance, op)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT NULL, event TEXT NOT NULL, at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS origins (
+    instance TEXT PRIMARY KEY, traceparent TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS parked (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL, expires INTEGER NOT NULL);
 ";
@@ -185,6 +187,8 @@ impl Store for SqliteStore {
             let mut timer = tx.prepare_cached("INSERT INTO timers (instance, timer, due) VALUES (?1, ?2, ?3)")?;
             let mut clear_calls = tx.prepare_cached("DELETE FROM calls WHERE instance = ?1")?;
             let mut call = tx.prepare_cached("INSERT INTO calls (instance, op, effect) VALUES (?1, ?2, ?3)")?;
+            let mut origin =
+                tx.prepare_cached("INSERT OR IGNORE INTO origins (instance, traceparent) VALUES (?1, ?2)")?;
             for w in &batch.instances {
                 let s = &w.snapshot;
                 let state = s.state_name.as_deref();
@@ -208,6 +212,9 @@ impl Store for SqliteStore {
                 ])?;
                 for e in &w.entries {
                     append.execute(params![s.id, json(e)])?;
+                }
+                if let Some(tp) = &w.origin {
+                    origin.execute(params![s.id, tp])?;
                 }
                 clear_timers.execute([&s.id])?;
                 for (t, due) in &s.timers {
@@ -312,6 +319,12 @@ impl Store for SqliteStore {
         let mut stmt = conn.prepare_cached("SELECT effect FROM calls WHERE instance = ?1")?;
         let rows: Vec<String> = stmt.query_map([instance], |r| r.get(0))?.collect::<Result<_, _>>()?;
         rows.iter().map(|e| parse(e)).collect()
+    }
+
+    fn origin(&self, instance: &str) -> Result<Option<String>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT traceparent FROM origins WHERE instance = ?1")?;
+        Ok(stmt.query_row([instance], |r| r.get(0)).optional()?)
     }
 
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {
