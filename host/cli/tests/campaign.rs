@@ -142,6 +142,11 @@ fn fails(path: &str, n: u64, attempt: u64) -> bool {
     }
 }
 
+/// Workers drop the first task of every 25th order, as if they died with it.
+fn drops(n: u64, attempt: u64) -> bool {
+    n % 25 == 7 && attempt == 1
+}
+
 // ---------------------------------------------------------------------------------------------
 // The REST service
 // ---------------------------------------------------------------------------------------------
@@ -324,6 +329,7 @@ struct Driver {
     /// Task answers sent again after a kill cut the response, then answered 409 `taskClosed`.
     maybe_answered: Mutex<BTreeMap<String, Vec<String>>>,
     tasks_taken: AtomicUsize,
+    tasks_dropped: AtomicUsize,
     answers_closed: AtomicUsize,
     /// Requests that failed (connection refused or cut) and were sent again.
     resent: AtomicUsize,
@@ -478,6 +484,12 @@ impl Driver {
             let token = task["token"].as_str().unwrap_or_default().to_string();
             let instance = task["instanceId"].as_str().unwrap_or_default().to_string();
             let args = &task["arguments"];
+            if drops(args["n"].as_u64().unwrap_or(0), task["attempt"].as_u64().unwrap_or(0)) {
+                // A worker that dies with its task: the start-to-close timeout (3 s) fails the
+                // call, and the retry policy puts a new task on the list.
+                self.tasks_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let result = json!({
                 "packed": args["orderId"],
                 "items": args["n"].as_u64().unwrap_or(0) * 2,
@@ -783,7 +795,7 @@ fn kill_campaign_loses_and_repeats_nothing() {
     let in_flight: usize = kills.iter().map(BTreeSet::len).sum();
     eprintln!(
         "kill campaign (seed {}): {} instances, {} kills in {:.1?} ({:.1?} down); {} service calls, {} keys, \
-         {} re-runs of the {} calls in flight at the kills; {} sent events; {} tasks handed out, {} answers \
+         {} re-runs of the {} calls in flight at the kills; {} sent events; {} tasks handed out ({} dropped by workers), {} answers \
          found the task closed ({} of them had won before a kill cut their response); {} requests sent again \
          after a kill; {} failures",
         p.seed,
@@ -797,6 +809,7 @@ fn kill_campaign_loses_and_repeats_nothing() {
         in_flight,
         outbox.len(),
         driver.tasks_taken.load(Ordering::Relaxed),
+        driver.tasks_dropped.load(Ordering::Relaxed),
         driver.answers_closed.load(Ordering::Relaxed),
         cut_answers_won,
         driver.resent.load(Ordering::Relaxed),
