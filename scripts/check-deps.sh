@@ -41,6 +41,9 @@ check sm4c-kafka "sm4c-runtime sm4c-host" 'rusqlite|libsqlite3-sys|axum|tonic|re
 check sm4c-api "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|tonic|reqwest|clap'
 check sm4c-invoke "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|axum|clap'
 [ "$fail" = 0 ] || exit 1
+# JSONata is a feature of the runtime (the sm4c binary turns it on); the runtime builds without it.
+cargo check -q --locked -p sm4c-runtime --no-default-features
+echo "check-deps: sm4c-runtime builds without its jsonata feature"
 
 # The embedding example builds from nothing without cmake (librdkafka's build needs it).
 path=$(tr ':' '\n' <<<"$PATH" | grep -v '/\.tools/' | paste -sd: -)

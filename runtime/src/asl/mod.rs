@@ -11,6 +11,10 @@
 pub mod choice;
 pub mod engine;
 pub mod intrinsics;
+#[cfg(feature = "jsonata")]
+pub mod jsonata;
+#[cfg(not(feature = "jsonata"))]
+#[path = "jsonata_off.rs"]
 pub mod jsonata;
 pub mod model;
 pub mod path;

@@ -537,6 +537,10 @@ fn state(v: &mut V, sp: &str, name: &str, def: &Value, names: &HashMap<&str, usi
         }
     }
     let lang = st.lang;
+    #[cfg(not(feature = "jsonata"))]
+    if lang == Lang::Jsonata {
+        v.err(sp, super::jsonata::MISSING);
+    }
     let ty = match o.get("Type").and_then(Value::as_str) {
         Some(t @ ("Pass" | "Task" | "Choice" | "Wait" | "Succeed" | "Fail" | "Parallel" | "Map")) => t,
         Some(t) => {
