@@ -18,7 +18,7 @@ pub fn parse(text: &str) -> Result<u64, String> {
     } else {
         humantime::parse_duration(s)
             .map_err(|e| e.to_string())
-            .and_then(|d| u64::try_from(d.as_millis()).map_err(|_| "too large".to_string()))
+            .and_then(|d| to_ms(d.as_millis() as f64))
     };
     parsed.map_err(|why| {
         format!("invalid timespan {text:?}: {why} (use ISO 8601 like \"PT15M\", \"hh:mm:ss\" like \"00:15:00\", or \"15m\")")
@@ -71,7 +71,7 @@ fn parse_clock(s: &str) -> Result<u64, String> {
     if parts.len() != 3 {
         return Err("expected hh:mm:ss".into());
     }
-    let h: u64 = parts[0].parse().map_err(|_| "bad hours")?;
+    let h: f64 = parts[0].parse::<u64>().map_err(|_| "bad hours")? as f64;
     let m: u64 = parts[1].parse().map_err(|_| "bad minutes")?;
     if !parts[2].bytes().all(|b| b.is_ascii_digit() || b == b'.') || parts[2].ends_with('.') {
         return Err("bad seconds".into());
@@ -80,9 +80,12 @@ fn parse_clock(s: &str) -> Result<u64, String> {
     if m >= 60 || !(0.0..60.0).contains(&sec) {
         return Err("minutes and seconds must be below 60".into());
     }
-    to_ms(((days * 24 + h) * 3600 + m * 60) as f64 * 1000.0 + sec * 1000.0)
+    // In floating point: days and hours as large as u64 must not overflow; to_ms refuses them.
+    to_ms(((days as f64 * 24.0 + h) * 3600.0 + m as f64 * 60.0) * 1000.0 + sec * 1000.0)
 }
 
+/// Every form has the same range, below 10^17 ms (about 3 million years), so that a timespan added
+/// to an instance's clock (i64 ms) cannot overflow it.
 fn to_ms(ms: f64) -> Result<u64, String> {
     if ms.is_finite() && (0.0..1e17).contains(&ms) {
         Ok(ms.round() as u64)
