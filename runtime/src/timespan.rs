@@ -16,7 +16,11 @@ pub fn parse(text: &str) -> Result<u64, String> {
     } else if s.contains(':') {
         parse_clock(s)
     } else {
-        humantime::parse_duration(s)
+        // humantime 2.4 panics ("overflow in Duration::new") when the seconds reach u64::MAX and
+        // two fractions add up to exactly one second (`18446744073709551615s0.5s0.5s`, found by the
+        // fuzz target timespan): a definition must not stop the process, so the panic is an error.
+        std::panic::catch_unwind(|| humantime::parse_duration(s))
+            .unwrap_or(Err(humantime::DurationError::NumberOverflow))
             .map_err(|e| e.to_string())
             .and_then(|d| to_ms(d.as_millis() as f64))
     };

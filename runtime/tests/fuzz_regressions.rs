@@ -88,3 +88,14 @@ fn timespan_clock_hours_and_days_do_not_overflow() {
         assert!(timespan::parse(s).is_err(), "{s} accepted: {:?}", timespan::parse(s));
     }
 }
+
+/// fuzz target timespan: `18446744073709551615s0.5s0.5s` panicked in humantime ("overflow in
+/// Duration::new": its carry of fractions misses exactly one second), so a definition with such a
+/// timeout stopped the process that loaded it. It is now an error.
+#[test]
+fn timespan_humantime_fraction_carry_overflow() {
+    use sm4c_runtime::timespan;
+    for s in ["18446744073709551615s0.5s0.5s", "018446744073709551615.5s0.5s0.5s0.5s"] {
+        assert!(timespan::parse(s).is_err(), "{s} accepted: {:?}", timespan::parse(s));
+    }
+}
