@@ -37,7 +37,11 @@ fn schema_accepts_every_sample_definition() {
         let doc: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         if sm4c_runtime::asl::model::is_asl(&doc) {
             // The schema is SM4C's; ASL samples are checked by the validator alone.
-            assert!(load(&doc, &mut no_files, LoadOptions::default()).is_ok(), "{}", p.display());
+            assert!(
+                load(&doc, &mut no_files, LoadOptions::default()).is_ok(),
+                "{}",
+                p.display()
+            );
             continue;
         }
         let errors: Vec<String> = validator

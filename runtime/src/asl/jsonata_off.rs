@@ -5,8 +5,7 @@ use super::{AslError, Env};
 use serde_json::Value;
 
 /// Why a JSONata definition is refused in this build.
-pub const MISSING: &str =
-    "this build of sm4c has no JSONata: enable the `jsonata` feature of the sm4c-runtime crate";
+pub const MISSING: &str = "this build of sm4c has no JSONata: enable the `jsonata` feature of the sm4c-runtime crate";
 
 /// True when `s` is a JSONata expression: it starts with `{%` and ends with `%}`.
 pub fn is_expression(s: &str) -> bool {
@@ -32,7 +31,11 @@ impl Query {
                 }
                 Value::Object(o) => {
                     for (k, x) in o {
-                        walk(x, &format!("{pointer}/{}", k.replace('~', "~0").replace('/', "~1")), errors);
+                        walk(
+                            x,
+                            &format!("{pointer}/{}", k.replace('~', "~0").replace('/', "~1")),
+                            errors,
+                        );
                     }
                 }
                 _ => {}

@@ -524,7 +524,9 @@ fn state(v: &mut V, sp: &str, name: &str, def: &Value, names: &HashMap<&str, usi
     // The context object is built only for states that read it: `$$`, `$states.context`, and
     // JSONata's clock (`$now()`, `$millis()` give the state's entered time, so replays agree).
     let text = def.to_string();
-    st.uses_context = ["$$", "$states.context", "$now", "$millis"].iter().any(|k| text.contains(k));
+    st.uses_context = ["$$", "$states.context", "$now", "$millis"]
+        .iter()
+        .any(|k| text.contains(k));
     if let Some(l) = o.get("QueryLanguage") {
         if let Some(l) = lang_of(v, &format!("{sp}/QueryLanguage"), l) {
             if outer == Lang::Jsonata && l == Lang::JsonPath {
