@@ -224,10 +224,17 @@ async fn instance_get(
     }
 }
 
-async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result<Response, ApiError> {
     match rest.strip_suffix("/cancel") {
-        Some(id) => cancel(h, id.to_string()).await,
-        None => Err(NoSuchInstanceAction.into()),
+        Some(id) => Ok(cancel(h, id.to_string()).await?.into_response()),
+        // A 405 says which methods the resource has (RFC 9110): `/instances/{id}` and its
+        // `/history` are read with GET.
+        None => {
+            let mut r = ApiError::from(NoSuchInstanceAction).into_response();
+            r.headers_mut()
+                .insert(axum::http::header::ALLOW, axum::http::HeaderValue::from_static("GET"));
+            Ok(r)
+        }
     }
 }
 
@@ -246,7 +253,22 @@ fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
     }
 }
 
+/// The statuses `GET /instances?status=` filters on (the document's `Status`).
+const STATUSES: [&str; 7] = [
+    "created",
+    "running",
+    "waiting",
+    "completed",
+    "failed",
+    "cancelled",
+    "timedOut",
+];
+
 async fn list_instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result<Json<Value>, ApiError> {
+    // An unknown status matches no instance: it is a mistake to report, not an empty page.
+    if let Some(s) = q.status.as_deref().filter(|s| !STATUSES.contains(s)) {
+        return Err(InvalidQuery(format!("status: {s:?} is not one of {}", STATUSES.join(", "))).into());
+    }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = h
         .list(
@@ -510,4 +532,84 @@ async fn send_task_heartbeat(State(h): State<Api>, req: Request) -> Result<Json<
     let (token, _) = aws_answer(req, &[]).await?;
     let a = h.answer(token, Answer::Heartbeat(None)).await?;
     Ok(Json(json!({"cancelRequested": a.cancel_requested})))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    /// `(path, method)` of every `.route(...)` in `source`, with its methods (`get(..)`, `.post(..)`).
+    fn routes_in(source: &str) -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for chunk in source.split(".route(").skip(1) {
+            let Some(rest) = chunk.trim_start().strip_prefix('"') else {
+                continue;
+            };
+            let Some((path, after)) = rest.split_once('"') else {
+                continue;
+            };
+            // The methods are named up to the route's closing parenthesis (the next `.route(` at most).
+            let mut depth = 1;
+            let end = after
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })
+                .map_or(after.len(), |(i, _)| i);
+            let methods = &after[..end];
+            for m in ["get", "post", "put", "patch", "delete"] {
+                let called = methods.match_indices(&format!("{m}(")).any(|(i, _)| {
+                    i == 0 || !methods.as_bytes()[i - 1].is_ascii_alphanumeric() && methods.as_bytes()[i - 1] != b'_'
+                });
+                if called {
+                    out.insert((path.to_string(), m.to_string()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The router's routes (this file and the metrics route that `sm4c serve` merges in) and the
+    /// OpenAPI document's operations are the same set: a route added to one and not the other
+    /// fails here. `/instances/{*rest}` is the document's `/instances/{id}` (GET),
+    /// `/instances/{id}/history` (GET) and `/instances/{id}/cancel` (POST).
+    #[test]
+    fn the_openapi_document_matches_every_route() {
+        let mut served = routes_in(include_str!("lib.rs").split("#[cfg(test)]").next().unwrap_or_default());
+        served.extend(routes_in(include_str!("metrics.rs")));
+        assert!(served.remove(&("/instances/{*rest}".into(), "get".into())));
+        assert!(served.remove(&("/instances/{*rest}".into(), "post".into())));
+        for (p, m) in [
+            ("/instances/{id}", "get"),
+            ("/instances/{id}/history", "get"),
+            ("/instances/{id}/cancel", "post"),
+        ] {
+            served.insert((p.into(), m.into()));
+        }
+        let doc: Value = serde_json::from_str(super::OPENAPI).expect("the document is JSON");
+        let mut documented = BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for m in ops
+                .as_object()
+                .expect("operations")
+                .keys()
+                .filter(|k| *k != "parameters")
+            {
+                documented.insert((path.clone(), m.clone()));
+            }
+        }
+        let undocumented: Vec<_> = served.difference(&documented).collect();
+        let unserved: Vec<_> = documented.difference(&served).collect();
+        assert!(
+            undocumented.is_empty() && unserved.is_empty(),
+            "served but not in openapi.json: {undocumented:?}; in openapi.json but not served: {unserved:?}"
+        );
+        assert!(served.len() >= 21, "{served:?}");
+    }
 }

@@ -1571,3 +1571,75 @@ fn explain_event_names_the_reached_instances_and_why_the_others_turn_it_away() {
     assert!(out.contains("reaches no instance"), "{out}");
     assert!(out.contains("source \"elsewhere\" is not \"shop\""), "{out}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Found by schemathesis against /openapi.json (docs/src/testing.md, "Schemathesis")
+// ---------------------------------------------------------------------------------------------
+
+/// `?status=` outside the document's `Status` enum was answered 200 with an empty page.
+#[test]
+fn schemathesis_unknown_status_filter_is_refused() {
+    let s = serve(&[]);
+    let (code, body) = s.get("/instances?status=AAA");
+    assert_error(code, &body, 400, "invalidQuery");
+    for status in [
+        "created",
+        "running",
+        "waiting",
+        "completed",
+        "failed",
+        "cancelled",
+        "timedOut",
+    ] {
+        assert_eq!(s.get(&format!("/instances?status={status}")).0, 200, "{status}");
+    }
+}
+
+/// A 405 for `POST /instances/{id}` had no `Allow` header (RFC 9110 requires one).
+#[test]
+fn schemathesis_post_to_an_instance_says_allow_get() {
+    let s = serve(&[]);
+    let r = s.client.post(format!("{}/instances/x", s.url)).send().expect("request");
+    assert_eq!(r.status().as_u16(), 405);
+    assert_eq!(r.headers().get("allow").and_then(|v| v.to_str().ok()), Some("GET"));
+}
+
+/// Every path and method of the OpenAPI document reaches a handler of the server (no `notFound`
+/// and no 405): the document names no route the server lacks.
+#[test]
+fn every_documented_operation_is_served() {
+    let s = serve(&[]);
+    let doc: Value = s
+        .client
+        .get(format!("{}/openapi.json", s.url))
+        .send()
+        .expect("doc")
+        .json()
+        .expect("JSON");
+    let mut seen = 0;
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        let concrete = path
+            .replace("{id}", "x")
+            .replace("{token}", "t")
+            .replace("{name}", "list");
+        for method in ops.as_object().expect("operations").keys() {
+            // A short wait so a poll of an empty task list ends at once.
+            let wait = if path.ends_with("/poll") { "?wait=0s" } else { "" };
+            let url = format!("{}{concrete}{wait}", s.url);
+            let r = match method.as_str() {
+                "get" => s.client.get(&url),
+                "post" => s.client.post(&url),
+                other => panic!("{other} {path}: a method the test does not know"),
+            };
+            let r = r.send().expect("request");
+            let code = r.status().as_u16();
+            let body: Value = r.json().unwrap_or(Value::Null);
+            assert!(
+                code != 405 && body["error"] != json!("notFound"),
+                "{method} {path} is documented but not served: {code} {body}"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 21, "{seen} operations");
+}
