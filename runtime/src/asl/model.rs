@@ -647,8 +647,24 @@ fn state(v: &mut V, sp: &str, name: &str, def: &Value, names: &HashMap<&str, usi
                     String::new()
                 }
             };
-            let timeout = seconds(v, sp, o, "TimeoutSeconds", lang);
-            let heartbeat = seconds(v, sp, o, "HeartbeatSeconds", lang);
+            let timeout = number_field(
+                v,
+                sp,
+                o,
+                "TimeoutSeconds",
+                lang,
+                |x| x.as_u64().filter(|n| *n > 0),
+                "a positive integer",
+            );
+            let heartbeat = number_field(
+                v,
+                sp,
+                o,
+                "HeartbeatSeconds",
+                lang,
+                |x| x.as_u64().filter(|n| *n > 0),
+                "a positive integer",
+            );
             if let (Some(Dyn::Lit(t)), Some(Dyn::Lit(h))) = (&timeout, &heartbeat) {
                 if h >= t {
                     v.err(
@@ -1018,26 +1034,6 @@ fn catchers(v: &mut V, sp: &str, c: Option<&Value>, names: &HashMap<&str, usize>
         });
     }
     out
-}
-
-fn seconds(v: &mut V, sp: &str, o: &Map<String, Value>, key: &str, lang: Lang) -> Option<Dyn<u64>> {
-    let path_key = format!("{key}Path");
-    match (o.get(key), o.get(&path_key)) {
-        (Some(_), Some(_)) => {
-            v.err(sp, format!("a state has {key} or {path_key}, not both"));
-            None
-        }
-        (Some(Value::String(s)), None) if lang == Lang::Jsonata && jsonata::is_expression(s) => {
-            query(v, &format!("{sp}/{key}"), &Value::String(s.clone())).map(Dyn::Query)
-        }
-        (Some(x), None) => positive_int(v, &format!("{sp}/{key}"), x).map(Dyn::Lit),
-        (None, Some(Value::String(s))) => parse_path(v, &format!("{sp}/{path_key}"), s).map(Dyn::Path),
-        (None, Some(_)) => {
-            v.err(format!("{sp}/{path_key}"), "must be a path");
-            None
-        }
-        (None, None) => None,
-    }
 }
 
 fn number_field<T>(
