@@ -135,6 +135,8 @@ errors! {
         |s| format!("task {:?} of instance {:?} is closed: it was completed, failed, timed out or cancelled", s.1, s.0);
     /// A service the host depends on did not answer in time (what).
     Unavailable(String) => SERVICE_UNAVAILABLE, "unavailable", |s| s.0.clone();
+    /// The store's disk is full: the request was not written (what the store said).
+    StorageFull(String) => SERVICE_UNAVAILABLE, "storageFull", |s| s.0.clone();
     /// The mode the server runs in does not offer this (what).
     NotSupported(String) => NOT_IMPLEMENTED, "notSupported", |s| s.0.clone();
     /// An ASL definition posted without a name: no `?name=` and no top-level `sm4c:id`.
@@ -184,6 +186,7 @@ impl From<HostError> for ApiError {
             HostError::Conflict { id, version } => DefinitionConflict(id, version).into(),
             HostError::InvalidCursor(c) => InvalidCursor(c).into(),
             HostError::Unavailable(m) => Unavailable(m).into(),
+            e @ HostError::StorageFull(_) => StorageFull(e.to_string()).into(),
             HostError::NotSupported(m) => NotSupported(m).into(),
             HostError::UnknownTask(m) => UnknownTask(m).into(),
             HostError::TaskClosed { instance, op } => TaskClosed(instance, op).into(),

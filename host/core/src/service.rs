@@ -88,6 +88,9 @@ pub enum HostError {
     /// A service the host depends on (the Kafka cluster) did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// The store's disk is full: the request was not written. Writes resume once space returns.
+    #[error("{0}; the request was not written: retry once space is freed")]
+    StorageFull(String),
     /// The host has stopped.
     #[error("the server is shutting down")]
     Stopped,

@@ -17,8 +17,15 @@ use sm4c_host::Functions;
 use sm4c_runtime::{load, Effect, Entry, ErrorInfo, ErrorKind, Input, LoadOptions, Machine, Millis, Status, Timed};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
+
+/// An answer to a request, sent once its batch is committed, or with the error that kept it out.
+type Reply = Box<dyn FnOnce(Result<(), HostError>) + Send>;
+
+/// How long the host waits before it writes again after the disk was full, first and at most.
+const FULL_BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
 
 /// Limits the durable host enforces.
 #[derive(Debug, Clone, Copy)]
@@ -135,6 +142,10 @@ impl DurableHost {
             batch: Batch::default(),
             after: Vec::new(),
             replies: Vec::new(),
+            results: Vec::new(),
+            paused: None,
+            backoff: None,
+            held: Vec::new(),
             parked_count: 0,
             tasks: TaskLists::default(),
             handouts: Vec::new(),
@@ -336,7 +347,16 @@ struct Loop {
     /// Work to perform once the batch is committed.
     after: Vec<(String, Work)>,
     /// Answers to requests, sent once the batch is committed (so many requests share one commit).
-    replies: Vec<Box<dyn FnOnce() + Send>>,
+    replies: Vec<Reply>,
+    /// Results of calls handled in the current batch, with their calls' handles: when the batch
+    /// cannot be written they are handled again after the pause, and the calls are not made again.
+    results: Vec<(AbortHandle, String, String, Result<Value, ErrorInfo>)>,
+    /// Set while the disk is full: until when the host writes nothing.
+    paused: Option<tokio::time::Instant>,
+    /// The last pause, until a batch is written again (each pause doubles it, up to a bound).
+    backoff: Option<Duration>,
+    /// Call results that arrived during the pause, handled when it ends.
+    held: Vec<Cmd>,
     parked_count: usize,
     /// Worker tasks waiting for workers, and workers waiting for tasks.
     tasks: TaskLists,
@@ -471,6 +491,27 @@ impl Loop {
         }
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
+            if let Some(until) = self.paused {
+                if tokio::time::Instant::now() < until {
+                    tokio::select! {
+                        cmd = rx.recv() => match cmd {
+                            // Nothing is left to write: the last batch was refused.
+                            Some(Cmd::Shutdown(r)) => {
+                                let _ = r.send(());
+                                return;
+                            }
+                            Some(cmd) => self.command_paused(cmd),
+                            None => return,
+                        },
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                    continue;
+                }
+                if let Err(e) = self.resume() {
+                    self.refused(e);
+                }
+                continue;
+            }
             // Take what has arrived, up to a batch.
             while self.queue.len() < self.limits.batch {
                 match rx.try_recv() {
@@ -484,12 +525,18 @@ impl Loop {
             }
             self.fire_due();
             if !self.queue.is_empty() || !self.replies.is_empty() || self.cache.values().any(|s| s.dirty) {
-                if let Err(e) = self.step() {
-                    // The decisions of this batch cannot be made durable: stop rather than act on
-                    // them. Requests waiting for this batch, and later ones, are told why.
-                    tracing::error!(error = %e, "cannot write to the store; the host stops deciding");
-                    let _ = self.failed.send(Some(e.to_string()));
-                    return;
+                match self.step() {
+                    Ok(()) => {}
+                    // Nothing of the batch was written: its requests are refused, the host pauses,
+                    // then carries on from what the store holds, as after a restart.
+                    Err(e) if e.is_full() => self.refused(e),
+                    Err(e) => {
+                        // The decisions of this batch cannot be made durable: stop rather than act on
+                        // them. Requests waiting for this batch, and later ones, are told why.
+                        tracing::error!(error = %e, "cannot write to the store; the host stops deciding");
+                        let _ = self.failed.send(Some(e.to_string()));
+                        return;
+                    }
                 }
                 continue;
             }
@@ -515,6 +562,79 @@ impl Loop {
                 _ = tokio::time::sleep(std::time::Duration::from_millis(wait.unwrap_or(3_600_000))) => {}
             }
         }
+    }
+
+    /// The disk is full and the batch was not written (SQLite rolled it back): its requests are
+    /// told so, what it decided is forgotten, and the host writes nothing for a while. Calls whose
+    /// results the batch handled are kept in flight; their results are handled again after the pause.
+    fn refused(&mut self, e: StoreError) {
+        let why = e.to_string();
+        let backoff = match self.backoff {
+            Some(last) => (last * 2).min(FULL_BACKOFF.1),
+            None => FULL_BACKOFF.0,
+        };
+        tracing::warn!(error = %why, retry_in_ms = backoff.as_millis() as u64, "the store's disk is full; requests are refused until a write succeeds");
+        for reply in std::mem::take(&mut self.replies) {
+            reply(Err(HostError::StorageFull(why.clone())));
+        }
+        // Workers waiting for these tasks get none; the tasks are queued again after the pause.
+        self.handouts.clear();
+        self.cache.clear();
+        self.queue.clear();
+        self.after.clear();
+        self.batch = Batch::default();
+        for (handle, instance, op, result) in std::mem::take(&mut self.results) {
+            self.in_flight.insert((instance.clone(), op.clone()), handle);
+            self.held.push(Cmd::Result { instance, op, result });
+        }
+        self.backoff = Some(backoff);
+        self.paused = Some(tokio::time::Instant::now() + backoff);
+    }
+
+    /// A request that needs a write, during the pause, is refused at once; call results wait.
+    fn command_paused(&mut self, cmd: Cmd) {
+        let full = || HostError::StorageFull("the store's disk is full".into());
+        match cmd {
+            Cmd::Start { reply, .. } => drop(reply.send(Err(full()))),
+            Cmd::Event(_, reply) => drop(reply.send(Err(full()))),
+            Cmd::Cancel(_, reply) => drop(reply.send(Err(full()))),
+            Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
+            cmd @ Cmd::Result { .. } => self.held.push(cmd),
+            other => self.command(other),
+        }
+    }
+
+    /// After a pause, carries on from the store, as after a restart: timers come back (those the
+    /// refused batch fired among them), tasks not taken are queued again, open calls whose results
+    /// were lost are made again with the same operation id, and the held results are handled.
+    fn resume(&mut self) -> Result<(), StoreError> {
+        let timers = self.store.timers()?;
+        let calls = self.store.calls()?;
+        self.parked_count = self.store.parked(now_ms())?.len();
+        self.timers = timers.into_iter().map(|(i, t, due)| (due, i, t)).collect();
+        for (inst, effect) in calls {
+            if let Effect::InvokeFunction { op, .. } = &effect {
+                if self.in_flight.contains_key(&(inst.clone(), op.clone())) {
+                    continue;
+                }
+            }
+            match self.recovered(&inst, effect) {
+                Ok(Some(work)) => {
+                    if let Work::Task { task, .. } = &work {
+                        self.tasks.remove(&task.instance, &task.op);
+                    }
+                    self.perform(&inst, work);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(instance = %inst, error = %e, "cannot resume an open call"),
+            }
+        }
+        self.cache.clear();
+        for cmd in std::mem::take(&mut self.held) {
+            self.command(cmd);
+        }
+        self.paused = None;
+        Ok(())
     }
 
     fn fire_due(&mut self) {
@@ -702,13 +822,17 @@ impl Loop {
         }
         let started = std::time::Instant::now();
         self.store.commit(&batch)?;
+        self.results.clear();
+        if self.backoff.take().is_some() {
+            tracing::info!("the store takes writes again");
+        }
         if let Some(o) = sm4c_host::metrics::observer() {
             o.store_commit(started.elapsed().as_secs_f64(), inputs);
         }
         // Waiting instances hold no memory: keep nothing past the batch.
         self.cache.clear();
         for reply in std::mem::take(&mut self.replies) {
-            reply();
+            reply(Ok(()));
         }
         // Their starts are committed now (they were first in the batch).
         for (task, poller) in std::mem::take(&mut self.handouts) {
@@ -875,8 +999,8 @@ impl Loop {
                         self.create(&id, m, origin);
                         self.queue.push((id.clone(), Input::Start { data: input }));
                         // Starting is acknowledged once its first step is committed.
-                        self.replies.push(Box::new(move || {
-                            let _ = reply.send(Ok((id, true)));
+                        self.replies.push(Box::new(move |r| {
+                            let _ = reply.send(r.map(|()| (id, true)));
                         }));
                     }
                     Err(e) => {
@@ -886,8 +1010,8 @@ impl Loop {
             }
             Cmd::Event(event, reply) => {
                 let delivery = self.route(event, None);
-                self.replies.push(Box::new(move || {
-                    let _ = reply.send(Ok(delivery));
+                self.replies.push(Box::new(move |r| {
+                    let _ = reply.send(r.map(|()| delivery));
                 }));
             }
             Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.h.inst.status()) {
@@ -904,14 +1028,16 @@ impl Loop {
                             reason: Some("cancelled through the API".into()),
                         },
                     ));
-                    self.replies.push(Box::new(move || {
-                        let _ = reply.send(Ok(()));
+                    self.replies.push(Box::new(move |r| {
+                        let _ = reply.send(r);
                     }));
                 }
             },
             Cmd::Result { instance, op, result } => {
                 // A call that was stopped meanwhile is not in flight any more: its result is moot.
-                if self.in_flight.remove(&(instance.clone(), op.clone())).is_some() {
+                if let Some(handle) = self.in_flight.remove(&(instance.clone(), op.clone())) {
+                    self.results
+                        .push((handle, instance.clone(), op.clone(), result.clone()));
                     let driver = self.driver.clone();
                     if let Some(slot) = self.slot(&instance) {
                         // The call is done, so it is no longer open, whether or not anyone waits.
@@ -1016,8 +1142,8 @@ impl Loop {
         // The worker has the task, whatever the list says (it may have been queued again after a restart).
         self.tasks.remove(&instance, &op);
         self.queue.extend(input.map(|i| (instance.clone(), i)));
-        self.replies.push(Box::new(move || {
-            let _ = reply.send(Ok(Answered {
+        self.replies.push(Box::new(move |r| {
+            let _ = reply.send(r.map(|()| Answered {
                 instance,
                 op,
                 cancel_requested: false,

@@ -33,18 +33,43 @@ pub enum StoreError {
     /// The file is not an sm4c store.
     #[error("{0}")]
     Foreign(String),
+    /// The store's file system is full (SQLite said `SQLITE_FULL`): nothing of the write was kept,
+    /// and a write may succeed once space returns.
+    #[error("the store's disk is full: {0}")]
+    Full(String),
     /// SQLite failed.
     #[error("store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// A stored document could not be read back.
     #[error("store: corrupt record: {0}")]
     Corrupt(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    /// A full disk is told apart from every other failure: it passes once space returns.
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::ffi;
+        match e.sqlite_error() {
+            Some(f) if f.code == ffi::ErrorCode::DiskFull || f.extended_code == ffi::SQLITE_IOERR_SHMSIZE => {
+                StoreError::Full(e.to_string())
+            }
+            _ => StoreError::Sqlite(e),
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the failure is a full disk, which passes once space returns.
+    pub fn is_full(&self) -> bool {
+        matches!(self, StoreError::Full(_))
+    }
 }
 
 impl From<StoreError> for HostError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Conflict { id, version } => HostError::Conflict { id, version },
+            StoreError::Full(_) => HostError::StorageFull(e.to_string()),
             other => HostError::Store(other.to_string()),
         }
     }
