@@ -8,7 +8,7 @@
 //! - `operate`: starting, cancelling instances, sending events, polling and answering tasks (workers);
 //! - `admin`: registering definitions (`POST /definitions`).
 //!
-//! `GET /healthz` and `GET /openapi.json` stay open. Tokens are kept as their SHA-256 digests and
+//! `GET /healthz`, `GET /openapi.json` and the web inspector's assets (`/ui`, not its data) stay open. Tokens are kept as their SHA-256 digests and
 //! compared in constant time; no message or log quotes them. Without any token or client mapping,
 //! [`Auth::is_on`] is false and [`layer`] lets every request through.
 
@@ -130,6 +130,8 @@ pub struct Peer {
 pub fn needs(method: &Method, path: &str) -> Option<Role> {
     match (method, path) {
         (&Method::GET | &Method::HEAD, "/healthz" | "/openapi.json") => None,
+        // The inspector's page holds no data: it asks for a token and reads the API with it.
+        (&Method::GET | &Method::HEAD, p) if crate::ui::is_asset(p) => None,
         (&Method::GET | &Method::HEAD, _) => Some(Role::Read),
         (&Method::POST, "/definitions") => Some(Role::Admin),
         (&Method::POST, "/events/explain") => Some(Role::Read),
@@ -269,6 +271,10 @@ mod tests {
         assert_eq!(needs(&Method::GET, "/healthz"), None);
         assert_eq!(needs(&Method::GET, "/openapi.json"), None);
         assert_eq!(needs(&Method::GET, "/instances/x"), Some(Role::Read));
+        assert_eq!(needs(&Method::GET, "/ui"), None);
+        assert_eq!(needs(&Method::GET, "/ui/app.js"), None);
+        assert_eq!(needs(&Method::GET, "/ui/events"), Some(Role::Read));
+        assert_eq!(needs(&Method::GET, "/ui/api/instance"), Some(Role::Read));
         assert_eq!(needs(&Method::GET, "/metrics"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/events/explain"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/instances"), Some(Role::Operate));

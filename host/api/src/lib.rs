@@ -24,6 +24,7 @@ pub mod auth;
 pub mod errors;
 pub mod metrics;
 pub mod tls;
+pub mod ui;
 
 pub use errors::ApiError;
 
@@ -91,7 +92,9 @@ pub fn router(backend: impl Backend) -> Router {
         .route("/healthz", get(|State(h): State<Api>| async move { Json(h.health()) }))
         .fallback(|| async { NoSuchEndpoint })
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(host)
+        .with_state(host.clone())
+        // The web inspector (its assets and the routes only it uses; not in openapi.json).
+        .merge(ui::routes(host))
 }
 
 #[derive(Deserialize)]
@@ -183,7 +186,7 @@ async fn post_instance(
     Ok((status, Json(json!({"id": id, "created": created}))).into_response())
 }
 
-fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
+pub(crate) fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
     let s = h
         .instance(id)?
         .ok_or_else(|| HostError::UnknownInstance(id.to_string()))?;

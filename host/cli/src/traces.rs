@@ -189,10 +189,12 @@ impl Observer for Observed {
     fn kafka_transaction(&self, seconds: f64, committed: bool) {
         self.metrics.kafka_transaction(seconds, committed)
     }
+    // Every step is reported (not only when tracing): the web inspector hears of changes from it.
     fn step_begin(&self) -> Option<SystemTime> {
-        self.traces.as_ref().map(|_| SystemTime::now())
+        Some(SystemTime::now())
     }
     fn step_traced(&self, begun: SystemTime, step: &StepSpan<'_>) -> Option<String> {
+        sm4c_api::ui::changed(step);
         Some(self.traces.as_ref()?.span(begun, step))
     }
 }

@@ -1,0 +1,108 @@
+//! The web inspector at `/ui`: a page of plain HTML, JS and CSS built into the binary, which reads
+//! the HTTP API like any client, and the few routes it needs beyond it (under `/ui/api/` and
+//! `/ui/events`), all through [`Backend`], so it is the same over SQLite and Kafka.
+//!
+//! The assets are open (they hold no data); `/ui/api/*` and `/ui/events` need the `read` role when
+//! authentication is on ([`crate::auth::needs`]), like every `GET` of the API.
+
+pub mod diagram;
+pub mod live;
+pub mod view;
+
+pub use live::changed;
+
+use crate::errors::InvalidQuery;
+use crate::{ApiError, Params};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sm4c_host::service::{Backend, HostError};
+use std::sync::Arc;
+
+const INDEX: &str = include_str!("../../ui/index.html");
+const APP_JS: &str = include_str!("../../ui/app.js");
+const APP_CSS: &str = include_str!("../../ui/app.css");
+
+/// The assets, by path: (path, content type, body).
+const ASSETS: [(&str, &str, &str); 4] = [
+    ("/ui", "text/html; charset=utf-8", INDEX),
+    ("/ui/", "text/html; charset=utf-8", INDEX),
+    ("/ui/app.js", "text/javascript; charset=utf-8", APP_JS),
+    ("/ui/app.css", "text/css; charset=utf-8", APP_CSS),
+];
+
+/// Whether `path` is one of the inspector's assets, which any caller may read.
+pub fn is_asset(path: &str) -> bool {
+    ASSETS.iter().any(|(p, _, _)| *p == path)
+}
+
+type Api = Arc<dyn Backend>;
+
+/// The inspector's routes.
+pub(crate) fn routes(host: Api) -> Router {
+    let mut r = Router::new();
+    for (path, ty, body) in ASSETS {
+        r = r.route(
+            path,
+            get(move || async move {
+                ([(header::CONTENT_TYPE, ty), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+            }),
+        );
+    }
+    r.route("/ui/api/instance", get(instance))
+        .route("/ui/api/definition", get(definition))
+        .route("/ui/events", get(live::events))
+        .with_state(host)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InstanceQuery {
+    id: String,
+}
+
+async fn instance(State(h): State<Api>, Params(q): Params<InstanceQuery>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view::instance(&h, &q.id).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefinitionQuery {
+    id: String,
+    version: Option<String>,
+}
+
+async fn definition(State(h): State<Api>, Params(q): Params<DefinitionQuery>) -> Result<Json<Value>, ApiError> {
+    let m = match &q.version {
+        Some(v) => h.machines().into_iter().find(|m| m.id == q.id && &m.version == v),
+        None => h.latest(&q.id),
+    };
+    let m = match (m, &q.version) {
+        (Some(m), _) => m,
+        (None, Some(v)) => {
+            return Err(InvalidQuery(format!("definition {:?} has no version {v:?}", q.id)).into());
+        }
+        (None, None) => return Err(HostError::UnknownDefinition(q.id).into()),
+    };
+    let versions: Vec<String> = h
+        .machines()
+        .iter()
+        .filter(|x| x.id == m.id)
+        .map(|x| x.version.clone())
+        .collect();
+    Ok(Json(json!({
+        "id": m.id,
+        "version": m.version,
+        "name": m.name,
+        "description": m.description,
+        "versions": versions,
+        "events": m.events.iter().map(|e| json!({"name": e.name, "type": e.sent_type(), "source": e.source})).collect::<Vec<_>>(),
+        "diagram": diagram::svg(&diagram::graph(&m), &diagram::Marks::default()),
+        "mermaid": sm4c_host::graph::mermaid(&m),
+        "definition": m.source,
+    })))
+}

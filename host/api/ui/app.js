@@ -1,0 +1,589 @@
+// The sm4c inspector: one page, no build step, no library. It reads the HTTP API of `sm4c serve`
+// (and /ui/api/*, /ui/events) with the bearer token kept in sessionStorage, and routes on the hash:
+// #/instances?status=&definition=&state=, #/instance/ID, #/definitions, #/definition/ID[/VERSION],
+// #/start[?definition=], #/send[?type=&source=&ext=].
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const view = $("#view");
+const TOKEN_KEY = "sm4c.token";
+const STATUSES = ["created", "running", "waiting", "completed", "failed", "cancelled", "timedOut"];
+const FINAL = new Set(["completed", "failed", "cancelled", "timedOut"]);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+function json(v) { return esc(JSON.stringify(v, null, 2)); }
+function badge(status) { return `<span class="badge ${esc(status)}" data-status="${esc(status)}">${esc(status)}</span>`; }
+function instLink(id) { return `<a href="#/instance/${encodeURIComponent(id)}">${esc(id)}</a>`; }
+function when(t) { return t ? `<time datetime="${esc(t)}" title="${esc(t)}">${esc(new Date(t).toLocaleString())}</time>` : ""; }
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+function headers(extra = {}) {
+  const h = { ...extra };
+  if (token()) h["Authorization"] = "Bearer " + token();
+  return h;
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(body && body.message ? body.message : `HTTP ${status}`);
+    this.status = status;
+    this.code = body && body.error;
+    this.details = body && body.details;
+  }
+}
+
+async function api(path, opts = {}) {
+  let res;
+  try {
+    res = await fetch(path, { ...opts, headers: headers(opts.headers) });
+  } catch (e) {
+    throw new ApiError(0, { message: "the server does not answer (is sm4c serve running?)" });
+  }
+  const text = await res.text();
+  let body = null;
+  try { body = text ? JSON.parse(text) : null; } catch (_) { body = { message: text }; }
+  if (!res.ok) throw new ApiError(res.status, body);
+  return body;
+}
+
+function banner(message, kind = "error") {
+  const b = $("#banner");
+  if (!message) { b.hidden = true; return; }
+  b.className = "banner" + (kind === "info" ? " info" : "");
+  b.textContent = message;
+  b.hidden = false;
+}
+
+function explainError(e) {
+  if (e.status === 401) return `${e.message}. Enter a token with the read role (operate to start, send and cancel) in the Token field above.`;
+  if (e.status === 403) return `${e.message}. This token's role does not allow it.`;
+  let m = e.message;
+  if (e.details) m += "\n" + JSON.stringify(e.details, null, 2);
+  return m;
+}
+
+function parseHash() {
+  const h = location.hash.replace(/^#\/?/, "");
+  const q = h.indexOf("?");
+  const path = q < 0 ? h : h.slice(0, q);
+  const params = new URLSearchParams(q < 0 ? "" : h.slice(q + 1));
+  const slash = path.indexOf("/");
+  const name = slash < 0 ? path : path.slice(0, slash);
+  const rest = slash < 0 ? "" : decodeURIComponent(path.slice(slash + 1));
+  return { name: name || "instances", rest, params };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+
+let current = null; // { name, refresh(), onChanges(list) }
+let renderSeq = 0;
+
+async function route() {
+  const r = parseHash();
+  for (const a of document.querySelectorAll("[data-nav]")) {
+    if (a.dataset.nav === r.name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  stopTicking();
+  const pages = { instances: instancesPage, instance: instancePage, definitions: definitionsPage, definition: definitionPage, start: startPage, send: sendPage };
+  const page = pages[r.name] || notFoundPage;
+  const seq = ++renderSeq;
+  current = { name: r.name, seq };
+  banner(null);
+  try {
+    await page(r, seq);
+  } catch (e) {
+    if (seq !== renderSeq) return;
+    view.innerHTML = `<div class="empty">Could not show this page.</div>`;
+    banner(explainError(e));
+  }
+}
+
+function notFoundPage() {
+  view.innerHTML = `<div class="empty">No such page. <a href="#/instances">See the instances</a>.</div>`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instances
+
+async function instancesPage(r, seq) {
+  const status = r.params.get("status") || "";
+  const definition = r.params.get("definition") || "";
+  const state = r.params.get("state") || "";
+  let defs = [];
+  try { defs = (await api("/definitions")).definitions; } catch (e) { if (e.status === 401 || e.status === 0) throw e; }
+  const ids = [...new Set(defs.map(d => d.id))];
+  view.innerHTML = `
+    <h1>Instances</h1>
+    <form class="filters" id="filters" role="search">
+      <div><label for="f-status">Status</label><select id="f-status" name="status">
+        <option value="">any</option>${STATUSES.map(s => `<option ${s === status ? "selected" : ""}>${s}</option>`).join("")}
+      </select></div>
+      <div><label for="f-definition">Definition</label><select id="f-definition" name="definition">
+        <option value="">any</option>${ids.map(d => `<option ${d === definition ? "selected" : ""}>${esc(d)}</option>`).join("")}
+      </select></div>
+      <div><label for="f-state">State (on the loaded pages)</label><input id="f-state" name="state" value="${esc(state)}" placeholder="state name"></div>
+      <div><button type="submit">Filter</button> <a href="#/instances">clear</a></div>
+    </form>
+    <section><div id="rows"><p class="muted">Loading…</p></div></section>`;
+  const apply = () => {
+    const p = new URLSearchParams();
+    for (const k of ["status", "definition", "state"]) { const v = $(`#f-${k}`).value; if (v) p.set(k, v); }
+    location.hash = "#/instances" + (p.toString() ? "?" + p : "");
+  };
+  $("#filters").addEventListener("submit", e => { e.preventDefault(); apply(); });
+  $("#f-status").addEventListener("change", apply);
+  $("#f-definition").addEventListener("change", apply);
+
+  let pages = 1;
+  const load = async (flash = new Set()) => {
+    let rows = [], next = null, after = "";
+    for (let i = 0; i < pages; i++) {
+      const p = new URLSearchParams({ limit: "100" });
+      if (status) p.set("status", status);
+      if (definition) p.set("definition", definition);
+      if (after) p.set("after", after);
+      const page = await api("/instances?" + p);
+      rows = rows.concat(page.instances);
+      next = page.next;
+      if (!next) break;
+      after = next;
+    }
+    if (seq !== renderSeq) return;
+    // Newest first: the API lists oldest first.
+    rows.reverse();
+    const shown = state ? rows.filter(x => x.state === state) : rows;
+    const box = $("#rows");
+    if (!shown.length) {
+      box.innerHTML = defs.length
+        ? `<div class="empty">No instance matches${status || definition || state ? " these filters" : " yet"}. <a href="#/start">Start one</a>.</div>`
+        : `<div class="empty">No definition is registered yet. Register one with<br><code>curl -X POST ${esc(location.origin)}/definitions -H 'Content-Type: application/json' -d @definition.json</code></div>`;
+    } else {
+      box.innerHTML = `<table id="instances"><thead><tr><th>Instance</th><th>Status</th><th>Definition</th><th>State</th><th>Started</th><th>Ended</th></tr></thead><tbody>
+        ${shown.map(x => `<tr data-id="${esc(x.id)}" class="${flash.has(x.id) ? "changed" : ""}">
+          <td>${instLink(x.id)}${x.parent ? `<div class="muted">child of ${instLink(x.parent)}</div>` : ""}</td>
+          <td>${badge(x.status)}</td><td><a href="#/definition/${encodeURIComponent(x.definition)}/${encodeURIComponent(x.version)}">${esc(x.definition)}</a> <span class="muted">v${esc(x.version)}</span></td>
+          <td>${esc(x.state || "")}</td><td>${when(x.startedAt)}</td><td>${when(x.endedAt)}</td></tr>`).join("")}
+        </tbody></table>
+        <p class="muted">${shown.length} shown${next ? ` · <button id="more" type="button">Load 100 more</button>` : ""}</p>`;
+      const more = $("#more");
+      if (more) more.addEventListener("click", () => { pages++; load(); });
+    }
+  };
+  await load();
+  current.refresh = () => load();
+  current.onChanges = list => {
+    if (definition && !list.some(c => c.definition === definition)) return;
+    load(new Set(list.map(c => c.id)));
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// An instance
+
+async function instancePage(r, seq) {
+  const id = r.rest;
+  const render = async () => {
+    const v = await api("/ui/api/instance?id=" + encodeURIComponent(id));
+    if (seq !== renderSeq) return;
+    const i = v.instance;
+    const open = !FINAL.has(i.status);
+    const openDetails = new Set([...view.querySelectorAll("details[open][data-key]")].map(d => d.dataset.key));
+    view.innerHTML = `
+      <h1>${esc(i.id)} ${badge(i.status)}</h1>
+      <section>
+        <dl class="kv">
+          <dt>Definition</dt><dd><a href="#/definition/${encodeURIComponent(i.definition)}/${encodeURIComponent(i.version)}">${esc(i.definition)}</a> version ${esc(i.version)}</dd>
+          <dt>State</dt><dd id="current-state">${esc(i.state || "—")}</dd>
+          <dt>Started</dt><dd>${when(i.startedAt)}</dd>
+          ${i.endedAt ? `<dt>Ended</dt><dd>${when(i.endedAt)}</dd>` : ""}
+          ${i.parent ? `<dt>Parent</dt><dd id="parent">${instLink(i.parent.instance)} <span class="muted">(operation ${esc(i.parent.operation)})</span></dd>` : ""}
+          <dt>Children</dt><dd id="children">${v.children.length ? v.children.map(c => `${instLink(c.id)} ${c.status ? badge(c.status) : ""}`).join("<br>") : `<span class="muted">none</span>`}</dd>
+        </dl>
+        <div class="actions" style="margin-top:10px">
+          ${open ? `<a href="#/send?instance=${encodeURIComponent(i.id)}"><button type="button" tabindex="-1">Send an event…</button></a>
+          <span id="cancel-box"><button type="button" id="cancel" class="danger">Cancel instance</button></span>` : ""}
+        </div>
+      </section>
+      ${i.error ? `<section id="error"><h2>Error</h2><p><strong>${esc(i.error.kind || i.error.error || "")}</strong> ${esc(i.error.message || "")}</p><details data-key="error"><summary>details</summary><pre>${json(i.error)}</pre></details></section>` : ""}
+      <div class="grid">
+        <div>
+          <section><h2>Diagram</h2>
+            <div class="diagram-box" id="diagram">${v.diagram || `<p class="muted">The definition ${esc(i.definition)} version ${esc(i.version)} is not registered on this server.</p>`}</div>
+            <div class="legend"><span><i style="background:#ffe9b8;border:2px solid #c77700"></i>current</span><span><i style="background:#e3f3e7;border:1px solid #3f9a5a"></i>visited</span><span><i style="background:#2e8b4e"></i>transition taken</span></div>
+          </section>
+          <section><h2>History</h2>${timeline(v)}</section>
+        </div>
+        <div>
+          <section id="waiting" class="waiting"><h2>Waiting on</h2>${waitingPanel(i, v.waiting)}</section>
+          <section><h2>Data</h2><pre id="data">${json(i.data)}</pre></section>
+        </div>
+      </div>`;
+    for (const d of view.querySelectorAll("details[data-key]")) if (openDetails.has(d.dataset.key)) d.open = true;
+    const cancel = $("#cancel");
+    if (cancel) cancel.addEventListener("click", () => confirmCancel(i.id, render));
+    for (const b of view.querySelectorAll("button[data-send]")) {
+      b.addEventListener("click", () => { location.hash = "#/send?" + b.dataset.send; });
+    }
+    startTicking();
+  };
+  await render();
+  current.refresh = render;
+  current.onChanges = list => {
+    if (list.some(c => c.id === id || c.id.startsWith(id + "/") || id.startsWith(c.id + "/"))) render().catch(e => banner(explainError(e)));
+  };
+}
+
+function confirmCancel(id, after) {
+  const box = $("#cancel-box");
+  box.innerHTML = `Cancel ${esc(id)}? <button type="button" id="cancel-yes" class="danger">Yes, cancel it</button> <button type="button" id="cancel-no">No</button>`;
+  $("#cancel-no").addEventListener("click", () => after());
+  $("#cancel-yes").addEventListener("click", async () => {
+    try {
+      await api("/instances/" + id.split("/").map(encodeURIComponent).join("/") + "/cancel", { method: "POST" });
+      banner(`Instance ${id} is cancelled.`, "info");
+      await after();
+    } catch (e) { banner(explainError(e)); }
+  });
+  $("#cancel-no").focus();
+}
+
+function waitingPanel(i, w) {
+  if (FINAL.has(i.status)) return `<p class="muted">Nothing: the instance has ended (${esc(i.status)}).</p>`;
+  const parts = [];
+  if (w.events.length) {
+    parts.push(`<h3 class="muted">Events</h3><ul class="plain" id="waiting-events">${w.events.map(e => {
+      const ext = {};
+      for (const c of e.correlation) if (c.value != null) ext[c.attribute] = c.value;
+      const q = new URLSearchParams({ type: e.type, source: e.source || "", ext: JSON.stringify(ext), instance: i.id });
+      return `<li data-event="${esc(e.event)}"><strong>${esc(e.event)}</strong> <span class="muted">type</span> <code>${esc(e.type)}</code>${e.source ? ` <span class="muted">source</span> <code>${esc(e.source)}</code>` : ""}
+        → ${e.next ? esc(e.next) : "stays"}${e.all ? ` <span class="muted">(with the other events of its group)</span>` : ""}
+        ${e.correlation.length ? `<div>must carry ${e.correlation.map(c => c.error ? `<code>${esc(c.attribute)}</code>: <span class="muted">${esc(c.error)}</span>` : `<code>${esc(c.attribute)}</code> = ${c.value == null ? `<em>any (${esc(c.from)})</em>` : `<code class="corr">${esc(c.value)}</code>`}`).join(", ")}</div>` : ""}
+        <button type="button" data-send="${esc(q.toString())}">Send this event…</button></li>`;
+    }).join("")}</ul>`);
+  }
+  if (w.timers.length) {
+    parts.push(`<h3 class="muted">Timers</h3><ul class="plain" id="waiting-timers">${w.timers.map(t => `<li data-timer="${esc(t.timer)}"><strong>${esc(t.kind)}</strong> <code>${esc(t.timer)}</code>${t.next ? ` → ${esc(t.next)}` : ""}<br>
+        fires in <span class="countdown" data-due="${t.dueMs}"></span> <span class="muted">(${when(t.due)})</span></li>`).join("")}</ul>`);
+  }
+  if (w.operations.length) {
+    parts.push(`<h3 class="muted">Calls and subflows</h3><ul class="plain" id="waiting-operations">${w.operations.map(o => `<li>${esc(o.kind)} <strong>${esc(o.name)}</strong> <span class="muted">operation ${esc(o.op)}</span>${o.instance ? ` ${instLink(o.instance)}` : ""}</li>`).join("")}</ul>`);
+  }
+  if (w.inbox && w.inbox.length) {
+    parts.push(`<h3 class="muted">Inbox</h3><p>${w.inbox.length} event(s) delivered and not consumed: ${w.inbox.map(e => `<code>${esc(e.type)}</code>`).join(", ")}</p>`);
+  }
+  return parts.length ? parts.join("") : `<p class="muted">No event, timer or call: the instance is ${esc(i.status)}.</p>`;
+}
+
+let ticker = null;
+function startTicking() {
+  const tick = () => {
+    for (const el of document.querySelectorAll(".countdown[data-due]")) {
+      const ms = Number(el.dataset.due) - Date.now();
+      el.textContent = ms <= 0 ? "now (due)" : duration(ms);
+    }
+  };
+  tick();
+  if (!ticker) ticker = setInterval(tick, 1000);
+}
+function stopTicking() { if (ticker) { clearInterval(ticker); ticker = null; } }
+function duration(ms) {
+  const s = Math.ceil(ms / 1000), d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), r = s % 60;
+  return (d ? d + "d " : "") + (d || h ? h + "h " : "") + (d || h || m ? m + "m " : "") + r + "s";
+}
+
+function describeInput(input) {
+  const k = input.input;
+  if (k === "event") return `event <code>${esc(input.event && input.event.type)}</code>`;
+  if (k === "timerFired") return `timer <code>${esc(input.timer)}</code> fired`;
+  if (k === "completed") return `operation <code>${esc(input.op)}</code> completed`;
+  if (k === "failed") return `operation <code>${esc(input.op)}</code> failed: ${esc(input.error && input.error.message)}`;
+  if (k === "cancel") return `cancelled${input.reason ? ": " + esc(input.reason) : ""}`;
+  if (k === "abort") return `aborted: ${esc(input.error && input.error.message)}`;
+  return esc(k);
+}
+
+function describeTrace(t) {
+  switch (t.step) {
+    case "stateEntered": return `entered <strong>${esc(t.state)}</strong>`;
+    case "transitionFired": return `${esc(t.state)} → ${esc(t.next || t.state)} <span class="muted">(${esc(t.trigger)})</span>`;
+    case "eventConsumed": return `consumed event ${esc(t.event)}`;
+    case "actionCompleted": return `${esc(t.action)} <code>${esc(t.op)}</code> done`;
+    case "actionFailed": return `<span class="del">${esc(t.action)} <code>${esc(t.op)}</code> failed: ${esc(t.message)}</span>`;
+    default: return `${esc(t.step)}`;
+  }
+}
+
+function describeEffect(e) {
+  switch (e.effect) {
+    case "invokeFunction": return `call ${esc(e.function)} <code>${esc(e.op)}</code>`;
+    case "startSubflow": return `start subflow ${esc(e.definition)}`;
+    case "sendEvent": return `send <code>${esc(e.event && e.event.type)}</code>`;
+    case "startTimer": return `timer <code>${esc(e.timer)}</code> until ${when(new Date(e.due).toISOString())}`;
+    case "cancelTimer": return `cancel timer <code>${esc(e.timer)}</code>`;
+    case "cancelOperation": return `cancel operation <code>${esc(e.op)}</code>`;
+    default: return esc(e.effect);
+  }
+}
+
+function timeline(v) {
+  if (v.historyError) return `<p class="muted">The history cannot be read here: ${esc(v.historyError)}</p>`;
+  if (!v.steps.length) return `<p class="muted">No step recorded${v.machineMissing ? " (the definition is not registered here, so the journal cannot be replayed)" : ""}.</p>`;
+  let prev = null;
+  const items = v.steps.map((s, n) => {
+    const d = prev === null ? [{ op: "add", path: "", value: s.data }] : diff(prev, s.data);
+    prev = s.data;
+    const failed = s.traces.some(t => t.step === "actionFailed") || s.status === "failed";
+    return `<li class="${failed ? "fail" : ""}" data-step="${n}">
+      <div class="step-head"><span class="muted">${when(s.time)}</span> <span>${describeInput(s.input)}</span> ${badge(s.status)} ${s.state ? `<span class="muted">in</span> ${esc(s.state)}` : ""}</div>
+      ${s.traces.length ? `<div>${s.traces.map(describeTrace).join(" · ")}</div>` : ""}
+      ${s.effects.length ? `<div class="muted">${s.effects.map(describeEffect).join(" · ")}</div>` : ""}
+      ${d.length ? `<div class="diff" aria-label="data change">${d.slice(0, 40).map(renderDiff).join("")}${d.length > 40 ? `<div class="muted">… ${d.length - 40} more</div>` : ""}</div>` : `<div class="muted">data unchanged</div>`}
+      <details data-key="step-${n}"><summary>data after this step</summary><pre>${json(s.data)}</pre></details>
+    </li>`;
+  });
+  return `${v.truncated ? `<p class="muted">Only the first entries of the journal are shown.</p>` : ""}<ol class="timeline" id="timeline">${items.join("")}</ol>`;
+}
+
+function renderDiff(c) {
+  const path = c.path || "(the whole data)";
+  const short = v => { const s = JSON.stringify(v); return esc(s && s.length > 160 ? s.slice(0, 159) + "…" : s); };
+  if (c.op === "add") return `<div class="add mono">+ ${esc(path)}: ${short(c.value)}</div>`;
+  if (c.op === "remove") return `<div class="del mono">− ${esc(path)}: ${short(c.old)}</div>`;
+  return `<div class="chg mono">~ ${esc(path)}: ${short(c.old)} → ${short(c.value)}</div>`;
+}
+
+/** The changes from `a` to `b` as JSON pointer paths: add, remove, replace. */
+function diff(a, b, path = "", out = []) {
+  const obj = x => x !== null && typeof x === "object";
+  if (obj(a) && obj(b) && Array.isArray(a) === Array.isArray(b)) {
+    const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
+    for (const k of keys) {
+      const p = path + "/" + String(k).replace(/~/g, "~0").replace(/\//g, "~1");
+      if (!(k in b)) out.push({ op: "remove", path: p, old: a[k] });
+      else if (!(k in a)) out.push({ op: "add", path: p, value: b[k] });
+      else diff(a[k], b[k], p, out);
+    }
+  } else if (JSON.stringify(a) !== JSON.stringify(b)) {
+    out.push({ op: "replace", path, old: a, value: b });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Definitions
+
+async function definitionsPage(r, seq) {
+  const defs = (await api("/definitions")).definitions;
+  if (seq !== renderSeq) return;
+  view.innerHTML = `<h1>Definitions</h1><section>${defs.length ? `<table id="definitions"><thead><tr><th>Id</th><th>Version</th><th>Name</th><th>Description</th><th></th></tr></thead><tbody>
+    ${defs.map(d => `<tr><td><a href="#/definition/${encodeURIComponent(d.id)}/${encodeURIComponent(d.version)}">${esc(d.id)}</a></td><td>${esc(d.version)}</td><td>${esc(d.name)}</td><td>${esc(d.description || "")}</td>
+      <td><a href="#/instances?definition=${encodeURIComponent(d.id)}">instances</a> · <a href="#/start?definition=${encodeURIComponent(d.id)}&version=${encodeURIComponent(d.version)}">start</a></td></tr>`).join("")}
+    </tbody></table>` : `<div class="empty">No definition is registered yet. Register one with<br><code>curl -X POST ${esc(location.origin)}/definitions -H 'Content-Type: application/json' -d @definition.json</code></div>`}</section>`;
+  current.refresh = () => definitionsPage(r, seq);
+}
+
+async function definitionPage(r, seq) {
+  const [id, version] = r.rest.split("/");
+  const p = new URLSearchParams({ id });
+  if (version) p.set("version", version);
+  const d = await api("/ui/api/definition?" + p);
+  if (seq !== renderSeq) return;
+  view.innerHTML = `<h1>${esc(d.name || d.id)} <span class="muted">${esc(d.id)} version ${esc(d.version)}</span></h1>
+    <section><div class="actions">
+      <label for="d-version" style="display:inline">Version</label>
+      <select id="d-version">${d.versions.map(v => `<option ${v === d.version ? "selected" : ""}>${esc(v)}</option>`).join("")}</select>
+      <a href="#/start?definition=${encodeURIComponent(d.id)}&version=${encodeURIComponent(d.version)}">Start an instance</a> ·
+      <a href="#/instances?definition=${encodeURIComponent(d.id)}">Its instances</a></div>
+      ${d.description ? `<p>${esc(d.description)}</p>` : ""}</section>
+    <section><h2>Diagram</h2><div class="diagram-box" id="diagram">${d.diagram}</div>
+      <details><summary>Mermaid source (<code>sm4c graph</code>)</summary><pre>${esc(d.mermaid)}</pre></details></section>
+    ${d.events.length ? `<section><h2>Events</h2><ul>${d.events.map(e => `<li><strong>${esc(e.name)}</strong> type <code>${esc(e.type)}</code>${e.source ? ` source <code>${esc(e.source)}</code>` : ""}</li>`).join("")}</ul></section>` : ""}
+    <section><h2>Definition</h2><pre id="definition-json">${json(d.definition)}</pre></section>`;
+  $("#d-version").addEventListener("change", e => { location.hash = `#/definition/${encodeURIComponent(d.id)}/${encodeURIComponent(e.target.value)}`; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Actions: start an instance, send an event
+
+async function startPage(r, seq) {
+  const defs = (await api("/definitions")).definitions;
+  if (seq !== renderSeq) return;
+  const want = r.params.get("definition") || "";
+  const ids = [...new Set(defs.map(d => d.id))];
+  view.innerHTML = `<h1>Start an instance</h1><section>${ids.length ? `<form id="start-form">
+    <div class="row">
+      <div><label for="s-definition">Definition</label><select id="s-definition" required>${ids.map(d => `<option ${d === want ? "selected" : ""}>${esc(d)}</option>`).join("")}</select></div>
+      <div><label for="s-version">Version (empty: the latest)</label><input id="s-version" value="${esc(r.params.get("version") || "")}"></div>
+      <div><label for="s-id">Instance id (empty: a new one)</label><input id="s-id"></div>
+    </div>
+    <label for="s-input">Input (JSON)</label><textarea id="s-input">{}</textarea>
+    <div class="actions"><button class="primary" type="submit">Start</button></div></form>` : `<div class="empty">No definition is registered yet.</div>`}</section>`;
+  const form = $("#start-form");
+  if (!form) return;
+  form.addEventListener("submit", async e => {
+    e.preventDefault();
+    let input;
+    try { input = JSON.parse($("#s-input").value || "{}"); } catch (err) { banner("The input is not JSON: " + err.message); return; }
+    const body = { definition: $("#s-definition").value, input };
+    if ($("#s-version").value) body.version = $("#s-version").value;
+    if ($("#s-id").value) body.id = $("#s-id").value;
+    try {
+      const res = await api("/instances", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      location.hash = "#/instance/" + encodeURIComponent(res.id);
+      if (!res.created) setTimeout(() => banner(`Instance ${res.id} existed already: it was not started again.`, "info"), 50);
+    } catch (err) { banner(explainError(err)); }
+  });
+}
+
+function sendPage(r) {
+  const ext = r.params.get("ext") || "{}";
+  const instance = r.params.get("instance") || "";
+  view.innerHTML = `<h1>Send an event</h1>
+    <section><form id="send-form">
+      <div class="row">
+        <div><label for="e-type">type</label><input id="e-type" required value="${esc(r.params.get("type") || "")}"></div>
+        <div><label for="e-source">source</label><input id="e-source" required value="${esc(r.params.get("source") || "")}"></div>
+        <div><label for="e-instance">sm4cinstanceid (optional: only this instance)</label><input id="e-instance" value="${esc(instance)}"></div>
+      </div>
+      <label for="e-ext">Other attributes (a JSON object: correlation attributes and extensions)</label><textarea id="e-ext">${esc(JSON.stringify(JSON.parse(ext), null, 2))}</textarea>
+      <label for="e-data">data (JSON)</label><textarea id="e-data">{}</textarea>
+      <div class="actions"><button type="submit" class="primary" id="explain">Explain where it would go</button>
+        <button type="button" id="send" disabled>Send it</button>
+        <span class="muted">Sending is allowed once the explanation of this very event is shown.</span></div>
+    </form></section>
+    <section id="explanation" hidden></section>`;
+  const form = $("#send-form");
+  let explained = null;
+  const event = () => {
+    const e = { specversion: "1.0", id: (crypto.randomUUID ? crypto.randomUUID() : String(Date.now()) + Math.random()), type: $("#e-type").value, source: $("#e-source").value };
+    Object.assign(e, JSON.parse($("#e-ext").value || "{}"));
+    if ($("#e-instance").value) e.sm4cinstanceid = $("#e-instance").value;
+    e.datacontenttype = "application/json";
+    e.data = JSON.parse($("#e-data").value || "null");
+    return e;
+  };
+  form.addEventListener("input", () => { explained = null; $("#send").disabled = true; });
+  form.addEventListener("submit", async ev => {
+    ev.preventDefault();
+    let e;
+    try { e = event(); } catch (err) { banner("Not JSON: " + err.message); return; }
+    try {
+      const x = await api("/events/explain", { method: "POST", headers: { "Content-Type": "application/cloudevents+json" }, body: JSON.stringify(e) });
+      explained = e;
+      banner(null);
+      const box = $("#explanation");
+      box.hidden = false;
+      box.innerHTML = `<h2>Where it would go</h2><div class="explain">
+        ${x.reached.length ? `<p>It would reach:</p><ul id="reached">${x.reached.map(h => `<li>${instLink(h.instance)} in ${esc(h.state)} (event ${esc(h.event)})</li>`).join("")}</ul>` : `<p id="reached-none"><strong>It would reach no instance now</strong>; it would be kept (parked) for an instance that starts waiting for it.</p>`}
+        ${x.starts.length ? `<p>It starts an instance of ${x.starts.map(s => esc(s.definition)).join(", ")}.</p>` : ""}
+        ${x.nearMisses.length ? `<p>Turned away:</p><ul>${x.nearMisses.map(h => `<li>${h.instance ? instLink(h.instance) : ""} ${esc(h.reason)}</li>`).join("")}</ul>` : ""}
+        <details><summary>definitions</summary><ul>${x.definitions.map(d => `<li>${esc(d.id)} v${esc(d.version)}: ${d.matches ? "declares it as " + esc(d.event) : esc(d.reason)}</li>`).join("")}</ul></details></div>`;
+      $("#send").disabled = false;
+      $("#send").focus();
+    } catch (err) { banner(explainError(err)); }
+  });
+  $("#send").addEventListener("click", async () => {
+    if (!explained) return;
+    try {
+      const d = await api("/events", { method: "POST", headers: { "Content-Type": "application/cloudevents+json" }, body: JSON.stringify(explained) });
+      const box = $("#explanation");
+      box.innerHTML = `<h2>Sent</h2><p id="delivered">${d.reached.length ? `Delivered to ${d.reached.map(instLink).join(", ")}.` : d.parked ? "It reached no instance and is kept (parked) for one that starts waiting for it." : "It reached no instance."}</p>`;
+      explained = null;
+      $("#send").disabled = true;
+    } catch (err) { banner(explainError(err)); }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live updates: /ui/events read with fetch (so the token goes in a header), reconnecting for ever.
+
+const live = $("#live");
+let stream = null;
+let connectedOnce = false;
+
+function setLive(on, text) { live.className = "live " + (on ? "on" : "off"); live.textContent = text; }
+
+async function connect() {
+  const ctl = new AbortController();
+  stream = ctl;
+  try {
+    const res = await fetch("/ui/events", { headers: headers({ Accept: "text/event-stream" }), signal: ctl.signal });
+    if (res.status === 401 || res.status === 403) {
+      setLive(false, "not live: needs a token");
+      return retry(ctl, 5000);
+    }
+    if (!res.ok || !res.body) throw new Error("HTTP " + res.status);
+    const reader = res.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        let name = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event:")) name = line.slice(6).trim();
+          else if (line.startsWith("data:")) data += line.slice(5).trimStart();
+        }
+        onEvent(name, data);
+      }
+    }
+  } catch (e) {
+    if (ctl.signal.aborted && stream !== ctl) return;
+  }
+  setLive(false, "reconnecting…");
+  retry(ctl, 1000);
+}
+
+function retry(ctl, ms) {
+  if (stream !== ctl) return;
+  setTimeout(() => { if (stream === ctl) connect(); }, ms);
+}
+
+function onEvent(name, data) {
+  if (name === "hello") {
+    setLive(true, "live");
+    // After a restart or a lost connection, what the page shows may be stale.
+    if (connectedOnce && current && current.refresh) current.refresh().catch(e => banner(explainError(e)));
+    connectedOnce = true;
+  } else if (name === "changes") {
+    let list = [];
+    try { list = JSON.parse(data); } catch (_) { return; }
+    if (current && current.onChanges) current.onChanges(list);
+  } else if (name === "resync") {
+    if (current && current.refresh) current.refresh().catch(() => {});
+  }
+}
+
+function reconnect() {
+  if (stream) stream.abort();
+  stream = null;
+  connect();
+}
+
+// A Kafka worker reports only its own partitions' changes: re-read what is shown now and then.
+setInterval(() => {
+  if (document.hidden || !current || !current.refresh) return;
+  if (current.name === "instances" || current.name === "instance") current.refresh().catch(() => {});
+}, 10000);
+
+$("#token").value = token();
+$("#token-form").addEventListener("submit", e => {
+  e.preventDefault();
+  const t = $("#token").value.trim();
+  if (t) sessionStorage.setItem(TOKEN_KEY, t); else sessionStorage.removeItem(TOKEN_KEY);
+  reconnect();
+  route();
+});
+window.addEventListener("hashchange", route);
+route();
+connect();
