@@ -6,6 +6,8 @@
 //! [rest."file://api.yaml"]            # the document as written in `operation`, before `#`
 //! server = "https://staging.example.com/v1"
 //! headers = { x-api-key = "env:API_KEY", x-tenant = "acme" }
+//! timeout = "5s"                      # longest a call may take, its wait for a turn included (30s)
+//! concurrency = 8                     # most calls in flight at once to this server (64)
 //!
 //! [grpc."shop.v1.Inventory"]          # package.Service
 //! target = "https://inventory.internal:50051"
@@ -183,6 +185,8 @@ struct RawDocument {
     server: Option<Spanned<String>>,
     #[serde(default)]
     headers: BTreeMap<String, Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    concurrency: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -329,6 +333,31 @@ impl CallConfig {
                 match secret(value.get_ref()).and_then(|v| header(name, &v).map(|_| v)) {
                     Ok(v) => c.rest.headers.entry(doc.clone()).or_default().push((name.clone(), v)),
                     Err(m) => fail(value.span().start, key(&["rest", doc, "headers", name]), m),
+                }
+            }
+            if let Some(t) = &d.timeout {
+                match deadline(t.get_ref()) {
+                    Ok(t) if !t.is_zero() => {
+                        c.rest.timeouts.insert(doc.clone(), t);
+                    }
+                    Ok(_) => fail(
+                        t.span().start,
+                        key(&["rest", doc, "timeout"]),
+                        "must be more than 0".into(),
+                    ),
+                    Err(m) => fail(t.span().start, key(&["rest", doc, "timeout"]), m),
+                }
+            }
+            if let Some(n) = &d.concurrency {
+                match usize::try_from(*n.get_ref()) {
+                    Ok(v @ 1..=10_000) => {
+                        c.rest.concurrency.insert(doc.clone(), v);
+                    }
+                    _ => fail(
+                        n.span().start,
+                        key(&["rest", doc, "concurrency"]),
+                        format!("{} is not a number of calls from 1 to 10000", n.get_ref()),
+                    ),
                 }
             }
         }
@@ -586,6 +615,23 @@ mod tests {
         assert_eq!(c.grpc.targets["shop.v1.Inventory"], "http://127.0.0.1:50051");
         assert_eq!(c.grpc.metadata["shop.v1.Inventory"][0].0.as_str(), "authorization");
         assert_eq!(c.grpc.deadlines["shop.v1.Inventory"], Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn rest_documents_take_a_timeout_and_a_concurrency_bound() {
+        let c = load("[rest.\"file://api.json\"]\ntimeout = \"2s\"\nconcurrency = 4\n").unwrap();
+        assert_eq!(c.rest.timeouts["file://api.json"], Duration::from_secs(2));
+        assert_eq!(c.rest.concurrency["file://api.json"], 4);
+        let errs = load("[rest.\"a.json\"]\ntimeout = \"soon\"\nconcurrency = 0\n").unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].starts_with("line 2: rest.\"a.json\".timeout: not a duration"),
+            "{errs:?}"
+        );
+        assert_eq!(
+            errs[1],
+            "line 3: rest.\"a.json\".concurrency: 0 is not a number of calls from 1 to 10000"
+        );
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! <instance>/<operation id>`, the same on every retry of the same step after a crash. A JSON
 //! response is the result; anything else (a non-2xx status, a timeout, a refused connection) is a
 //! `functionError` that error handlers and retry policies see.
+//!
+//! A slow or failing service must not take others down with it: calls to one document's server are
+//! bounded (at most [`DEFAULT_CONCURRENCY`] at once unless configured; the others wait their turn),
+//! and a call's timeout covers its wait for a turn, so a queue behind a hung service drains at the
+//! timeout's pace instead of growing.
 
 use serde_json::{json, Map, Value};
 use sm4c_host::FunctionCall;
@@ -24,7 +29,19 @@ pub struct RestConfig {
     pub headers: HashMap<String, Vec<(String, String)>>,
     /// Longest a call may take (default 30 s); the action's own `timeout` can be shorter.
     pub timeout: Option<Duration>,
+    /// Longest a call may take per document, waiting for its turn included (else `timeout`).
+    pub timeouts: HashMap<String, Duration>,
+    /// Most calls in flight at once per document (else [`DEFAULT_CONCURRENCY`]).
+    pub concurrency: HashMap<String, usize>,
 }
+
+/// Most calls in flight at once to one document's server, unless configured.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+
+/// How long a call that timed out keeps its turn: long enough for its
+/// connection to be closed before the next call opens one, so that the service never sees more
+/// connections than the bound.
+const LINGER: Duration = Duration::from_millis(100);
 
 /// Calls REST functions; connections to the same host are reused.
 pub struct RestInvoker {
@@ -32,6 +49,8 @@ pub struct RestInvoker {
     base: PathBuf,
     config: RestConfig,
     docs: Mutex<HashMap<String, Arc<Value>>>,
+    /// Turns per document: a permit per call in flight.
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 struct Operation {
@@ -58,7 +77,24 @@ impl RestInvoker {
             base: base.to_path_buf(),
             config,
             docs: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The turns of one document's calls.
+    fn slots(&self, uri: &str) -> (Arc<tokio::sync::Semaphore>, usize) {
+        let n = self
+            .config
+            .concurrency
+            .get(uri)
+            .copied()
+            .unwrap_or(DEFAULT_CONCURRENCY)
+            .max(1);
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let s = slots
+            .entry(uri.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(n)));
+        (s.clone(), n)
     }
 
     async fn document(&self, uri: &str) -> Result<Arc<Value>, ErrorInfo> {
@@ -218,21 +254,52 @@ impl RestInvoker {
             req = req.json(&Value::Object(args));
         }
         let target = format!("{} {url}", op.method);
-        let resp = req.send().await.map_err(|e| {
-            let kind = if e.is_timeout() {
-                "timeout"
-            } else if e.is_connect() {
-                "connection"
-            } else {
-                "request"
-            };
+        let limit = self
+            .config
+            .timeouts
+            .get(uri)
+            .copied()
+            .or(self.config.timeout)
+            .unwrap_or(Duration::from_secs(30));
+        let deadline = tokio::time::Instant::now() + limit;
+        let timed_out = |what: String| {
             err(
-                format!("{target} failed: {kind}: {e}"),
-                json!({"kind": kind, "url": url}),
+                format!("{target} failed: timeout: {what}"),
+                json!({"kind": "timeout", "url": url, "timeoutMs": limit.as_millis() as u64}),
             )
-        })?;
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
+        };
+        let (slots, bound) = self.slots(uri);
+        let Ok(Ok(turn)) = tokio::time::timeout_at(deadline, slots.acquire_owned()).await else {
+            return Err(timed_out(format!(
+                "no turn within {limit:?}: at most {bound} calls to {uri} run at once, and they are all in flight"
+            )));
+        };
+        let exchange = async {
+            let resp = req.timeout(limit).send().await?;
+            let status = resp.status();
+            resp.text().await.map(|body| (status, body))
+        };
+        let (status, body) = match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) if !e.is_timeout() => {
+                drop(turn);
+                let kind = if e.is_connect() { "connection" } else { "request" };
+                return Err(err(
+                    format!("{target} failed: {kind}: {e}"),
+                    json!({"kind": kind, "url": url}),
+                ));
+            }
+            _ => {
+                // The connection of the abandoned call may still be closing: keep the turn a
+                // little longer, so that the next call does not open one beside it.
+                tokio::spawn(async move {
+                    tokio::time::sleep(LINGER).await;
+                    drop(turn);
+                });
+                return Err(timed_out(format!("no answer within {limit:?}")));
+            }
+        };
+        drop(turn);
         let parsed = if body.trim().is_empty() {
             Value::Null
         } else {
