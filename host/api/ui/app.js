@@ -110,29 +110,41 @@ function notFoundPage() {
 // ---------------------------------------------------------------------------------------------
 // Instances
 
+const FILTERS = ["status", "definition", "version", "state", "startedAfter", "startedBefore", "condition"];
+
 async function instancesPage(r, seq) {
-  const status = r.params.get("status") || "";
-  const definition = r.params.get("definition") || "";
-  const state = r.params.get("state") || "";
+  const f = Object.fromEntries(FILTERS.map(k => [k, r.params.get(k) || ""]));
+  // GET /instances filters on status and definition; the others go through /ui/api/search, which
+  // scans the list (a bounded number of instances per request).
+  const scan = ["version", "state", "startedAfter", "startedBefore", "condition"].some(k => f[k]);
   let defs = [];
   try { defs = (await api("/definitions")).definitions; } catch (e) { if (e.status === 401 || e.status === 0) throw e; }
   const ids = [...new Set(defs.map(d => d.id))];
+  const local = t => t ? new Date(t).toISOString().slice(0, 16) : "";
   view.innerHTML = `
     <h1>Instances</h1>
     <form class="filters" id="filters" role="search">
-      <div><label for="f-status">Status</label><select id="f-status" name="status">
-        <option value="">any</option>${STATUSES.map(s => `<option ${s === status ? "selected" : ""}>${s}</option>`).join("")}
+      <div><label for="f-status">Status</label><select id="f-status">
+        <option value="">any</option>${STATUSES.map(s => `<option ${s === f.status ? "selected" : ""}>${s}</option>`).join("")}
       </select></div>
-      <div><label for="f-definition">Definition</label><select id="f-definition" name="definition">
-        <option value="">any</option>${ids.map(d => `<option ${d === definition ? "selected" : ""}>${esc(d)}</option>`).join("")}
+      <div><label for="f-definition">Definition</label><select id="f-definition">
+        <option value="">any</option>${ids.map(d => `<option ${d === f.definition ? "selected" : ""}>${esc(d)}</option>`).join("")}
       </select></div>
-      <div><label for="f-state">State (on the loaded pages)</label><input id="f-state" name="state" value="${esc(state)}" placeholder="state name"></div>
+      <div><label for="f-version">Version</label><input id="f-version" size="6" value="${esc(f.version)}"></div>
+      <div><label for="f-state">State</label><input id="f-state" size="14" value="${esc(f.state)}" placeholder="state name"></div>
+      <div><label for="f-startedAfter">Started from (UTC)</label><input id="f-startedAfter" type="datetime-local" value="${esc(local(f.startedAfter))}"></div>
+      <div><label for="f-startedBefore">Started before (UTC)</label><input id="f-startedBefore" type="datetime-local" value="${esc(local(f.startedBefore))}"></div>
+      <div><label for="f-condition">Data matches (jq condition)</label><input id="f-condition" size="26" class="mono" value="${esc(f.condition)}" placeholder='.orderId == "A1"'></div>
       <div><button type="submit">Filter</button> <a href="#/instances">clear</a></div>
     </form>
     <section><div id="rows"><p class="muted">Loading…</p></div></section>`;
   const apply = () => {
     const p = new URLSearchParams();
-    for (const k of ["status", "definition", "state"]) { const v = $(`#f-${k}`).value; if (v) p.set(k, v); }
+    for (const k of FILTERS) {
+      let v = $(`#f-${k}`).value;
+      if (v && k.startsWith("started")) v = new Date(v + "Z").toISOString();
+      if (v) p.set(k, v);
+    }
     location.hash = "#/instances" + (p.toString() ? "?" + p : "");
   };
   $("#filters").addEventListener("submit", e => { e.preventDefault(); apply(); });
@@ -141,14 +153,14 @@ async function instancesPage(r, seq) {
 
   let pages = 1;
   const load = async (flash = new Set()) => {
-    let rows = [], next = null, after = "";
+    let rows = [], next = null, after = "", scanned = 0;
     for (let i = 0; i < pages; i++) {
-      const p = new URLSearchParams({ limit: "100" });
-      if (status) p.set("status", status);
-      if (definition) p.set("definition", definition);
+      const p = new URLSearchParams(scan ? {} : { limit: "100" });
+      for (const k of FILTERS) if (f[k] && (scan || k === "status" || k === "definition")) p.set(k, f[k]);
       if (after) p.set("after", after);
-      const page = await api("/instances?" + p);
+      const page = await api((scan ? "/ui/api/search?" : "/instances?") + p);
       rows = rows.concat(page.instances);
+      scanned += page.scanned || 0;
       next = page.next;
       if (!next) break;
       after = next;
@@ -156,28 +168,33 @@ async function instancesPage(r, seq) {
     if (seq !== renderSeq) return;
     // Newest first: the API lists oldest first.
     rows.reverse();
-    const shown = state ? rows.filter(x => x.state === state) : rows;
     const box = $("#rows");
-    if (!shown.length) {
+    const more = next ? ` · <button id="more" type="button">${scan ? "Search further" : "Load 100 more"}</button>` : "";
+    const filtered = FILTERS.some(k => f[k]);
+    if (!rows.length) {
       box.innerHTML = defs.length
-        ? `<div class="empty">No instance matches${status || definition || state ? " these filters" : " yet"}. <a href="#/start">Start one</a>.</div>`
+        ? `<div class="empty">No instance matches${filtered ? " these filters" : " yet"}${scan ? ` (${scanned} scanned)` : ""}. <a href="#/start">Start one</a>.${more}</div>`
         : `<div class="empty">No definition is registered yet. Register one with<br><code>curl -X POST ${esc(location.origin)}/definitions -H 'Content-Type: application/json' -d @definition.json</code></div>`;
     } else {
       box.innerHTML = `<table id="instances"><thead><tr><th>Instance</th><th>Status</th><th>Definition</th><th>State</th><th>Started</th><th>Ended</th></tr></thead><tbody>
-        ${shown.map(x => `<tr data-id="${esc(x.id)}" class="${flash.has(x.id) ? "changed" : ""}">
+        ${rows.map(x => `<tr data-id="${esc(x.id)}" class="${flash.has(x.id) ? "changed" : ""}">
           <td>${instLink(x.id)}${x.parent ? `<div class="muted">child of ${instLink(x.parent)}</div>` : ""}</td>
           <td>${badge(x.status)}</td><td><a href="#/definition/${encodeURIComponent(x.definition)}/${encodeURIComponent(x.version)}">${esc(x.definition)}</a> <span class="muted">v${esc(x.version)}</span></td>
           <td>${esc(x.state || "")}</td><td>${when(x.startedAt)}</td><td>${when(x.endedAt)}</td></tr>`).join("")}
         </tbody></table>
-        <p class="muted">${shown.length} shown${next ? ` · <button id="more" type="button">Load 100 more</button>` : ""}</p>`;
-      const more = $("#more");
-      if (more) more.addEventListener("click", () => { pages++; load(); });
+        <p class="muted">${rows.length} shown${scan ? `, ${scanned} scanned` : ""}${more}</p>`;
     }
+    const b = $("#more");
+    if (b) b.addEventListener("click", () => { pages++; load(); });
   };
-  await load();
+  const shown = () => load().catch(e => {
+    $("#rows").innerHTML = `<div class="empty">The list could not be read.</div>`;
+    banner(explainError(e));
+  });
+  await shown();
   current.refresh = () => load();
   current.onChanges = list => {
-    if (definition && !list.some(c => c.definition === definition)) return;
+    if (f.definition && !list.some(c => c.definition === f.definition)) return;
     load(new Set(list.map(c => c.id)));
   };
 }
@@ -205,7 +222,7 @@ async function instancePage(r, seq) {
           <dt>Children</dt><dd id="children">${v.children.length ? v.children.map(c => `${instLink(c.id)} ${c.status ? badge(c.status) : ""}`).join("<br>") : `<span class="muted">none</span>`}</dd>
         </dl>
         <div class="actions" style="margin-top:10px">
-          ${open ? `<a href="#/send?instance=${encodeURIComponent(i.id)}"><button type="button" tabindex="-1">Send an event…</button></a>
+          ${open ? `<a class="button" href="#/send?instance=${encodeURIComponent(i.id)}">Send an event…</a>
           <span id="cancel-box"><button type="button" id="cancel" class="danger">Cancel instance</button></span>` : ""}
         </div>
       </section>
@@ -441,7 +458,8 @@ async function startPage(r, seq) {
 }
 
 function sendPage(r) {
-  const ext = r.params.get("ext") || "{}";
+  let ext = {};
+  try { ext = JSON.parse(r.params.get("ext") || "{}"); } catch (_) { /* a hand-made link: start empty */ }
   const instance = r.params.get("instance") || "";
   view.innerHTML = `<h1>Send an event</h1>
     <section><form id="send-form">
@@ -450,7 +468,7 @@ function sendPage(r) {
         <div><label for="e-source">source</label><input id="e-source" required value="${esc(r.params.get("source") || "")}"></div>
         <div><label for="e-instance">sm4cinstanceid (optional: only this instance)</label><input id="e-instance" value="${esc(instance)}"></div>
       </div>
-      <label for="e-ext">Other attributes (a JSON object: correlation attributes and extensions)</label><textarea id="e-ext">${esc(JSON.stringify(JSON.parse(ext), null, 2))}</textarea>
+      <label for="e-ext">Other attributes (a JSON object: correlation attributes and extensions)</label><textarea id="e-ext">${esc(JSON.stringify(ext, null, 2))}</textarea>
       <label for="e-data">data (JSON)</label><textarea id="e-data">{}</textarea>
       <div class="actions"><button type="submit" class="primary" id="explain">Explain where it would go</button>
         <button type="button" id="send" disabled>Send it</button>

@@ -273,3 +273,41 @@ fn with_tokens_the_page_is_open_and_its_data_is_not() {
     let rx = s.events(Some(READ));
     next_event(&rx, "hello", |_| true);
 }
+
+#[test]
+fn the_search_filters_by_version_state_start_time_and_a_condition_on_the_data() {
+    let s = serve(None);
+    assert_eq!(s.post("/definitions", &order(), None).0, 201);
+    for (id, order_id) in [("a", "A1"), ("b", "B2"), ("c", "C3")] {
+        let input = json!({"orderId": order_id});
+        let (code, body) = s.post(
+            "/instances",
+            &json!({"definition": "order", "id": id, "input": input}),
+            None,
+        );
+        assert_eq!(code, 201, "{body}");
+    }
+    let ids = |q: &str| -> Vec<String> {
+        let (code, v) = s.get(&format!("/ui/api/search?{q}"), None);
+        assert_eq!(code, 200, "{q}: {v}");
+        let mut ids: Vec<String> = v["instances"]
+            .as_array()
+            .expect("instances")
+            .iter()
+            .map(|r| r["id"].as_str().unwrap_or("").to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids("condition=.orderId%20%3D%3D%20%22B2%22"), ["b"]);
+    assert_eq!(ids("version=1&state=AwaitPayment"), ["a", "b", "c"]);
+    assert!(ids("version=2").is_empty());
+    assert_eq!(
+        ids("startedAfter=2000-01-01T00:00:00Z&startedBefore=2999-01-01T00:00:00Z").len(),
+        3
+    );
+    assert!(ids("startedBefore=2000-01-01T00:00:00Z").is_empty());
+    let (code, v) = s.get("/ui/api/search?condition=.orderId%20%3D%3D", None);
+    assert_eq!(code, 400, "{v}");
+    assert!(v["message"].as_str().unwrap_or("").starts_with("condition: "), "{v}");
+}

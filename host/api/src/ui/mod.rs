@@ -7,6 +7,7 @@
 
 pub mod diagram;
 pub mod live;
+pub mod search;
 pub mod view;
 
 pub use live::changed;
@@ -55,6 +56,7 @@ pub(crate) fn routes(host: Api) -> Router {
     }
     r.route("/ui/api/instance", get(instance))
         .route("/ui/api/definition", get(definition))
+        .route("/ui/api/search", get(search))
         .route("/ui/events", get(live::events))
         .with_state(host)
 }
@@ -67,6 +69,10 @@ struct InstanceQuery {
 
 async fn instance(State(h): State<Api>, Params(q): Params<InstanceQuery>) -> Result<Json<Value>, ApiError> {
     Ok(Json(view::instance(&h, &q.id).await?))
+}
+
+async fn search(State(h): State<Api>, Params(q): Params<search::Search>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(search::search(&h, q).await?))
 }
 
 #[derive(Deserialize)]

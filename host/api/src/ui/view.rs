@@ -185,7 +185,7 @@ fn replay(m: &Arc<Machine>, id: &str, journal: &[(i64, Entry)]) -> (Vec<Value>, 
 }
 
 /// The data an instance shows: for a running ASL execution, the current state's input.
-fn data_of(s: &Snapshot) -> Value {
+pub(crate) fn data_of(s: &Snapshot) -> Value {
     match (&s.asl, s.status.is_final()) {
         (Some(exec), false) => exec.root.input.clone(),
         _ => from_val(&s.data.0),

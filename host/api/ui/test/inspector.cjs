@@ -127,6 +127,19 @@ async function main() {
     await page.press("#f-state", "Enter");
     await page.waitForSelector(".empty");
     ok((await page.textContent(".empty")).includes("No instance matches these filters"), "no instance matches greeter in AwaitPayment: a readable empty state");
+    await page.goto(s.url + "/ui#/instances");
+    await page.waitForSelector("#instances tbody tr");
+    await page.fill("#f-condition", '.orderId == "B2"');
+    await page.press("#f-condition", "Enter");
+    await page.waitForFunction(() => location.hash.includes("condition=") && document.querySelectorAll("#instances tbody tr").length === 1);
+    ok((await rowIds(page)).join() === "o-2", "a jq condition over the data finds o-2");
+    await page.fill("#f-condition", ".orderId ==");
+    await page.press("#f-condition", "Enter");
+    await page.waitForSelector("#banner:not([hidden])");
+    ok((await page.textContent("#banner")).includes("condition"), "a condition that does not compile is reported: " + await page.textContent("#banner"));
+    await page.goto(s.url + "/ui#/instances?state=AwaitPayment&version=1");
+    await page.waitForFunction(() => document.querySelectorAll("#instances tbody tr").length === 2);
+    ok((await rowIds(page)).sort().join() === "o-1,o-2", "the state and version filters keep o-1 and o-2");
 
     // A new instance appears in the list live.
     await page.goto(s.url + "/ui#/instances");

@@ -1,0 +1,93 @@
+//! `GET /ui/api/search`: the instance list's filters that `GET /instances` does not have (version,
+//! state, started between, and a jq condition over each instance's data), by scanning the list
+//! through [`Backend::list`] with the filters it has (status, definition).
+//!
+//! A scan reads at most [`MAX_SCAN`] instances per request (oldest first, as the list goes) and
+//! answers with a cursor to go on from; the jq condition reads each candidate instance, so it costs
+//! one instance read per instance scanned that passes the other filters.
+
+use crate::errors::InvalidQuery;
+use crate::ApiError;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sm4c_host::service::Backend;
+use sm4c_runtime::{Expr, Limits};
+use std::sync::Arc;
+
+/// Most instances one search request scans.
+pub const MAX_SCAN: usize = 10_000;
+/// Most matches one search request answers with.
+const MAX_MATCHES: usize = 200;
+const PAGE: usize = 500;
+
+/// The query of `GET /ui/api/search`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Search {
+    status: Option<String>,
+    definition: Option<String>,
+    version: Option<String>,
+    state: Option<String>,
+    /// RFC 3339: started at or after.
+    started_after: Option<String>,
+    /// RFC 3339: started before.
+    started_before: Option<String>,
+    /// A jq condition over the instance's data: it matches when it yields `true`.
+    condition: Option<String>,
+    /// Where a previous search stopped.
+    after: Option<String>,
+}
+
+fn nonempty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().filter(|s| !s.is_empty())
+}
+
+/// Runs a search: `{instances, scanned, next}`, `next` the cursor to scan on from, when the scan
+/// stopped before the end of the list.
+pub async fn search(h: &Arc<dyn Backend>, q: Search) -> Result<Value, ApiError> {
+    let condition = match nonempty(&q.condition) {
+        Some(c) => Some(Expr::compile(c, &[], Limits::default()).map_err(|e| InvalidQuery(format!("condition: {e}")))?),
+        None => None,
+    };
+    let mut after: i64 = match nonempty(&q.after) {
+        None => 0,
+        Some(a) => a
+            .parse()
+            .map_err(|_| InvalidQuery(format!("after: {a:?} is not a cursor")))?,
+    };
+    let (mut scanned, mut found, mut next) = (0, Vec::new(), None);
+    loop {
+        let rows = h
+            .list(nonempty(&q.status), nonempty(&q.definition), after, PAGE)
+            .await?;
+        let full = rows.len() == PAGE;
+        for r in rows {
+            after = r.seq;
+            scanned += 1;
+            let keep = nonempty(&q.version).is_none_or(|v| r.version == v)
+                && nonempty(&q.state).is_none_or(|s| r.state.as_deref() == Some(s))
+                && nonempty(&q.started_after).is_none_or(|t| r.started_at.as_deref().is_some_and(|s| s >= t))
+                && nonempty(&q.started_before).is_none_or(|t| r.started_at.as_deref().is_some_and(|s| s < t));
+            let keep = keep
+                && match &condition {
+                    None => true,
+                    Some(c) => match h.instance(&r.id)? {
+                        Some(s) => c.eval_json(&super::view::data_of(&s.snapshot)).ok() == Some(Value::Bool(true)),
+                        None => false,
+                    },
+                };
+            if keep {
+                found.push(r);
+            }
+            if found.len() >= MAX_MATCHES || scanned >= MAX_SCAN {
+                next = Some(after.to_string());
+                break;
+            }
+        }
+        if next.is_some() || !full {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    Ok(json!({"instances": found, "scanned": scanned, "next": next}))
+}
