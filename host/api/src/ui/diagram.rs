@@ -162,7 +162,7 @@ pub fn svg(g: &Graph, marks: &Marks) -> String {
     }
     let ends: BTreeSet<usize> = g.edges.iter().filter(|e| e.1.is_none()).map(|e| e.0).collect();
     let w = xs.last().copied().unwrap_or(MARGIN) + col_w.last().copied().unwrap_or(0) + MARGIN + 40;
-    let h = MARGIN * 2 + 20 + rows.iter().max().copied().unwrap_or(1) * ROW + 40;
+    let h = MARGIN * 2 + rows.iter().max().copied().unwrap_or(1) * ROW + 20;
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"diagram\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\">\
 <defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerUnits=\"userSpaceOnUse\" markerWidth=\"9\" markerHeight=\"9\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" class=\"arrowhead\"/></marker></defs>"

@@ -141,6 +141,19 @@ async function main() {
     await page.waitForFunction(() => document.querySelectorAll("#instances tbody tr").length === 2);
     ok((await rowIds(page)).sort().join() === "o-1,o-2", "the state and version filters keep o-1 and o-2");
 
+    // The keyboard alone reaches an instance from the list.
+    await page.goto(s.url + "/ui#/instances");
+    await page.waitForSelector("#instances tbody tr");
+    let reached = false;
+    for (let i = 0; i < 40 && !reached; i++) {
+      await page.keyboard.press("Tab");
+      reached = await page.evaluate(() => document.activeElement && document.activeElement.getAttribute("href") === "#/instance/o-1");
+    }
+    ok(reached, "Tab reaches the link to o-1");
+    await page.keyboard.press("Enter");
+    await page.waitForSelector("#diagram svg");
+    ok(await page.evaluate(() => location.hash === "#/instance/o-1"), "Enter opens it");
+
     // A new instance appears in the list live.
     await page.goto(s.url + "/ui#/instances");
     await page.waitForSelector("#instances tbody tr");
