@@ -18,14 +18,13 @@ use sm4c_runtime::{load, Effect, Entry, ErrorInfo, ErrorKind, Input, LoadOptions
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+mod full;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 /// An answer to a request, sent once its batch is committed, or with the error that kept it out.
 type Reply = Box<dyn FnOnce(Result<(), HostError>) + Send>;
-
-/// How long the host waits before it writes again after the disk was full, first and at most.
-const FULL_BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
 
 /// Limits the durable host enforces.
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +145,7 @@ impl DurableHost {
             paused: None,
             backoff: None,
             held: Vec::new(),
+            carried: Vec::new(),
             parked_count: 0,
             tasks: TaskLists::default(),
             handouts: Vec::new(),
@@ -357,6 +357,9 @@ struct Loop {
     backoff: Option<Duration>,
     /// Call results that arrived during the pause, handled when it ends.
     held: Vec<Cmd>,
+    /// Inputs a written batch left for the next (past the batch size): when the next cannot be
+    /// written, they are handled again after the pause, since what they answer is written.
+    carried: Vec<(String, Input)>,
     parked_count: usize,
     /// Worker tasks waiting for workers, and workers waiting for tasks.
     tasks: TaskLists,
@@ -564,79 +567,6 @@ impl Loop {
         }
     }
 
-    /// The disk is full and the batch was not written (SQLite rolled it back): its requests are
-    /// told so, what it decided is forgotten, and the host writes nothing for a while. Calls whose
-    /// results the batch handled are kept in flight; their results are handled again after the pause.
-    fn refused(&mut self, e: StoreError) {
-        let why = e.to_string();
-        let backoff = match self.backoff {
-            Some(last) => (last * 2).min(FULL_BACKOFF.1),
-            None => FULL_BACKOFF.0,
-        };
-        tracing::warn!(error = %why, retry_in_ms = backoff.as_millis() as u64, "the store's disk is full; requests are refused until a write succeeds");
-        for reply in std::mem::take(&mut self.replies) {
-            reply(Err(HostError::StorageFull(why.clone())));
-        }
-        // Workers waiting for these tasks get none; the tasks are queued again after the pause.
-        self.handouts.clear();
-        self.cache.clear();
-        self.queue.clear();
-        self.after.clear();
-        self.batch = Batch::default();
-        for (handle, instance, op, result) in std::mem::take(&mut self.results) {
-            self.in_flight.insert((instance.clone(), op.clone()), handle);
-            self.held.push(Cmd::Result { instance, op, result });
-        }
-        self.backoff = Some(backoff);
-        self.paused = Some(tokio::time::Instant::now() + backoff);
-    }
-
-    /// A request that needs a write, during the pause, is refused at once; call results wait.
-    fn command_paused(&mut self, cmd: Cmd) {
-        let full = || HostError::StorageFull("the store's disk is full".into());
-        match cmd {
-            Cmd::Start { reply, .. } => drop(reply.send(Err(full()))),
-            Cmd::Event(_, reply) => drop(reply.send(Err(full()))),
-            Cmd::Cancel(_, reply) => drop(reply.send(Err(full()))),
-            Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
-            cmd @ Cmd::Result { .. } => self.held.push(cmd),
-            other => self.command(other),
-        }
-    }
-
-    /// After a pause, carries on from the store, as after a restart: timers come back (those the
-    /// refused batch fired among them), tasks not taken are queued again, open calls whose results
-    /// were lost are made again with the same operation id, and the held results are handled.
-    fn resume(&mut self) -> Result<(), StoreError> {
-        let timers = self.store.timers()?;
-        let calls = self.store.calls()?;
-        self.parked_count = self.store.parked(now_ms())?.len();
-        self.timers = timers.into_iter().map(|(i, t, due)| (due, i, t)).collect();
-        for (inst, effect) in calls {
-            if let Effect::InvokeFunction { op, .. } = &effect {
-                if self.in_flight.contains_key(&(inst.clone(), op.clone())) {
-                    continue;
-                }
-            }
-            match self.recovered(&inst, effect) {
-                Ok(Some(work)) => {
-                    if let Work::Task { task, .. } = &work {
-                        self.tasks.remove(&task.instance, &task.op);
-                    }
-                    self.perform(&inst, work);
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(instance = %inst, error = %e, "cannot resume an open call"),
-            }
-        }
-        self.cache.clear();
-        for cmd in std::mem::take(&mut self.held) {
-            self.command(cmd);
-        }
-        self.paused = None;
-        Ok(())
-    }
-
     fn fire_due(&mut self) {
         self.tasks.expire(tokio::time::Instant::now());
         let now = now_ms();
@@ -823,6 +753,7 @@ impl Loop {
         let started = std::time::Instant::now();
         self.store.commit(&batch)?;
         self.results.clear();
+        self.carried.clone_from(&self.queue);
         if self.backoff.take().is_some() {
             tracing::info!("the store takes writes again");
         }
