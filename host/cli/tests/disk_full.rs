@@ -227,7 +227,7 @@ fn cycles() -> usize {
 #[test]
 fn a_full_disk_refuses_writes_loses_nothing_and_passes_when_space_returns() {
     // Each cycle leaves about a megabyte of instances (and their write-ahead log) behind.
-    let mut c = Campaign::start(&format!("{}m", 16 + 0 * cycles()));
+    let mut c = Campaign::start(&format!("{}m", 16 + 4 * cycles()));
     let (code, body) = c.post("/definitions", &delayed());
     assert_eq!(code, 201, "define: {body}");
     for i in 0..5 {
