@@ -43,7 +43,8 @@ impl Loop {
         self.paused = Some(tokio::time::Instant::now() + backoff);
     }
 
-    /// A request that needs a write, during the pause, is refused at once; call results wait.
+    /// A request that needs a write, during the pause, is refused at once; call results and
+    /// workers' polls wait for its end (a poll handed a task would write the task's start).
     pub(super) fn command_paused(&mut self, cmd: Cmd) {
         let full = || HostError::StorageFull("the store's disk is full".into());
         match cmd {
@@ -51,7 +52,7 @@ impl Loop {
             Cmd::Event(_, reply) => drop(reply.send(Err(full()))),
             Cmd::Cancel(_, reply) => drop(reply.send(Err(full()))),
             Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
-            cmd @ Cmd::Result { .. } => self.held.push(cmd),
+            cmd @ (Cmd::Result { .. } | Cmd::Poll { .. }) => self.held.push(cmd),
             other => self.command(other),
         }
     }
@@ -64,6 +65,9 @@ impl Loop {
         let calls = self.store.calls()?;
         self.parked_count = self.store.parked(now_ms())?.len();
         self.timers = timers.into_iter().map(|(i, t, due)| (due, i, t)).collect();
+        // What the last written batch left over goes first, as it would have.
+        let carried = std::mem::take(&mut self.carried);
+        self.queue.splice(0..0, carried);
         for (inst, effect) in calls {
             if let Effect::InvokeFunction { op, .. } = &effect {
                 if self.in_flight.contains_key(&(inst.clone(), op.clone())) {
@@ -81,8 +85,6 @@ impl Loop {
                 Err(e) => tracing::warn!(instance = %inst, error = %e, "cannot resume an open call"),
             }
         }
-        self.cache.clear();
-        self.queue = std::mem::take(&mut self.carried);
         for cmd in std::mem::take(&mut self.held) {
             self.command(cmd);
         }

@@ -186,3 +186,48 @@ async fn a_full_disk_refuses_requests_keeps_call_results_and_passes_when_space_r
         "a call whose result came during the pause is not made again: {calls:?}"
     );
 }
+
+fn worker_task() -> Value {
+    json!({"id": "t", "name": "t", "version": "1",
+        "functions": [{"name": "w", "type": "worker", "operation": "packing"}],
+        "states": [{"name": "Pack", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "w", "waitForCompletion": true,
+                            "arguments": {"n": "${ .n }"}},
+            "enterResultHandler": "${ .r = $value }"}]})
+}
+
+#[tokio::test]
+async fn a_worker_polling_during_the_pause_gets_its_task_once_space_returns_and_only_once() {
+    let store = Arc::new(Filling::default());
+    let h = DurableHost::start(store.clone(), Arc::new(Gated(Arc::default())), Limits::default()).unwrap();
+    h.define(worker_task()).await.unwrap();
+    h.start_instance("t", None, Some("t1".into()), json!({"n": 7}))
+        .await
+        .unwrap();
+
+    store.full.store(true, Ordering::SeqCst);
+    let refused = h.start_instance("t", None, Some("t2".into()), json!({"n": 8})).await;
+    assert!(matches!(refused, Err(HostError::StorageFull(_))), "{refused:?}");
+    // The poll waits for the pause to end: handing the task out writes its start.
+    let poller = h.clone();
+    let poll = tokio::spawn(async move { poller.poll("packing", Some("w1".into()), Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !poll.is_finished(),
+        "no task is handed out while its start cannot be written"
+    );
+    store.full.store(false, Ordering::SeqCst);
+
+    let task = poll.await.unwrap().unwrap().expect("the task, once space returns");
+    assert_eq!(task["instanceId"], "t1", "{task}");
+    let again = h
+        .poll("packing", Some("w2".into()), Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(again.is_none(), "the task is handed out once: {again:?}");
+    let token = task["token"].as_str().expect("token");
+    h.answer(token, sm4c_host::tasks::Answer::Complete(json!({"packed": 7})))
+        .await
+        .unwrap();
+    assert_eq!(completed(&h, "t1").await["r"], json!({"packed": 7}));
+}
