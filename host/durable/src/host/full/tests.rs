@@ -153,6 +153,10 @@ async fn a_full_disk_refuses_requests_keeps_call_results_and_passes_when_space_r
     tokio::time::sleep(Duration::from_millis(50)).await;
     let event = json!({"specversion": "1.0", "id": "e", "source": "t", "type": "nobody"});
     assert!(matches!(h.deliver(event).await, Err(HostError::StorageFull(_))));
+    assert!(matches!(h.cancel("a").await, Err(HostError::StorageFull(_))));
+    let token = sm4c_host::tasks::token("a", "1.enter");
+    let answer = h.answer(&token, sm4c_host::tasks::Answer::Complete(json!(1))).await;
+    assert!(matches!(answer, Err(HostError::StorageFull(_))), "{answer:?}");
     assert!(matches!(
         h.define(json!({"id": "d", "name": "d", "version": "1", "states": [{"name": "S", "start": true}]}))
             .await,
