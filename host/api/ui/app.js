@@ -114,8 +114,9 @@ const FILTERS = ["status", "definition", "version", "state", "startedAfter", "st
 
 async function instancesPage(r, seq) {
   const f = Object.fromEntries(FILTERS.map(k => [k, r.params.get(k) || ""]));
-  // GET /instances filters on status and definition; the others go through /ui/api/search, which
-  // scans the list (a bounded number of instances per request).
+  // /ui/api/instances lists the newest first with the filters GET /instances has (status,
+  // definition); the others go through /ui/api/search, which scans the list (a bounded number of
+  // instances per request).
   const scan = ["version", "state", "startedAfter", "startedBefore", "condition"].some(k => f[k]);
   let defs = [];
   try { defs = (await api("/definitions")).definitions; } catch (e) { if (e.status === 401 || e.status === 0) throw e; }
@@ -153,23 +154,22 @@ async function instancesPage(r, seq) {
 
   let pages = 1;
   const load = async (flash = new Set()) => {
-    let rows = [], next = null, after = "", scanned = 0;
+    let rows = [], next = null, before = "", scanned = 0;
     for (let i = 0; i < pages; i++) {
       const p = new URLSearchParams(scan ? {} : { limit: "100" });
       for (const k of FILTERS) if (f[k] && (scan || k === "status" || k === "definition")) p.set(k, f[k]);
-      if (after) p.set("after", after);
-      const page = await api((scan ? "/ui/api/search?" : "/instances?") + p);
+      if (before) p.set("before", before);
+      // Both answer the newest first.
+      const page = await api((scan ? "/ui/api/search?" : "/ui/api/instances?") + p);
       rows = rows.concat(page.instances);
       scanned += page.scanned || 0;
       next = page.next;
       if (!next) break;
-      after = next;
+      before = next;
     }
     if (seq !== renderSeq) return;
-    // Newest first: the API lists oldest first.
-    rows.reverse();
     const box = $("#rows");
-    const more = next ? ` · <button id="more" type="button">${scan ? "Search further" : "Load 100 more"}</button>` : "";
+    const more = next ? ` · <button id="more" type="button">${scan ? "Search further (older)" : "Load 100 older"}</button>` : "";
     const filtered = FILTERS.some(k => f[k]);
     if (!rows.length) {
       box.innerHTML = defs.length

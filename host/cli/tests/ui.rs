@@ -311,3 +311,36 @@ fn the_search_filters_by_version_state_start_time_and_a_condition_on_the_data() 
     assert_eq!(code, 400, "{v}");
     assert!(v["message"].as_str().unwrap_or("").starts_with("condition: "), "{v}");
 }
+
+#[test]
+fn the_list_goes_newest_first_in_pages() {
+    let s = serve(None);
+    assert_eq!(s.post("/definitions", &order(), None).0, 201);
+    let ids: Vec<String> = (1..=7).map(|n| format!("i{n}")).collect();
+    for id in &ids {
+        let body = json!({"definition": "order", "id": id, "input": {"orderId": id}});
+        assert_eq!(s.post("/instances", &body, None).0, 201);
+    }
+    s.post("/instances/i4/cancel", &json!({}), None);
+    let page = |q: &str| -> (Vec<String>, Value) {
+        let (code, v) = s.get(&format!("/ui/api/instances?{q}"), None);
+        assert_eq!(code, 200, "{q}: {v}");
+        let ids = v["instances"]
+            .as_array()
+            .expect("instances")
+            .iter()
+            .map(|r| r["id"].as_str().unwrap_or("").to_string())
+            .collect();
+        (ids, v["next"].clone())
+    };
+    let (first, next) = page("limit=3");
+    assert_eq!(first, ["i7", "i6", "i5"]);
+    let (second, next) = page(&format!("limit=3&before={}", next.as_str().expect("a next page")));
+    assert_eq!(second, ["i4", "i3", "i2"]);
+    let (third, next) = page(&format!("limit=3&before={}", next.as_str().expect("a next page")));
+    assert_eq!(third, ["i1"]);
+    assert_eq!(next, Value::Null);
+    assert_eq!(page("limit=10&status=cancelled").0, ["i4"]);
+    assert_eq!(page("limit=2&status=waiting").0, ["i7", "i6"]);
+    assert_eq!(page("definition=nothing").0, Vec::<String>::new());
+}

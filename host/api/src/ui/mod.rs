@@ -7,6 +7,7 @@
 
 pub mod diagram;
 pub mod live;
+pub mod newest;
 pub mod search;
 pub mod view;
 
@@ -57,6 +58,7 @@ pub(crate) fn routes(host: Api) -> Router {
     r.route("/ui/api/instance", get(instance))
         .route("/ui/api/definition", get(definition))
         .route("/ui/api/search", get(search))
+        .route("/ui/api/instances", get(instances))
         .route("/ui/events", get(live::events))
         .with_state(host)
 }
@@ -69,6 +71,36 @@ struct InstanceQuery {
 
 async fn instance(State(h): State<Api>, Params(q): Params<InstanceQuery>) -> Result<Json<Value>, ApiError> {
     Ok(Json(view::instance(&h, &q.id).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    definition: Option<String>,
+    limit: Option<usize>,
+    before: Option<String>,
+}
+
+/// The newest instances first (`GET /instances` lists the oldest first): `{instances, next}`, `next`
+/// the `before` of the next, older, page.
+async fn instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result<Json<Value>, ApiError> {
+    let f = newest::Filter {
+        status: q.status.as_deref().filter(|s| !s.is_empty()),
+        definition: q.definition.as_deref().filter(|s| !s.is_empty()),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let before = match q.before.as_deref().filter(|s| !s.is_empty()) {
+        Some(b) => b
+            .parse()
+            .map_err(|_| InvalidQuery(format!("before: {b:?} is not a cursor")))?,
+        None => match newest::top(&h, f).await? {
+            Some(t) => t,
+            None => return Ok(Json(json!({"instances": [], "next": null}))),
+        },
+    };
+    let (rows, next) = newest::page(&h, f, before, limit).await?;
+    Ok(Json(json!({"instances": rows, "next": next.map(|n| n.to_string())})))
 }
 
 async fn search(State(h): State<Api>, Params(q): Params<search::Search>) -> Result<Json<Value>, ApiError> {

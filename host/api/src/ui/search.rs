@@ -1,11 +1,12 @@
 //! `GET /ui/api/search`: the instance list's filters that `GET /instances` does not have (version,
 //! state, started between, and a jq condition over each instance's data), by scanning the list
-//! through [`Backend::list`] with the filters it has (status, definition).
+//! through [`Backend::list`] with the filters it has (status, definition), newest first.
 //!
-//! A scan reads at most [`MAX_SCAN`] instances per request (oldest first, as the list goes) and
-//! answers with a cursor to go on from; the jq condition reads each candidate instance, so it costs
-//! one instance read per instance scanned that passes the other filters.
+//! A scan reads at most [`MAX_SCAN`] instances per request and answers with a cursor to go on from;
+//! the jq condition reads each candidate instance, so it costs one instance read per instance
+//! scanned that passes the other filters.
 
+use super::newest::{self, Filter};
 use crate::errors::InvalidQuery;
 use crate::ApiError;
 use serde::Deserialize;
@@ -34,35 +35,39 @@ pub struct Search {
     started_before: Option<String>,
     /// A jq condition over the instance's data: it matches when it yields `true`.
     condition: Option<String>,
-    /// Where a previous search stopped.
-    after: Option<String>,
+    /// Where a previous search stopped: the cursor it answered with as `next`.
+    before: Option<String>,
 }
 
 fn nonempty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
 }
 
-/// Runs a search: `{instances, scanned, next}`, `next` the cursor to scan on from, when the scan
-/// stopped before the end of the list.
+/// Runs a search, newest first: `{instances, scanned, next}`, `next` the cursor to scan on from
+/// (older), when the scan stopped before the oldest instance.
 pub async fn search(h: &Arc<dyn Backend>, q: Search) -> Result<Value, ApiError> {
     let condition = match nonempty(&q.condition) {
         Some(c) => Some(Expr::compile(c, &[], Limits::default()).map_err(|e| InvalidQuery(format!("condition: {e}")))?),
         None => None,
     };
-    let mut after: i64 = match nonempty(&q.after) {
-        None => 0,
-        Some(a) => a
+    let f = Filter {
+        status: nonempty(&q.status),
+        definition: nonempty(&q.definition),
+    };
+    let mut before = match nonempty(&q.before) {
+        Some(b) => b
             .parse()
-            .map_err(|_| InvalidQuery(format!("after: {a:?} is not a cursor")))?,
+            .map_err(|_| InvalidQuery(format!("before: {b:?} is not a cursor")))?,
+        None => match newest::top(h, f).await? {
+            Some(t) => t,
+            None => return Ok(json!({"instances": [], "scanned": 0, "next": null})),
+        },
     };
     let (mut scanned, mut found, mut next) = (0, Vec::new(), None);
     loop {
-        let rows = h
-            .list(nonempty(&q.status), nonempty(&q.definition), after, PAGE)
-            .await?;
-        let full = rows.len() == PAGE;
+        let (rows, older) = newest::page(h, f, before, PAGE).await?;
         for r in rows {
-            after = r.seq;
+            before = r.seq;
             scanned += 1;
             let keep = nonempty(&q.version).is_none_or(|v| r.version == v)
                 && nonempty(&q.state).is_none_or(|s| r.state.as_deref() == Some(s))
@@ -80,11 +85,11 @@ pub async fn search(h: &Arc<dyn Backend>, q: Search) -> Result<Value, ApiError> 
                 found.push(r);
             }
             if found.len() >= MAX_MATCHES || scanned >= MAX_SCAN {
-                next = Some(after.to_string());
+                next = Some(before.to_string());
                 break;
             }
         }
-        if next.is_some() || !full {
+        if next.is_some() || older.is_none() {
             break;
         }
         tokio::task::yield_now().await;

@@ -161,6 +161,7 @@ async function main() {
     await start(s, "order", "o-3", { orderId: "C3" });
     await page.waitForSelector('#instances tr[data-id="o-3"]', { timeout: LIVE });
     ok(true, "an instance started elsewhere appears in the list live");
+    ok((await rowIds(page))[0] === "o-3", "the list shows the newest first");
 
     // An instance: its diagram's marks, what it waits on, its history.
     await page.click('a[href="#/instance/o-1"]');
