@@ -16,6 +16,7 @@
 
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -65,6 +66,7 @@ impl Drop for Tmpfs {
 /// `sm4c serve` on the tmpfs; killed when dropped, before the tmpfs is unmounted.
 struct Campaign {
     child: Child,
+    port: u16,
     url: String,
     client: Client,
     log: PathBuf,
@@ -91,18 +93,10 @@ impl Campaign {
         let db = fs.path().join("sm4c.db");
         // The log is kept off the small file system: it must not be what fills it.
         let log = std::env::temp_dir().join(format!("sm4c-disk-full-{port}.log"));
-        let child = Command::new(BIN)
-            .arg("serve")
-            .arg("--db")
-            .arg(&db)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("sm4c serve starts");
+        let child = Campaign::spawn(&db, port, &log);
         let c = Campaign {
             child,
+            port,
             url: format!("http://127.0.0.1:{port}"),
             client: Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -112,22 +106,61 @@ impl Campaign {
             db,
             fs,
         };
+        c.wait_ready();
+        c
+    }
+
+    fn spawn(db: &Path, port: u16, log: &Path) -> Child {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
+        Command::new(BIN)
+            .arg("serve")
+            .arg("--db")
+            .arg(db)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("sm4c serve starts")
+    }
+
+    fn wait_ready(&self) {
         let started = Instant::now();
-        while !c
+        while !self
             .client
-            .get(format!("{}/healthz", c.url))
+            .get(format!("{}/healthz", self.url))
             .send()
             .is_ok_and(|r| r.status() == 200)
         {
-            c.assert_alive();
+            self.assert_alive();
             assert!(
                 started.elapsed() < DEADLINE,
                 "sm4c serve did not answer /healthz:\n{}",
-                c.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        c
+    }
+
+    /// Stops the server with SIGTERM (it closes the store cleanly) and waits for it.
+    fn stop(&mut self) {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let status = self.child.wait().expect("wait for sm4c serve");
+        assert!(
+            status.success(),
+            "sm4c serve stopped with {status}; log:\n{}",
+            self.log()
+        );
+    }
+
+    /// Starts the server again on the same store and port.
+    fn restart(&mut self) {
+        self.child = Campaign::spawn(&self.db, self.port, &self.log);
+        self.wait_ready();
     }
 
     /// The files on the small file system and their sizes.
@@ -352,5 +385,52 @@ fn a_full_disk_refuses_writes_loses_nothing_and_passes_when_space_returns() {
             .query_row("SELECT status FROM instances WHERE id = ?1", [id], |r| r.get(0))
             .unwrap_or_else(|e| panic!("instance {id} is in the store: {e}"));
         assert_eq!(status, "completed", "{id}");
+    }
+}
+
+/// Starting on a disk that is already full: `sm4c serve` cannot open the store (SQLite cannot even
+/// read it in WAL mode), says the disk is full rather than calling the file foreign or damaged, and
+/// leaves it as it was: once space is freed it starts on it with nothing lost.
+#[test]
+fn a_store_on_a_full_disk_is_not_opened_and_the_message_says_why() {
+    let mut c = Campaign::start("4m");
+    let (code, body) = c.post("/definitions", &delayed());
+    assert_eq!(code, 201, "define: {body}");
+    let (code, body) = c.start_instance("kept", 1);
+    assert_eq!(code, 201, "start: {body}");
+    c.stop();
+
+    let filler = c.fs.path().join("filler");
+    fill(&filler, 0);
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--db")
+        .arg(&c.db)
+        .args(["--listen", &format!("127.0.0.1:{}", c.port)])
+        .stdin(Stdio::null())
+        .output()
+        .expect("sm4c serve runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("disk is full") && stderr.contains("free space"),
+        "the message says the disk is full: {stderr}"
+    );
+    assert!(
+        !stderr.contains("not an sm4c store") && !stderr.contains("damaged"),
+        "{stderr}"
+    );
+
+    std::fs::remove_file(&filler).expect("delete the filler");
+    c.restart();
+    let started = Instant::now();
+    loop {
+        let (code, body) = c.get("/instances/kept");
+        assert_eq!(code, 200, "the instance is there: {body}");
+        if body["status"] == "completed" {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "kept did not complete: {body}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -45,16 +45,22 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// Whether SQLite failed for want of space: `SQLITE_FULL`, or the shared-memory index of the
+/// write-ahead log could not grow (`SQLITE_IOERR_SHMSIZE`, which is how opening a store on a full
+/// disk fails).
+fn disk_full(e: &rusqlite::Error) -> bool {
+    use rusqlite::ffi;
+    e.sqlite_error()
+        .is_some_and(|f| f.code == ffi::ErrorCode::DiskFull || f.extended_code == ffi::SQLITE_IOERR_SHMSIZE)
+}
+
 impl From<rusqlite::Error> for StoreError {
     /// A full disk is told apart from every other failure: it passes once space returns.
     fn from(e: rusqlite::Error) -> Self {
-        use rusqlite::ffi;
-        match e.sqlite_error() {
-            Some(f) if f.code == ffi::ErrorCode::DiskFull || f.extended_code == ffi::SQLITE_IOERR_SHMSIZE => {
-                StoreError::Full(e.to_string())
-            }
-            _ => StoreError::Sqlite(e),
+        if disk_full(&e) {
+            return StoreError::Full(e.to_string());
         }
+        StoreError::Sqlite(e)
     }
 }
 

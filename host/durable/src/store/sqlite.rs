@@ -51,12 +51,22 @@ impl SqliteStore {
     /// its WAL); a file that is not an sm4c store is refused.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let name = path.display().to_string();
-        let not_ours = |e: rusqlite::Error| {
-            StoreError::Foreign(format!(
-                "{name} is not an sm4c store (not a readable SQLite database: {e})"
-            ))
+        // On a full disk even reading fails (the write-ahead log's index cannot grow): say so,
+        // rather than call the file foreign or damaged.
+        let full = |e: &rusqlite::Error| {
+            super::disk_full(e)
+                .then(|| StoreError::Full(format!("cannot open {name} ({e}); free space and start again")))
         };
-        let damaged = |e: rusqlite::Error| StoreError::Foreign(format!("{name} is a damaged sm4c store: {e}"));
+        let not_ours = |e: rusqlite::Error| {
+            full(&e).unwrap_or_else(|| {
+                StoreError::Foreign(format!(
+                    "{name} is not an sm4c store (not a readable SQLite database: {e})"
+                ))
+            })
+        };
+        let damaged = |e: rusqlite::Error| {
+            full(&e).unwrap_or_else(|| StoreError::Foreign(format!("{name} is a damaged sm4c store: {e}")))
+        };
         let conn = Connection::open(path).map_err(not_ours)?;
         // Identify the file before changing anything in it (a foreign file must stay untouched).
         let tables: Vec<String> = conn
