@@ -122,6 +122,12 @@ struct KafkaArgs {
     /// Partitions of the topics created at start.
     #[arg(long, default_value_t = 8, requires = "kafka")]
     partitions: i32,
+    /// Events a commands partition keeps parked at most (more are dead-lettered, `parkedLimit`).
+    #[arg(long, default_value_t = 100_000, requires = "kafka")]
+    max_parked: usize,
+    /// How long an ended instance stays on the state topic and in the API (then it is deleted).
+    #[arg(long, default_value = "7d", requires = "kafka")]
+    retention: String,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -733,6 +739,14 @@ fn serve_kafka(
     config.exactly_once = args.kafka.delivery == "exactly-once";
     config.partitions = args.kafka.partitions;
     config.event_window_ms = park_ms as i64;
+    config.max_parked = args.kafka.max_parked;
+    config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {
+        Ok(ms) => ms as i64,
+        Err(e) => {
+            eprintln!("sm4c: --retention {:?}: {e}", args.kafka.retention);
+            return Ok(ExitCode::from(2));
+        }
+    };
     config.expression = args.expression.limits();
     for kv in &args.kafka.kafka_config {
         let Some((k, v)) = kv.split_once('=') else {

@@ -960,6 +960,131 @@ fn events_that_reach_no_instance_go_to_the_dead_letter_topic_with_the_reason() {
     assert_eq!(ticks(), before, "ticks while nothing was due");
 }
 
+/// Early replies are parked as records of their own: forty of 30 KB each (1.2 MB per partition,
+/// more than a Kafka record may hold) survive a SIGKILL and reach their instances, each parked
+/// record is deleted by a tombstone once delivered, and events beyond `--max-parked` are
+/// dead-lettered with that reason instead of failing the partition's transactions. All parked
+/// events used to share one record per partition: past 1 MB every transaction failed and the
+/// partition was restored in a loop.
+#[test]
+fn parked_events_are_records_of_their_own_with_a_limit() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "parkmany";
+    let args = worker_args(&broker, prefix, 2, &["--event-window", "10m", "--max-parked", "45"]);
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    let p = producer(&broker);
+    let events = format!("{prefix}.events");
+    let blob = "x".repeat(30_000);
+    for i in 0..40 {
+        send_binary(
+            &p,
+            &events,
+            &json!({"specversion": "1.0", "id": format!("early-{i}"), "source": "payments", "type": "payment.done",
+                    "orderid": format!("big-{i}"), "datacontenttype": "application/json", "data": {"paid": i, "blob": blob}}),
+        );
+    }
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let state = format!("{prefix}.state");
+    let parked_keys = |records: &[Record]| {
+        records
+            .iter()
+            .filter(|(k, _, payload)| {
+                k.as_deref().is_some_and(|k| k.starts_with("\u{0}parked/")) && !payload.is_empty()
+            })
+            .count()
+    };
+    wait_until(
+        "80 parked records (40 broadcast events on each of 2 partitions)",
+        60,
+        || parked_keys(&read_topic(&broker, &state)) >= 80,
+        &[&w],
+    );
+    w.kill9();
+    w.run();
+    wait_owned(&[&w], 2);
+    for i in 0..40 {
+        start(
+            &w,
+            "saga",
+            &format!("big-{i}"),
+            json!({"orderId": format!("big-{i}"), "amount": i}),
+        );
+    }
+    wait_until(
+        "every instance to get its early reply",
+        90,
+        || (0..40).all(|i| state_of(&w, &format!("big-{i}")) == "Paid"),
+        &[&w],
+    );
+    let records = read_topic(&broker, &state);
+    assert!(
+        records.iter().all(|(_, _, payload)| payload.len() < 1_000_000),
+        "a state record outgrew a Kafka record"
+    );
+    // A broadcast event is parked on both partitions; the partition of its instance delivered it
+    // and deleted its record there (a tombstone: an empty payload). The other copy waits out the
+    // event window.
+    let parked: Vec<&Record> = records
+        .iter()
+        .filter(|(k, _, _)| k.as_deref().is_some_and(|k| k.starts_with("\u{0}parked/")))
+        .collect();
+    let kept = parked.iter().filter(|(_, _, p)| !p.is_empty()).count();
+    let deleted = parked.iter().filter(|(_, _, p)| p.is_empty()).count();
+    assert_eq!((kept, deleted), (80, 40), "parked records and tombstones");
+
+    // Events for instances that do not exist (yet), beyond the limit of a partition.
+    let mut per_partition: BTreeMap<i32, usize> = BTreeMap::new();
+    for i in 0..40 {
+        let home = sm4c_kafka::partition_of(&format!("big-{i}"), 2);
+        *per_partition.entry(1 - home).or_default() += 1;
+    }
+    for i in 0..100 {
+        let id = format!("ghost-{i}");
+        *per_partition.entry(sm4c_kafka::partition_of(&id, 2)).or_default() += 1;
+        send_binary(
+            &p,
+            &events,
+            &json!({"specversion": "1.0", "id": format!("to-ghost-{i}"), "source": "payments", "type": "payment.done",
+                    "sm4cinstanceid": id, "orderid": "none"}),
+        );
+    }
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let over: usize = per_partition.values().map(|n| n.saturating_sub(45)).sum();
+    assert!(over > 0, "the test must overflow a partition: {per_partition:?}");
+    let dead = format!("{prefix}.events.deadletter");
+    let mut codes = BTreeMap::new();
+    wait_until(
+        "the events over the limit to be dead-lettered",
+        60,
+        || {
+            codes = dead_letter_codes(&broker, &dead);
+            codes.len() >= over
+        },
+        &[&w],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    codes = dead_letter_codes(&broker, &dead);
+    assert_eq!(codes.len(), over, "{codes:?}");
+    assert!(codes.values().all(|c| c == "parkedLimit"), "{codes:?}");
+    // The worker carries on: a new instance still gets its reply.
+    start(&w, "saga", "after", json!({"orderId": "after", "amount": 1}));
+    send_binary(
+        &p,
+        &events,
+        &json!({"specversion": "1.0", "id": "after-reply", "source": "payments", "type": "payment.done", "orderid": "after"}),
+    );
+    p.flush(Duration::from_secs(10)).expect("flush");
+    wait_until(
+        "the new instance to be paid",
+        60,
+        || state_of(&w, "after") == "Paid",
+        &[&w],
+    );
+}
+
 #[test]
 fn start_events_start_one_instance_per_event_and_explain_event_says_why_others_turn_away() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1156,6 +1281,7 @@ fn the_kafka_host_runs_inside_an_application() {
         config.prefix = "lib".into();
         config.partitions = 2;
         config.settings.push(("session.timeout.ms".into(), "6000".into()));
+        config.offsets_refresh_ms = 1000;
         let doc: Value =
             serde_json::from_str(&std::fs::read_to_string(data_dir().join("saga.json")).expect("read")).expect("JSON");
         let functions = Arc::new(sm4c_invoke::router::CallRouter::default());
@@ -1182,6 +1308,20 @@ fn the_kafka_host_runs_inside_an_application() {
             assert!(Instant::now() < deadline, "the embedded instance did not finish");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Idle partitions commit a transaction again (here every second), which commits their
+        // offsets on P.commands and P.clock: the broker never expires the clock's, which no
+        // consumer subscribes to. (tansu does not show transactional offset commits to other
+        // clients' offset fetches at once, so the test counts the tick commands behind them.)
+        let ticks = |broker: &Broker| {
+            read_topic(broker, "lib.commands")
+                .iter()
+                .filter(|(_, _, p)| serde_json::from_slice::<Value>(p).is_ok_and(|c| c["kind"] == "tick"))
+                .count()
+        };
+        let before = tokio::task::block_in_place(|| ticks(&broker));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let after = tokio::task::block_in_place(|| ticks(&broker));
+        assert!(after >= before + 4, "ticks of idle partitions: {before} then {after}");
         host.shutdown().await;
     });
 }
@@ -1761,6 +1901,99 @@ fn a_burst_of_events_for_few_instances_is_applied_exactly_once_each() {
         let want: Vec<i64> = (0..events).filter(|n| n % instances == i).map(|n| n as i64).collect();
         assert_eq!(got, want, "instance t{i}");
     }
+}
+
+/// A CloudEvent is identified by its `source` and `id`: posted twice (a client retrying
+/// `POST /events`), or put on the topic again by its producer, it becomes two records, and the
+/// instance takes it once.
+#[test]
+fn an_event_posted_twice_is_taken_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "dup";
+    let args = worker_args(&broker, prefix, 2, &[]);
+    let w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    start(&w, "tally", "d1", json!({}));
+    let tick = |id: &str, n: i64| {
+        json!({"specversion": "1.0", "id": id, "source": "test", "type": "tally.tick", "sm4cinstanceid": "d1",
+               "datacontenttype": "application/json", "data": {"n": n}})
+    };
+    post_event(&w, tick("tick-a", 1));
+    post_event(&w, tick("tick-a", 1));
+    let p = producer(&broker);
+    send_binary(&p, &format!("{prefix}.events"), &tick("tick-a", 1));
+    p.flush(Duration::from_secs(10)).expect("flush");
+    post_event(&w, tick("tick-b", 2));
+    let seen = || -> Vec<i64> {
+        w.get("/instances/d1")["data"]["seen"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default()
+    };
+    wait_until("the distinct events", 60, || seen().len() >= 2, &[&w]);
+    post_event(&w, tick("tick-b", 2));
+    std::thread::sleep(Duration::from_secs(2));
+    let mut got = seen();
+    got.sort();
+    assert_eq!(got, vec![1, 2]);
+}
+
+/// Ended instances leave the worker's memory at once and, after `--retention`, the state topic
+/// (a tombstone) and the API; a live instance stays.
+#[test]
+fn ended_instances_are_deleted_after_the_retention() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "keep";
+    let args = worker_args(&broker, prefix, 2, &["--retention", "3s"]);
+    let w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    start(&w, "saga", "gone-1", json!({"orderId": "gone-1", "amount": 1}));
+    start(&w, "saga", "live-1", json!({"orderId": "live-1", "amount": 1}));
+    post_event(
+        &w,
+        json!({"specversion": "1.0", "id": "pay-gone-1", "source": "payments", "type": "payment.done", "orderid": "gone-1"}),
+    );
+    wait_until(
+        "the paid instance to end",
+        30,
+        || state_of(&w, "gone-1") == "Paid",
+        &[&w],
+    );
+    // An event for it now is dead-lettered as for an ended instance, even out of memory.
+    post_event(
+        &w,
+        json!({"specversion": "1.0", "id": "late", "source": "payments", "type": "payment.done", "sm4cinstanceid": "gone-1", "orderid": "gone-1"}),
+    );
+    let status = |id: &str| {
+        http()
+            .get(format!("{}/instances/{id}", w.base))
+            .send()
+            .expect("GET")
+            .status()
+            .as_u16()
+    };
+    wait_until(
+        "the ended instance to be deleted",
+        30,
+        || status("gone-1") == 404,
+        &[&w],
+    );
+    assert_eq!(status("live-1"), 200);
+    let state = read_topic(&broker, &format!("{prefix}.state"));
+    let last = state
+        .iter()
+        .rev()
+        .find(|(k, _, _)| k.as_deref() == Some("gone-1"))
+        .expect("records of gone-1");
+    assert!(last.2.is_empty(), "its last state record is a tombstone");
+    let codes = dead_letter_codes(&broker, &format!("{prefix}.events.deadletter"));
+    assert_eq!(
+        codes.get("late").map(String::as_str),
+        Some("instanceEnded"),
+        "{codes:?}"
+    );
 }
 
 #[test]

@@ -108,6 +108,20 @@ pub struct KafkaConfig {
     pub event_window_ms: i64,
     /// Journal entries an instance may have.
     pub max_journal: i64,
+    /// Events a commands partition keeps parked at most; beyond, they are dead-lettered
+    /// (`parkedLimit`).
+    pub max_parked: usize,
+    /// The largest event (JSON bytes) that is parked; larger ones are dead-lettered (`tooLarge`):
+    /// its record must fit the broker's message limit (`message.max.bytes`, 1 MB by default).
+    pub max_record_bytes: usize,
+    /// How long a commands partition may go without a transaction before it commits an empty one
+    /// (ms, default one day): its offsets on `P.clock` must not reach the broker's
+    /// `offsets.retention.minutes` (7 days by default), so keep this well below it.
+    pub offsets_refresh_ms: i64,
+    /// How long an ended instance stays on `P.state` (and in the API) after it ended (ms,
+    /// default 7 days); then its state record is deleted. Its journal follows `P.journal`'s own
+    /// retention.
+    pub retention_ms: i64,
     /// Limits of every jq evaluation (fuel, sizes) of the definitions the workers load.
     pub expression: sm4c_runtime::Limits,
 }
@@ -125,6 +139,10 @@ impl KafkaConfig {
             partitions: 8,
             event_window_ms: 5 * 60_000,
             max_journal: 100_000,
+            max_parked: 100_000,
+            max_record_bytes: 900_000,
+            offsets_refresh_ms: 24 * 3_600_000,
+            retention_ms: 7 * 24 * 3_600_000,
             expression: sm4c_runtime::Limits::default(),
         }
     }
@@ -230,6 +248,8 @@ pub(crate) struct Shared {
     pub plain: ThreadedProducer<Quiet>,
     pub stop: AtomicBool,
     pub owned: AtomicUsize,
+    /// Commands partitions being restored.
+    pub restoring: AtomicUsize,
     pub failure: Mutex<Option<String>>,
     /// How instances run: the same driver as every host's.
     pub driver: sm4c_host::driver::Driver,
@@ -275,12 +295,13 @@ impl Shared {
     }
 }
 
-/// Reads a partition from its beginning to its end (read committed), calling `f(key, payload)`.
+/// Reads a partition from its beginning to its end (read committed), calling `f(key, payload,
+/// headers)`; a tombstone's payload is `None`.
 pub(crate) fn read_partition(
     shared: &Shared,
     topic: &str,
     p: i32,
-    mut f: impl FnMut(Option<String>, &[u8]),
+    mut f: impl FnMut(Option<String>, Option<&[u8]>, Option<&rdkafka::message::BorrowedHeaders>),
 ) -> Result<(), String> {
     let mut c = shared.consumer_config(&format!("{}.reader", shared.cfg.group));
     c.set("enable.partition.eof", "true");
@@ -305,7 +326,7 @@ pub(crate) fn read_partition(
         match consumer.poll(Duration::from_millis(50)) {
             Some(Ok(m)) => {
                 let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
-                f(key, m.payload().unwrap_or_default());
+                f(key, m.payload(), m.headers());
             }
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(()),
             Some(Err(e)) => tracing::debug!(error = %e, topic, "reader"),
@@ -442,6 +463,7 @@ impl KafkaHost {
             plain,
             stop: AtomicBool::new(false),
             owned: AtomicUsize::new(0),
+            restoring: AtomicUsize::new(0),
             failure: Mutex::new(None),
         });
         let view = Arc::new(view::View::default());
@@ -617,8 +639,8 @@ impl KafkaHost {
         };
         let (committed, clock) = (of(&self.shared.topics.commands), of(&self.shared.topics.clock));
         let mut entries: std::collections::BTreeMap<i64, Entry> = Default::default();
-        read_partition(&self.shared, &self.shared.topics.journal, p, |key, payload| {
-            if key.as_deref() == Some(id) {
+        read_partition(&self.shared, &self.shared.topics.journal, p, |key, payload, _| {
+            if let (true, Some(payload)) = (key.as_deref() == Some(id), payload) {
                 if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
                     if wire::committed(r.through, r.clock, committed, clock) {
                         for (i, e) in r.entries.into_iter().enumerate() {
@@ -882,6 +904,7 @@ impl Backend for KafkaHost {
             "mode": "kafka",
             "group": self.shared.cfg.group,
             "ownedPartitions": self.owned_partitions(),
+            "restoringPartitions": self.shared.restoring.load(Ordering::Relaxed),
             "partitions": self.shared.partitions,
             "error": failure,
         })

@@ -106,6 +106,11 @@ pub(crate) fn run(shared: Arc<Shared>, view: Arc<View>) {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+                if let (None, Some(key), true) = (m.payload(), &key, m.topic() == shared.topics.state) {
+                    // A tombstone: an ended instance past its retention.
+                    view.instances.write().unwrap_or_else(|p| p.into_inner()).remove(key);
+                    continue;
+                }
                 let payload = m.payload().unwrap_or_default();
                 if m.topic() == shared.topics.definitions {
                     if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(payload) {

@@ -151,7 +151,7 @@ impl Origin {
 /// consumed: a record whose `through` is not below the committed offset comes from a transaction
 /// that did not commit, and restoring skips it (brokers that do not filter aborted records
 /// cannot then fool a new owner).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateRecord {
     /// Last consumed commands offset of the writing transaction (-1 when it consumed none).
@@ -164,10 +164,47 @@ pub struct StateRecord {
     /// The instance, for instance keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceRecord>,
-    /// The partition's own state, for the partition key.
+    /// The partition's own state, for the partition key: written by earlier versions, read once
+    /// and replaced by one record per parked event and tally entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionRecord>,
+    /// A parked event, for a [`parked_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<Parked>,
+    /// A tally entry, for a [`tally_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tally: Option<Tally>,
 }
+
+/// The partitions that reported no instance for a broadcast event, the event, and when the first
+/// report came (ms).
+pub type Tally = (Vec<i32>, Value, i64);
+
+/// What the state topic keys of a partition's own records start with: parked events, tally
+/// entries. Instance ids never start with a NUL character.
+pub const PARKED_PREFIX: &str = "\u{0}parked/";
+/// See [`PARKED_PREFIX`].
+pub const TALLY_PREFIX: &str = "\u{0}tally/";
+
+/// The state topic key of a parked event: one record each, so that nothing grows into one ever
+/// larger record (they used to share the partition's record, which outgrew the broker's message
+/// limit and failed every transaction after it).
+pub fn parked_key(p: &Parked) -> String {
+    format!(
+        "{PARKED_PREFIX}{}#{}",
+        p.origin.key(),
+        p.target.as_deref().unwrap_or("")
+    )
+}
+
+/// The state topic key of a tally entry (`origin` is the event's [`Origin::key`]).
+pub fn tally_key(origin: &str) -> String {
+    format!("{TALLY_PREFIX}{origin}")
+}
+
+/// The header of a tombstone on the state topic that carries the deleting transaction's number
+/// (as [`StateRecord::clock`]), so that a restore honours only committed deletions.
+pub const CLOCK_HEADER: &str = "sm4c-clock";
 
 /// An instance as its owner keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -199,7 +236,15 @@ pub struct InstanceRecord {
     /// [`ANSWERS_KEPT`], newest last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub answered: Vec<(String, String)>,
+    /// The `source` and `id` of the latest events the instance took, at most [`EVENTS_KEPT`],
+    /// newest last: an event with the same pair is a duplicate (as the CloudEvents spec has it),
+    /// e.g. a `POST /events` retried by its client, and is not applied again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<(String, String)>,
 }
+
+/// How many event ids an instance record remembers (see [`InstanceRecord::recent`]).
+pub const EVENTS_KEPT: usize = 32;
 
 /// How many API answers an instance record remembers (see [`InstanceRecord::answered`]): enough
 /// for the requests still waiting to learn whether theirs was the one applied.

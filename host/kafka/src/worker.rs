@@ -4,10 +4,11 @@
 
 use super::wire::Quiet;
 use super::wire::{
-    partition_of, start_id, Command, InstanceRecord, JournalRecord, Origin, Outcome, Parked, PartitionRecord,
-    StateRecord, PARTITION_KEY,
+    parked_key, partition_of, start_id, tally_key, Command, InstanceRecord, JournalRecord, Origin, Outcome, Parked,
+    StateRecord, Tally, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, TALLY_PREFIX,
 };
 use super::{Delivery, Shared};
+use indexmap::IndexMap;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -17,7 +18,7 @@ use sm4c_host::driver::{self, Answering, ChildStart, Hosted, Work};
 use sm4c_host::tasks::Answer;
 use sm4c_runtime::engine::event::attribute_text;
 use sm4c_runtime::{ErrorInfo, Input, Machine, Status, Timed};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -33,6 +34,9 @@ const REWIND_TIMEOUT: Duration = Duration::from_secs(10);
 /// (60 s unless configured), so a worker held up by an unreachable broker is not taken out of its
 /// group for it: the batch fails, its partition is restored, and its inputs are read again.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a proposed timer command has to be applied before it is proposed again (ms).
+const TIMER_RETRY_MS: i64 = 5_000;
 const ABORT_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// A call's result on its way back to the worker loop.
@@ -49,7 +53,8 @@ struct Out {
     topic: String,
     partition: Option<i32>,
     key: Option<String>,
-    payload: Vec<u8>,
+    /// `None` for a tombstone.
+    payload: Option<Vec<u8>>,
     headers: Vec<(String, Vec<u8>)>,
 }
 
@@ -62,7 +67,10 @@ fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String> {
         });
     }
     loop {
-        let mut rec = BaseRecord::to(&o.topic).payload(&o.payload).headers(headers.clone());
+        let mut rec = BaseRecord::<String, Vec<u8>>::to(&o.topic).headers(headers.clone());
+        if let Some(payload) = &o.payload {
+            rec = rec.payload(payload);
+        }
         if let Some(k) = &o.key {
             rec = rec.key(k);
         }
@@ -84,7 +92,7 @@ fn command(shared: &Shared, partition: i32, key: Option<&str>, c: &Command) -> O
         topic: shared.topics.commands.clone(),
         partition: Some(partition),
         key: key.map(str::to_string),
-        payload: serde_json::to_vec(c).unwrap_or_default(),
+        payload: Some(serde_json::to_vec(c).unwrap_or_default()),
         headers: Vec::new(),
     }
 }
@@ -97,7 +105,7 @@ fn deadletter(shared: &Shared, payload: Vec<u8>, mut headers: Vec<(String, Vec<u
         topic: shared.topics.deadletter.clone(),
         partition: None,
         key: None,
-        payload,
+        payload: Some(payload),
         headers,
     }
 }
@@ -119,7 +127,7 @@ fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value) -> 
                     topic,
                     partition: None,
                     key: Some(instance.to_string()),
-                    payload,
+                    payload: Some(payload),
                     headers,
                 };
             }
@@ -130,7 +138,7 @@ fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value) -> 
         topic,
         partition: None,
         key: Some(instance.to_string()),
-        payload: serde_json::to_vec(event).unwrap_or_default(),
+        payload: Some(serde_json::to_vec(event).unwrap_or_default()),
         headers: vec![("content-type".into(), b"application/cloudevents+json".to_vec())],
     }
 }
@@ -311,6 +319,8 @@ struct Slot {
     request: Option<String>,
     /// The latest tasks closed by an API answer: (op, request token).
     answered: Vec<(String, String)>,
+    /// The latest events taken: (source, id).
+    recent: Vec<(String, String)>,
     dirty: bool,
 }
 
@@ -324,6 +334,7 @@ impl Slot {
             order: rec.order,
             request: rec.request,
             answered: rec.answered,
+            recent: rec.recent,
             dirty: false,
         }
     }
@@ -344,6 +355,7 @@ impl Slot {
             order: self.order,
             request: self.request.clone(),
             answered: self.answered.clone(),
+            recent: self.recent.clone(),
         }
     }
 }
@@ -353,9 +365,19 @@ struct Owner {
     partition: i32,
     txn: Option<ThreadedProducer<Quiet>>,
     slots: HashMap<String, Slot>,
-    part: PartitionRecord,
-    part_dirty: bool,
+    /// Ended instances, out of memory but for when they ended (ms): a start with the same id
+    /// starts nothing, an event naming one is dead-lettered. Past the retention their state
+    /// records are deleted.
+    ended: HashMap<String, i64>,
+    /// Ended instances whose retention has passed: their state records are deleted (tombstones)
+    /// in the next transaction.
+    expired: Vec<String>,
+    parking: Parking,
     timers: BTreeSet<(i64, String, String)>,
+    /// When the last transaction committed (or the partition was restored).
+    last_commit: Instant,
+    /// Timers proposed and not applied yet: (when to look again, instance, timer) → due time.
+    retries: BTreeMap<(i64, String, String), i64>,
     /// Calls in flight: (instance, op) → task.
     in_flight: HashMap<(String, String), tokio::task::AbortHandle>,
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
@@ -368,6 +390,67 @@ struct Owner {
     /// with this token on the partition when the partition or an events partition came to it, and
     /// waits to read it back, so that the commands an earlier owner routed here go first.
     barrier: Option<String>,
+}
+
+/// A partition's parked events and broadcast tally. Each is its own record on the state topic
+/// (keyed [`parked_key`], [`tally_key`]), written when it changes and deleted by a tombstone, so
+/// no record grows with their number.
+#[derive(Default)]
+struct Parking {
+    /// Parked events by key, oldest first.
+    parked: IndexMap<String, Parked>,
+    /// Broadcast event key ([`Origin::key`]) → its tally.
+    tally: BTreeMap<String, Tally>,
+    /// State topic keys to write (or delete) in the next transaction.
+    changed: BTreeSet<String>,
+}
+
+impl Parking {
+    /// The earliest time something expires: a parked event's window or a tally entry's retention.
+    fn next_expiry(&self, window: i64) -> Option<i64> {
+        let parked = self.parked.values().map(|p| p.expires);
+        let tally = self.tally.values().map(|(_, _, first)| tally_expiry(*first, window));
+        parked.chain(tally).min()
+    }
+
+    /// Takes in what a state record of the partition's own holds.
+    fn restore(&mut self, key: &str, r: StateRecord) {
+        if let Some(p) = r.parked {
+            self.parked.insert(key.to_string(), p);
+        } else if let (Some(t), Some(origin)) = (r.tally, key.strip_prefix(TALLY_PREFIX)) {
+            self.tally.insert(origin.to_string(), t);
+        }
+    }
+
+    /// The records of the changed keys, for a transaction numbered `clock`.
+    fn records(&mut self, shared: &Shared, partition: i32, through: i64, clock: i64) -> Vec<Out> {
+        let mut outs = Vec::new();
+        for key in std::mem::take(&mut self.changed) {
+            let mut r = StateRecord {
+                through,
+                clock: Some(clock),
+                ..StateRecord::default()
+            };
+            if let Some(p) = self.parked.get(&key) {
+                r.parked = Some(p.clone());
+            } else if let Some(t) = key.strip_prefix(TALLY_PREFIX).and_then(|o| self.tally.get(o)) {
+                r.tally = Some(t.clone());
+            }
+            let payload = (r.parked.is_some() || r.tally.is_some()).then(|| serde_json::to_vec(&r).unwrap_or_default());
+            let headers = match payload {
+                Some(_) => Vec::new(),
+                None => vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())],
+            };
+            outs.push(Out {
+                topic: shared.topics.state.clone(),
+                partition: Some(partition),
+                key: Some(key),
+                payload,
+                headers,
+            });
+        }
+        outs
+    }
 }
 
 /// A command made of an incoming event: (partition, key, command, timestamp, event offset).
@@ -418,6 +501,13 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             return;
         }
     };
+    let offsets: Arc<BaseConsumer<Quiet>> = match shared.consumer_config(&shared.cfg.group).create_with_context(Quiet) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            shared.fail(format!("cannot create the offsets reader: {e}"));
+            return;
+        }
+    };
     let mut topics: Vec<&str> = vec![shared.topics.commands.as_str()];
     topics.extend(shared.topics.events.iter().map(String::as_str));
     if let Err(e) = consumer.subscribe(&topics) {
@@ -431,6 +521,10 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         routers: HashMap::new(),
         results_tx,
         outstanding: HashMap::new(),
+        rewinding: HashSet::new(),
+        offsets,
+        restoring: HashMap::new(),
+        restore_retry: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
@@ -507,6 +601,15 @@ struct Worker {
     /// command and not yet applied. Events of that events partition are not applied directly on
     /// that partition meanwhile: an instance sees the events of one events partition in order.
     outstanding: HashMap<((String, i32), i32), i64>,
+    /// Partitions paused because they could not be rewound to their committed offset yet; their
+    /// records are not taken until they are.
+    rewinding: HashSet<(String, i32)>,
+    /// Reads the group's committed offsets for restores, off the poll loop (it never joins).
+    offsets: Arc<BaseConsumer<Quiet>>,
+    /// Commands partitions being restored (paused meanwhile).
+    restoring: HashMap<i32, std::thread::JoinHandle<Result<(Owner, Vec<(String, Work)>), String>>>,
+    /// Commands partitions whose restore failed: when to try again, and how many attempts failed.
+    restore_retry: HashMap<i32, (Instant, u32)>,
 }
 
 impl Worker {
@@ -523,8 +626,11 @@ impl Worker {
     }
 
     fn sync_assignment(&mut self) {
+        if !self.rewinding.is_empty() {
+            self.retry_rewinds();
+        }
         let assigned = self.assigned();
-        if assigned.len() != self.owners.len() + self.routers.len() {
+        if assigned.len() != self.owners.len() + self.restoring.len() + self.routers.len() {
             tracing::info!(partitions = assigned.len(), "assignment changed");
         }
         let commands = self.shared.topics.commands.clone();
@@ -543,36 +649,9 @@ impl Worker {
             }
         }
         self.routers.retain(|k, _| assigned.contains(k));
-        // Partitions are restored side by side: a rebalance should not take partitions × round trips.
-        let new: Vec<i32> = assigned
-            .iter()
-            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p))
-            .map(|(_, p)| *p)
-            .collect();
-        let restored: Vec<(i32, Result<Owner, String>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = new
-                .iter()
-                .map(|p| {
-                    let me = &*self;
-                    (*p, s.spawn(move || me.restore(*p)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(p, h)| (p, h.join().unwrap_or_else(|_| Err("the restore panicked".into()))))
-                .collect()
-        });
-        for (p, r) in restored {
-            match r {
-                Ok(t) => {
-                    self.owners.insert(p, t);
-                }
-                Err(e) => {
-                    tracing::error!(partition = p, error = %e, "cannot restore the partition; retrying");
-                    self.rewind(&commands, p);
-                }
-            }
-        }
+        // Partitions are restored side by side and off the poll loop.
+        self.finish_restores();
+        self.start_restores(&assigned);
         let mut new_router = false;
         for (topic, p) in assigned.into_iter().filter(|(t, _)| *t != commands) {
             if !self.routers.contains_key(&(topic.clone(), p)) {
@@ -582,13 +661,26 @@ impl Worker {
                     match txn_producer(&self.shared, &id, RESTORE_TIMEOUT) {
                         Ok(t) => Some(t),
                         Err(e) => {
-                            tracing::error!(topic, partition = p, error = %e, "cannot start the router");
+                            // What was polled from it meanwhile is not routed: read it again once
+                            // a router runs (the next assignment check tries again).
+                            tracing::error!(topic, partition = p, error = %e, "cannot start the router; its records are read again");
+                            self.rewind(&topic, p);
                             continue;
                         }
                     }
                 } else {
                     None
                 };
+                // The barriers below must land after the last transaction of the previous owner
+                // that consumed from this events partition, or commands it routed here would come
+                // after events applied directly. Reading the committed offset with read_committed
+                // isolation asks the broker for a stable offset (KIP-447): it answers once that
+                // owner's pending transaction is committed or aborted.
+                if let Err(e) = self.committed(&topic, p, RESTORE_TIMEOUT) {
+                    tracing::error!(topic, partition = p, error = %e, "cannot read the stable committed offset; the router starts later");
+                    self.rewind(&topic, p);
+                    continue;
+                }
                 self.routers.insert((topic, p), Router { txn });
             }
         }
@@ -597,7 +689,7 @@ impl Worker {
             // commands are applied before any of its events is applied directly.
             let owned: Vec<i32> = self.owners.keys().copied().collect();
             for p in owned {
-                let token = self.put_barrier(p);
+                let token = put_barrier(&self.shared, p);
                 if let Some(t) = self.owners.get_mut(&p) {
                     t.barrier = Some(token);
                 }
@@ -607,155 +699,141 @@ impl Worker {
         self.outstanding.retain(|(_, q), _| owners.contains_key(q));
     }
 
-    /// Puts a barrier command at the end of a commands partition; returns its token. If it
-    /// cannot, the partition keeps taking events through the commands topic until the next
-    /// assignment (no token it reads matches).
-    fn put_barrier(&self, p: i32) -> String {
-        let token = sm4c_host::service::new_id("barrier");
-        let c = Command::Barrier { token: token.clone() };
-        if let Err(e) = produce(&self.shared.plain, &command(&self.shared, p, None, &c)) {
-            tracing::warn!(partition = p, error = %e, "cannot put a barrier");
-        }
-        token
-    }
-
+    /// The group's committed offset of a partition, 0 when it has none. A failed fetch is an
+    /// error, also when the broker answers the request but fails the partition: taken for 0, it
+    /// would restore a partition empty or read an events partition again from its beginning.
     fn committed(&self, topic: &str, p: i32, timeout: Duration) -> Result<i64, String> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(topic, p);
-        let c = self
-            .consumer
-            .committed_offsets(tpl, timeout)
-            .map_err(|e| format!("cannot read committed offsets: {e}"))?;
-        Ok(c.elements()
-            .first()
-            .and_then(|e| match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            })
-            .unwrap_or(0))
+        committed_of(&self.consumer, topic, p, timeout)
     }
 
     /// Moves the consumer back to the committed offset, so uncommitted inputs are read again. If
-    /// that offset cannot be read, back to the beginning: a commands partition's restore skips
-    /// what its committed offset covers (see [`Owner::resume`]), and an instance ignores events at
-    /// or below the last offset it took from each events partition.
-    fn rewind(&self, topic: &str, p: i32) {
-        let off = match self.committed(topic, p, REWIND_TIMEOUT) {
-            Ok(0) => Offset::Beginning,
-            Ok(o) => Offset::Offset(o),
-            Err(_) => Offset::Beginning,
-        };
-        if let Err(e) = self.consumer.seek(topic, p, off, REWIND_TIMEOUT) {
-            tracing::warn!(topic, partition = p, error = %e, "cannot seek back");
+    /// that offset cannot be read, the partition is paused until it can ([`Worker::retry_rewinds`]):
+    /// going back to the beginning would hand old events to instances started since.
+    fn rewind(&mut self, topic: &str, p: i32) {
+        match self.committed(topic, p, REWIND_TIMEOUT) {
+            Ok(o) => {
+                let off = if o == 0 { Offset::Beginning } else { Offset::Offset(o) };
+                if let Err(e) = self.consumer.seek(topic, p, off, REWIND_TIMEOUT) {
+                    tracing::warn!(topic, partition = p, error = %e, "cannot seek back; paused until it can");
+                    self.pause(topic, p);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(topic, partition = p, error = %e, "cannot read the committed offset to go back to; paused until it can");
+                self.pause(topic, p);
+            }
         }
     }
 
-    /// Takes over a commands partition: fences its previous owner, reads its state, re-arms
-    /// timers and performs again the calls in flight.
-    fn restore(&self, p: i32) -> Result<Owner, String> {
-        let started = Instant::now();
-        let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
-        let txn = if self.shared.cfg.exactly_once {
-            let id = format!("{}.{}.{}", self.shared.cfg.group, self.shared.topics.commands, p);
-            Some(txn_producer(&self.shared, &id, left())?)
-        } else {
-            None
-        };
-        let t_init = started.elapsed().as_millis() as u64;
-        let committed = self.committed(&self.shared.topics.commands, p, left())?;
-        let clock = self.committed(&self.shared.topics.clock, p, left())?;
-        let t_committed = started.elapsed().as_millis() as u64;
-        let mut latest: HashMap<String, StateRecord> = HashMap::new();
-        let (mut read, mut uncommitted, mut clocked) = (0u64, 0u64, 0u64);
-        super::read_partition(&self.shared, &self.shared.topics.state, p, |key, payload| {
-            read += 1;
-            if let (Some(k), Ok(r)) = (key, serde_json::from_slice::<StateRecord>(payload)) {
-                clocked += u64::from(r.clock.is_some());
-                if super::wire::committed(r.through, r.clock, committed, clock) {
-                    latest.insert(k, r);
-                } else {
-                    uncommitted += 1;
-                }
-            }
-        })?;
-        if committed > 0 && clock == 0 && clocked > 0 {
-            // Every transaction commits both offsets, so a commands offset without a clock means
-            // the broker lost the clock's: every state record that carries a clock is set aside.
-            tracing::warn!(
-                partition = p,
-                committed,
-                records = read,
-                "the commands partition has a committed offset but its clock has none; its state records are set aside"
-            );
+    fn pause(&mut self, topic: &str, p: i32) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, p);
+        if let Err(e) = self.consumer.pause(&tpl) {
+            tracing::warn!(topic, partition = p, error = %e, "cannot pause");
         }
-        let mut t = Owner {
-            partition: p,
-            txn,
-            slots: HashMap::new(),
-            part: PartitionRecord::default(),
-            part_dirty: false,
-            timers: BTreeSet::new(),
-            in_flight: HashMap::new(),
-            clock,
-            resume: committed,
-            barrier: Some(self.put_barrier(p)),
-        };
-        let mut calls = Vec::new();
-        for (k, r) in latest {
-            if k == PARTITION_KEY {
-                t.part = r.partition.unwrap_or_default();
-                continue;
-            }
-            let Some(rec) = r.instance else { continue };
-            let Some(m) = self.shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
-                tracing::error!(
-                    instance = k,
-                    "the definition of this instance is not registered; it stays as it is"
-                );
+        self.rewinding.insert((topic.to_string(), p));
+    }
+
+    /// Rewinds the paused partitions whose committed offset can be read now, and resumes them.
+    fn retry_rewinds(&mut self) {
+        let assigned = self.assigned();
+        let pending: Vec<(String, i32)> = self.rewinding.drain().filter(|k| assigned.contains(k)).collect();
+        for (topic, p) in pending {
+            let Ok(o) = self.committed(&topic, p, REWIND_TIMEOUT) else {
+                self.rewinding.insert((topic, p));
                 continue;
             };
-            let slot = Slot::from_record(&self.shared, m, rec);
-            let inst = &slot.h.inst;
-            if !inst.status().is_final() {
-                for (timer, due) in &inst.snapshot().timers {
-                    t.timers.insert((*due, k.clone(), timer.clone()));
-                }
-                for effect in &slot.h.open {
-                    calls.push((
-                        k.clone(),
-                        self.shared
-                            .driver
-                            .work(&k, inst.machine(), slot.h.depth, effect.clone()),
-                    ));
+            let off = if o == 0 { Offset::Beginning } else { Offset::Offset(o) };
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&topic, p);
+            match self.consumer.resume(&tpl).map_err(|e| e.to_string()).and_then(|()| {
+                self.consumer
+                    .seek(&topic, p, off, REWIND_TIMEOUT)
+                    .map_err(|e| e.to_string())
+            }) {
+                Ok(()) => tracing::info!(topic, partition = p, offset = o, "rewound and resumed"),
+                Err(e) => {
+                    tracing::warn!(topic, partition = p, error = %e, "cannot rewind yet");
+                    let _ = self.consumer.pause(&tpl);
+                    self.rewinding.insert((topic, p));
                 }
             }
-            t.slots.insert(k, slot);
         }
-        for (id, work) in calls {
-            match work {
-                Work::StartChild(start) => {
-                    // A subflow start still open after a crash: send the start again (the child
-                    // ignores a second start).
-                    if let Err(e) = produce(&self.shared.plain, &subflow_start(&self.shared, &start)) {
-                        tracing::warn!(error = %e, "cannot send a subflow start again");
+    }
+
+    /// Starts restoring the commands partitions newly assigned, each on a thread of its own: the
+    /// poll loop goes on meanwhile (the group does not time the worker out during a long restore,
+    /// and the other partitions keep deciding). A partition is paused until its restore is in.
+    fn start_restores(&mut self, assigned: &HashSet<(String, i32)>) {
+        let commands = self.shared.topics.commands.clone();
+        self.restoring.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
+        self.restore_retry
+            .retain(|p, _| assigned.contains(&(commands.clone(), *p)));
+        let new: Vec<i32> = assigned
+            .iter()
+            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p) && !self.restoring.contains_key(p))
+            .map(|(_, p)| *p)
+            .filter(|p| self.restore_retry.get(p).is_none_or(|(at, _)| Instant::now() >= *at))
+            .collect();
+        for p in new {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&commands, p);
+            if let Err(e) = self.consumer.pause(&tpl) {
+                tracing::warn!(partition = p, error = %e, "cannot pause a partition being restored");
+            }
+            let (shared, offsets) = (self.shared.clone(), self.offsets.clone());
+            let h = std::thread::spawn(move || restore(&shared, &offsets, p));
+            self.restoring.insert(p, h);
+        }
+        self.shared.restoring.store(self.restoring.len(), Ordering::Relaxed);
+    }
+
+    /// Takes in the restores that are done: the partition is owned from its committed offset on. A
+    /// restore that failed (or ran out of its budget) is logged as an error and tried again later,
+    /// after a back-off that grows to a minute; the partition stays paused meanwhile.
+    fn finish_restores(&mut self) {
+        let done: Vec<i32> = self
+            .restoring
+            .iter()
+            .filter(|(_, h)| h.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        let commands = self.shared.topics.commands.clone();
+        for p in done {
+            let Some(h) = self.restoring.remove(&p) else { continue };
+            match h.join().unwrap_or_else(|_| Err("the restore panicked".into())) {
+                Ok((mut t, calls)) => {
+                    self.restore_retry.remove(&p);
+                    for (id, work) in calls {
+                        self.perform(&mut t, &id, work);
                     }
+                    let off = if t.resume == 0 {
+                        Offset::Beginning
+                    } else {
+                        Offset::Offset(t.resume)
+                    };
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition(&commands, p);
+                    let moved = self.consumer.resume(&tpl).map_err(|e| e.to_string()).and_then(|()| {
+                        self.consumer
+                            .seek(&commands, p, off, REWIND_TIMEOUT)
+                            .map_err(|e| e.to_string())
+                    });
+                    if let Err(e) = moved {
+                        tracing::warn!(partition = p, error = %e, "cannot seek a restored partition; paused until it can");
+                        self.pause(&commands, p);
+                    }
+                    self.owners.insert(p, t);
                 }
-                work => self.perform(&mut t, &id, work),
+                Err(e) => {
+                    let attempts = self.restore_retry.get(&p).map_or(0, |(_, n)| *n) + 1;
+                    let wait = Duration::from_secs((1u64 << attempts.min(6)).min(60));
+                    tracing::error!(partition = p, attempts, retry_in_s = wait.as_secs(), error = %e, "cannot restore the partition; it stays paused and is tried again");
+                    self.restore_retry.insert(p, (Instant::now() + wait, attempts));
+                }
             }
         }
-        tracing::info!(
-            partition = p,
-            instances = t.slots.len(),
-            records = read,
-            uncommitted,
-            committed,
-            clock,
-            fence_ms = t_init,
-            offsets_ms = t_committed,
-            ms = started.elapsed().as_millis() as u64,
-            "partition restored"
-        );
-        Ok(t)
+        self.shared.restoring.store(self.restoring.len(), Ordering::Relaxed);
     }
 
     /// Does, once a decision is committed, what it asked for outside the transaction: calls,
@@ -799,6 +877,10 @@ impl Worker {
         let mut batches: HashMap<i32, Vec<OwnedMessage>> = HashMap::new();
         let mut event_batches = Vec::new();
         for ((topic, p), msgs) in groups {
+            if self.rewinding.contains(&(topic.clone(), p)) {
+                // Polled before the pause: read again after the rewind.
+                continue;
+            }
             if topic == commands {
                 if self.owners.contains_key(&p) {
                     batches.entry(p).or_default().extend(msgs);
@@ -1091,7 +1173,11 @@ impl Worker {
         let clock = Some(t.clock);
         outs.extend(hosted.outs);
         // The new state of every instance touched, and their journals.
+        let mut ended = Vec::new();
         for (id, s) in t.slots.iter_mut().filter(|(_, s)| s.dirty) {
+            if s.h.inst.status().is_final() {
+                ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
+            }
             let p = t.partition;
             if !s.h.pending.is_empty() {
                 // One record per instance and transaction, however many entries it holds.
@@ -1106,7 +1192,7 @@ impl Worker {
                     topic: shared.topics.journal.clone(),
                     partition: Some(p),
                     key: Some(id.clone()),
-                    payload: serde_json::to_vec(&r).unwrap_or_default(),
+                    payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
                     headers: Vec::new(),
                 });
             }
@@ -1114,32 +1200,26 @@ impl Worker {
                 through,
                 clock,
                 instance: Some(s.record()),
-                partition: None,
+                ..StateRecord::default()
             };
             outs.push(Out {
                 topic: shared.topics.state.clone(),
                 partition: Some(p),
                 key: Some(id.clone()),
-                payload: serde_json::to_vec(&r).unwrap_or_default(),
+                payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
                 headers: Vec::new(),
             });
             s.dirty = false;
         }
-        if t.part_dirty {
-            let r = StateRecord {
-                through,
-                clock,
-                instance: None,
-                partition: Some(t.part.clone()),
-            };
+        outs.extend(t.parking.records(&shared, t.partition, through, t.clock));
+        for id in &t.expired {
             outs.push(Out {
                 topic: shared.topics.state.clone(),
                 partition: Some(t.partition),
-                key: Some(PARTITION_KEY.into()),
-                payload: serde_json::to_vec(&r).unwrap_or_default(),
-                headers: Vec::new(),
+                key: Some(id.clone()),
+                payload: None,
+                headers: vec![(CLOCK_HEADER.to_string(), t.clock.to_string().into_bytes())],
             });
-            t.part_dirty = false;
         }
         let mut offsets = TopicPartitionList::new();
         let mut add = |topic: &str, p: i32, o: i64| {
@@ -1162,6 +1242,13 @@ impl Worker {
         );
         commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
         t.clock += 1;
+        t.last_commit = Instant::now();
+        t.expired.clear();
+        // Ended: out of memory (the state topic keeps them for the retention).
+        for (id, at) in ended {
+            t.slots.remove(&id);
+            t.ended.insert(id, at);
+        }
         // Committed: now act.
         for (id, work) in after {
             self.perform(t, &id, work);
@@ -1169,6 +1256,10 @@ impl Worker {
         Ok(applied)
     }
 
+    /// Proposes a timer command for each timer that came due. A proposed timer stays armed until
+    /// its instance no longer has it, and is proposed again every [`TIMER_RETRY_MS`] meanwhile: a
+    /// command that the broker did not take (or that a failed batch read and lost) does not lose
+    /// the timer. A repeated command is harmless: an instance fires only a timer it still has.
     fn fire_timers(&mut self) {
         let now = now_ms();
         let n = self.shared.partitions;
@@ -1178,14 +1269,34 @@ impl Worker {
                     break;
                 }
                 t.timers.pop_first();
-                let (_, id, timer) = first;
-                let c = Command::Timer { id: id.clone(), timer };
+                let (due, id, timer) = first;
+                // Still armed at this due time? (The id may have been armed again since.)
+                let armed = t.slots.get(&id).is_some_and(|s| {
+                    !s.h.inst.status().is_final() && s.h.inst.snapshot().timers.get(&timer) == Some(&due)
+                });
+                if !armed {
+                    continue;
+                }
+                let c = Command::Timer {
+                    id: id.clone(),
+                    timer: timer.clone(),
+                };
                 if let Err(e) = produce(
                     &self.shared.plain,
                     &command(&self.shared, partition_of(&id, n), Some(&id), &c),
                 ) {
-                    tracing::warn!(error = %e, "cannot propose a timer");
+                    tracing::warn!(error = %e, "cannot propose a timer; trying again");
                 }
+                t.retries.insert((now + TIMER_RETRY_MS, id, timer), due);
+            }
+            while let Some(((at, _, _), _)) = t.retries.first_key_value() {
+                if *at > now {
+                    break;
+                }
+                let Some(((_, id, timer), due)) = t.retries.pop_first() else {
+                    break;
+                };
+                t.timers.insert((due, id, timer));
             }
         }
     }
@@ -1211,11 +1322,36 @@ impl Worker {
     /// Proposes a tick to each partition that has a parked event or a tally entry due to expire.
     /// Only then: an idle partition holding one unmatched broadcast must not cost the broker a
     /// transaction twice a second for the tally's whole retention.
+    ///
+    /// Also a partition idle for [`KafkaConfig::offsets_refresh_ms`](super::KafkaConfig) gets one:
+    /// its transaction commits the partition's offsets on `P.commands` and `P.clock` again. The
+    /// group subscribes to no clock partition, so the broker expires their offsets
+    /// `offsets.retention.minutes` after the last commit even while the group lives (KIP-211), and
+    /// a partition restored without its clock's offset would set all its state aside.
     fn tick(&mut self) {
         let now = now_ms();
         let window = self.shared.cfg.event_window_ms;
-        for t in self.owners.values() {
-            if next_expiry(&t.part, window).is_some_and(|due| due <= now) {
+        let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);
+        let retention = self.shared.cfg.retention_ms;
+        for t in self.owners.values_mut() {
+            if t.expired.is_empty() {
+                let old: Vec<String> = t
+                    .ended
+                    .iter()
+                    .filter(|(_, at)| **at + retention <= now)
+                    .map(|(id, _)| id.clone())
+                    .take(1000)
+                    .collect();
+                for id in &old {
+                    t.ended.remove(id);
+                }
+                t.expired = old;
+            }
+            let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty();
+            if idle {
+                t.last_commit = Instant::now();
+            }
+            if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
                 let _ = produce(
                     &self.shared.plain,
                     &command(&self.shared, t.partition, None, &Command::Tick),
@@ -1248,7 +1384,7 @@ impl Decision<'_> {
                 request,
                 ..
             } => {
-                if self.t.slots.contains_key(&id) {
+                if self.t.slots.contains_key(&id) || self.t.ended.contains_key(&id) {
                     return;
                 }
                 let m = self.shared.machine_or_latest(&definition, version.as_deref());
@@ -1287,6 +1423,7 @@ impl Decision<'_> {
                         order: (at, offset),
                         request,
                         answered: Vec::new(),
+                        recent: Vec::new(),
                         dirty: true,
                     },
                 );
@@ -1305,6 +1442,10 @@ impl Decision<'_> {
             } => {
                 let source = format!("{}/{}", origin.topic, origin.partition);
                 match target {
+                    Some(id) if self.t.ended.contains_key(&id) => {
+                        let why = format!("instance {id:?} named by sm4cinstanceid has ended");
+                        self.dead(&event, &origin, "instanceEnded", &why);
+                    }
                     Some(id) => match self.t.slots.get(&id) {
                         Some(s) if s.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
                             tracing::debug!(
@@ -1423,12 +1564,16 @@ impl Decision<'_> {
             }
             Command::Barrier { .. } => {}
             Command::Tick => {
-                let (gone, keep): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.t.part.parked)
-                    .into_iter()
-                    .partition(|p| p.expires <= at);
-                self.t.part.parked = keep;
-                for p in gone {
-                    self.t.part_dirty = true;
+                let mut gone = Vec::new();
+                self.t.parking.parked.retain(|k, p| {
+                    let keep = p.expires > at;
+                    if !keep {
+                        gone.push((k.clone(), p.clone()));
+                    }
+                    keep
+                });
+                for (k, p) in gone {
+                    self.t.parking.changed.insert(k);
                     match (p.target, p.home) {
                         (Some(id), _) => {
                             let why = format!(
@@ -1448,21 +1593,27 @@ impl Decision<'_> {
                     }
                 }
                 let window = self.shared.cfg.event_window_ms;
-                let before = self.t.part.tally.len();
-                self.t
-                    .part
+                let parking = &mut self.t.parking;
+                let old: Vec<String> = parking
                     .tally
-                    .retain(|_, (_, _, first)| tally_expiry(*first, window) > at);
-                self.t.part_dirty |= before != self.t.part.tally.len();
+                    .iter()
+                    .filter(|(_, (_, _, first))| tally_expiry(*first, window) <= at)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in old {
+                    parking.tally.remove(&k);
+                    parking.changed.insert(tally_key(&k));
+                }
             }
             Command::Unmatched { key, partition, event } => {
-                let entry = self.t.part.tally.entry(key.clone()).or_insert((Vec::new(), event, at));
+                let parking = &mut self.t.parking;
+                let entry = parking.tally.entry(key.clone()).or_insert((Vec::new(), event, at));
                 if !entry.0.contains(&partition) {
                     entry.0.push(partition);
                 }
-                self.t.part_dirty = true;
+                parking.changed.insert(tally_key(&key));
                 if entry.0.len() as i32 >= n {
-                    let (_, event, _) = self.t.part.tally.remove(&key).unwrap_or_default();
+                    let (_, event, _) = parking.tally.remove(&key).unwrap_or_default();
                     let why =
                         "no instance accepted it within the event window (type, source or correlation did not match)";
                     let origin = parse_origin(&key);
@@ -1492,16 +1643,52 @@ impl Decision<'_> {
         self.outs.push(o);
     }
 
+    /// Keeps an event no instance took yet, within the partition's limits. One that does not fit
+    /// is never retried: an event for a named instance is dead-lettered with the reason; a
+    /// broadcast is reported to its home partition as unmatched here, which dead-letters it once
+    /// every partition has.
     fn park(&mut self, p: Parked) {
-        if !self
-            .t
-            .part
-            .parked
-            .iter()
-            .any(|x| x.origin == p.origin && x.target == p.target)
-        {
-            self.t.part.parked.push(p);
-            self.t.part_dirty = true;
+        let key = parked_key(&p);
+        if self.t.parking.parked.contains_key(&key) {
+            return;
+        }
+        let cfg = &self.shared.cfg;
+        let size = serde_json::to_vec(&p.event).map(|v| v.len()).unwrap_or(0);
+        let refused = if self.t.parking.parked.len() >= cfg.max_parked {
+            Some((
+                "parkedLimit",
+                format!(
+                    "no instance took it, and partition {} already holds {} parked events (the limit, --max-parked)",
+                    self.t.partition, cfg.max_parked
+                ),
+            ))
+        } else if size > cfg.max_record_bytes {
+            Some((
+                "tooLarge",
+                format!(
+                    "no instance took it, and at {size} bytes it is too large to park (the limit is {} bytes)",
+                    cfg.max_record_bytes
+                ),
+            ))
+        } else {
+            None
+        };
+        let Some((code, why)) = refused else {
+            self.t.parking.changed.insert(key.clone());
+            self.t.parking.parked.insert(key, p);
+            return;
+        };
+        match p.home {
+            None => self.dead(&p.event, &p.origin, code, &why),
+            Some(home) => {
+                tracing::warn!(partition = self.t.partition, origin = %p.origin.key(), code, reason = %why, "event not parked");
+                let c = Command::Unmatched {
+                    key: p.origin.key(),
+                    partition: self.t.partition,
+                    event: p.event,
+                };
+                self.outs.push(command(self.shared, home, None, &c));
+            }
         }
     }
 
@@ -1524,16 +1711,37 @@ impl Decision<'_> {
     }
 
     fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
+        let pair = (
+            attribute_text(&event, "source").unwrap_or_default(),
+            attribute_text(&event, "id").unwrap_or_default(),
+        );
         if let Some(s) = self.t.slots.get_mut(id) {
-            s.seen
-                .insert(format!("{}/{}", origin.topic, origin.partition), origin.offset);
+            if s.recent.contains(&pair) {
+                tracing::debug!(
+                    instance = id,
+                    source = pair.0,
+                    id = pair.1,
+                    "a duplicate of an event taken already; skipped"
+                );
+                return;
+            }
+            s.recent.push(pair);
+            let over = s.recent.len().saturating_sub(super::wire::EVENTS_KEPT);
+            s.recent.drain(..over);
+            // A parked event delivered late is older than what the instance saw since: the mark
+            // only moves forward, or events applied already would be taken again.
+            let mark = s
+                .seen
+                .entry(format!("{}/{}", origin.topic, origin.partition))
+                .or_insert(origin.offset);
+            *mark = (*mark).max(origin.offset);
         }
         self.handle(id, Input::Event { event }, at);
     }
 
     /// Parked events for instances that now wait for them.
     fn unpark(&mut self, at: i64) {
-        if self.t.part.parked.is_empty() {
+        if self.t.parking.parked.is_empty() {
             return;
         }
         let mut waiting: Vec<String> = self
@@ -1547,9 +1755,21 @@ impl Decision<'_> {
         if waiting.is_empty() {
             return;
         }
-        let parked = std::mem::take(&mut self.t.part.parked);
-        let mut keep = Vec::new();
-        for p in parked {
+        // Only events these instances' definitions declare (by type and source, no jq) are worth
+        // matching against each of them.
+        let mut machines: Vec<Arc<Machine>> = Vec::new();
+        for s in waiting.iter().filter_map(|id| self.t.slots.get(id)) {
+            if !machines.iter().any(|m| Arc::ptr_eq(m, s.h.inst.machine())) {
+                machines.push(s.h.inst.machine().clone());
+            }
+        }
+        let parked = std::mem::take(&mut self.t.parking.parked);
+        let mut keep = IndexMap::with_capacity(parked.len());
+        for (key, p) in parked {
+            if !machines.iter().any(|m| driver::may_accept(m, &p.event)) {
+                keep.insert(key, p);
+                continue;
+            }
             let to: Vec<String> = match &p.target {
                 Some(t) if waiting.contains(t) && self.accepts(t, &p.event) => vec![t.clone()],
                 Some(_) => Vec::new(),
@@ -1560,15 +1780,15 @@ impl Decision<'_> {
                     .collect(),
             };
             if to.is_empty() {
-                keep.push(p);
+                keep.insert(key, p);
                 continue;
             }
-            self.t.part_dirty = true;
+            self.t.parking.changed.insert(key);
             for id in to {
                 self.deliver(&id, p.event.clone(), &p.origin, at);
             }
         }
-        self.t.part.parked = keep;
+        self.t.parking.parked = keep;
     }
 
     fn handle(&mut self, id: &str, input: Input, at: i64) {
@@ -1622,14 +1842,6 @@ fn tally_expiry(first: i64, window: i64) -> i64 {
     first + 2 * window + 60_000
 }
 
-/// The earliest time something in a partition record expires: a parked event's window or a
-/// tally entry's retention.
-fn next_expiry(part: &PartitionRecord, window: i64) -> Option<i64> {
-    let parked = part.parked.iter().map(|p| p.expires);
-    let tally = part.tally.values().map(|(_, _, first)| tally_expiry(*first, window));
-    parked.chain(tally).min()
-}
-
 /// The topic a sent event goes to: its event definition's `topic` extension.
 fn sent_topic(m: &Arc<Machine>, event: &Value) -> Option<String> {
     let ty = attribute_text(event, "type")?;
@@ -1648,6 +1860,23 @@ fn parse_origin(key: &str) -> Origin {
         topic,
         partition,
         offset,
+    }
+}
+
+/// The committed offset of `topic`/`p` in a committed-offsets answer: 0 when the group has none, an
+/// error when the broker failed that partition.
+fn committed_offset(c: &TopicPartitionList, topic: &str, p: i32) -> Result<i64, String> {
+    let e = c
+        .find_partition(topic, p)
+        .ok_or_else(|| format!("the broker's answer has no committed offset for {topic} partition {p}"))?;
+    e.error()
+        .map_err(|err| format!("cannot read the committed offset of {topic} partition {p}: {err}"))?;
+    match e.offset() {
+        Offset::Offset(o) => Ok(o),
+        Offset::Invalid => Ok(0),
+        other => Err(format!(
+            "unexpected committed offset {other:?} for {topic} partition {p}"
+        )),
     }
 }
 
@@ -1682,4 +1911,195 @@ fn host_of(
         .map(|(q, _)| q)
         .or_else(|| busy.keys().filter(|q| local.contains(q)).min().copied())
         .or_else(|| local.first().copied())
+}
+
+/// Takes over a commands partition: fences its previous owner, reads its committed offsets (with
+/// `offsets`, a client of the group that never joins it) and its state, and re-arms timers; returns
+/// the owner and the calls in flight to perform again. Runs off the poll loop.
+fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Owner, Vec<(String, Work)>), String> {
+    let started = Instant::now();
+    let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
+    let txn = if shared.cfg.exactly_once {
+        let id = format!("{}.{}.{}", shared.cfg.group, shared.topics.commands, p);
+        Some(txn_producer(shared, &id, left())?)
+    } else {
+        None
+    };
+    let t_init = started.elapsed().as_millis() as u64;
+    let committed = committed_of(offsets, &shared.topics.commands, p, left())?;
+    let clock = committed_of(offsets, &shared.topics.clock, p, left())?;
+    let t_committed = started.elapsed().as_millis() as u64;
+    // The latest committed record of each key; `None` for a committed tombstone.
+    let mut latest: HashMap<String, Option<StateRecord>> = HashMap::new();
+    let (mut read, mut uncommitted, mut clocked) = (0u64, 0u64, 0u64);
+    super::read_partition(&shared, &shared.topics.state, p, |key, payload, headers| {
+        read += 1;
+        let Some(k) = key else { return };
+        match payload {
+            Some(payload) => {
+                if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
+                    clocked += u64::from(r.clock.is_some());
+                    if super::wire::committed(r.through, r.clock, committed, clock) {
+                        latest.insert(k, Some(r));
+                    } else {
+                        uncommitted += 1;
+                    }
+                }
+            }
+            None => {
+                // A deletion counts once its transaction committed (brokers that show aborted
+                // records must not make a restore lose a parked event).
+                let at = headers.and_then(|h| {
+                    h.iter()
+                        .find(|x| x.key == CLOCK_HEADER)
+                        .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
+                });
+                if at.is_none_or(|c| c < clock) {
+                    latest.insert(k, None);
+                } else {
+                    uncommitted += 1;
+                }
+            }
+        }
+    })?;
+    if committed > 0 && clock == 0 && clocked > 0 {
+        // Every transaction commits both offsets, so a commands offset without a clock means
+        // the broker lost the clock's: every state record that carries a clock is set aside.
+        tracing::warn!(
+            partition = p,
+            committed,
+            records = read,
+            "the commands partition has a committed offset but its clock has none; its state records are set aside"
+        );
+    }
+    let mut t = Owner {
+        partition: p,
+        txn,
+        slots: HashMap::new(),
+        ended: HashMap::new(),
+        expired: Vec::new(),
+        parking: Parking::default(),
+        timers: BTreeSet::new(),
+        retries: BTreeMap::new(),
+        last_commit: Instant::now(),
+        in_flight: HashMap::new(),
+        clock,
+        resume: committed,
+        barrier: Some(put_barrier(shared, p)),
+    };
+    let mut calls = Vec::new();
+    // What earlier versions kept in the one partition record becomes a record per entry (the
+    // newer records of the same keys, read next, win), and that record is deleted.
+    if let Some(Some(old)) = latest.remove(PARTITION_KEY) {
+        let old = old.partition.unwrap_or_default();
+        for p in old.parked {
+            let key = parked_key(&p);
+            t.parking.parked.insert(key.clone(), p);
+            t.parking.changed.insert(key);
+        }
+        for (origin, tally) in old.tally {
+            t.parking.changed.insert(tally_key(&origin));
+            t.parking.tally.insert(origin, tally);
+        }
+        t.parking.changed.insert(PARTITION_KEY.to_string());
+    }
+    let mut own: Vec<(String, StateRecord)> = Vec::new();
+    for (k, r) in latest {
+        let Some(r) = r else {
+            // Deleted: an entry the old partition record had may have left since.
+            if let Some(origin) = k.strip_prefix(TALLY_PREFIX) {
+                t.parking.tally.remove(origin);
+            }
+            t.parking.parked.shift_remove(&k);
+            continue;
+        };
+        if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) {
+            own.push((k, r));
+            continue;
+        }
+        let Some(rec) = r.instance else { continue };
+        if rec.snapshot.status.is_final() {
+            t.ended.insert(k, rec.snapshot.ended_at.unwrap_or(0));
+            continue;
+        }
+        let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
+            tracing::error!(
+                instance = k,
+                "the definition of this instance is not registered; it stays as it is"
+            );
+            continue;
+        };
+        let slot = Slot::from_record(&shared, m, rec);
+        let inst = &slot.h.inst;
+        if !inst.status().is_final() {
+            for (timer, due) in &inst.snapshot().timers {
+                t.timers.insert((*due, k.clone(), timer.clone()));
+            }
+            for effect in &slot.h.open {
+                calls.push((
+                    k.clone(),
+                    shared.driver.work(&k, inst.machine(), slot.h.depth, effect.clone()),
+                ));
+            }
+        }
+        t.slots.insert(k, slot);
+    }
+    // Oldest first, as they were parked.
+    own.sort_by(|(a, x), (b, y)| {
+        let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
+        (at(x), a).cmp(&(at(y), b))
+    });
+    for (k, r) in own {
+        t.parking.restore(&k, r);
+    }
+    let mut later = Vec::new();
+    for (id, work) in calls {
+        match work {
+            Work::StartChild(start) => {
+                // A subflow start still open after a crash: send the start again (the child
+                // ignores a second start).
+                if let Err(e) = produce(&shared.plain, &subflow_start(&shared, &start)) {
+                    tracing::warn!(error = %e, "cannot send a subflow start again");
+                }
+            }
+            work => later.push((id, work)),
+        }
+    }
+    tracing::info!(
+        partition = p,
+        instances = t.slots.len(),
+        records = read,
+        uncommitted,
+        committed,
+        clock,
+        fence_ms = t_init,
+        offsets_ms = t_committed,
+        ms = started.elapsed().as_millis() as u64,
+        "partition restored"
+    );
+    Ok((t, later))
+}
+
+/// The group's committed offset of a partition, 0 when it has none. A failed fetch is an error,
+/// also when the broker answers the request but fails the partition: taken for 0, it would restore
+/// a partition empty or read an events partition again from its beginning.
+fn committed_of(consumer: &BaseConsumer<Quiet>, topic: &str, p: i32, timeout: Duration) -> Result<i64, String> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, p);
+    let c = consumer
+        .committed_offsets(tpl, timeout)
+        .map_err(|e| format!("cannot read committed offsets: {e}"))?;
+    committed_offset(&c, topic, p)
+}
+
+/// Puts a barrier command at the end of a commands partition; returns its token. If it cannot,
+/// the partition keeps taking events through the commands topic until the next assignment (no
+/// token it reads matches).
+fn put_barrier(shared: &Shared, p: i32) -> String {
+    let token = sm4c_host::service::new_id("barrier");
+    let c = Command::Barrier { token: token.clone() };
+    if let Err(e) = produce(&shared.plain, &command(shared, p, None, &c)) {
+        tracing::warn!(partition = p, error = %e, "cannot put a barrier");
+    }
+    token
 }
