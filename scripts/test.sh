@@ -21,6 +21,9 @@ cargo test --workspace --locked
 # send, cancel, a server restart, tokens). It writes a screenshot to target/inspector.png.
 echo "scripts/test.sh: testing the web inspector in Chromium (node host/api/ui/test/inspector.cjs)" >&2
 node host/api/ui/test/inspector.cjs
+# The same checks in Kafka mode: a tansu broker (SM4C_TANSU) and one worker per server.
+echo "scripts/test.sh: testing the web inspector in Chromium, Kafka mode (SM4C_INSPECTOR_KAFKA=1 node host/api/ui/test/inspector.cjs)" >&2
+SM4C_INSPECTOR_KAFKA=1 SM4C_SCREENSHOT=target/inspector-kafka.png node host/api/ui/test/inspector.cjs
 # Checks against what sits in ../shared beside the repository (never copied into it): the definitions
 # written for the SM4C reference implementation must run unmodified. A clone without ../shared has
 # passed its own tests above; this step says plainly that it did not run.

@@ -257,7 +257,7 @@ fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
 }
 
 /// The statuses `GET /instances?status=` filters on (the document's `Status`).
-const STATUSES: [&str; 7] = [
+pub(crate) const STATUSES: [&str; 7] = [
     "created",
     "running",
     "waiting",

@@ -477,6 +477,7 @@ function sendPage(r) {
     <section id="explanation" hidden></section>`;
   const form = $("#send-form");
   let explained = null;
+  let reached = [];
   const event = () => {
     const e = { specversion: "1.0", id: (crypto.randomUUID ? crypto.randomUUID() : String(Date.now()) + Math.random()), type: $("#e-type").value, source: $("#e-source").value };
     Object.assign(e, JSON.parse($("#e-ext").value || "{}"));
@@ -493,6 +494,7 @@ function sendPage(r) {
     try {
       const x = await api("/events/explain", { method: "POST", headers: { "Content-Type": "application/cloudevents+json" }, body: JSON.stringify(e) });
       explained = e;
+      reached = x.reached.map(h => h.instance);
       banner(null);
       const box = $("#explanation");
       box.hidden = false;
@@ -510,7 +512,10 @@ function sendPage(r) {
     try {
       const d = await api("/events", { method: "POST", headers: { "Content-Type": "application/cloudevents+json" }, body: JSON.stringify(explained) });
       const box = $("#explanation");
-      box.innerHTML = `<h2>Sent</h2><p id="delivered">${d.reached.length ? `Delivered to ${d.reached.map(instLink).join(", ")}.` : d.parked ? "It reached no instance and is kept (parked) for one that starts waiting for it." : "It reached no instance."}</p>`;
+      // SQLite mode answers where the event went; Kafka mode where it was queued for the workers.
+      box.innerHTML = `<h2>Sent</h2><p id="delivered">${d.queued
+        ? `Queued on topic <code>${esc(d.topic)}</code> (partition ${esc(d.partition)}): the workers deliver it${reached.length ? ` to ${reached.map(instLink).join(", ")}, as explained` : ", as explained"}.`
+        : d.reached.length ? `Delivered to ${d.reached.map(instLink).join(", ")}.` : d.parked ? "It reached no instance and is kept (parked) for one that starts waiting for it." : "It reached no instance."}</p>`;
       explained = null;
       $("#send").disabled = true;
     } catch (err) { banner(explainError(err)); }
@@ -576,7 +581,13 @@ function onEvent(name, data) {
   } else if (name === "changes") {
     let list = [];
     try { list = JSON.parse(data); } catch (_) { return; }
-    if (current && current.onChanges) current.onChanges(list);
+    if (current && current.onChanges) {
+      current.onChanges(list);
+      // A step is reported as its host stores it; a Kafka worker's transaction may take longer than
+      // the server's 250 ms gathering, so read once more a little later.
+      const page = current;
+      setTimeout(() => { if (current === page && page.onChanges) page.onChanges(list); }, 1500);
+    }
   } else if (name === "resync") {
     if (current && current.refresh) current.refresh().catch(() => {});
   }

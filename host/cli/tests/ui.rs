@@ -343,4 +343,5 @@ fn the_list_goes_newest_first_in_pages() {
     assert_eq!(page("limit=10&status=cancelled").0, ["i4"]);
     assert_eq!(page("limit=2&status=waiting").0, ["i7", "i6"]);
     assert_eq!(page("definition=nothing").0, Vec::<String>::new());
+    assert_eq!(s.get("/ui/api/instances?status=sleeping", None).0, 400);
 }

@@ -89,6 +89,10 @@ async fn instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result
         status: q.status.as_deref().filter(|s| !s.is_empty()),
         definition: q.definition.as_deref().filter(|s| !s.is_empty()),
     };
+    if let Some(s) = f.status.filter(|s| !crate::STATUSES.contains(s)) {
+        let all = crate::STATUSES.join(", ");
+        return Err(InvalidQuery(format!("status: {s:?} is not one of {all}")).into());
+    }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let before = match q.before.as_deref().filter(|s| !s.is_empty()) {
         Some(b) => b

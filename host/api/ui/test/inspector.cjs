@@ -42,9 +42,31 @@ function freePort() {
   });
 }
 
+// SM4C_INSPECTOR_KAFKA=1 runs the same checks in Kafka mode: one tansu broker (SM4C_TANSU, which
+// scripts/setup.sh provides) and one worker per server, on its own consumer group and topics.
+const KAFKA = process.env.SM4C_INSPECTOR_KAFKA === "1";
+let broker = null;
 const servers = [];
+async function startBroker() {
+  const port = await freePort();
+  const url = `tcp://127.0.0.1:${port}`;
+  const child = spawn(process.env.SM4C_TANSU || "tansu", ["broker", "--listener-url", url, "--advertised-listener-url", url,
+    "--storage-engine", "memory://tansu/"], { stdio: "ignore" });
+  servers.push(child);
+  const until = Date.now() + 20000;
+  while (!(await new Promise(r => { const c = net.connect(port, "127.0.0.1", () => { c.end(); r(true); }); c.on("error", () => r(false)); }))) {
+    if (Date.now() > until) throw new Error("tansu did not listen in 20 s");
+    await new Promise(r => setTimeout(r, 100));
+  }
+  return `127.0.0.1:${port}`;
+}
+
 async function serve(dir, port, config) {
-  const args = ["serve", "--db", path.join(dir, "sm4c.db"), "--listen", `127.0.0.1:${port}`];
+  const group = "g" + path.basename(dir).replace(/[^a-zA-Z0-9]/g, "");
+  const args = KAFKA
+    ? ["serve", "--kafka", broker, "--group", group, "--topic-prefix", group, "--partitions", "2",
+      "--kafka-config", "session.timeout.ms=6000", "--listen", `127.0.0.1:${port}`]
+    : ["serve", "--db", path.join(dir, "sm4c.db"), "--listen", `127.0.0.1:${port}`];
   if (config) {
     fs.writeFileSync(path.join(dir, "sm4c.toml"), config);
     args.push("--config", path.join(dir, "sm4c.toml"));
@@ -53,11 +75,15 @@ async function serve(dir, port, config) {
   const child = spawn(BIN, args, { stdio: ["ignore", "ignore", log] });
   servers.push(child);
   const url = `http://127.0.0.1:${port}`;
-  const until = Date.now() + 20000;
+  const until = Date.now() + (KAFKA ? 60000 : 20000);
   for (;;) {
-    try { if ((await fetch(url + "/healthz")).ok) return { child, url, dir }; } catch (_) { /* not yet */ }
+    try {
+      const res = await fetch(url + "/healthz");
+      // A Kafka worker serves once it owns every partition (it is alone in its group).
+      if (res.ok && (!KAFKA || (await res.json()).ownedPartitions === 2)) return { child, url, dir };
+    } catch (_) { /* not yet */ }
     if (child.exitCode !== null) throw new Error("sm4c serve exited:\n" + fs.readFileSync(path.join(dir, "server.log"), "utf8"));
-    if (Date.now() > until) throw new Error("sm4c serve did not answer /healthz in 20 s");
+    if (Date.now() > until) throw new Error("sm4c serve did not answer /healthz (owning its partitions) in time");
     await new Promise(r => setTimeout(r, 50));
   }
 }
@@ -90,7 +116,19 @@ async function rowIds(page) {
   return page.$$eval("#instances tbody tr", rows => rows.map(r => r.dataset.id));
 }
 
+/** Waits until the API lists `n` instances (Kafka mode starts them asynchronously). */
+async function settle(s, n, status) {
+  const until = Date.now() + 20000;
+  for (;;) {
+    const q = status ? `?status=${status}` : "";
+    if ((await call(s, "GET", "/instances" + q)).instances.length === n) return;
+    if (Date.now() > until) throw new Error(`the server did not list ${n} instances in 20 s`);
+    await new Promise(r => setTimeout(r, 100));
+  }
+}
+
 async function main() {
+  if (KAFKA) broker = await startBroker();
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-inspector-"));
   const port = await freePort();
   let s = await serve(tmp, port);
@@ -98,6 +136,8 @@ async function main() {
   await start(s, "order", "o-1", { orderId: "A1" });
   await start(s, "order", "o-2", { orderId: "B2" });
   await start(s, "greeter", "g-1", { name: "Ada" });
+  await settle(s, 2, "waiting");
+  await settle(s, 1, "completed");
 
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-chromium-"));
   const context = await chromium.launchPersistentContext(profile, {
@@ -273,7 +313,7 @@ async function main() {
     await context.close();
     for (const c of servers) if (c.exitCode === null) c.kill("SIGKILL");
   }
-  console.log(`inspector: ${checks} checks passed in a real browser`);
+  console.log(`inspector: ${checks} checks passed in a real browser${KAFKA ? " (Kafka mode)" : ""}`);
 }
 
 main().catch(e => {
