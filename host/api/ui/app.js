@@ -209,6 +209,7 @@ async function instancePage(r, seq) {
     if (seq !== renderSeq) return;
     const i = v.instance;
     const open = !FINAL.has(i.status);
+    current.ended = !open && v.children.every(c => FINAL.has(c.status));
     const openDetails = new Set([...view.querySelectorAll("details[open][data-key]")].map(d => d.dataset.key));
     view.innerHTML = `
       <h1>${esc(i.id)} ${badge(i.status)}</h1>
@@ -602,7 +603,8 @@ function reconnect() {
 // A Kafka worker reports only its own partitions' changes: re-read what is shown now and then.
 setInterval(() => {
   if (document.hidden || !current || !current.refresh) return;
-  if (current.name === "instances" || current.name === "instance") current.refresh().catch(() => {});
+  // An ended instance does not change any more.
+  if (current.name === "instances" || (current.name === "instance" && !current.ended)) current.refresh().catch(() => {});
 }, 10000);
 
 $("#token").value = token();
