@@ -16,7 +16,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
 use sm4c_host::driver::{self, Answering, ChildStart, Hosted, Work};
 use sm4c_host::tasks::Answer;
-use sm4c_runtime::engine::event::attribute_text;
+use sm4c_runtime::engine::event::{attribute_text, correlation_key};
 use sm4c_runtime::{ErrorInfo, Input, Machine, Status, Timed};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -365,6 +365,8 @@ struct Owner {
     partition: i32,
     txn: Option<ThreadedProducer<Quiet>>,
     slots: HashMap<String, Slot>,
+    /// The unended instances by what the events they may take must carry.
+    corr: CorrIndex,
     /// Ended instances, out of memory but for when they ended (ms): a start with the same id
     /// starts nothing, an event naming one is dead-lettered. Past the retention their state
     /// records are deleted.
@@ -390,6 +392,112 @@ struct Owner {
     /// with this token on the partition when the partition or an events partition came to it, and
     /// waits to read it back, so that the commands an earlier owner routed here go first.
     barrier: Option<String>,
+}
+
+/// The unended instances of a partition indexed by what an event must carry to reach them, so
+/// that an event without `sm4cinstanceid` is matched (with jq) against those only, not against
+/// every instance of the partition: by the correlation key of each of their event definitions
+/// ([`correlation_key`]), and, for definitions whose correlation leaves it open, by event type.
+#[derive(Default)]
+struct CorrIndex {
+    /// (attribute, value) → instances.
+    by_key: HashMap<(String, String), BTreeSet<String>>,
+    /// Attribute names in `by_key`, with how many entries use each.
+    attrs: HashMap<String, usize>,
+    /// Event type (`None`: any type, for a definition that names only a source) → instances with
+    /// a definition of that type whose correlation is open.
+    open: HashMap<Option<String>, BTreeSet<String>>,
+    /// Instance → its entries, to remove them.
+    entries: HashMap<String, IndexEntries>,
+}
+
+/// An instance's entries in a [`CorrIndex`]: its keys and its open types.
+type IndexEntries = (Vec<(String, String)>, Vec<Option<String>>);
+
+impl CorrIndex {
+    /// Indexes an instance as it is now (an ended one leaves the index).
+    fn update(&mut self, id: &str, inst: &sm4c_runtime::Instance) {
+        self.remove(id);
+        if inst.status().is_final() {
+            return;
+        }
+        let snap = inst.snapshot();
+        let (mut keys, mut open) = (Vec::new(), Vec::new());
+        for d in &inst.machine().events {
+            match correlation_key(d, &snap.data.0, &snap.bindings) {
+                Some(k) => keys.push(k),
+                None => open.push(match (&d.event_type, &d.source) {
+                    (Some(t), _) => Some(t.clone()),
+                    (None, None) => Some(d.name.clone()),
+                    (None, Some(_)) => None,
+                }),
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        open.sort();
+        open.dedup();
+        for k in &keys {
+            if self.by_key.entry(k.clone()).or_default().insert(id.to_string()) {
+                *self.attrs.entry(k.0.clone()).or_default() += 1;
+            }
+        }
+        for t in &open {
+            self.open.entry(t.clone()).or_default().insert(id.to_string());
+        }
+        if !keys.is_empty() || !open.is_empty() {
+            self.entries.insert(id.to_string(), (keys, open));
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        let Some((keys, open)) = self.entries.remove(id) else {
+            return;
+        };
+        for k in keys {
+            if let Some(set) = self.by_key.get_mut(&k) {
+                if set.remove(id) {
+                    if let Some(n) = self.attrs.get_mut(&k.0) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.attrs.remove(&k.0);
+                        }
+                    }
+                }
+                if set.is_empty() {
+                    self.by_key.remove(&k);
+                }
+            }
+        }
+        for t in open {
+            if let Some(set) = self.open.get_mut(&t) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.open.remove(&t);
+                }
+            }
+        }
+    }
+
+    /// The instances an event may reach, in id order: every other one has, for each of its
+    /// event definitions, a correlation key the event does not carry.
+    fn candidates(&self, event: &Value) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        for attr in self.attrs.keys() {
+            if let Some(v) = attribute_text(event, attr) {
+                if let Some(set) = self.by_key.get(&(attr.clone(), v)) {
+                    ids.extend(set.iter().cloned());
+                }
+            }
+        }
+        let ty = attribute_text(event, "type");
+        for t in [ty, None] {
+            if let Some(set) = self.open.get(&t) {
+                ids.extend(set.iter().cloned());
+            }
+        }
+        ids
+    }
 }
 
 /// A partition's parked events and broadcast tally. Each is its own record on the state topic
@@ -607,7 +715,7 @@ struct Worker {
     /// Reads the group's committed offsets for restores, off the poll loop (it never joins).
     offsets: Arc<BaseConsumer<Quiet>>,
     /// Commands partitions being restored (paused meanwhile).
-    restoring: HashMap<i32, std::thread::JoinHandle<Result<(Owner, Vec<(String, Work)>), String>>>,
+    restoring: HashMap<i32, std::thread::JoinHandle<Restored>>,
     /// Commands partitions whose restore failed: when to try again, and how many attempts failed.
     restore_retry: HashMap<i32, (Instant, u32)>,
 }
@@ -1247,6 +1355,7 @@ impl Worker {
         // Ended: out of memory (the state topic keeps them for the retention).
         for (id, at) in ended {
             t.slots.remove(&id);
+            t.corr.remove(&id);
             t.ended.insert(id, at);
         }
         // Committed: now act.
@@ -1469,14 +1578,19 @@ impl Decision<'_> {
                         }),
                     },
                     None => {
+                        // Only the instances the index says the event may reach are matched.
                         let mut ids: Vec<String> = self
                             .t
-                            .slots
-                            .iter()
-                            .filter(|(_, s)| s.seen.get(&source).is_none_or(|o| *o < origin.offset))
-                            .map(|(id, _)| id.clone())
+                            .corr
+                            .candidates(&event)
+                            .into_iter()
+                            .filter(|id| {
+                                self.t
+                                    .slots
+                                    .get(id)
+                                    .is_some_and(|s| s.seen.get(&source).is_none_or(|o| *o < origin.offset))
+                            })
                             .collect();
-                        ids.sort();
                         ids.retain(|id| self.accepts(id, &event));
                         if ids.is_empty() {
                             self.park(Parked {
@@ -1799,6 +1913,7 @@ impl Decision<'_> {
         }
         let step = shared.driver.step(&mut slot.h, Timed { at, input });
         slot.dirty = true;
+        self.t.corr.update(id, &slot.h.inst);
         for work in step.work {
             match work {
                 // A worker task goes on its task list topic in this transaction: it is published
@@ -1913,10 +2028,13 @@ fn host_of(
         .or_else(|| local.first().copied())
 }
 
+/// What a restore gives: the partition's owner and the calls in flight to perform again.
+type Restored = Result<(Owner, Vec<(String, Work)>), String>;
+
 /// Takes over a commands partition: fences its previous owner, reads its committed offsets (with
 /// `offsets`, a client of the group that never joins it) and its state, and re-arms timers; returns
 /// the owner and the calls in flight to perform again. Runs off the poll loop.
-fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Owner, Vec<(String, Work)>), String> {
+fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
     let started = Instant::now();
     let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
     let txn = if shared.cfg.exactly_once {
@@ -1932,7 +2050,7 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Ow
     // The latest committed record of each key; `None` for a committed tombstone.
     let mut latest: HashMap<String, Option<StateRecord>> = HashMap::new();
     let (mut read, mut uncommitted, mut clocked) = (0u64, 0u64, 0u64);
-    super::read_partition(&shared, &shared.topics.state, p, |key, payload, headers| {
+    super::read_partition(shared, &shared.topics.state, p, |key, payload, headers| {
         read += 1;
         let Some(k) = key else { return };
         match payload {
@@ -1976,6 +2094,7 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Ow
         partition: p,
         txn,
         slots: HashMap::new(),
+        corr: CorrIndex::default(),
         ended: HashMap::new(),
         expired: Vec::new(),
         parking: Parking::default(),
@@ -2029,7 +2148,7 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Ow
             );
             continue;
         };
-        let slot = Slot::from_record(&shared, m, rec);
+        let slot = Slot::from_record(shared, m, rec);
         let inst = &slot.h.inst;
         if !inst.status().is_final() {
             for (timer, due) in &inst.snapshot().timers {
@@ -2042,6 +2161,7 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Ow
                 ));
             }
         }
+        t.corr.update(&k, &slot.h.inst);
         t.slots.insert(k, slot);
     }
     // Oldest first, as they were parked.
@@ -2058,7 +2178,7 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Result<(Ow
             Work::StartChild(start) => {
                 // A subflow start still open after a crash: send the start again (the child
                 // ignores a second start).
-                if let Err(e) = produce(&shared.plain, &subflow_start(&shared, &start)) {
+                if let Err(e) = produce(&shared.plain, &subflow_start(shared, &start)) {
                     tracing::warn!(error = %e, "cannot send a subflow start again");
                 }
             }
@@ -2102,4 +2222,93 @@ fn put_barrier(shared: &Shared, p: i32) -> String {
         tracing::warn!(partition = p, error = %e, "cannot put a barrier");
     }
     token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CorrIndex;
+    use serde_json::json;
+    use sm4c_runtime::{load, Input, LoadOptions, Timed};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_correlation_index_finds_exactly_the_instances_an_event_may_reach() {
+        let doc = json!({
+            "id": "saga", "version": "1.0", "name": "Saga",
+            "events": [
+                {"name": "requested", "type": "payment.requested", "source": "sm4c/saga"},
+                {"name": "done", "type": "payment.done", "source": "payments",
+                 "correlation": [{"contextAttributeName": "orderId", "contextAttributeValue": "${ .orderId }"}]},
+                {"name": "any", "type": "audit", "correlation": [{"contextAttributeName": "region"}]}
+            ],
+            "states": [
+                {"name": "Wait", "start": true, "transitions": [
+                    {"nextState": "Done", "eventGroups": [{"events": ["done"]}]},
+                    {"nextState": "Done", "eventGroups": [{"events": ["any"]}]}
+                ]},
+                {"name": "Done", "final": true}
+            ]
+        });
+        let m = Arc::new(load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).expect("valid"));
+        let driver = sm4c_host::driver::Driver::durable();
+        let mut index = CorrIndex::default();
+        let mut hosts = Vec::new();
+        for (id, order) in [("i1", "a"), ("i2", "b"), ("i3", "a")] {
+            let mut h = driver.create(m.clone(), id);
+            driver.step(
+                &mut h,
+                Timed {
+                    at: 0,
+                    input: Input::Start {
+                        data: json!({"orderId": order}),
+                    },
+                },
+            );
+            index.update(id, &h.inst);
+            hosts.push(h);
+        }
+        fn ids(index: &CorrIndex, event: serde_json::Value) -> Vec<String> {
+            index.candidates(&event).into_iter().collect()
+        }
+        // By key: only the instances whose orderId the event carries.
+        assert_eq!(
+            ids(
+                &index,
+                json!({"type": "payment.done", "source": "payments", "orderid": "a"})
+            ),
+            ["i1", "i3"]
+        );
+        assert_eq!(
+            ids(
+                &index,
+                json!({"type": "payment.done", "source": "payments", "orderid": "z"})
+            ),
+            Vec::<String>::new()
+        );
+        // Open correlations (no rule, or a rule that binds on first match) are found by type.
+        assert_eq!(
+            ids(&index, json!({"type": "audit", "region": "eu"})),
+            ["i1", "i2", "i3"]
+        );
+        assert_eq!(
+            ids(&index, json!({"type": "payment.requested", "source": "sm4c/saga"})),
+            ["i1", "i2", "i3"]
+        );
+        assert_eq!(ids(&index, json!({"type": "other"})), Vec::<String>::new());
+        // Data changes move an instance; an ended one leaves.
+        let h = &mut hosts[1];
+        driver.step(h, Timed { at: 1, input: Input::Event { event: json!({"specversion": "1.0", "id": "e", "type": "payment.done", "source": "payments", "orderid": "b"}) } });
+        index.update("i2", &h.inst);
+        assert!(h.inst.status().is_final());
+        assert_eq!(ids(&index, json!({"type": "audit", "region": "eu"})), ["i1", "i3"]);
+        index.remove("i1");
+        assert_eq!(
+            ids(
+                &index,
+                json!({"type": "payment.done", "source": "payments", "orderid": "a"})
+            ),
+            ["i3"]
+        );
+        assert!(index.by_key.keys().all(|(_, v)| v == "a") && index.attrs.len() == 1);
+    }
 }

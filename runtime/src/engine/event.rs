@@ -105,6 +105,23 @@ pub fn kind_matches(def: &EventDef, event: &Value) -> bool {
     }
 }
 
+/// The correlation attribute (lower case) and value an event of `def` must carry to reach an
+/// instance with this data and these bindings: the first rule whose value is known. `None` when the
+/// correlation leaves it open (no rule, none bound yet, or a value that does not evaluate).
+///
+/// Every event that [`mismatch`] lets through carries the key, so an index of waiting instances by
+/// it finds every instance an event may reach without evaluating anything per instance; the
+/// instances without a key are the ones to check one by one.
+pub fn correlation_key(def: &EventDef, data: &Val, bindings: &BTreeMap<String, String>) -> Option<(String, String)> {
+    def.correlation.iter().find_map(|rule| {
+        let want = match &rule.value {
+            Some(t) => t.resolve(data).ok().map(|v| text(&from_val(&v)))?,
+            None => bindings.get(&rule.name.to_ascii_lowercase()).cloned()?,
+        };
+        Some((rule.name.to_ascii_lowercase(), want))
+    })
+}
+
 /// Records the correlation values an event binds (rules without a value bind on first match).
 pub fn bind(def: &EventDef, event: &Value, bindings: &mut BTreeMap<String, String>) {
     for rule in def.correlation.iter().filter(|r| r.value.is_none()) {
