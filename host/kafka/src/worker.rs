@@ -321,7 +321,6 @@ struct Slot {
     answered: Vec<(String, String)>,
     /// The latest events taken: (source, id).
     recent: Vec<(String, String)>,
-    dirty: bool,
 }
 
 impl Slot {
@@ -335,7 +334,6 @@ impl Slot {
             request: rec.request,
             answered: rec.answered,
             recent: rec.recent,
-            dirty: false,
         }
     }
 
@@ -367,6 +365,8 @@ struct Owner {
     slots: HashMap<String, Slot>,
     /// The unended instances by what the events they may take must carry.
     corr: CorrIndex,
+    /// The instances the batch being decided changed: their records are written.
+    dirty: BTreeSet<String>,
     /// Ended instances, out of memory but for when they ended (ms): a start with the same id
     /// starts nothing, an event naming one is dead-lettered. Past the retention their state
     /// records are deleted.
@@ -511,9 +511,106 @@ struct Parking {
     tally: BTreeMap<String, Tally>,
     /// State topic keys to write (or delete) in the next transaction.
     changed: BTreeSet<String>,
+    /// Parked events for a named instance, by instance.
+    by_target: HashMap<String, BTreeSet<String>>,
+    /// Broadcast parked events by each of their context attributes (lower case) and its value:
+    /// the correlation keys of a [`CorrIndex`] look them up.
+    by_attr: HashMap<(String, String), BTreeSet<String>>,
+    /// Broadcast parked events by type.
+    by_type: HashMap<String, BTreeSet<String>>,
 }
 
+/// The attributes of an event that never carry a correlation value.
+const UNINDEXED: &[&str] = &[
+    "specversion",
+    "id",
+    "time",
+    "datacontenttype",
+    "dataschema",
+    "data",
+    "data_base64",
+];
+
 impl Parking {
+    /// Parks an event under its key.
+    fn insert(&mut self, key: String, p: Parked) {
+        self.index(&key, &p, true);
+        self.parked.insert(key, p);
+    }
+
+    /// Removes parked events (their records are deleted in the next transaction).
+    fn remove_all(&mut self, keys: &[String]) {
+        for k in keys {
+            if let Some(p) = self.parked.get(k).cloned() {
+                self.index(k, &p, false);
+            }
+            self.changed.insert(k.clone());
+        }
+        let gone: HashSet<&String> = keys.iter().collect();
+        self.parked.retain(|k, _| !gone.contains(k));
+    }
+
+    /// Adds a parked event to the indexes, or takes it out.
+    fn index(&mut self, key: &str, p: &Parked, add: bool) {
+        fn put(set: &mut BTreeSet<String>, key: &str, add: bool) {
+            if add {
+                set.insert(key.to_string());
+            } else {
+                set.remove(key);
+            }
+        }
+        if let Some(t) = &p.target {
+            put(self.by_target.entry(t.clone()).or_default(), key, add);
+            if self.by_target.get(t).is_some_and(BTreeSet::is_empty) {
+                self.by_target.remove(t);
+            }
+            return;
+        }
+        let Some(attrs) = p.event.as_object() else { return };
+        for (name, value) in attrs {
+            let name = name.to_ascii_lowercase();
+            if UNINDEXED.contains(&name.as_str()) || value.is_object() || value.is_array() || value.is_null() {
+                continue;
+            }
+            let value = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            if name == "type" {
+                put(self.by_type.entry(value.clone()).or_default(), key, add);
+                if self.by_type.get(&value).is_some_and(BTreeSet::is_empty) {
+                    self.by_type.remove(&value);
+                }
+            }
+            let k = (name, value);
+            put(self.by_attr.entry(k.clone()).or_default(), key, add);
+            if self.by_attr.get(&k).is_some_and(BTreeSet::is_empty) {
+                self.by_attr.remove(&k);
+            }
+        }
+    }
+
+    /// The parked events instance `id` may take, by its entries in the correlation index: those
+    /// naming it, and the broadcasts that carry one of its correlation keys or have a type its
+    /// open definitions declare.
+    fn candidates(&self, id: &str, corr: &CorrIndex) -> BTreeSet<String> {
+        let mut keys: BTreeSet<String> = self.by_target.get(id).cloned().unwrap_or_default();
+        let Some((corr_keys, open)) = corr.entries.get(id) else {
+            return keys;
+        };
+        for k in corr_keys {
+            if let Some(set) = self.by_attr.get(k) {
+                keys.extend(set.iter().cloned());
+            }
+        }
+        for t in open {
+            match t {
+                Some(t) => keys.extend(self.by_type.get(t).into_iter().flatten().cloned()),
+                None => keys.extend(self.by_type.values().flatten().cloned()),
+            }
+        }
+        keys
+    }
     /// The earliest time something expires: a parked event's window or a tally entry's retention.
     fn next_expiry(&self, window: i64) -> Option<i64> {
         let parked = self.parked.values().map(|p| p.expires);
@@ -524,7 +621,7 @@ impl Parking {
     /// Takes in what a state record of the partition's own holds.
     fn restore(&mut self, key: &str, r: StateRecord) {
         if let Some(p) = r.parked {
-            self.parked.insert(key.to_string(), p);
+            self.insert(key.to_string(), p);
         } else if let (Some(t), Some(origin)) = (r.tally, key.strip_prefix(TALLY_PREFIX)) {
             self.tally.insert(origin.to_string(), t);
         }
@@ -1282,7 +1379,10 @@ impl Worker {
         outs.extend(hosted.outs);
         // The new state of every instance touched, and their journals.
         let mut ended = Vec::new();
-        for (id, s) in t.slots.iter_mut().filter(|(_, s)| s.dirty) {
+        // The touched ones only: a batch costs what it changed, not the partition's size.
+        for id in std::mem::take(&mut t.dirty) {
+            let Some(s) = t.slots.get_mut(&id) else { continue };
+            let id = &id;
             if s.h.inst.status().is_final() {
                 ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
             }
@@ -1317,7 +1417,6 @@ impl Worker {
                 payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
                 headers: Vec::new(),
             });
-            s.dirty = false;
         }
         outs.extend(t.parking.records(&shared, t.partition, through, t.clock));
         for id in &t.expired {
@@ -1533,9 +1632,9 @@ impl Decision<'_> {
                         request,
                         answered: Vec::new(),
                         recent: Vec::new(),
-                        dirty: true,
                     },
                 );
+                self.t.dirty.insert(id.clone());
                 self.handle(&id, Input::Start { data: input }, at);
             }
             Command::Cancel { id, reason } => {
@@ -1614,7 +1713,7 @@ impl Decision<'_> {
                 if s.h.open_op(&op).is_none() {
                     return;
                 }
-                s.dirty = true;
+                self.t.dirty.insert(id.clone());
                 let result = match outcome {
                     Outcome::Ok(v) => Ok(v),
                     Outcome::Err(e) => Err(e),
@@ -1659,7 +1758,7 @@ impl Decision<'_> {
                             let over = s.answered.len().saturating_sub(super::wire::ANSWERS_KEPT);
                             s.answered.drain(..over);
                         }
-                        s.dirty = true;
+                        self.t.dirty.insert(id.clone());
                     }
                 }
                 if let Some(input) = input {
@@ -1678,16 +1777,17 @@ impl Decision<'_> {
             }
             Command::Barrier { .. } => {}
             Command::Tick => {
-                let mut gone = Vec::new();
-                self.t.parking.parked.retain(|k, p| {
-                    let keep = p.expires > at;
-                    if !keep {
-                        gone.push((k.clone(), p.clone()));
-                    }
-                    keep
-                });
-                for (k, p) in gone {
-                    self.t.parking.changed.insert(k);
+                let gone: Vec<(String, Parked)> = self
+                    .t
+                    .parking
+                    .parked
+                    .iter()
+                    .filter(|(_, p)| p.expires <= at)
+                    .map(|(k, p)| (k.clone(), p.clone()))
+                    .collect();
+                let keys: Vec<String> = gone.iter().map(|(k, _)| k.clone()).collect();
+                self.t.parking.remove_all(&keys);
+                for (_, p) in gone {
                     match (p.target, p.home) {
                         (Some(id), _) => {
                             let why = format!(
@@ -1789,7 +1889,7 @@ impl Decision<'_> {
         };
         let Some((code, why)) = refused else {
             self.t.parking.changed.insert(key.clone());
-            self.t.parking.parked.insert(key, p);
+            self.t.parking.insert(key, p);
             return;
         };
         match p.home {
@@ -1858,51 +1958,52 @@ impl Decision<'_> {
         if self.t.parking.parked.is_empty() {
             return;
         }
-        let mut waiting: Vec<String> = self
+        let waiting: Vec<String> = self
             .t
-            .slots
+            .dirty
             .iter()
-            .filter(|(_, s)| s.dirty && s.h.inst.status() == Status::Waiting)
-            .map(|(id, _)| id.clone())
+            .filter(|id| {
+                self.t
+                    .slots
+                    .get(*id)
+                    .is_some_and(|s| s.h.inst.status() == Status::Waiting)
+            })
+            .cloned()
             .collect();
-        waiting.sort();
         if waiting.is_empty() {
             return;
         }
-        // Only events these instances' definitions declare (by type and source, no jq) are worth
-        // matching against each of them.
-        let mut machines: Vec<Arc<Machine>> = Vec::new();
-        for s in waiting.iter().filter_map(|id| self.t.slots.get(id)) {
-            if !machines.iter().any(|m| Arc::ptr_eq(m, s.h.inst.machine())) {
-                machines.push(s.h.inst.machine().clone());
+        // The parked events each of them may take, found through the indexes (no jq), in the
+        // order they were parked; jq decides for those only.
+        let mut wanted: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        for id in &waiting {
+            for key in self.t.parking.candidates(id, &self.t.corr) {
+                if let Some(pos) = self.t.parking.parked.get_index_of(&key) {
+                    wanted.entry(pos).or_default().push(id.clone());
+                }
             }
         }
-        let parked = std::mem::take(&mut self.t.parking.parked);
-        let mut keep = IndexMap::with_capacity(parked.len());
-        for (key, p) in parked {
-            if !machines.iter().any(|m| driver::may_accept(m, &p.event)) {
-                keep.insert(key, p);
+        let mut delivered = Vec::new();
+        for (pos, ids) in wanted {
+            let Some((key, p)) = self
+                .t
+                .parking
+                .parked
+                .get_index(pos)
+                .map(|(k, p)| (k.clone(), p.clone()))
+            else {
                 continue;
-            }
-            let to: Vec<String> = match &p.target {
-                Some(t) if waiting.contains(t) && self.accepts(t, &p.event) => vec![t.clone()],
-                Some(_) => Vec::new(),
-                None => waiting
-                    .iter()
-                    .filter(|id| self.accepts(id, &p.event))
-                    .cloned()
-                    .collect(),
             };
+            let to: Vec<String> = ids.into_iter().filter(|id| self.accepts(id, &p.event)).collect();
             if to.is_empty() {
-                keep.insert(key, p);
                 continue;
             }
-            self.t.parking.changed.insert(key);
+            delivered.push(key);
             for id in to {
                 self.deliver(&id, p.event.clone(), &p.origin, at);
             }
         }
-        self.t.parking.parked = keep;
+        self.t.parking.remove_all(&delivered);
     }
 
     fn handle(&mut self, id: &str, input: Input, at: i64) {
@@ -1912,7 +2013,7 @@ impl Decision<'_> {
             return;
         }
         let step = shared.driver.step(&mut slot.h, Timed { at, input });
-        slot.dirty = true;
+        self.t.dirty.insert(id.to_string());
         self.t.corr.update(id, &slot.h.inst);
         for work in step.work {
             match work {
@@ -2095,6 +2196,7 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
         txn,
         slots: HashMap::new(),
         corr: CorrIndex::default(),
+        dirty: BTreeSet::new(),
         ended: HashMap::new(),
         expired: Vec::new(),
         parking: Parking::default(),
@@ -2113,8 +2215,8 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
         let old = old.partition.unwrap_or_default();
         for p in old.parked {
             let key = parked_key(&p);
-            t.parking.parked.insert(key.clone(), p);
-            t.parking.changed.insert(key);
+            t.parking.changed.insert(key.clone());
+            t.parking.insert(key, p);
         }
         for (origin, tally) in old.tally {
             t.parking.changed.insert(tally_key(&origin));
@@ -2129,7 +2231,9 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
             if let Some(origin) = k.strip_prefix(TALLY_PREFIX) {
                 t.parking.tally.remove(origin);
             }
-            t.parking.parked.shift_remove(&k);
+            if let Some(p) = t.parking.parked.shift_remove(&k) {
+                t.parking.index(&k, &p, false);
+            }
             continue;
         };
         if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) {
@@ -2226,7 +2330,7 @@ fn put_barrier(shared: &Shared, p: i32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::CorrIndex;
+    use super::{parked_key, CorrIndex, Origin, Parked, Parking};
     use serde_json::json;
     use sm4c_runtime::{load, Input, LoadOptions, Timed};
     use std::sync::Arc;
@@ -2310,5 +2414,60 @@ mod tests {
             ["i3"]
         );
         assert!(index.by_key.keys().all(|(_, v)| v == "a") && index.attrs.len() == 1);
+
+        // Parked events are found through the same keys: by correlation value, by type for the
+        // open definitions, and by target; nothing else.
+        let mut parking = Parking::default();
+        let origin = |offset| Origin {
+            topic: "e".into(),
+            partition: 0,
+            offset,
+        };
+        let park = |parking: &mut Parking, offset, target: Option<&str>, event: serde_json::Value| {
+            let p = Parked {
+                event,
+                origin: origin(offset),
+                target: target.map(str::to_string),
+                home: None,
+                expires: 0,
+            };
+            parking.insert(parked_key(&p), p);
+        };
+        park(
+            &mut parking,
+            1,
+            None,
+            json!({"type": "payment.done", "source": "payments", "orderid": "a"}),
+        );
+        park(
+            &mut parking,
+            2,
+            None,
+            json!({"type": "payment.done", "source": "payments", "orderid": "z"}),
+        );
+        park(&mut parking, 3, None, json!({"type": "audit", "region": "eu"}));
+        park(
+            &mut parking,
+            4,
+            Some("i3"),
+            json!({"type": "payment.done", "orderid": "q"}),
+        );
+        park(
+            &mut parking,
+            5,
+            Some("i9"),
+            json!({"type": "payment.done", "orderid": "a"}),
+        );
+        let offsets = |keys: std::collections::BTreeSet<String>| {
+            let mut o: Vec<i64> = keys.iter().map(|k| parking.parked[k].origin.offset).collect();
+            o.sort();
+            o
+        };
+        assert_eq!(offsets(parking.candidates("i3", &index)), [1, 3, 4]);
+        assert_eq!(offsets(parking.candidates("i1", &index)), Vec::<i64>::new());
+        let all: Vec<String> = parking.parked.keys().cloned().collect();
+        parking.remove_all(&all);
+        assert!(parking.parked.is_empty() && parking.by_attr.is_empty() && parking.by_type.is_empty());
+        assert!(parking.by_target.is_empty() && parking.changed.len() == 5);
     }
 }
