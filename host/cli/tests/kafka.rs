@@ -640,7 +640,12 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
     let mut w2 = Worker::start(dir.path(), "w2", &args);
     let mut w3 = Worker::start(dir.path(), "w3", &args);
     wait_owned(&[&w1, &w2, &w3], 6);
-    let n = 1000;
+    // 1,000 by default; `SM4C_KAFKA_SAGAS=100000` for the long run (the waits grow with it).
+    let n: usize = std::env::var("SM4C_KAFKA_SAGAS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let scale = (n as u64 / 1000).max(1);
     // Replies for half the sagas only, then a worker is killed between transactions (see the
     // module comment for why not inside one), then the rest are answered.
     let responder = Responder::start(&broker, prefix, n / 2);
@@ -653,7 +658,7 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
     let out = format!("{prefix}.events.out");
     wait_until(
         "half the sagas to complete and every request to be sent",
-        180,
+        180 * scale,
         || count_status(&w1, "completed") == n / 2 && sent_ids(&broker, &out, "payment.requested").len() == n,
         &[&w1, &w2, &w3],
     );
@@ -662,7 +667,7 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
 
     wait_until(
         "every saga to complete",
-        240,
+        240 * scale,
         || count_status(&w1, "completed") == n,
         &[&w1, &w3],
     );

@@ -385,8 +385,8 @@ struct Owner {
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
     clock: i64,
     /// The committed offset of the commands partition when it was restored: the state read then
-    /// holds every command below it, so those are skipped if they are read again (after a rewind
-    /// that could not read the committed offset and went back to the beginning).
+    /// holds every command below it: the partition is read on from there, and those commands are
+    /// skipped if they come again.
     resume: i64,
     /// While set, events are not applied here directly: this worker has put a barrier command
     /// with this token on the partition when the partition or an events partition came to it, and
