@@ -13,6 +13,7 @@ use axum::Router;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
@@ -46,6 +47,25 @@ struct CallLabels {
     outcome: String,
 }
 
+/// Labels of a commands partition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabels {
+    partition: String,
+}
+
+/// Labels of a topic partition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicPartitionLabels {
+    topic: String,
+    partition: String,
+}
+
+/// Labels of dead letters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: String,
+}
+
 /// Labels of Kafka transactions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -74,6 +94,10 @@ pub struct Metrics {
     commits: Histogram,
     batches: Histogram,
     transactions: Histograms<OutcomeLabels>,
+    restores: Histogram,
+    parked: Family<PartitionLabels, Gauge>,
+    dead_letters: Family<CodeLabels, Counter>,
+    lag: Family<TopicPartitionLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -124,6 +148,32 @@ impl Metrics {
             Unit::Seconds,
             transactions.clone(),
         );
+        // 1 ms to about 130 s.
+        let restores = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        registry.register_with_unit(
+            "kafka_restore_duration",
+            "Kafka mode: restores of a commands partition this worker took over (fencing, offsets, state)",
+            Unit::Seconds,
+            restores.clone(),
+        );
+        let parked = Family::<PartitionLabels, Gauge>::default();
+        registry.register(
+            "kafka_parked_events",
+            "Kafka mode: events parked for an instance that may wait for them, by commands partition this worker owns",
+            parked.clone(),
+        );
+        let dead_letters = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "kafka_dead_letters",
+            "Kafka mode: events this worker put on the dead-letter topic, by reason code",
+            dead_letters.clone(),
+        );
+        let lag = Family::<TopicPartitionLabels, Gauge>::default();
+        registry.register(
+            "kafka_consumer_lag",
+            "Kafka mode: records not read yet, by topic and partition this worker consumes",
+            lag.clone(),
+        );
         Metrics {
             registry,
             started,
@@ -133,6 +183,10 @@ impl Metrics {
             commits,
             batches,
             transactions,
+            restores,
+            parked,
+            dead_letters,
+            lag,
         }
     }
 
@@ -192,6 +246,30 @@ impl Observer for Observed {
             outcome: outcome.to_string(),
         };
         self.0.transactions.get_or_create(&labels).observe(seconds);
+    }
+
+    fn kafka_restore(&self, _partition: i32, seconds: f64) {
+        self.0.restores.observe(seconds);
+    }
+
+    fn kafka_parked(&self, partition: i32, count: usize) {
+        let labels = PartitionLabels {
+            partition: partition.to_string(),
+        };
+        self.0.parked.get_or_create(&labels).set(count as i64);
+    }
+
+    fn kafka_dead_letter(&self, code: &str) {
+        let labels = CodeLabels { code: code.to_string() };
+        self.0.dead_letters.get_or_create(&labels).inc();
+    }
+
+    fn kafka_lag(&self, topic: &str, partition: i32, lag: i64) {
+        let labels = TopicPartitionLabels {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+        };
+        self.0.lag.get_or_create(&labels).set(lag);
     }
 }
 

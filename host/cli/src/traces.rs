@@ -189,6 +189,18 @@ impl Observer for Observed {
     fn kafka_transaction(&self, seconds: f64, committed: bool) {
         self.metrics.kafka_transaction(seconds, committed)
     }
+    fn kafka_restore(&self, partition: i32, seconds: f64) {
+        self.metrics.kafka_restore(partition, seconds)
+    }
+    fn kafka_parked(&self, partition: i32, count: usize) {
+        self.metrics.kafka_parked(partition, count)
+    }
+    fn kafka_dead_letter(&self, code: &str) {
+        self.metrics.kafka_dead_letter(code)
+    }
+    fn kafka_lag(&self, topic: &str, partition: i32, lag: i64) {
+        self.metrics.kafka_lag(topic, partition, lag)
+    }
     // Every step is reported (not only when tracing): the web inspector hears of changes from it.
     fn step_begin(&self) -> Option<SystemTime> {
         Some(SystemTime::now())

@@ -2338,4 +2338,49 @@ fn kafka_mode_serves_metrics_of_instances_and_transactions() {
         Some(0.0),
         "{text}"
     );
+    // Both partitions were restored once.
+    assert_eq!(
+        sample(&text, "sm4c_kafka_restore_duration_seconds_count"),
+        Some(2.0),
+        "{text}"
+    );
+    // An early reply is parked on both partitions, and an event that names an ended instance is
+    // dead-lettered at once.
+    post_event(
+        &w,
+        json!({"specversion": "1.0", "id": "early-m9", "source": "payments", "type": "payment.done", "orderid": "m9"}),
+    );
+    post_event(
+        &w,
+        json!({"specversion": "1.0", "id": "late-m0", "source": "payments", "type": "payment.done", "sm4cinstanceid": "m0", "orderid": "m0"}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = http()
+            .get(format!("{}/metrics", w.base))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default();
+        let parked: f64 = (0..2)
+            .filter_map(|p| sample(&text, &format!("sm4c_kafka_parked_events{{partition=\"{p}\"}}")))
+            .sum();
+        let dead = sample(&text, r#"sm4c_kafka_dead_letters_total{code="instanceEnded"}"#);
+        let lag = sample(
+            &text,
+            &format!("sm4c_kafka_consumer_lag{{topic=\"{prefix}.commands\",partition=\"0\"}}"),
+        );
+        // The three replies were broadcasts too: each is parked on the partition without its
+        // instance; the early reply on both.
+        if parked == 5.0 && dead == Some(1.0) && lag.is_some() {
+            break;
+        }
+        let kafka: Vec<&str> = text.lines().filter(|l| l.starts_with("sm4c_kafka_")).collect();
+        assert!(
+            Instant::now() < deadline,
+            "parked {parked}, dead letters {dead:?}, lag {lag:?}:\n{}\n{}",
+            kafka.join("\n"),
+            tail(&w.log)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

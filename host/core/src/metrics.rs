@@ -22,6 +22,16 @@ pub trait Observer: Send + Sync {
     /// A Kafka worker's transaction (exactly-once delivery) took `seconds` from its begin to its
     /// commit, or to the failure that aborted it (`committed` false).
     fn kafka_transaction(&self, _seconds: f64, _committed: bool) {}
+    /// A Kafka worker restored commands partition `partition` in `seconds` (fencing, offsets, state).
+    fn kafka_restore(&self, _partition: i32, _seconds: f64) {}
+    /// Commands partition `partition` of this worker now holds `count` parked events (0 once the
+    /// worker no longer owns it).
+    fn kafka_parked(&self, _partition: i32, _count: usize) {}
+    /// A committed transaction put an event on the dead-letter topic, for reason `code`.
+    fn kafka_dead_letter(&self, _code: &str) {}
+    /// How many records of `topic` partition `partition` this worker has not read yet (the
+    /// partition's end minus the worker's position).
+    fn kafka_lag(&self, _topic: &str, _partition: i32, _lag: i64) {}
     /// A step of an instance is about to run: an observer that traces steps answers with the time
     /// it began, and is told of the step's end by [`Observer::step_traced`]. `None` (the default)
     /// traces nothing and costs nothing more.

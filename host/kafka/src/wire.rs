@@ -436,6 +436,21 @@ impl rdkafka::ClientContext for Quiet {
         }
     }
 
+    /// The statistics of the worker's consumer (the only client that asks for them): each
+    /// partition's consumer lag, to the metrics.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(o) = sm4c_host::metrics::observer() else {
+            return;
+        };
+        for (topic, t) in &statistics.topics {
+            for (p, part) in &t.partitions {
+                if *p >= 0 {
+                    o.kafka_lag(topic, *p, part.consumer_lag.max(0));
+                }
+            }
+        }
+    }
+
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
             return;

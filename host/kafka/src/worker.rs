@@ -279,6 +279,7 @@ fn commit(
                 let _ = p.abort_transaction(ABORT_TIMEOUT);
                 return Err(e.clone());
             }
+            count_dead_letters(shared, outs);
             r
         }
         None => {
@@ -288,7 +289,21 @@ fn commit(
             drain(&shared.plain, Instant::now() + COMMIT_TIMEOUT)?;
             consumer
                 .commit(offsets, rdkafka::consumer::CommitMode::Sync)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            count_dead_letters(shared, outs);
+            Ok(())
+        }
+    }
+}
+
+/// Tells the metrics of the dead letters a committed batch put out, by code.
+fn count_dead_letters(shared: &Shared, outs: &[Out]) {
+    let Some(o) = sm4c_host::metrics::observer() else {
+        return;
+    };
+    for out in outs.iter().filter(|x| x.topic == shared.topics.deadletter) {
+        if let Some((_, code)) = out.headers.iter().find(|(k, _)| k == "sm4c-deadletter-code") {
+            o.kafka_dead_letter(&String::from_utf8_lossy(code));
         }
     }
 }
@@ -699,7 +714,12 @@ struct Router {
 const MAX_BATCH: usize = 5_000;
 
 pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
-    let consumer: BaseConsumer<Quiet> = match shared.consumer_config(&shared.cfg.group).create_with_context(Quiet) {
+    let mut config = shared.consumer_config(&shared.cfg.group);
+    // librdkafka's statistics carry each partition's consumer lag, for the metrics (see Quiet).
+    if config.get("statistics.interval.ms").is_none() {
+        config.set("statistics.interval.ms", "5000");
+    }
+    let consumer: BaseConsumer<Quiet> = match config.create_with_context(Quiet) {
         Ok(c) => c,
         Err(e) => {
             shared.fail(format!("cannot create the consumer: {e}"));
@@ -847,6 +867,9 @@ impl Worker {
             .collect();
         for p in gone {
             tracing::info!(partition = p, "partition revoked");
+            if let Some(o) = sm4c_host::metrics::observer() {
+                o.kafka_parked(p, 0);
+            }
             if let Some(t) = self.owners.remove(&p) {
                 for (_, h) in t.in_flight {
                     h.abort();
@@ -1450,6 +1473,9 @@ impl Worker {
         commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
         t.clock += 1;
         t.last_commit = Instant::now();
+        if let Some(o) = sm4c_host::metrics::observer() {
+            o.kafka_parked(t.partition, t.parking.parked.len());
+        }
         t.expired.clear();
         // Ended: out of memory (the state topic keeps them for the retention).
         for (id, at) in ended {
@@ -2301,6 +2327,10 @@ fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
         ms = started.elapsed().as_millis() as u64,
         "partition restored"
     );
+    if let Some(o) = sm4c_host::metrics::observer() {
+        o.kafka_restore(p, started.elapsed().as_secs_f64());
+        o.kafka_parked(p, t.parking.parked.len());
+    }
     Ok((t, later))
 }
 
