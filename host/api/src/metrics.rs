@@ -47,6 +47,19 @@ struct CallLabels {
     outcome: String,
 }
 
+/// Labels of tasks taken.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskListLabels {
+    task_list: String,
+}
+
+/// Labels of tasks answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskOutcomeLabels {
+    task_list: String,
+    outcome: String,
+}
+
 /// Labels of a commands partition.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PartitionLabels {
@@ -95,6 +108,8 @@ pub struct Metrics {
     batches: Histogram,
     transactions: Histograms<OutcomeLabels>,
     restores: Histogram,
+    task_starts: Histograms<TaskListLabels>,
+    task_closes: Histograms<TaskOutcomeLabels>,
     parked: Family<PartitionLabels, Gauge>,
     dead_letters: Family<CodeLabels, Counter>,
     lag: Family<TopicPartitionLabels, Gauge>,
@@ -148,6 +163,20 @@ impl Metrics {
             Unit::Seconds,
             transactions.clone(),
         );
+        let task_starts: Histograms<TaskListLabels> = Family::new_with_constructor(call_histogram);
+        registry.register_with_unit(
+            "task_schedule_to_start",
+            "Worker tasks (SQLite mode): from scheduled to taken by a worker, by task list",
+            Unit::Seconds,
+            task_starts.clone(),
+        );
+        let task_closes: Histograms<TaskOutcomeLabels> = Family::new_with_constructor(call_histogram);
+        registry.register_with_unit(
+            "task_start_to_close",
+            "Worker tasks (SQLite mode): from taken to answered, by task list and outcome (completed or failed)",
+            Unit::Seconds,
+            task_closes.clone(),
+        );
         // 1 ms to about 130 s.
         let restores = Histogram::new(exponential_buckets(0.001, 2.0, 18));
         registry.register_with_unit(
@@ -184,6 +213,8 @@ impl Metrics {
             batches,
             transactions,
             restores,
+            task_starts,
+            task_closes,
             parked,
             dead_letters,
             lag,
@@ -246,6 +277,21 @@ impl Observer for Observed {
             outcome: outcome.to_string(),
         };
         self.0.transactions.get_or_create(&labels).observe(seconds);
+    }
+
+    fn task_started(&self, task_list: &str, seconds: f64) {
+        let labels = TaskListLabels {
+            task_list: task_list.to_string(),
+        };
+        self.0.task_starts.get_or_create(&labels).observe(seconds);
+    }
+
+    fn task_closed(&self, task_list: &str, outcome: &str, seconds: f64) {
+        let labels = TaskOutcomeLabels {
+            task_list: task_list.to_string(),
+            outcome: outcome.to_string(),
+        };
+        self.0.task_closes.get_or_create(&labels).observe(seconds);
     }
 
     fn kafka_restore(&self, _partition: i32, seconds: f64) {

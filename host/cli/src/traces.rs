@@ -189,6 +189,12 @@ impl Observer for Observed {
     fn kafka_transaction(&self, seconds: f64, committed: bool) {
         self.metrics.kafka_transaction(seconds, committed)
     }
+    fn task_started(&self, task_list: &str, seconds: f64) {
+        self.metrics.task_started(task_list, seconds)
+    }
+    fn task_closed(&self, task_list: &str, outcome: &str, seconds: f64) {
+        self.metrics.task_closed(task_list, outcome, seconds)
+    }
     fn kafka_restore(&self, partition: i32, seconds: f64) {
         self.metrics.kafka_restore(partition, seconds)
     }

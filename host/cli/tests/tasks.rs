@@ -872,3 +872,49 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
     };
     assert_eq!(code, Some(0), "{}", s.log());
 }
+
+/// `GET /metrics` times tasks per task list: scheduled to taken, and taken to answered by outcome.
+#[test]
+fn task_metrics_time_schedule_to_start_and_start_to_close_per_task_list() {
+    let s = Server::start(&[]);
+    s.define(&thumbs("thumbs", json!({})));
+    s.start_instance("thumbs", "m-ok", json!({"url": "a.png"}));
+    s.start_instance("thumbs", "m-bad", json!({"url": "b.png"}));
+    for _ in 0..2 {
+        let task = s.take("images");
+        let token = token_of(&task);
+        let (st, body) = if task["instanceId"] == "m-ok" {
+            s.answer(&token, "complete", Some(&json!({"url": "a-128.png"})))
+        } else {
+            s.answer(
+                &token,
+                "fail",
+                Some(&json!({"error": "BadImage", "message": "not an image"})),
+            )
+        };
+        assert_eq!(st, 200, "{body}");
+    }
+    s.ended("m-ok");
+    s.ended("m-bad");
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    let sample = |series: &str| {
+        text.lines()
+            .filter_map(|l| l.rsplit_once(' '))
+            .find(|(s, _)| *s == series)
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        sample(r#"sm4c_task_schedule_to_start_seconds_count{task_list="images"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    for outcome in ["completed", "failed"] {
+        let series = format!(r#"sm4c_task_start_to_close_seconds_count{{task_list="images",outcome="{outcome}"}}"#);
+        assert_eq!(sample(&series), Some(1.0), "{series}: {text}");
+    }
+}

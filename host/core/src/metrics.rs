@@ -22,6 +22,11 @@ pub trait Observer: Send + Sync {
     /// A Kafka worker's transaction (exactly-once delivery) took `seconds` from its begin to its
     /// commit, or to the failure that aborted it (`committed` false).
     fn kafka_transaction(&self, _seconds: f64, _committed: bool) {}
+    /// A worker took a task of `task_list` `seconds` after it was scheduled (schedule-to-start).
+    fn task_started(&self, _task_list: &str, _seconds: f64) {}
+    /// A worker answered a task of `task_list` (`outcome` is `completed` or `failed`) `seconds`
+    /// after it took it (start-to-close).
+    fn task_closed(&self, _task_list: &str, _outcome: &str, _seconds: f64) {}
     /// A Kafka worker restored commands partition `partition` in `seconds` (fencing, offsets, state).
     fn kafka_restore(&self, _partition: i32, _seconds: f64) {}
     /// Commands partition `partition` of this worker now holds `count` parked events (0 once the

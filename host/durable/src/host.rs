@@ -17,7 +17,7 @@ use sm4c_host::Functions;
 use sm4c_runtime::{load, Effect, Entry, ErrorInfo, ErrorKind, Input, LoadOptions, Machine, Millis, Status, Timed};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod full;
 use tokio::sync::{mpsc, oneshot};
@@ -149,6 +149,7 @@ impl DurableHost {
             parked_count: 0,
             tasks: TaskLists::default(),
             handouts: Vec::new(),
+            task_times: HashMap::new(),
             closing: false,
         };
         lp.recover()?;
@@ -365,6 +366,9 @@ struct Loop {
     tasks: TaskLists,
     /// Tasks handed to workers, sent to them once their `TaskStarted` is committed.
     handouts: Vec<(Task, Poller)>,
+    /// For the metrics: when this process scheduled each open task (instance, op) and when a
+    /// worker took it (task list, scheduled, taken). Tasks scheduled before a restart are not timed.
+    task_times: HashMap<(String, String), (String, Instant, Option<Instant>)>,
     /// Set when the server stops: polls are answered at once.
     closing: bool,
 }
@@ -785,6 +789,15 @@ impl Loop {
     /// Gives a task to a worker: its start goes first into the next batch, and the worker gets the
     /// task once that batch is committed.
     fn hand_out(&mut self, task: Task, poller: Poller) {
+        if let Some((list, scheduled, taken)) = self.task_times.get_mut(&(task.instance.clone(), task.op.clone())) {
+            if taken.is_none() {
+                let now = Instant::now();
+                *taken = Some(now);
+                if let Some(o) = sm4c_host::metrics::observer() {
+                    o.task_started(list, now.duration_since(*scheduled).as_secs_f64());
+                }
+            }
+        }
         let input = Input::TaskStarted {
             op: task.op.clone(),
             worker: poller.worker.clone(),
@@ -797,6 +810,10 @@ impl Loop {
         match work {
             // Workers take it from its task list; nothing is called.
             Work::Task { task, .. } => {
+                self.task_times.insert(
+                    (task.instance.clone(), task.op.clone()),
+                    (task.task_list.clone(), Instant::now(), None),
+                );
                 if let Some((t, p)) = self.tasks.offer(task, false) {
                     self.hand_out(t, p);
                 }
@@ -858,6 +875,7 @@ impl Loop {
                     task.abort();
                 }
                 self.tasks.remove(id, &op);
+                self.task_times.remove(&(id.to_string(), op.clone()));
                 let running = match self.cache.get(&child) {
                     Some(s) => !s.h.inst.status().is_final(),
                     None => self
@@ -1051,6 +1069,7 @@ impl Loop {
             return;
         };
         let heartbeat = matches!(answer, Answer::Heartbeat(_));
+        let completed = matches!(answer, Answer::Complete(_));
         let input = match driver.answer(&mut slot.h, &op, answer) {
             Answering::Closed => {
                 let _ = reply.send(if heartbeat {
@@ -1069,6 +1088,12 @@ impl Loop {
         if !heartbeat {
             // Closed from now on: a second answer in the same batch is refused.
             slot.dirty = true;
+            if let Some((list, _, Some(taken))) = self.task_times.remove(&(instance.clone(), op.clone())) {
+                if let Some(o) = sm4c_host::metrics::observer() {
+                    let outcome = if completed { "completed" } else { "failed" };
+                    o.task_closed(&list, outcome, taken.elapsed().as_secs_f64());
+                }
+            }
         }
         // The worker has the task, whatever the list says (it may have been queued again after a restart).
         self.tasks.remove(&instance, &op);
