@@ -1,0 +1,522 @@
+//! The decisions of one batch: commands applied to the partition's instances, with no IO; what to
+//! produce goes to `outs`, what to do once the batch committed to `after`.
+
+use super::{command, deadletter, sent_event, subflow_start, Out, Owner, Shared, Slot};
+use crate::wire::{self, parked_key, partition_of, tally_key, Command, Origin, Outcome, Parked};
+use serde_json::Value;
+use sm4c_host::driver::{self, Answering, ChildStart, Work};
+use sm4c_host::tasks::Answer;
+use sm4c_runtime::engine::event::attribute_text;
+use sm4c_runtime::{Input, Machine, Status, Timed};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The decisions of one batch.
+pub(super) struct Decision<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) t: &'a mut Owner,
+    pub(super) outs: Vec<Out>,
+    pub(super) after: Vec<(String, Work)>,
+    pub(super) through: i64,
+}
+
+impl Decision<'_> {
+    pub(super) fn apply(&mut self, c: Command, at: i64, offset: i64) {
+        let n = self.shared.partitions;
+        match c {
+            Command::Start {
+                id,
+                definition,
+                version,
+                input,
+                parent,
+                depth,
+                request,
+                ..
+            } => {
+                if self.t.slots.contains_key(&id) || self.t.ended.contains_key(&id) {
+                    return;
+                }
+                let m = self.shared.machine_or_latest(&definition, version.as_deref());
+                if m.is_none() {
+                    tracing::warn!(instance = id, definition, "start of an unknown definition");
+                }
+                let h = match parent {
+                    Some(parent) => {
+                        let start = ChildStart {
+                            id: id.clone(),
+                            definition,
+                            input: input.clone(),
+                            parent,
+                            depth,
+                        };
+                        match self.shared.driver.child(&start, m) {
+                            Ok(h) => h,
+                            Err(notify) => {
+                                if let Some(n) = notify {
+                                    self.notify(n);
+                                }
+                                return;
+                            }
+                        }
+                    }
+                    None => match m {
+                        Some(m) => self.shared.driver.create(m, &id),
+                        None => return,
+                    },
+                };
+                self.t.slots.insert(
+                    id.clone(),
+                    Slot {
+                        h,
+                        seen: Default::default(),
+                        order: (at, offset),
+                        request,
+                        answered: Vec::new(),
+                        recent: Vec::new(),
+                    },
+                );
+                self.t.dirty.insert(id.clone());
+                self.handle(&id, Input::Start { data: input }, at);
+            }
+            Command::Cancel { id, reason } => {
+                if self.t.slots.get(&id).is_some_and(|s| !s.h.inst.status().is_final()) {
+                    self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
+                }
+            }
+            Command::Event {
+                target,
+                event,
+                origin,
+                home,
+            } => {
+                let source = format!("{}/{}", origin.topic, origin.partition);
+                match target {
+                    Some(id) if self.t.ended.contains_key(&id) => {
+                        let why = format!("instance {id:?} named by sm4cinstanceid has ended");
+                        self.dead(&event, &origin, "instanceEnded", &why);
+                    }
+                    Some(id) => match self.t.slots.get(&id) {
+                        Some(s) if s.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
+                            tracing::debug!(
+                                instance = id,
+                                source,
+                                offset = origin.offset,
+                                "event applied already; skipped"
+                            );
+                        }
+                        Some(s) if s.h.inst.status().is_final() => {
+                            let why = format!("instance {id:?} named by sm4cinstanceid has ended");
+                            self.dead(&event, &origin, "instanceEnded", &why);
+                        }
+                        Some(_) if self.accepts(&id, &event) => self.deliver(&id, event, &origin, at),
+                        _ => self.park(Parked {
+                            event,
+                            origin,
+                            target: Some(id),
+                            home: None,
+                            expires: at + self.shared.cfg.event_window_ms,
+                        }),
+                    },
+                    None => {
+                        // Only the instances the index says the event may reach are matched.
+                        let mut ids: Vec<String> = self
+                            .t
+                            .corr
+                            .candidates(&event)
+                            .into_iter()
+                            .filter(|id| {
+                                self.t
+                                    .slots
+                                    .get(id)
+                                    .is_some_and(|s| s.seen.get(&source).is_none_or(|o| *o < origin.offset))
+                            })
+                            .collect();
+                        ids.retain(|id| self.accepts(id, &event));
+                        if ids.is_empty() {
+                            self.park(Parked {
+                                event,
+                                origin,
+                                target: None,
+                                home,
+                                expires: at + self.shared.cfg.event_window_ms,
+                            });
+                        } else {
+                            for id in ids {
+                                self.deliver(&id, event.clone(), &origin, at);
+                            }
+                        }
+                    }
+                }
+            }
+            Command::Result { id, op, outcome } => {
+                let driver = self.shared.driver.clone();
+                let Some(s) = self.t.slots.get_mut(&id) else { return };
+                if s.h.open_op(&op).is_none() {
+                    return;
+                }
+                self.t.dirty.insert(id.clone());
+                let result = match outcome {
+                    Outcome::Ok(v) => Ok(v),
+                    Outcome::Err(e) => Err(e),
+                };
+                if let Some(input) = driver.call_done(&mut s.h, &op, result) {
+                    self.handle(&id, input, at);
+                }
+            }
+            Command::Answer {
+                id,
+                op,
+                answer,
+                event,
+                request,
+            } => {
+                let driver = self.shared.driver.clone();
+                let heartbeat = matches!(answer, Answer::Heartbeat(_));
+                let answering = match self.t.slots.get_mut(&id) {
+                    Some(s) => driver.answer(&mut s.h, &op, answer),
+                    None => Answering::Closed,
+                };
+                let input = match answering {
+                    Answering::Open { input } => input,
+                    Answering::Closed => {
+                        // Answered, timed out or cancelled already (or never a task): a heartbeat
+                        // is moot, an answer that came as an event is dead-lettered so it is not
+                        // lost unseen.
+                        if let (Some((event, origin)), false) = (event, heartbeat) {
+                            let why = format!(
+                                "task {op:?} of instance {id:?} is closed: it was completed, failed, timed out or cancelled, or never existed"
+                            );
+                            self.dead(&event, &origin, "taskClosed", &why);
+                        }
+                        return;
+                    }
+                };
+                if !heartbeat {
+                    // Closed from now on: a second answer is turned away.
+                    if let Some(s) = self.t.slots.get_mut(&id) {
+                        if let Some(r) = request {
+                            s.answered.push((op.clone(), r));
+                            let over = s.answered.len().saturating_sub(wire::ANSWERS_KEPT);
+                            s.answered.drain(..over);
+                        }
+                        self.t.dirty.insert(id.clone());
+                    }
+                }
+                if let Some(input) = input {
+                    self.handle(&id, input, at);
+                }
+            }
+            Command::Timer { id, timer } => {
+                if self
+                    .t
+                    .slots
+                    .get(&id)
+                    .is_some_and(|s| s.h.inst.snapshot().timers.contains_key(&timer))
+                {
+                    self.handle(&id, Input::TimerFired { timer }, at);
+                }
+            }
+            Command::Barrier { .. } => {}
+            Command::Tick => {
+                let gone: Vec<(String, Parked)> = self
+                    .t
+                    .parking
+                    .parked
+                    .iter()
+                    .filter(|(_, p)| p.expires <= at)
+                    .map(|(k, p)| (k.clone(), p.clone()))
+                    .collect();
+                let keys: Vec<String> = gone.iter().map(|(k, _)| k.clone()).collect();
+                self.t.parking.remove_all(&keys);
+                for (_, p) in gone {
+                    match (p.target, p.home) {
+                        (Some(id), _) => {
+                            let why = format!(
+                                "no instance {id:?} (named by sm4cinstanceid) accepted it within the event window"
+                            );
+                            self.dead(&p.event, &p.origin, "noInstance", &why);
+                        }
+                        (None, Some(home)) => {
+                            let c = Command::Unmatched {
+                                key: p.origin.key(),
+                                partition: self.t.partition,
+                                event: p.event,
+                            };
+                            self.outs.push(command(self.shared, home, None, &c));
+                        }
+                        (None, None) => {}
+                    }
+                }
+                let window = self.shared.cfg.event_window_ms;
+                let parking = &mut self.t.parking;
+                let old: Vec<String> = parking
+                    .tally
+                    .iter()
+                    .filter(|(_, (_, _, first))| tally_expiry(*first, window) <= at)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in old {
+                    parking.tally.remove(&k);
+                    parking.changed.insert(tally_key(&k));
+                }
+            }
+            Command::Unmatched { key, partition, event } => {
+                let parking = &mut self.t.parking;
+                let entry = parking.tally.entry(key.clone()).or_insert((Vec::new(), event, at));
+                if !entry.0.contains(&partition) {
+                    entry.0.push(partition);
+                }
+                parking.changed.insert(tally_key(&key));
+                if entry.0.len() as i32 >= n {
+                    let (_, event, _) = parking.tally.remove(&key).unwrap_or_default();
+                    let why =
+                        "no instance accepted it within the event window (type, source or correlation did not match)";
+                    let origin = parse_origin(&key);
+                    self.dead(&event, &origin, "noInstance", why);
+                }
+            }
+        }
+    }
+
+    fn command_for(&mut self, id: &str, c: Command) {
+        let p = partition_of(id, self.shared.partitions);
+        self.outs.push(command(self.shared, p, Some(id), &c));
+    }
+
+    fn dead(&mut self, event: &Value, origin: &Origin, code: &str, why: &str) {
+        let headers = vec![
+            ("content-type".to_string(), b"application/cloudevents+json".to_vec()),
+            ("sm4c-origin".to_string(), origin.key().into_bytes()),
+        ];
+        let o = deadletter(
+            self.shared,
+            serde_json::to_vec(event).unwrap_or_default(),
+            headers,
+            code,
+            why,
+        );
+        self.outs.push(o);
+    }
+
+    /// Keeps an event no instance took yet, within the partition's limits. One that does not fit
+    /// is never retried: an event for a named instance is dead-lettered with the reason; a
+    /// broadcast is reported to its home partition as unmatched here, which dead-letters it once
+    /// every partition has.
+    fn park(&mut self, p: Parked) {
+        let key = parked_key(&p);
+        if self.t.parking.parked.contains_key(&key) {
+            return;
+        }
+        let cfg = &self.shared.cfg;
+        let size = serde_json::to_vec(&p.event).map(|v| v.len()).unwrap_or(0);
+        let refused = if self.t.parking.parked.len() >= cfg.max_parked {
+            Some((
+                "parkedLimit",
+                format!(
+                    "no instance took it, and partition {} already holds {} parked events (the limit, --max-parked)",
+                    self.t.partition, cfg.max_parked
+                ),
+            ))
+        } else if size > cfg.max_record_bytes {
+            Some((
+                "tooLarge",
+                format!(
+                    "no instance took it, and at {size} bytes it is too large to park (the limit is {} bytes)",
+                    cfg.max_record_bytes
+                ),
+            ))
+        } else {
+            None
+        };
+        let Some((code, why)) = refused else {
+            self.t.parking.changed.insert(key.clone());
+            self.t.parking.insert(key, p);
+            return;
+        };
+        match p.home {
+            None => self.dead(&p.event, &p.origin, code, &why),
+            Some(home) => {
+                tracing::warn!(partition = self.t.partition, origin = %p.origin.key(), code, reason = %why, "event not parked");
+                let c = Command::Unmatched {
+                    key: p.origin.key(),
+                    partition: self.t.partition,
+                    event: p.event,
+                };
+                self.outs.push(command(self.shared, home, None, &c));
+            }
+        }
+    }
+
+    fn accepts(&self, id: &str, event: &Value) -> bool {
+        self.t.slots.get(id).is_some_and(|s| driver::accepts(&s.h.inst, event))
+    }
+
+    /// Sends an input to another instance, through its commands partition.
+    fn notify(&mut self, n: driver::Notify) {
+        let (op, outcome) = match n.input {
+            Input::Completed { op, result } => (op, Outcome::Ok(result)),
+            Input::Failed { op, error } => (op, Outcome::Err(error)),
+            other => {
+                tracing::error!(instance = n.instance, input = ?other, "no command carries this input");
+                return;
+            }
+        };
+        let id = n.instance;
+        self.command_for(&id.clone(), Command::Result { id, op, outcome });
+    }
+
+    fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
+        let pair = (
+            attribute_text(&event, "source").unwrap_or_default(),
+            attribute_text(&event, "id").unwrap_or_default(),
+        );
+        if let Some(s) = self.t.slots.get_mut(id) {
+            if s.recent.contains(&pair) {
+                tracing::debug!(
+                    instance = id,
+                    source = pair.0,
+                    id = pair.1,
+                    "a duplicate of an event taken already; skipped"
+                );
+                return;
+            }
+            s.recent.push(pair);
+            let over = s.recent.len().saturating_sub(wire::EVENTS_KEPT);
+            s.recent.drain(..over);
+            // A parked event delivered late is older than what the instance saw since: the mark
+            // only moves forward, or events applied already would be taken again.
+            let mark = s
+                .seen
+                .entry(format!("{}/{}", origin.topic, origin.partition))
+                .or_insert(origin.offset);
+            *mark = (*mark).max(origin.offset);
+        }
+        self.handle(id, Input::Event { event }, at);
+    }
+
+    /// Parked events for instances that now wait for them.
+    pub(super) fn unpark(&mut self, at: i64) {
+        if self.t.parking.parked.is_empty() {
+            return;
+        }
+        let waiting: Vec<String> = self
+            .t
+            .dirty
+            .iter()
+            .filter(|id| {
+                self.t
+                    .slots
+                    .get(*id)
+                    .is_some_and(|s| s.h.inst.status() == Status::Waiting)
+            })
+            .cloned()
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        // The parked events each of them may take, found through the indexes (no jq), in the
+        // order they were parked; jq decides for those only.
+        let mut wanted: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        for id in &waiting {
+            for key in self.t.parking.candidates(id, &self.t.corr) {
+                if let Some(pos) = self.t.parking.parked.get_index_of(&key) {
+                    wanted.entry(pos).or_default().push(id.clone());
+                }
+            }
+        }
+        let mut delivered = Vec::new();
+        for (pos, ids) in wanted {
+            let Some((key, p)) = self
+                .t
+                .parking
+                .parked
+                .get_index(pos)
+                .map(|(k, p)| (k.clone(), p.clone()))
+            else {
+                continue;
+            };
+            let to: Vec<String> = ids.into_iter().filter(|id| self.accepts(id, &p.event)).collect();
+            if to.is_empty() {
+                continue;
+            }
+            delivered.push(key);
+            for id in to {
+                self.deliver(&id, p.event.clone(), &p.origin, at);
+            }
+        }
+        self.t.parking.remove_all(&delivered);
+    }
+
+    fn handle(&mut self, id: &str, input: Input, at: i64) {
+        let shared = self.shared;
+        let Some(slot) = self.t.slots.get_mut(id) else { return };
+        if slot.h.inst.status().is_final() {
+            return;
+        }
+        let step = shared.driver.step(&mut slot.h, Timed { at, input });
+        self.t.dirty.insert(id.to_string());
+        self.t.corr.update(id, &slot.h.inst);
+        for work in step.work {
+            match work {
+                // A worker task goes on its task list topic in this transaction: it is published
+                // exactly when the decision to schedule it commits.
+                Work::Task { task, .. } => {
+                    let topic = shared.topics.task_list(&task.task_list);
+                    self.outs.push(sent_event(shared, id, topic, &task.to_event(at)));
+                }
+                Work::StartChild(start) => {
+                    self.outs.push(subflow_start(shared, &start));
+                    // Started once this commits: a parent that does not wait is done with it.
+                    slot.h.child_started(&start.parent.op);
+                }
+                Work::Send { event, .. } => {
+                    let topic = sent_topic(slot.h.inst.machine(), &event).unwrap_or_else(|| shared.topics.out.clone());
+                    self.outs.push(sent_event(shared, id, topic, &event));
+                }
+                Work::Stop { op, child } => {
+                    let c = Command::Cancel {
+                        id: child.clone(),
+                        reason: "the parent no longer waits".into(),
+                    };
+                    let p = partition_of(&child, shared.partitions);
+                    self.outs.push(command(shared, p, Some(&child), &c));
+                    self.after.push((id.to_string(), Work::Stop { op, child }));
+                }
+                work @ (Work::Call { .. } | Work::ArmTimer { .. } | Work::CancelTimer { .. }) => {
+                    self.after.push((id.to_string(), work))
+                }
+            }
+        }
+        if let Some(n) = step.notify {
+            self.notify(n);
+        }
+    }
+}
+
+/// When a tally entry first reported at `first` is dropped: by then every partition that could
+/// report the event has long done so (each parks it for at most one window).
+pub(super) fn tally_expiry(first: i64, window: i64) -> i64 {
+    first + 2 * window + 60_000
+}
+
+/// The topic a sent event goes to: its event definition's `topic` extension.
+fn sent_topic(m: &Arc<Machine>, event: &Value) -> Option<String> {
+    let ty = attribute_text(event, "type")?;
+    m.events
+        .iter()
+        .find(|d| d.sent_type() == ty && d.topic.is_some())
+        .and_then(|d| d.topic.clone())
+}
+
+fn parse_origin(key: &str) -> Origin {
+    let mut parts = key.rsplitn(3, '/');
+    let offset = parts.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
+    let partition = parts.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
+    let topic = parts.next().unwrap_or_default().to_string();
+    Origin {
+        topic,
+        partition,
+        offset,
+    }
+}

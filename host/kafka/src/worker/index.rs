@@ -1,0 +1,421 @@
+//! What a partition's owner indexes: its waiting instances by what the events they may take must
+//! carry, and its parked events, each its own record on the state topic.
+
+use super::{Out, Shared};
+use crate::wire::{Parked, StateRecord, Tally, CLOCK_HEADER, TALLY_PREFIX};
+use indexmap::IndexMap;
+use serde_json::Value;
+use sm4c_runtime::engine::event::{attribute_text, correlation_key};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+/// The unended instances of a partition indexed by what an event must carry to reach them, so
+/// that an event without `sm4cinstanceid` is matched (with jq) against those only, not against
+/// every instance of the partition: by the correlation key of each of their event definitions
+/// ([`correlation_key`]), and, for definitions whose correlation leaves it open, by event type.
+#[derive(Default)]
+pub(super) struct CorrIndex {
+    /// (attribute, value) → instances.
+    pub(super) by_key: HashMap<(String, String), BTreeSet<String>>,
+    /// Attribute names in `by_key`, with how many entries use each.
+    pub(super) attrs: HashMap<String, usize>,
+    /// Event type (`None`: any type, for a definition that names only a source) → instances with
+    /// a definition of that type whose correlation is open.
+    pub(super) open: HashMap<Option<String>, BTreeSet<String>>,
+    /// Instance → its entries, to remove them.
+    pub(super) entries: HashMap<String, IndexEntries>,
+}
+
+/// An instance's entries in a [`CorrIndex`]: its keys and its open types.
+type IndexEntries = (Vec<(String, String)>, Vec<Option<String>>);
+
+impl CorrIndex {
+    /// Indexes an instance as it is now (an ended one leaves the index).
+    pub(super) fn update(&mut self, id: &str, inst: &sm4c_runtime::Instance) {
+        self.remove(id);
+        if inst.status().is_final() {
+            return;
+        }
+        let snap = inst.snapshot();
+        let (mut keys, mut open) = (Vec::new(), Vec::new());
+        for d in &inst.machine().events {
+            match correlation_key(d, &snap.data.0, &snap.bindings) {
+                Some(k) => keys.push(k),
+                None => open.push(match (&d.event_type, &d.source) {
+                    (Some(t), _) => Some(t.clone()),
+                    (None, None) => Some(d.name.clone()),
+                    (None, Some(_)) => None,
+                }),
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        open.sort();
+        open.dedup();
+        for k in &keys {
+            if self.by_key.entry(k.clone()).or_default().insert(id.to_string()) {
+                *self.attrs.entry(k.0.clone()).or_default() += 1;
+            }
+        }
+        for t in &open {
+            self.open.entry(t.clone()).or_default().insert(id.to_string());
+        }
+        if !keys.is_empty() || !open.is_empty() {
+            self.entries.insert(id.to_string(), (keys, open));
+        }
+    }
+
+    pub(super) fn remove(&mut self, id: &str) {
+        let Some((keys, open)) = self.entries.remove(id) else {
+            return;
+        };
+        for k in keys {
+            if let Some(set) = self.by_key.get_mut(&k) {
+                if set.remove(id) {
+                    if let Some(n) = self.attrs.get_mut(&k.0) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.attrs.remove(&k.0);
+                        }
+                    }
+                }
+                if set.is_empty() {
+                    self.by_key.remove(&k);
+                }
+            }
+        }
+        for t in open {
+            if let Some(set) = self.open.get_mut(&t) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.open.remove(&t);
+                }
+            }
+        }
+    }
+
+    /// The instances an event may reach, in id order: every other one has, for each of its
+    /// event definitions, a correlation key the event does not carry.
+    pub(super) fn candidates(&self, event: &Value) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        for attr in self.attrs.keys() {
+            if let Some(v) = attribute_text(event, attr) {
+                if let Some(set) = self.by_key.get(&(attr.clone(), v)) {
+                    ids.extend(set.iter().cloned());
+                }
+            }
+        }
+        let ty = attribute_text(event, "type");
+        for t in [ty, None] {
+            if let Some(set) = self.open.get(&t) {
+                ids.extend(set.iter().cloned());
+            }
+        }
+        ids
+    }
+}
+
+/// A partition's parked events and broadcast tally. Each is its own record on the state topic
+/// (keyed [`parked_key`], [`tally_key`]), written when it changes and deleted by a tombstone, so
+/// no record grows with their number.
+#[derive(Default)]
+pub(super) struct Parking {
+    /// Parked events by key, oldest first.
+    pub(super) parked: IndexMap<String, Parked>,
+    /// Broadcast event key ([`Origin::key`]) → its tally.
+    pub(super) tally: BTreeMap<String, Tally>,
+    /// State topic keys to write (or delete) in the next transaction.
+    pub(super) changed: BTreeSet<String>,
+    /// Parked events for a named instance, by instance.
+    pub(super) by_target: HashMap<String, BTreeSet<String>>,
+    /// Broadcast parked events by each of their context attributes (lower case) and its value:
+    /// the correlation keys of a [`CorrIndex`] look them up.
+    pub(super) by_attr: HashMap<(String, String), BTreeSet<String>>,
+    /// Broadcast parked events by type.
+    pub(super) by_type: HashMap<String, BTreeSet<String>>,
+}
+
+/// The attributes of an event that never carry a correlation value.
+const UNINDEXED: &[&str] = &[
+    "specversion",
+    "id",
+    "time",
+    "datacontenttype",
+    "dataschema",
+    "data",
+    "data_base64",
+];
+
+impl Parking {
+    /// Parks an event under its key.
+    pub(super) fn insert(&mut self, key: String, p: Parked) {
+        self.index(&key, &p, true);
+        self.parked.insert(key, p);
+    }
+
+    /// Removes parked events (their records are deleted in the next transaction).
+    pub(super) fn remove_all(&mut self, keys: &[String]) {
+        for k in keys {
+            if let Some(p) = self.parked.get(k).cloned() {
+                self.index(k, &p, false);
+            }
+            self.changed.insert(k.clone());
+        }
+        let gone: HashSet<&String> = keys.iter().collect();
+        self.parked.retain(|k, _| !gone.contains(k));
+    }
+
+    /// Adds a parked event to the indexes, or takes it out.
+    pub(super) fn index(&mut self, key: &str, p: &Parked, add: bool) {
+        fn put(set: &mut BTreeSet<String>, key: &str, add: bool) {
+            if add {
+                set.insert(key.to_string());
+            } else {
+                set.remove(key);
+            }
+        }
+        if let Some(t) = &p.target {
+            put(self.by_target.entry(t.clone()).or_default(), key, add);
+            if self.by_target.get(t).is_some_and(BTreeSet::is_empty) {
+                self.by_target.remove(t);
+            }
+            return;
+        }
+        let Some(attrs) = p.event.as_object() else { return };
+        for (name, value) in attrs {
+            let name = name.to_ascii_lowercase();
+            if UNINDEXED.contains(&name.as_str()) || value.is_object() || value.is_array() || value.is_null() {
+                continue;
+            }
+            let value = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            if name == "type" {
+                put(self.by_type.entry(value.clone()).or_default(), key, add);
+                if self.by_type.get(&value).is_some_and(BTreeSet::is_empty) {
+                    self.by_type.remove(&value);
+                }
+            }
+            let k = (name, value);
+            put(self.by_attr.entry(k.clone()).or_default(), key, add);
+            if self.by_attr.get(&k).is_some_and(BTreeSet::is_empty) {
+                self.by_attr.remove(&k);
+            }
+        }
+    }
+
+    /// The parked events instance `id` may take, by its entries in the correlation index: those
+    /// naming it, and the broadcasts that carry one of its correlation keys or have a type its
+    /// open definitions declare.
+    pub(super) fn candidates(&self, id: &str, corr: &CorrIndex) -> BTreeSet<String> {
+        let mut keys: BTreeSet<String> = self.by_target.get(id).cloned().unwrap_or_default();
+        let Some((corr_keys, open)) = corr.entries.get(id) else {
+            return keys;
+        };
+        for k in corr_keys {
+            if let Some(set) = self.by_attr.get(k) {
+                keys.extend(set.iter().cloned());
+            }
+        }
+        for t in open {
+            match t {
+                Some(t) => keys.extend(self.by_type.get(t).into_iter().flatten().cloned()),
+                None => keys.extend(self.by_type.values().flatten().cloned()),
+            }
+        }
+        keys
+    }
+    /// The earliest time something expires: a parked event's window or a tally entry's retention.
+    pub(super) fn next_expiry(&self, window: i64) -> Option<i64> {
+        let parked = self.parked.values().map(|p| p.expires);
+        let tally = self
+            .tally
+            .values()
+            .map(|(_, _, first)| super::tally_expiry(*first, window));
+        parked.chain(tally).min()
+    }
+
+    /// Takes in what a state record of the partition's own holds.
+    pub(super) fn restore(&mut self, key: &str, r: StateRecord) {
+        if let Some(p) = r.parked {
+            self.insert(key.to_string(), p);
+        } else if let (Some(t), Some(origin)) = (r.tally, key.strip_prefix(TALLY_PREFIX)) {
+            self.tally.insert(origin.to_string(), t);
+        }
+    }
+
+    /// The records of the changed keys, for a transaction numbered `clock`.
+    pub(super) fn records(&mut self, shared: &Shared, partition: i32, through: i64, clock: i64) -> Vec<Out> {
+        let mut outs = Vec::new();
+        for key in std::mem::take(&mut self.changed) {
+            let mut r = StateRecord {
+                through,
+                clock: Some(clock),
+                ..StateRecord::default()
+            };
+            if let Some(p) = self.parked.get(&key) {
+                r.parked = Some(p.clone());
+            } else if let Some(t) = key.strip_prefix(TALLY_PREFIX).and_then(|o| self.tally.get(o)) {
+                r.tally = Some(t.clone());
+            }
+            let payload = (r.parked.is_some() || r.tally.is_some()).then(|| serde_json::to_vec(&r).unwrap_or_default());
+            let headers = match payload {
+                Some(_) => Vec::new(),
+                None => vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())],
+            };
+            outs.push(Out {
+                topic: shared.topics.state.clone(),
+                partition: Some(partition),
+                key: Some(key),
+                payload,
+                headers,
+            });
+        }
+        outs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CorrIndex, Parking};
+    use crate::wire::{parked_key, Origin, Parked};
+    use serde_json::json;
+    use sm4c_runtime::{load, Input, LoadOptions, Timed};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_correlation_index_finds_exactly_the_instances_an_event_may_reach() {
+        let doc = json!({
+            "id": "saga", "version": "1.0", "name": "Saga",
+            "events": [
+                {"name": "requested", "type": "payment.requested", "source": "sm4c/saga"},
+                {"name": "done", "type": "payment.done", "source": "payments",
+                 "correlation": [{"contextAttributeName": "orderId", "contextAttributeValue": "${ .orderId }"}]},
+                {"name": "any", "type": "audit", "correlation": [{"contextAttributeName": "region"}]}
+            ],
+            "states": [
+                {"name": "Wait", "start": true, "transitions": [
+                    {"nextState": "Done", "eventGroups": [{"events": ["done"]}]},
+                    {"nextState": "Done", "eventGroups": [{"events": ["any"]}]}
+                ]},
+                {"name": "Done", "final": true}
+            ]
+        });
+        let m = Arc::new(load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).expect("valid"));
+        let driver = sm4c_host::driver::Driver::durable();
+        let mut index = CorrIndex::default();
+        let mut hosts = Vec::new();
+        for (id, order) in [("i1", "a"), ("i2", "b"), ("i3", "a")] {
+            let mut h = driver.create(m.clone(), id);
+            driver.step(
+                &mut h,
+                Timed {
+                    at: 0,
+                    input: Input::Start {
+                        data: json!({"orderId": order}),
+                    },
+                },
+            );
+            index.update(id, &h.inst);
+            hosts.push(h);
+        }
+        fn ids(index: &CorrIndex, event: serde_json::Value) -> Vec<String> {
+            index.candidates(&event).into_iter().collect()
+        }
+        // By key: only the instances whose orderId the event carries.
+        assert_eq!(
+            ids(
+                &index,
+                json!({"type": "payment.done", "source": "payments", "orderid": "a"})
+            ),
+            ["i1", "i3"]
+        );
+        assert_eq!(
+            ids(
+                &index,
+                json!({"type": "payment.done", "source": "payments", "orderid": "z"})
+            ),
+            Vec::<String>::new()
+        );
+        // Open correlations (no rule, or a rule that binds on first match) are found by type.
+        assert_eq!(
+            ids(&index, json!({"type": "audit", "region": "eu"})),
+            ["i1", "i2", "i3"]
+        );
+        assert_eq!(
+            ids(&index, json!({"type": "payment.requested", "source": "sm4c/saga"})),
+            ["i1", "i2", "i3"]
+        );
+        assert_eq!(ids(&index, json!({"type": "other"})), Vec::<String>::new());
+        // Data changes move an instance; an ended one leaves.
+        let h = &mut hosts[1];
+        driver.step(h, Timed { at: 1, input: Input::Event { event: json!({"specversion": "1.0", "id": "e", "type": "payment.done", "source": "payments", "orderid": "b"}) } });
+        index.update("i2", &h.inst);
+        assert!(h.inst.status().is_final());
+        assert_eq!(ids(&index, json!({"type": "audit", "region": "eu"})), ["i1", "i3"]);
+        index.remove("i1");
+        assert_eq!(
+            ids(
+                &index,
+                json!({"type": "payment.done", "source": "payments", "orderid": "a"})
+            ),
+            ["i3"]
+        );
+        assert!(index.by_key.keys().all(|(_, v)| v == "a") && index.attrs.len() == 1);
+
+        // Parked events are found through the same keys: by correlation value, by type for the
+        // open definitions, and by target; nothing else.
+        let mut parking = Parking::default();
+        let origin = |offset| Origin {
+            topic: "e".into(),
+            partition: 0,
+            offset,
+        };
+        let park = |parking: &mut Parking, offset, target: Option<&str>, event: serde_json::Value| {
+            let p = Parked {
+                event,
+                origin: origin(offset),
+                target: target.map(str::to_string),
+                home: None,
+                expires: 0,
+            };
+            parking.insert(parked_key(&p), p);
+        };
+        park(
+            &mut parking,
+            1,
+            None,
+            json!({"type": "payment.done", "source": "payments", "orderid": "a"}),
+        );
+        park(
+            &mut parking,
+            2,
+            None,
+            json!({"type": "payment.done", "source": "payments", "orderid": "z"}),
+        );
+        park(&mut parking, 3, None, json!({"type": "audit", "region": "eu"}));
+        park(
+            &mut parking,
+            4,
+            Some("i3"),
+            json!({"type": "payment.done", "orderid": "q"}),
+        );
+        park(
+            &mut parking,
+            5,
+            Some("i9"),
+            json!({"type": "payment.done", "orderid": "a"}),
+        );
+        let offsets = |keys: std::collections::BTreeSet<String>| {
+            let mut o: Vec<i64> = keys.iter().map(|k| parking.parked[k].origin.offset).collect();
+            o.sort();
+            o
+        };
+        assert_eq!(offsets(parking.candidates("i3", &index)), [1, 3, 4]);
+        assert_eq!(offsets(parking.candidates("i1", &index)), Vec::<i64>::new());
+        let all: Vec<String> = parking.parked.keys().cloned().collect();
+        parking.remove_all(&all);
+        assert!(parking.parked.is_empty() && parking.by_attr.is_empty() && parking.by_type.is_empty());
+        assert!(parking.by_target.is_empty() && parking.changed.len() == 5);
+    }
+}

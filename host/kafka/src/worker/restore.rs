@@ -1,0 +1,194 @@
+//! Taking over a commands partition: fencing its previous owner, reading its committed offsets and
+//! its state from the state topic, re-arming timers. Runs off the poll loop.
+
+use super::{
+    committed_of, produce, put_barrier, subflow_start, txn_producer, CorrIndex, Owner, Parking, Shared, Slot,
+    RESTORE_TIMEOUT,
+};
+use crate::wire::{
+    parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, TALLY_PREFIX,
+};
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::message::Headers;
+use sm4c_host::driver::Work;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+/// What a restore gives: the partition's owner and the calls in flight to perform again.
+pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
+
+/// Takes over a commands partition: fences its previous owner, reads its committed offsets (with
+/// `offsets`, a client of the group that never joins it) and its state, and re-arms timers; returns
+/// the owner and the calls in flight to perform again. Runs off the poll loop.
+pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
+    let started = Instant::now();
+    let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
+    let txn = if shared.cfg.exactly_once {
+        let id = format!("{}.{}.{}", shared.cfg.group, shared.topics.commands, p);
+        Some(txn_producer(shared, &id, left())?)
+    } else {
+        None
+    };
+    let t_init = started.elapsed().as_millis() as u64;
+    let committed = committed_of(offsets, &shared.topics.commands, p, left())?;
+    let clock = committed_of(offsets, &shared.topics.clock, p, left())?;
+    let t_committed = started.elapsed().as_millis() as u64;
+    // The latest committed record of each key; `None` for a committed tombstone.
+    let mut latest: HashMap<String, Option<StateRecord>> = HashMap::new();
+    let (mut read, mut uncommitted, mut clocked) = (0u64, 0u64, 0u64);
+    crate::read_partition(shared, &shared.topics.state, p, |key, payload, headers| {
+        read += 1;
+        let Some(k) = key else { return };
+        match payload {
+            Some(payload) => {
+                if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
+                    clocked += u64::from(r.clock.is_some());
+                    if crate::wire::committed(r.through, r.clock, committed, clock) {
+                        latest.insert(k, Some(r));
+                    } else {
+                        uncommitted += 1;
+                    }
+                }
+            }
+            None => {
+                // A deletion counts once its transaction committed (brokers that show aborted
+                // records must not make a restore lose a parked event).
+                let at = headers.and_then(|h| {
+                    h.iter()
+                        .find(|x| x.key == CLOCK_HEADER)
+                        .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
+                });
+                if at.is_none_or(|c| c < clock) {
+                    latest.insert(k, None);
+                } else {
+                    uncommitted += 1;
+                }
+            }
+        }
+    })?;
+    if committed > 0 && clock == 0 && clocked > 0 {
+        // Every transaction commits both offsets, so a commands offset without a clock means
+        // the broker lost the clock's: every state record that carries a clock is set aside.
+        tracing::warn!(
+            partition = p,
+            committed,
+            records = read,
+            "the commands partition has a committed offset but its clock has none; its state records are set aside"
+        );
+    }
+    let mut t = Owner {
+        partition: p,
+        txn,
+        slots: HashMap::new(),
+        corr: CorrIndex::default(),
+        dirty: BTreeSet::new(),
+        ended: HashMap::new(),
+        expired: Vec::new(),
+        parking: Parking::default(),
+        timers: BTreeSet::new(),
+        retries: BTreeMap::new(),
+        last_commit: Instant::now(),
+        in_flight: HashMap::new(),
+        clock,
+        resume: committed,
+        barrier: Some(put_barrier(shared, p)),
+    };
+    let mut calls = Vec::new();
+    // What earlier versions kept in the one partition record becomes a record per entry (the
+    // newer records of the same keys, read next, win), and that record is deleted.
+    if let Some(Some(old)) = latest.remove(PARTITION_KEY) {
+        let old = old.partition.unwrap_or_default();
+        for p in old.parked {
+            let key = parked_key(&p);
+            t.parking.changed.insert(key.clone());
+            t.parking.insert(key, p);
+        }
+        for (origin, tally) in old.tally {
+            t.parking.changed.insert(tally_key(&origin));
+            t.parking.tally.insert(origin, tally);
+        }
+        t.parking.changed.insert(PARTITION_KEY.to_string());
+    }
+    let mut own: Vec<(String, StateRecord)> = Vec::new();
+    for (k, r) in latest {
+        let Some(r) = r else {
+            // Deleted: an entry the old partition record had may have left since.
+            if let Some(origin) = k.strip_prefix(TALLY_PREFIX) {
+                t.parking.tally.remove(origin);
+            }
+            if let Some(p) = t.parking.parked.shift_remove(&k) {
+                t.parking.index(&k, &p, false);
+            }
+            continue;
+        };
+        if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) {
+            own.push((k, r));
+            continue;
+        }
+        let Some(rec) = r.instance else { continue };
+        if rec.snapshot.status.is_final() {
+            t.ended.insert(k, rec.snapshot.ended_at.unwrap_or(0));
+            continue;
+        }
+        let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
+            tracing::error!(
+                instance = k,
+                "the definition of this instance is not registered; it stays as it is"
+            );
+            continue;
+        };
+        let slot = Slot::from_record(shared, m, rec);
+        let inst = &slot.h.inst;
+        if !inst.status().is_final() {
+            for (timer, due) in &inst.snapshot().timers {
+                t.timers.insert((*due, k.clone(), timer.clone()));
+            }
+            for effect in &slot.h.open {
+                calls.push((
+                    k.clone(),
+                    shared.driver.work(&k, inst.machine(), slot.h.depth, effect.clone()),
+                ));
+            }
+        }
+        t.corr.update(&k, &slot.h.inst);
+        t.slots.insert(k, slot);
+    }
+    // Oldest first, as they were parked.
+    own.sort_by(|(a, x), (b, y)| {
+        let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
+        (at(x), a).cmp(&(at(y), b))
+    });
+    for (k, r) in own {
+        t.parking.restore(&k, r);
+    }
+    let mut later = Vec::new();
+    for (id, work) in calls {
+        match work {
+            Work::StartChild(start) => {
+                // A subflow start still open after a crash: send the start again (the child
+                // ignores a second start).
+                if let Err(e) = produce(&shared.plain, &subflow_start(shared, &start)) {
+                    tracing::warn!(error = %e, "cannot send a subflow start again");
+                }
+            }
+            work => later.push((id, work)),
+        }
+    }
+    tracing::info!(
+        partition = p,
+        instances = t.slots.len(),
+        records = read,
+        uncommitted,
+        committed,
+        clock,
+        fence_ms = t_init,
+        offsets_ms = t_committed,
+        ms = started.elapsed().as_millis() as u64,
+        "partition restored"
+    );
+    if let Some(o) = sm4c_host::metrics::observer() {
+        o.kafka_restore(p, started.elapsed().as_secs_f64());
+        o.kafka_parked(p, t.parking.parked.len());
+    }
+    Ok((t, later))
+}
