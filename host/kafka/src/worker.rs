@@ -489,6 +489,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         offsets,
         restoring: HashMap::new(),
         restore_retry: HashMap::new(),
+        held: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
@@ -574,6 +575,8 @@ struct Worker {
     restoring: HashMap<i32, std::thread::JoinHandle<Restored>>,
     /// Commands partitions whose restore failed: when to try again, and how many attempts failed.
     restore_retry: HashMap<i32, (Instant, u32)>,
+    /// Commands polled from partitions being restored, in order, for when their restore is in.
+    held: HashMap<i32, Vec<OwnedMessage>>,
 }
 
 impl Worker {
@@ -730,12 +733,14 @@ impl Worker {
 
     /// Starts restoring the commands partitions newly assigned, each on a thread of its own: the
     /// poll loop goes on meanwhile (the group does not time the worker out during a long restore,
-    /// and the other partitions keep deciding). A partition is paused until its restore is in.
+    /// and the other partitions keep deciding). A partition is paused until its restore is in, and
+    /// what was polled from it before the pause took effect is held for it.
     fn start_restores(&mut self, assigned: &HashSet<(String, i32)>) {
         let commands = self.shared.topics.commands.clone();
         self.restoring.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
         self.restore_retry
             .retain(|p, _| assigned.contains(&(commands.clone(), *p)));
+        self.held.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
         let new: Vec<i32> = assigned
             .iter()
             .filter(|(t, p)| *t == commands && !self.owners.contains_key(p) && !self.restoring.contains_key(p))
@@ -774,22 +779,15 @@ impl Worker {
                     for (id, work) in calls {
                         self.perform(&mut t, &id, work);
                     }
-                    let off = if t.resume == 0 {
-                        Offset::Beginning
-                    } else {
-                        Offset::Offset(t.resume)
-                    };
+                    // What was polled meanwhile is held (see `process`): the partition goes on from
+                    // there, with no seek.
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition(&commands, p);
-                    let moved = self.consumer.resume(&tpl).map_err(|e| e.to_string()).and_then(|()| {
-                        self.consumer
-                            .seek(&commands, p, off, REWIND_TIMEOUT)
-                            .map_err(|e| e.to_string())
-                    });
-                    if let Err(e) = moved {
-                        tracing::warn!(partition = p, error = %e, "cannot seek a restored partition; paused until it can");
-                        self.pause(&commands, p);
+                    if let Err(e) = self.consumer.resume(&tpl) {
+                        tracing::error!(partition = p, error = %e, "cannot resume a restored partition");
                     }
+                    let held = self.held.get(&p).map_or(0, Vec::len);
+                    tracing::info!(partition = p, offset = t.resume, held, "partition owned");
                     self.owners.insert(p, t);
                 }
                 Err(e) => {
@@ -842,6 +840,16 @@ impl Worker {
     fn process(&mut self, groups: Vec<((String, i32), Vec<OwnedMessage>)>) {
         let commands = self.shared.topics.commands.clone();
         let mut batches: HashMap<i32, Vec<OwnedMessage>> = HashMap::new();
+        // Commands held while their partition was restored go first.
+        let restored: Vec<i32> = self
+            .held
+            .keys()
+            .filter(|p| self.owners.contains_key(p))
+            .copied()
+            .collect();
+        for p in restored {
+            batches.insert(p, self.held.remove(&p).unwrap_or_default());
+        }
         let mut event_batches = Vec::new();
         for ((topic, p), msgs) in groups {
             if self.rewinding.contains(&(topic.clone(), p)) {
@@ -851,6 +859,9 @@ impl Worker {
             if topic == commands {
                 if self.owners.contains_key(&p) {
                     batches.entry(p).or_default().extend(msgs);
+                } else if self.restoring.contains_key(&p) || self.restore_retry.contains_key(&p) {
+                    // Polled before the pause took effect: kept for when the restore is in.
+                    self.held.entry(p).or_default().extend(msgs);
                 }
             } else if self.routers.contains_key(&(topic.clone(), p)) {
                 event_batches.push(((topic, p), msgs));
