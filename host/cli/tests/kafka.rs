@@ -206,7 +206,10 @@ impl Worker {
             .args(&self.args)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
-            .env("RUST_LOG", std::env::var("SM4C_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("SM4C_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out);
