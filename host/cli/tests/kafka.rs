@@ -291,6 +291,11 @@ fn worker_args(broker: &Broker, prefix: &str, partitions: i32, extra: &[&str]) -
         "heartbeat.interval.ms=1000".into(),
         "--kafka-config".into(),
         "max.poll.interval.ms=10000".into(),
+        // A transaction a SIGKILL cut short keeps the last stable offset of its partitions (and so
+        // every read_committed reader, the workers' API views among them) back until the broker
+        // ends it; on tansu that can take the whole transaction timeout.
+        "--kafka-config".into(),
+        "transaction.timeout.ms=10000".into(),
     ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v

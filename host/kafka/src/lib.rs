@@ -248,8 +248,6 @@ pub(crate) struct Shared {
     pub plain: ThreadedProducer<Quiet>,
     pub stop: AtomicBool,
     pub owned: AtomicUsize,
-    /// Commands partitions being restored.
-    pub restoring: AtomicUsize,
     pub failure: Mutex<Option<String>>,
     /// How instances run: the same driver as every host's.
     pub driver: sm4c_host::driver::Driver,
@@ -463,7 +461,6 @@ impl KafkaHost {
             plain,
             stop: AtomicBool::new(false),
             owned: AtomicUsize::new(0),
-            restoring: AtomicUsize::new(0),
             failure: Mutex::new(None),
         });
         let view = Arc::new(view::View::default());
@@ -904,7 +901,6 @@ impl Backend for KafkaHost {
             "mode": "kafka",
             "group": self.shared.cfg.group,
             "ownedPartitions": self.owned_partitions(),
-            "restoringPartitions": self.shared.restoring.load(Ordering::Relaxed),
             "partitions": self.shared.partitions,
             "error": failure,
         })

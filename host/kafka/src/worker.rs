@@ -487,9 +487,6 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         outstanding: HashMap::new(),
         rewinding: HashSet::new(),
         offsets,
-        restoring: HashMap::new(),
-        restore_retry: HashMap::new(),
-        held: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
@@ -571,12 +568,6 @@ struct Worker {
     rewinding: HashSet<(String, i32)>,
     /// Reads the group's committed offsets for restores, off the poll loop (it never joins).
     offsets: Arc<BaseConsumer<Quiet>>,
-    /// Commands partitions being restored (paused meanwhile).
-    restoring: HashMap<i32, std::thread::JoinHandle<Restored>>,
-    /// Commands partitions whose restore failed: when to try again, and how many attempts failed.
-    restore_retry: HashMap<i32, (Instant, u32)>,
-    /// Commands polled from partitions being restored, in order, for when their restore is in.
-    held: HashMap<i32, Vec<OwnedMessage>>,
 }
 
 impl Worker {
@@ -597,7 +588,7 @@ impl Worker {
             self.retry_rewinds();
         }
         let assigned = self.assigned();
-        if assigned.len() != self.owners.len() + self.restoring.len() + self.routers.len() {
+        if assigned.len() != self.owners.len() + self.routers.len() {
             tracing::info!(partitions = assigned.len(), "assignment changed");
         }
         let commands = self.shared.topics.commands.clone();
@@ -619,9 +610,39 @@ impl Worker {
             }
         }
         self.routers.retain(|k, _| assigned.contains(k));
-        // Partitions are restored side by side and off the poll loop.
-        self.finish_restores();
-        self.start_restores(&assigned);
+        // Partitions are restored side by side: a rebalance should not take partitions × round trips.
+        let new: Vec<i32> = assigned
+            .iter()
+            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p))
+            .map(|(_, p)| *p)
+            .collect();
+        let restored: Vec<(i32, Restored)> = std::thread::scope(|s| {
+            let handles: Vec<_> = new
+                .iter()
+                .map(|p| {
+                    let (shared, offsets) = (&*self.shared, &*self.offsets);
+                    (*p, s.spawn(move || restore(shared, offsets, *p)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(p, h)| (p, h.join().unwrap_or_else(|_| Err("the restore panicked".into()))))
+                .collect()
+        });
+        for (p, r) in restored {
+            match r {
+                Ok((mut t, calls)) => {
+                    for (id, work) in calls {
+                        self.perform(&mut t, &id, work);
+                    }
+                    self.owners.insert(p, t);
+                }
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "cannot restore the partition; retrying");
+                    self.rewind(&commands, p);
+                }
+            }
+        }
         let mut new_router = false;
         for (topic, p) in assigned.into_iter().filter(|(t, _)| *t != commands) {
             if !self.routers.contains_key(&(topic.clone(), p)) {
@@ -731,76 +752,6 @@ impl Worker {
         }
     }
 
-    /// Starts restoring the commands partitions newly assigned, each on a thread of its own: the
-    /// poll loop goes on meanwhile (the group does not time the worker out during a long restore,
-    /// and the other partitions keep deciding). A partition is paused until its restore is in, and
-    /// what was polled from it before the pause took effect is held for it.
-    fn start_restores(&mut self, assigned: &HashSet<(String, i32)>) {
-        let commands = self.shared.topics.commands.clone();
-        self.restoring.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
-        self.restore_retry
-            .retain(|p, _| assigned.contains(&(commands.clone(), *p)));
-        self.held.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
-        let new: Vec<i32> = assigned
-            .iter()
-            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p) && !self.restoring.contains_key(p))
-            .map(|(_, p)| *p)
-            .filter(|p| self.restore_retry.get(p).is_none_or(|(at, _)| Instant::now() >= *at))
-            .collect();
-        for p in new {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition(&commands, p);
-            if let Err(e) = self.consumer.pause(&tpl) {
-                tracing::warn!(partition = p, error = %e, "cannot pause a partition being restored");
-            }
-            let (shared, offsets) = (self.shared.clone(), self.offsets.clone());
-            let h = std::thread::spawn(move || restore(&shared, &offsets, p));
-            self.restoring.insert(p, h);
-        }
-        self.shared.restoring.store(self.restoring.len(), Ordering::Relaxed);
-    }
-
-    /// Takes in the restores that are done: the partition is owned from its committed offset on. A
-    /// restore that failed (or ran out of its budget) is logged as an error and tried again later,
-    /// after a back-off that grows to a minute; the partition stays paused meanwhile.
-    fn finish_restores(&mut self) {
-        let done: Vec<i32> = self
-            .restoring
-            .iter()
-            .filter(|(_, h)| h.is_finished())
-            .map(|(p, _)| *p)
-            .collect();
-        let commands = self.shared.topics.commands.clone();
-        for p in done {
-            let Some(h) = self.restoring.remove(&p) else { continue };
-            match h.join().unwrap_or_else(|_| Err("the restore panicked".into())) {
-                Ok((mut t, calls)) => {
-                    self.restore_retry.remove(&p);
-                    for (id, work) in calls {
-                        self.perform(&mut t, &id, work);
-                    }
-                    // What was polled meanwhile is held (see `process`): the partition goes on from
-                    // there, with no seek.
-                    let mut tpl = TopicPartitionList::new();
-                    tpl.add_partition(&commands, p);
-                    if let Err(e) = self.consumer.resume(&tpl) {
-                        tracing::error!(partition = p, error = %e, "cannot resume a restored partition");
-                    }
-                    let held = self.held.get(&p).map_or(0, Vec::len);
-                    tracing::info!(partition = p, offset = t.resume, held, "partition owned");
-                    self.owners.insert(p, t);
-                }
-                Err(e) => {
-                    let attempts = self.restore_retry.get(&p).map_or(0, |(_, n)| *n) + 1;
-                    let wait = Duration::from_secs((1u64 << attempts.min(6)).min(60));
-                    tracing::error!(partition = p, attempts, retry_in_s = wait.as_secs(), error = %e, "cannot restore the partition; it stays paused and is tried again");
-                    self.restore_retry.insert(p, (Instant::now() + wait, attempts));
-                }
-            }
-        }
-        self.shared.restoring.store(self.restoring.len(), Ordering::Relaxed);
-    }
-
     /// Does, once a decision is committed, what it asked for outside the transaction: calls,
     /// timers, and stopping calls no longer wanted. A worker task is on its task list topic since
     /// the decision committed, and subflow starts and sent events went in the transaction.
@@ -840,16 +791,6 @@ impl Worker {
     fn process(&mut self, groups: Vec<((String, i32), Vec<OwnedMessage>)>) {
         let commands = self.shared.topics.commands.clone();
         let mut batches: HashMap<i32, Vec<OwnedMessage>> = HashMap::new();
-        // Commands held while their partition was restored go first.
-        let restored: Vec<i32> = self
-            .held
-            .keys()
-            .filter(|p| self.owners.contains_key(p))
-            .copied()
-            .collect();
-        for p in restored {
-            batches.insert(p, self.held.remove(&p).unwrap_or_default());
-        }
         let mut event_batches = Vec::new();
         for ((topic, p), msgs) in groups {
             if self.rewinding.contains(&(topic.clone(), p)) {
@@ -859,9 +800,6 @@ impl Worker {
             if topic == commands {
                 if self.owners.contains_key(&p) {
                     batches.entry(p).or_default().extend(msgs);
-                } else if self.restoring.contains_key(&p) || self.restore_retry.contains_key(&p) {
-                    // Polled before the pause took effect: kept for when the restore is in.
-                    self.held.entry(p).or_default().extend(msgs);
                 }
             } else if self.routers.contains_key(&(topic.clone(), p)) {
                 event_batches.push(((topic, p), msgs));

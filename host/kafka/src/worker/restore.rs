@@ -1,5 +1,5 @@
 //! Taking over a commands partition: fencing its previous owner, reading its committed offsets and
-//! its state from the state topic, re-arming timers. Runs off the poll loop.
+//! its state from the state topic, re-arming timers.
 
 use super::{
     committed_of, produce, put_barrier, subflow_start, txn_producer, CorrIndex, Owner, Parking, Shared, Slot,
@@ -19,7 +19,7 @@ pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
 
 /// Takes over a commands partition: fences its previous owner, reads its committed offsets (with
 /// `offsets`, a client of the group that never joins it) and its state, and re-arms timers; returns
-/// the owner and the calls in flight to perform again. Runs off the poll loop.
+/// the owner and the calls in flight to perform again.
 pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
     let started = Instant::now();
     let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
