@@ -36,6 +36,7 @@ pub mod task_token;
 pub mod timespan;
 pub mod validate;
 
+pub use engine::debug::Breakpoint;
 pub use engine::{
     describe, Effect, Entry, ErrorInfo, ErrorKind, Input, Instance, Millis, Options, Output, Phase, ReplayError,
     Snapshot, Status, Timed, Trace,

@@ -528,6 +528,8 @@ fn print_trace(id: &str, t: &Trace) {
         Trace::ActionFailed { op, action, message } => format!("{action} {op} failed: {message}"),
         Trace::Retrying { op, attempt, delay_ms } => format!("retry {op}: attempt {attempt} in {delay_ms} ms"),
         Trace::Finished { status } => format!("instance {}", status.as_str()),
+        Trace::Paused { at } => format!("paused at {}", serde_json::to_string(at).unwrap_or_default()),
+        Trace::Resumed { stepping } => (if *stepping { "stepped" } else { "resumed" }).to_string(),
     };
     eprintln!("[{id}] {line}");
 }

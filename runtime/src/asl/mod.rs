@@ -289,7 +289,7 @@ pub fn handle(
                 }
             }
         }
-        Input::Event { .. } => {}
+        Input::Event { .. } | Input::Debug { .. } | Input::Resume { .. } => {}
         Input::Abort { error } => {
             if let Some(e) = &mut exec {
                 engine::cancel(&mut cx, &mut e.root);

@@ -7,6 +7,7 @@
 //! asks for the effects the journal recorded.
 
 pub mod action;
+pub mod debug;
 pub mod event;
 pub mod task;
 pub mod types;
@@ -144,6 +145,9 @@ pub struct Snapshot {
     /// An ASL execution's runs (the definition is in the Amazon States Language).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asl: Option<Box<crate::asl::engine::Exec>>,
+    /// The step debugger's breakpoints and pause; absent while no breakpoint was ever recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug: Option<Box<debug::Debug>>,
 }
 
 /// A running instance of a [`Machine`].
@@ -152,6 +156,8 @@ pub struct Instance {
     s: Snapshot,
     options: Options,
     burst: u64,
+    /// Set on resuming: the first breakpoint-able point reached (the one it paused at) does not pause.
+    skip: bool,
 }
 
 /// Context handed to action code: the instance's mutable parts and the output being built.
@@ -231,10 +237,13 @@ pub(crate) fn fires(c: &Condition, input: Val, value: Val, trace: bool, out: &mu
 /// Where the algorithm goes next; driving is a loop over these so long runs use no stack.
 enum Next {
     Enter(StateId),
+    EnterAction,
     Entered(Val),
     Evaluate,
     Fire(usize, &'static str),
+    TransitionAction(usize),
     Fired(usize, Val),
+    ExitAction(StateId),
     Exited(StateId, Val),
     Stop,
 }
@@ -280,6 +289,7 @@ impl Instance {
             bindings: BTreeMap::new(),
             error: None,
             asl: None,
+            debug: None,
             id,
         };
         Instance {
@@ -287,6 +297,7 @@ impl Instance {
             s,
             options,
             burst: 0,
+            skip: false,
         }
     }
 
@@ -297,6 +308,7 @@ impl Instance {
             s: snapshot,
             options,
             burst: 0,
+            skip: false,
         };
         if let Err(why) = inst.fits() {
             let e = ErrorInfo::new(
@@ -369,11 +381,23 @@ impl Instance {
             Phase::Exit { next, run } => *next < m.states.len() && run_fits(m, run),
             Phase::Idle | Phase::Waiting | Phase::Ended => true,
         };
-        if ok {
-            Ok(())
-        } else {
-            Err("the action it is running no longer exists".into())
+        if !ok {
+            return Err("the action it is running no longer exists".into());
         }
+        if let Some(p) = self.s.debug.as_ref().and_then(|d| d.paused.as_ref()) {
+            let n = state.map_or(0, |st| st.transitions.len());
+            let fits = match &p.resume {
+                debug::Resume::Enter { state: s } | debug::Resume::ExitAction { next: s } => *s < m.states.len(),
+                debug::Resume::EnterAction => state.is_some(),
+                debug::Resume::Fire { transition, .. } | debug::Resume::TransitionAction { transition } => {
+                    *transition < n
+                }
+            };
+            if !fits {
+                return Err("the point it is paused at no longer exists".into());
+            }
+        }
+        Ok(())
     }
 
     /// Rebuilds an instance by replaying its journal. Fails when the definition now asks for
@@ -493,6 +517,16 @@ impl Instance {
             .map(|s| s.name.as_str())
     }
 
+    /// The breakpoints last recorded for the instance ([`Input::Debug`]).
+    pub fn breakpoints(&self) -> &[debug::Breakpoint] {
+        self.s.debug.as_ref().map_or(&[], |d| &d.breakpoints)
+    }
+
+    /// Where the instance is paused, while it is.
+    pub fn paused_at(&self) -> Option<&debug::Breakpoint> {
+        self.s.debug.as_ref().and_then(|d| d.paused.as_ref()).map(|p| &p.at)
+    }
+
     /// Active timers and their due times.
     pub fn timers(&self) -> &BTreeMap<String, Millis> {
         &self.s.timers
@@ -519,36 +553,169 @@ impl Instance {
         if self.options.journal {
             out.entries.push(Entry::Input(timed.clone()));
         }
+        self.input(&mut out, timed);
+        out
+    }
+
+    /// Handles one input (already recorded).
+    fn input(&mut self, out: &mut Output, timed: Timed) {
         self.s.now = self.s.now.max(timed.at);
         self.burst = 0;
+        // The step debugger: one branch while no breakpoint was ever recorded for the instance.
+        if self.s.debug.is_some() || matches!(timed.input, Input::Debug { .. } | Input::Resume { .. }) {
+            match self.debug_input(out, timed) {
+                Some(t) => return self.input_run(out, t),
+                None => return,
+            }
+        }
+        self.input_run(out, timed)
+    }
+
+    /// Takes the debugger's inputs, and holds inputs that arrive while the instance is paused;
+    /// gives back an input to handle as usual.
+    fn debug_input(&mut self, out: &mut Output, timed: Timed) -> Option<Timed> {
+        if self.machine.asl.is_some() || self.s.status.is_final() {
+            return match timed.input {
+                Input::Debug { .. } | Input::Resume { .. } => None,
+                _ => Some(timed),
+            };
+        }
+        match timed.input {
+            Input::Debug { breakpoints } => {
+                self.s.debug.get_or_insert_with(Default::default).breakpoints = breakpoints;
+                self.compact_debug();
+                None
+            }
+            Input::Resume { step } => {
+                self.resume(out, step);
+                None
+            }
+            Input::Cancel { .. } | Input::Abort { .. } if self.s.status == Status::Paused => {
+                if let Some(d) = self.s.debug.as_mut() {
+                    if let Some(p) = d.paused.take() {
+                        self.s.status = p.status;
+                    }
+                    d.held.clear();
+                    d.stepping = false;
+                }
+                self.compact_debug();
+                Some(timed)
+            }
+            _ if self.s.status == Status::Paused => {
+                if let Some(d) = self.s.debug.as_mut() {
+                    d.held.push(timed);
+                }
+                None
+            }
+            _ => Some(timed),
+        }
+    }
+
+    /// Drops the debugger's part once it keeps nothing.
+    fn compact_debug(&mut self) {
+        if self.s.debug.as_ref().is_some_and(|d| d.idle()) {
+            self.s.debug = None;
+        }
+    }
+
+    /// A paused instance goes on from where it stopped, then handles the inputs held meanwhile
+    /// (until it pauses again).
+    fn resume(&mut self, out: &mut Output, step: bool) {
+        let Some(d) = self.s.debug.as_mut() else { return };
+        let Some(p) = d.paused.take() else { return };
+        d.stepping = step;
+        self.s.status = p.status;
+        self.cx(out).trace(|| Trace::Resumed { stepping: step });
+        let next = match p.resume {
+            debug::Resume::Enter { state } => Next::Enter(state),
+            debug::Resume::EnterAction => Next::EnterAction,
+            debug::Resume::Fire { transition, trigger } => Next::Fire(transition, debug::trigger(&trigger)),
+            debug::Resume::TransitionAction { transition } => Next::TransitionAction(transition),
+            debug::Resume::ExitAction { next } => Next::ExitAction(next),
+        };
+        self.skip = true;
+        self.drive(out, next);
+        self.skip = false;
+        while self.s.status != Status::Paused && !self.s.status.is_final() {
+            let Some(t) = self
+                .s
+                .debug
+                .as_mut()
+                .filter(|d| !d.held.is_empty())
+                .map(|d| d.held.remove(0))
+            else {
+                break;
+            };
+            self.input(out, t);
+        }
+        if self.s.status.is_final() {
+            if let Some(d) = self.s.debug.as_mut() {
+                d.held.clear();
+                d.paused = None;
+                d.stepping = false;
+            }
+        }
+        self.compact_debug();
+    }
+
+    /// Whether the instance pauses at breakpoint-able point `at` (going on with `resume`); when it
+    /// does, it is paused.
+    fn pauses(
+        &mut self,
+        out: &mut Output,
+        at: impl FnOnce(&Machine) -> debug::Breakpoint,
+        resume: debug::Resume,
+    ) -> bool {
+        if std::mem::take(&mut self.skip) {
+            return false;
+        }
+        let Some(d) = self.s.debug.as_mut() else { return false };
+        let at = at(&self.machine);
+        if !d.stepping && !d.breakpoints.iter().any(|b| b.matches(&at)) {
+            return false;
+        }
+        d.stepping = false;
+        d.paused = Some(debug::Pause {
+            at: at.clone(),
+            resume,
+            status: self.s.status,
+        });
+        self.s.status = Status::Paused;
+        self.cx(out).trace(|| Trace::Paused { at });
+        true
+    }
+
+    /// Handles one input as the definition says.
+    fn input_run(&mut self, out: &mut Output, timed: Timed) {
         if let Some(asl) = self.machine.asl.clone() {
             // As for SM4C: the start time is the start input's (`$$.Execution.StartTime`, listings).
             if matches!(timed.input, Input::Start { .. }) && self.s.status == Status::Created {
                 self.s.started_at = Some(self.s.now);
             }
-            crate::asl::handle(&asl, &mut self.s, timed.input, self.options, &mut out);
-            return out;
+            crate::asl::handle(&asl, &mut self.s, timed.input, self.options, out);
+            return;
         }
         let next = match timed.input {
+            Input::Debug { .. } | Input::Resume { .. } => return,
             Input::Start { data } => {
                 if self.s.status != Status::Created {
-                    return out;
+                    return;
                 }
                 self.s.data = J(to_val(&data));
                 self.s.started_at = Some(self.s.now);
                 self.s.status = Status::Running;
                 if let Some(t) = &self.machine.timeout {
                     let ms = t.duration_ms;
-                    self.cx(&mut out).start_timer(EXEC_TIMER, ms);
+                    self.cx(out).start_timer(EXEC_TIMER, ms);
                 }
                 Next::Enter(self.machine.start)
             }
             // Events delivered before the start wait in the inbox for the first state.
             Input::Event { event } if self.s.status == Status::Created => {
                 self.s.inbox.push(event);
-                return out;
+                return;
             }
-            _ if self.s.status.is_final() || self.s.status == Status::Created => return out,
+            _ if self.s.status.is_final() || self.s.status == Status::Created => return,
             Input::Event { event } => {
                 self.s.inbox.push(event);
                 if self.s.inbox.len() > self.options.max_inbox {
@@ -562,19 +729,17 @@ impl Instance {
             }
             Input::Completed { op, result } => {
                 let v = to_val(&result);
-                self.signal(&mut out, &Signal::Completed(&op, &v))
+                self.signal(out, &Signal::Completed(&op, &v))
             }
-            Input::Failed { op, error } => self.signal(&mut out, &Signal::Failed(&op, &error)),
-            Input::TaskStarted { op, worker } => self.signal(&mut out, &Signal::TaskStarted(&op, worker.as_deref())),
-            Input::TaskHeartbeat { op, details } => {
-                self.signal(&mut out, &Signal::TaskHeartbeat(&op, details.as_ref()))
-            }
+            Input::Failed { op, error } => self.signal(out, &Signal::Failed(&op, &error)),
+            Input::TaskStarted { op, worker } => self.signal(out, &Signal::TaskStarted(&op, worker.as_deref())),
+            Input::TaskHeartbeat { op, details } => self.signal(out, &Signal::TaskHeartbeat(&op, details.as_ref())),
             Input::TimerFired { timer } => {
                 if !self.s.timers.contains_key(&timer) {
                     Next::Stop // stale: cancelled, or already fired
                 } else if timer == EXEC_TIMER {
                     self.s.timers.remove(&timer);
-                    self.exec_timeout(&mut out)
+                    self.exec_timeout(out)
                 } else if self.s.state_timer.as_deref() == Some(timer.as_str())
                     && matches!(self.s.phase, Phase::Waiting)
                 {
@@ -586,11 +751,11 @@ impl Instance {
                         None => Next::Stop,
                     }
                 } else {
-                    self.signal(&mut out, &Signal::Timer(&timer))
+                    self.signal(out, &Signal::Timer(&timer))
                 }
             }
             Input::Abort { error } => {
-                self.fail(&mut out, error);
+                self.fail(out, error);
                 Next::Stop
             }
             Input::Cancel { reason } => {
@@ -599,12 +764,11 @@ impl Instance {
                     reason.unwrap_or_else(|| "the instance was cancelled".into()),
                 );
                 e.state = self.state_name().map(str::to_string);
-                self.end(&mut out, Status::Cancelled, Some(e));
+                self.end(out, Status::Cancelled, Some(e));
                 Next::Stop
             }
         };
-        self.drive(&mut out, next);
-        out
+        self.drive(out, next);
     }
 
     fn cx<'a>(&'a mut self, out: &'a mut Output) -> Cx<'a> {
@@ -690,8 +854,21 @@ impl Instance {
     fn drive(&mut self, out: &mut Output, mut next: Next) {
         let m = self.machine.clone();
         loop {
+            let cur = self.s.state.unwrap_or(0);
             next = match next {
                 Next::Stop => return,
+                Next::Enter(s)
+                    if self.s.debug.is_some()
+                        && self.pauses(
+                            out,
+                            |m| debug::Breakpoint::Enter {
+                                state: m.states[s].name.clone(),
+                            },
+                            debug::Resume::Enter { state: s },
+                        ) =>
+                {
+                    Next::Stop
+                }
                 Next::Enter(s) => {
                     self.s.visit += 1;
                     self.s.firings = 0;
@@ -704,7 +881,27 @@ impl Instance {
                     self.cx(out).trace(|| Trace::StateEntered { state: st.name.clone() });
                     match st.enter {
                         None => Next::Entered(Val::Null),
-                        Some(a) => self.run_action(out, a, "enter", Next::Entered, |run| Phase::Enter { run }),
+                        Some(_) => Next::EnterAction,
+                    }
+                }
+                Next::EnterAction => {
+                    let s = self.s.state.unwrap_or(0);
+                    if self.s.debug.is_some()
+                        && self.pauses(
+                            out,
+                            |m| debug::Breakpoint::Action {
+                                state: m.states[s].name.clone(),
+                                action: "enter".into(),
+                            },
+                            debug::Resume::EnterAction,
+                        )
+                    {
+                        Next::Stop
+                    } else {
+                        match m.states[s].enter {
+                            None => Next::Entered(Val::Null),
+                            Some(a) => self.run_action(out, a, "enter", Next::Entered, |run| Phase::Enter { run }),
+                        }
                     }
                 }
                 Next::Entered(v) => {
@@ -715,6 +912,22 @@ impl Instance {
                     }
                 }
                 Next::Evaluate => self.evaluate(out),
+                Next::Fire(i, trigger)
+                    if self.s.debug.is_some()
+                        && self.pauses(
+                            out,
+                            |m| debug::Breakpoint::Transition {
+                                state: m.states[cur].name.clone(),
+                                transition: Some(i),
+                            },
+                            debug::Resume::Fire {
+                                transition: i,
+                                trigger: trigger.into(),
+                            },
+                        ) =>
+                {
+                    Next::Stop
+                }
                 Next::Fire(i, trigger) => {
                     self.burst += 1;
                     if self.burst > self.options.max_transitions {
@@ -737,6 +950,26 @@ impl Instance {
                             trigger: trigger.into(),
                         });
                         match t.action {
+                            None => Next::Fired(i, Val::Null),
+                            Some(_) => Next::TransitionAction(i),
+                        }
+                    }
+                }
+                Next::TransitionAction(i) => {
+                    let s = self.s.state.unwrap_or(0);
+                    if self.s.debug.is_some()
+                        && self.pauses(
+                            out,
+                            |m| debug::Breakpoint::Action {
+                                state: m.states[s].name.clone(),
+                                action: format!("t{i}"),
+                            },
+                            debug::Resume::TransitionAction { transition: i },
+                        )
+                    {
+                        Next::Stop
+                    } else {
+                        match m.states[s].transitions[i].action {
                             None => Next::Fired(i, Val::Null),
                             Some(a) => {
                                 let site = format!("t{i}.{}", self.s.firings);
@@ -763,16 +996,36 @@ impl Instance {
                                 }
                                 match m.states[self.s.state.unwrap_or(0)].exit {
                                     None => Next::Exited(n, Val::Null),
-                                    Some(a) => self.run_action(
-                                        out,
-                                        a,
-                                        "exit",
-                                        |v| Next::Exited(n, v),
-                                        |run| Phase::Exit { next: n, run },
-                                    ),
+                                    Some(_) => Next::ExitAction(n),
                                 }
                             }
                         },
+                    }
+                }
+                Next::ExitAction(n) => {
+                    let s = self.s.state.unwrap_or(0);
+                    if self.s.debug.is_some()
+                        && self.pauses(
+                            out,
+                            |m| debug::Breakpoint::Action {
+                                state: m.states[s].name.clone(),
+                                action: "exit".into(),
+                            },
+                            debug::Resume::ExitAction { next: n },
+                        )
+                    {
+                        Next::Stop
+                    } else {
+                        match m.states[s].exit {
+                            None => Next::Exited(n, Val::Null),
+                            Some(a) => self.run_action(
+                                out,
+                                a,
+                                "exit",
+                                |v| Next::Exited(n, v),
+                                |run| Phase::Exit { next: n, run },
+                            ),
+                        }
                     }
                 }
                 Next::Exited(n, v) => {

@@ -79,6 +79,18 @@ pub enum Input {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// The breakpoints of the instance's definition changed (the host records this before the
+    /// next input it delivers; see [`super::debug`]).
+    Debug {
+        /// The breakpoints from now on (none: the instance no longer pauses at breakpoints).
+        breakpoints: Vec<super::debug::Breakpoint>,
+    },
+    /// A paused instance goes on; with `step`, it pauses again at the next breakpoint-able point.
+    Resume {
+        /// Pause at the next breakpoint-able point.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        step: bool,
+    },
 }
 
 /// Work the host performs for an instance. An effect is recorded in the journal before it is performed.
@@ -158,6 +170,8 @@ pub enum Status {
     Cancelled,
     /// Ended by the execution timeout.
     TimedOut,
+    /// Stopped at a breakpoint by the step debugger, until resumed.
+    Paused,
 }
 
 impl Status {
@@ -179,6 +193,7 @@ impl Status {
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
             Status::TimedOut => "timedOut",
+            Status::Paused => "paused",
         }
     }
 }
@@ -403,6 +418,17 @@ pub enum Trace {
         attempt: u32,
         /// Wait before it, ms.
         delay_ms: u64,
+    },
+    /// The instance paused at a breakpoint-able point (the step debugger).
+    Paused {
+        /// The point.
+        at: super::debug::Breakpoint,
+    },
+    /// The paused instance went on.
+    Resumed {
+        /// True for a step (it pauses again at the next point).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stepping: bool,
     },
     /// The instance ended.
     Finished {

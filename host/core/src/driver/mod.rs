@@ -186,6 +186,8 @@ fn input_kind(input: &Input) -> &'static str {
         Input::TimerFired { .. } => "timerFired",
         Input::Abort { .. } => "abort",
         Input::Cancel { .. } => "cancel",
+        Input::Debug { .. } => "debug",
+        Input::Resume { .. } => "resume",
     }
 }
 
@@ -650,6 +652,64 @@ fn asl_failure(mut error: ErrorInfo) -> ErrorInfo {
         }
     }
     error
+}
+
+/// The step debugger: the [`Input::Debug`] a host records before it delivers the next input to
+/// `inst`, when `breakpoints` (those now set on the instance's definition) differ from the ones the
+/// instance last recorded. `None` when they are the same, which is always the case while no
+/// breakpoint is set and none ever was: then nothing is journaled.
+pub fn debug_input(inst: &Instance, breakpoints: &[sm4c_runtime::Breakpoint]) -> Option<Input> {
+    if inst.status().is_final() || inst.machine().asl.is_some() || inst.breakpoints() == breakpoints {
+        return None;
+    }
+    Some(Input::Debug {
+        breakpoints: breakpoints.to_vec(),
+    })
+}
+
+/// The breakpoints set on definitions (by definition id), as a host keeps them in memory.
+#[derive(Debug, Default)]
+pub struct Breakpoints {
+    any: std::sync::atomic::AtomicBool,
+    map: std::sync::RwLock<std::collections::HashMap<String, Vec<sm4c_runtime::Breakpoint>>>,
+}
+
+impl Breakpoints {
+    /// Sets the breakpoints of a definition (an empty list clears them).
+    pub fn set(&self, definition: &str, breakpoints: Vec<sm4c_runtime::Breakpoint>) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if breakpoints.is_empty() {
+            map.remove(definition);
+        } else {
+            map.insert(definition.to_string(), breakpoints);
+        }
+        self.any.store(!map.is_empty(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The breakpoints of a definition.
+    pub fn of(&self, definition: &str) -> Vec<sm4c_runtime::Breakpoint> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.get(definition).cloned().unwrap_or_default()
+    }
+
+    /// Every definition's breakpoints, by definition id.
+    pub fn all(&self) -> Vec<(String, Vec<sm4c_runtime::Breakpoint>)> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<_> = map.iter().map(|(d, b)| (d.clone(), b.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// The [`Input::Debug`] to record before the next input of `inst` ([`debug_input`]): costs
+    /// one load and one branch while no breakpoint is set and the instance was never debugged.
+    pub fn input_for(&self, inst: &Instance) -> Option<Input> {
+        if !self.any.load(std::sync::atomic::Ordering::Relaxed) && inst.snapshot().debug.is_none() {
+            return None;
+        }
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let bps = map.get(&inst.machine().id).map(Vec::as_slice).unwrap_or(&[]);
+        debug_input(inst, bps)
+    }
 }
 
 /// The instance an event names with the `sm4cinstanceid` attribute.

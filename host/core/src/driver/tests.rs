@@ -464,3 +464,38 @@ fn asl_tasks_bound_to_task_lists_become_tasks_whose_failures_keep_their_name() {
     let mut h = d.create(caller("rest", true), "c-1");
     assert!(matches!(&start(&d, &mut h, json!({"n": 1})).work[0], Work::Call { .. }));
 }
+
+#[test]
+fn breakpoints_are_recorded_once_when_they_change_and_a_paused_call_result_waits() {
+    let d = Driver::durable();
+    let bps = Breakpoints::default();
+    let mut h = d.create(caller("rest", true), "c-1");
+    // None set: nothing to record, whatever the instance.
+    assert_eq!(bps.input_for(&h.inst), None);
+    bps.set("caller", vec![sm4c_runtime::Breakpoint::Enter { state: "A".into() }]);
+    bps.set("other", vec![sm4c_runtime::Breakpoint::Enter { state: "X".into() }]);
+    let debug = bps.input_for(&h.inst).expect("the set differs from the instance's");
+    d.step(&mut h, at(T0, debug));
+    assert_eq!(
+        bps.input_for(&h.inst),
+        None,
+        "recorded: the same set is not recorded again"
+    );
+    let step = start(&d, &mut h, json!({"n": 1}));
+    assert!(step.work.is_empty(), "paused before entering A: no call yet");
+    assert_eq!(h.inst.status(), Status::Paused);
+    let step = d.step(&mut h, at(T0 + 1, Input::Resume { step: false }));
+    let (call, _) = only_call(&step);
+    assert_eq!(h.inst.status(), Status::Running);
+    let input = d.call_done(&mut h, &call.op, Ok(json!(5))).expect("waited for");
+    d.step(&mut h, at(T0 + 2, input));
+    assert_eq!(h.inst.status(), Status::Completed);
+    assert_eq!(h.inst.data()["r"], 5);
+    // Cleared: the instance is told once, then nothing more.
+    bps.set("caller", Vec::new());
+    let mut fresh = d.create(caller("rest", true), "c-2");
+    assert_eq!(bps.input_for(&fresh.inst), None, "a fresh instance has none recorded");
+    assert!(start(&d, &mut fresh, json!({"n": 1})).work.len() == 1);
+    assert_eq!(bps.all().len(), 1);
+    assert_eq!(input_kind(&Input::Resume { step: true }), "resume");
+}
