@@ -137,6 +137,10 @@ errors! {
     Unavailable(String) => SERVICE_UNAVAILABLE, "unavailable", |s| s.0.clone();
     /// The store's disk is full: the request was not written (what the store said).
     StorageFull(String) => SERVICE_UNAVAILABLE, "storageFull", |s| s.0.clone();
+    /// Resume or step of an instance that is not paused.
+    NotPaused(String) => CONFLICT, "notPaused", |s| format!("instance {:?} is not paused", s.0);
+    /// A breakpoint that does not fit its definition, or is not a breakpoint (what is wrong).
+    InvalidBreakpoint(String) => BAD_REQUEST, "invalidBreakpoint", |s| s.0.clone();
     /// The mode the server runs in does not offer this (what).
     NotSupported(String) => NOT_IMPLEMENTED, "notSupported", |s| s.0.clone();
     /// An ASL definition posted without a name: no `?name=` and no top-level `sm4c:id`.
@@ -191,6 +195,8 @@ impl From<HostError> for ApiError {
             HostError::UnknownTask(m) => UnknownTask(m).into(),
             HostError::TaskClosed { instance, op } => TaskClosed(instance, op).into(),
             HostError::InvalidTaskEvent(m) => InvalidCloudEvent(m).into(),
+            HostError::NotPaused(i) => NotPaused(i).into(),
+            HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
             other @ (HostError::Store(_) | HostError::Stopped | HostError::Failed(_)) => {
                 Internal(other.to_string()).into()
             }

@@ -7,7 +7,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use errors::*;
 use serde::Deserialize;
@@ -70,9 +70,14 @@ pub fn router(backend: impl Backend) -> Router {
     Router::new()
         .route("/definitions", post(post_definition).get(list_definitions))
         .route("/definitions/{id}", get(get_definition))
+        .route(
+            "/definitions/{id}/breakpoints",
+            put(put_breakpoints).get(get_breakpoints).delete(delete_breakpoints),
+        )
+        .route("/breakpoints", get(all_breakpoints))
         .route("/instances", post(post_instance).get(list_instances))
         // Subflow instance ids contain `/` (`parent/1.enter/0`), so the rest of the path is the id,
-        // with `/history` and `/cancel` recognised at its end.
+        // with `/history`, `/cancel`, `/resume` and `/step` recognised at its end.
         .route("/instances/{*rest}", get(instance_get).post(instance_post))
         .route("/events", post(post_event))
         .route("/events/explain", post(post_explain))
@@ -207,6 +212,9 @@ pub(crate) fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
     if let Some(e) = &snap.error {
         v["error"] = e.to_json();
     }
+    if let Some(p) = snap.debug.as_ref().and_then(|d| d.paused.as_ref()) {
+        v["pausedAt"] = json!(p.at);
+    }
     if let Some(t) = snap.ended_at {
         v["endedAt"] = json!(rfc3339(t));
     }
@@ -228,6 +236,12 @@ async fn instance_get(
 }
 
 async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result<Response, ApiError> {
+    if let Some(id) = rest.strip_suffix("/resume") {
+        return Ok(resume(h, id.to_string(), false).await?.into_response());
+    }
+    if let Some(id) = rest.strip_suffix("/step") {
+        return Ok(resume(h, id.to_string(), true).await?.into_response());
+    }
     match rest.strip_suffix("/cancel") {
         Some(id) => Ok(cancel(h, id.to_string()).await?.into_response()),
         // A 405 says which methods the resource has (RFC 9110): `/instances/{id}` and its
@@ -257,10 +271,11 @@ fn cursor(after: Option<&str>) -> Result<i64, ApiError> {
 }
 
 /// The statuses `GET /instances?status=` filters on (the document's `Status`).
-pub(crate) const STATUSES: [&str; 7] = [
+pub(crate) const STATUSES: [&str; 8] = [
     "created",
     "running",
     "waiting",
+    "paused",
     "completed",
     "failed",
     "cancelled",
@@ -312,6 +327,63 @@ async fn history(h: Api, id: String, q: PageQuery) -> Result<Json<Value>, ApiErr
         .flatten();
     let entries: Vec<Value> = rows.iter().map(|(s, e)| readable(*s, e)).collect();
     Ok(Json(json!({"id": id, "entries": entries, "next": next})))
+}
+
+/// Resumes a paused instance (`step`: it pauses again at the next breakpoint-able point).
+async fn resume(h: Api, id: String, step: bool) -> Result<Json<Value>, ApiError> {
+    h.resume(id.clone(), step).await?;
+    Ok(Json(instance_json(&h, &id)?))
+}
+
+/// The breakpoints of a request body `{"breakpoints": [...]}`, each read on its own so an error
+/// names the one that is wrong.
+fn breakpoints_of(body: &Value) -> Result<Vec<sm4c_runtime::Breakpoint>, ApiError> {
+    let Some(list) = body.get("breakpoints").and_then(Value::as_array) else {
+        return Err(InvalidBreakpoint("the body must be {\"breakpoints\": [...]}".into()).into());
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, b)| {
+            serde_json::from_value(b.clone()).map_err(|e| {
+                InvalidBreakpoint(format!(
+                    "breakpoint {i} ({b}): {e}; a breakpoint is {{\"on\": \"enter\"|\"action\"|\"transition\", \"state\": NAME, \"action\": \"enter\"|\"exit\"|\"tN\", \"transition\": N}}"
+                ))
+                .into()
+            })
+        })
+        .collect()
+}
+
+async fn put_breakpoints(
+    State(h): State<Api>,
+    Path(id): Path<String>,
+    Body(body): Body<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let b = breakpoints_of(&body)?;
+    h.set_breakpoints(id.clone(), b).await?;
+    get_breakpoints(State(h), Path(id)).await
+}
+
+async fn get_breakpoints(State(h): State<Api>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    if h.latest(&id).is_none() {
+        return Err(HostError::UnknownDefinition(id).into());
+    }
+    let b = h.breakpoints()?.into_iter().find(|(d, _)| *d == id).map(|(_, b)| b);
+    Ok(Json(json!({"definition": id, "breakpoints": b.unwrap_or_default()})))
+}
+
+async fn delete_breakpoints(State(h): State<Api>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    h.set_breakpoints(id.clone(), Vec::new()).await?;
+    get_breakpoints(State(h), Path(id)).await
+}
+
+async fn all_breakpoints(State(h): State<Api>) -> Result<Json<Value>, ApiError> {
+    let all: Vec<Value> = h
+        .breakpoints()?
+        .into_iter()
+        .map(|(d, b)| json!({"definition": d, "breakpoints": b}))
+        .collect();
+    Ok(Json(json!({"definitions": all})))
 }
 
 async fn cancel(h: Api, id: String) -> Result<Json<Value>, ApiError> {
@@ -592,6 +664,8 @@ mod tests {
             ("/instances/{id}", "get"),
             ("/instances/{id}/history", "get"),
             ("/instances/{id}/cancel", "post"),
+            ("/instances/{id}/resume", "post"),
+            ("/instances/{id}/step", "post"),
         ] {
             served.insert((p.into(), m.into()));
         }

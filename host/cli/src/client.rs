@@ -170,6 +170,9 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// The step debugger: breakpoints on a definition's states; resume or step paused instances.
+    #[command(subcommand)]
+    Debug(crate::debug::DebugCommand),
 }
 
 fn read_json(p: &PathBuf) -> Result<Value, String> {
@@ -188,14 +191,16 @@ pub fn run(cmd: ClientCommand) -> ExitCode {
     }
 }
 
-type Failure = (u8, String);
+pub(crate) type Failure = (u8, String);
 
-fn call(remote: &Remote, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, Failure> {
+pub(crate) fn call(remote: &Remote, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, Failure> {
     let client = remote.client()?;
     let token = remote.token()?;
     let url = format!("{}{}", remote.server.trim_end_matches('/'), path);
     let mut req = match method {
         "POST" => client.post(&url),
+        "PUT" => client.put(&url),
+        "DELETE" => client.delete(&url),
         _ => client.get(&url),
     };
     if let Some(t) = &token {
@@ -256,7 +261,7 @@ fn pages(remote: &Remote, path: &str, key: &str) -> Result<Vec<Value>, Failure> 
     }
 }
 
-fn print_json(v: &Value) {
+pub(crate) fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
@@ -270,7 +275,7 @@ fn table(rows: &[Vec<String>]) {
     }
 }
 
-fn s(v: &Value) -> String {
+pub(crate) fn s(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
@@ -280,6 +285,7 @@ fn s(v: &Value) -> String {
 
 fn exec(cmd: ClientCommand) -> Result<(), Failure> {
     match cmd {
+        ClientCommand::Debug(cmd) => crate::debug::exec(cmd)?,
         ClientCommand::Define { files, remote } => {
             use sm4c_runtime::asl::model::{is_asl, ID_KEY};
             let mut all = Vec::new();
@@ -384,6 +390,9 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 let mut rows = vec![];
                 for k in ["id", "definition", "version", "status", "state", "startedAt", "endedAt"] {
                     rows.push(vec![format!("{k}:"), s(&v[k])]);
+                }
+                if let Some(at) = v.get("pausedAt") {
+                    rows.push(vec!["paused:".into(), crate::debug::describe(at)]);
                 }
                 if let Some(p) = v.get("parent") {
                     rows.push(vec![

@@ -1,6 +1,7 @@
 //! The `sm4c` command: glue between the command line and the host crates.
 
 mod client;
+mod debug;
 mod files;
 mod traces;
 

@@ -6,7 +6,7 @@ use crate::functions::BoxFuture;
 use crate::tasks::Answer;
 use serde::Serialize;
 use serde_json::{json, Value};
-use sm4c_runtime::{Entry, Machine, Millis, Snapshot, ValidationError};
+use sm4c_runtime::{Breakpoint, Entry, Machine, Millis, Snapshot, ValidationError};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,6 +111,12 @@ pub enum HostError {
     /// An `sm4c.task.*` CloudEvent that cannot answer a task.
     #[error("{0}")]
     InvalidTaskEvent(String),
+    /// The step debugger was asked to resume or step an instance that is not paused.
+    #[error("instance {0:?} is not paused")]
+    NotPaused(String),
+    /// A breakpoint that does not fit its definition (an unknown state, action or transition).
+    #[error("{0}")]
+    InvalidBreakpoint(String),
 }
 
 /// Where an event went.
@@ -260,6 +266,24 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Option<Value>, HostError>>;
     /// A worker's answer to a task, by token.
     fn answer(&self, token: String, answer: Answer) -> BoxFuture<'_, Result<Answered, HostError>>;
+    /// The step debugger's breakpoints, by definition id.
+    fn breakpoints(&self) -> Result<Vec<(String, Vec<Breakpoint>)>, HostError> {
+        Err(HostError::NotSupported(
+            "the step debugger runs on SQLite (sm4c serve without --kafka)".into(),
+        ))
+    }
+    /// Sets the breakpoints of a definition (an empty list clears them).
+    fn set_breakpoints(
+        &self,
+        _definition: String,
+        _breakpoints: Vec<Breakpoint>,
+    ) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async { self.breakpoints().map(|_| ()) })
+    }
+    /// A paused instance goes on (`step`: to the next breakpoint-able point).
+    fn resume(&self, _id: String, _step: bool) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async { self.breakpoints().map(|_| ()) })
+    }
     /// What `GET /healthz` answers.
     fn health(&self) -> Value {
         json!({"status": "ok"})

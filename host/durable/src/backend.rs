@@ -77,6 +77,20 @@ impl Backend for DurableHost {
     fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move { DurableHost::cancel(self, &id).await })
     }
+    fn breakpoints(&self) -> Result<Vec<(String, Vec<sm4c_runtime::Breakpoint>)>, HostError> {
+        Ok(DurableHost::breakpoints(self))
+    }
+    fn set_breakpoints(
+        &self,
+        definition: String,
+        breakpoints: Vec<sm4c_runtime::Breakpoint>,
+    ) -> BoxFuture<'_, Result<(), HostError>> {
+        let r = DurableHost::set_breakpoints(self, &definition, breakpoints);
+        Box::pin(async move { r })
+    }
+    fn resume(&self, id: String, step: bool) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move { DurableHost::resume(self, &id, step).await })
+    }
     fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
         Box::pin(async move {
             let d = DurableHost::deliver(self, event).await?;

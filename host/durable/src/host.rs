@@ -62,6 +62,8 @@ enum Cmd {
     },
     Event(Value, oneshot::Sender<Result<Delivery, HostError>>),
     Cancel(String, oneshot::Sender<Result<(), HostError>>),
+    /// The step debugger resumes a paused instance (`true`: a step).
+    Resume(String, bool, oneshot::Sender<Result<(), HostError>>),
     Result {
         instance: String,
         op: String,
@@ -95,6 +97,8 @@ pub struct DurableHost {
     registry: Arc<RwLock<Registry>>,
     /// Set, once, to why the deciding task stopped on a store failure.
     failure: tokio::sync::watch::Receiver<Option<String>>,
+    /// The step debugger's breakpoints (kept in the store too).
+    breakpoints: Arc<driver::Breakpoints>,
 }
 
 fn now_ms() -> Millis {
@@ -116,6 +120,10 @@ impl DurableHost {
             }
         }
         let registry = Arc::new(RwLock::new(registry));
+        let breakpoints = Arc::new(driver::Breakpoints::default());
+        for (definition, b) in store.breakpoints()? {
+            breakpoints.set(&definition, b);
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let (failed, failure) = tokio::sync::watch::channel(None);
         let task_lists = host.task_lists();
@@ -132,6 +140,7 @@ impl DurableHost {
             },
             failed,
             registry: registry.clone(),
+            breakpoints: breakpoints.clone(),
             limits,
             tx: tx.downgrade(),
             cache: HashMap::new(),
@@ -159,6 +168,7 @@ impl DurableHost {
             store,
             registry,
             failure,
+            breakpoints,
         })
     }
 
@@ -315,6 +325,44 @@ impl DurableHost {
         self.ask(|r| Cmd::Cancel(id, r)).await
     }
 
+    /// The step debugger's breakpoints, by definition id.
+    pub fn breakpoints(&self) -> Vec<(String, Vec<sm4c_runtime::Breakpoint>)> {
+        self.breakpoints.all()
+    }
+
+    /// Sets the breakpoints of a definition (an empty list clears them), each checked against its
+    /// latest version; stored before this returns. Instances pick them up with their next input.
+    pub fn set_breakpoints(
+        &self,
+        definition: &str,
+        mut breakpoints: Vec<sm4c_runtime::Breakpoint>,
+    ) -> Result<(), HostError> {
+        let m = self
+            .registry()
+            .get(definition, None)
+            .ok_or_else(|| HostError::UnknownDefinition(definition.to_string()))?;
+        for b in &breakpoints {
+            b.check(&m).map_err(HostError::InvalidBreakpoint)?;
+        }
+        let mut seen = Vec::new();
+        breakpoints.retain(|b| {
+            let new = !seen.contains(b);
+            seen.push(b.clone());
+            new
+        });
+        let store = &self.store;
+        self.breakpoints
+            .update(definition, breakpoints, |b| store.put_breakpoints(definition, b))?;
+        Ok(())
+    }
+
+    /// Resumes a paused instance; with `step`, it pauses again at the next breakpoint-able point.
+    /// Answered once the resume is committed.
+    pub async fn resume(&self, id: &str, step: bool) -> Result<(), HostError> {
+        let id = id.to_string();
+        self.ask(|r| Cmd::Resume(id, step, r)).await
+    }
+
     /// Finishes the current batch and stops deciding.
     pub async fn shutdown(&self) {
         let (reply, rx) = oneshot::channel();
@@ -336,6 +384,7 @@ struct Loop {
     driver: Driver,
     failed: tokio::sync::watch::Sender<Option<String>>,
     registry: Arc<RwLock<Registry>>,
+    breakpoints: Arc<driver::Breakpoints>,
     limits: Limits,
     tx: mpsc::WeakUnboundedSender<Cmd>,
     /// Instances touched in the current batch only.
@@ -629,9 +678,14 @@ impl Loop {
     fn handle(&mut self, id: &str, input: Input) {
         let now = now_ms();
         let driver = self.driver.clone();
+        let breakpoints = self.breakpoints.clone();
         let Some(slot) = self.slot(id) else { return };
         if slot.h.inst.status().is_final() {
             return;
+        }
+        // The step debugger: breakpoints changed since the instance last recorded them.
+        if let Some(debug) = breakpoints.input_for(&slot.h.inst) {
+            driver.step(&mut slot.h, Timed { at: now, input: debug });
         }
         let step = driver.step(&mut slot.h, Timed { at: now, input });
         slot.dirty = true;
@@ -977,6 +1031,20 @@ impl Loop {
                             reason: Some("cancelled through the API".into()),
                         },
                     ));
+                    self.replies.push(Box::new(move |r| {
+                        let _ = reply.send(r);
+                    }));
+                }
+            },
+            Cmd::Resume(id, step, reply) => match self.slot(&id).map(|s| s.h.inst.status()) {
+                None => {
+                    let _ = reply.send(Err(HostError::UnknownInstance(id)));
+                }
+                Some(s) if s != Status::Paused => {
+                    let _ = reply.send(Err(HostError::NotPaused(id)));
+                }
+                Some(_) => {
+                    self.queue.push((id, Input::Resume { step }));
                     self.replies.push(Box::new(move |r| {
                         let _ = reply.send(r);
                     }));

@@ -677,13 +677,26 @@ pub struct Breakpoints {
 impl Breakpoints {
     /// Sets the breakpoints of a definition (an empty list clears them).
     pub fn set(&self, definition: &str, breakpoints: Vec<sm4c_runtime::Breakpoint>) {
+        let _ = self.update(definition, breakpoints, |_| Ok::<(), ()>(()));
+    }
+
+    /// Sets the breakpoints of a definition once `keep` (which stores them) succeeds; two updates
+    /// of one host store and set theirs in the same order.
+    pub fn update<E>(
+        &self,
+        definition: &str,
+        breakpoints: Vec<sm4c_runtime::Breakpoint>,
+        keep: impl FnOnce(&[sm4c_runtime::Breakpoint]) -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        keep(&breakpoints)?;
         if breakpoints.is_empty() {
             map.remove(definition);
         } else {
             map.insert(definition.to_string(), breakpoints);
         }
         self.any.store(!map.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// The breakpoints of a definition.

@@ -51,6 +51,7 @@ impl Loop {
             Cmd::Start { reply, .. } => drop(reply.send(Err(full()))),
             Cmd::Event(_, reply) => drop(reply.send(Err(full()))),
             Cmd::Cancel(_, reply) => drop(reply.send(Err(full()))),
+            Cmd::Resume(_, _, reply) => drop(reply.send(Err(full()))),
             Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
             cmd @ (Cmd::Result { .. } | Cmd::Poll { .. }) => self.held.push(cmd),
             other => self.command(other),

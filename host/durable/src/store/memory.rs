@@ -3,7 +3,7 @@
 use super::{Batch, Store, StoreError, Stored, Summary};
 use serde_json::Value;
 use sm4c_host::service::time;
-use sm4c_runtime::{Effect, Entry, Millis};
+use sm4c_runtime::{Breakpoint, Effect, Entry, Millis};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -18,6 +18,7 @@ struct Inner {
     outbox: Vec<(i64, String, Value)>,
     parked: BTreeMap<i64, (Value, Millis)>,
     parked_seq: i64,
+    breakpoints: BTreeMap<String, Vec<Breakpoint>>,
 }
 
 /// Everything in memory; gone when the process ends.
@@ -45,6 +46,20 @@ impl Store for MemoryStore {
                 Ok(true)
             }
         }
+    }
+
+    fn breakpoints(&self) -> Result<Vec<(String, Vec<Breakpoint>)>, StoreError> {
+        Ok(self.inner().breakpoints.clone().into_iter().collect())
+    }
+
+    fn put_breakpoints(&self, definition: &str, breakpoints: &[Breakpoint]) -> Result<(), StoreError> {
+        let mut i = self.inner();
+        if breakpoints.is_empty() {
+            i.breakpoints.remove(definition);
+        } else {
+            i.breakpoints.insert(definition.to_string(), breakpoints.to_vec());
+        }
+        Ok(())
     }
 
     fn definitions(&self) -> Result<Vec<Value>, StoreError> {

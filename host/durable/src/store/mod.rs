@@ -15,7 +15,7 @@ use serde_json::Value;
 use sm4c_host::driver::ParentLink;
 use sm4c_host::service::HostError;
 pub use sm4c_host::service::{Stored, Summary};
-use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
+use sm4c_runtime::{Breakpoint, Effect, Entry, Millis, Snapshot};
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +113,16 @@ pub struct InstanceWrite {
 pub trait Store: Send + Sync + 'static {
     /// Registers a definition; `Ok(false)` when the same content is already registered.
     fn put_definition(&self, id: &str, version: &str, doc: &Value) -> Result<bool, StoreError>;
+    /// The step debugger's breakpoints, by definition id (definitions without any are left out).
+    /// By default none: a store that does not keep them forgets them when the host stops.
+    fn breakpoints(&self) -> Result<Vec<(String, Vec<Breakpoint>)>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Sets the breakpoints of a definition (an empty list clears them); durable once it returns.
+    /// By default they are not kept (the host still has them until it stops).
+    fn put_breakpoints(&self, _definition: &str, _breakpoints: &[Breakpoint]) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Every registered definition.
     fn definitions(&self) -> Result<Vec<Value>, StoreError>;
     /// One instance.

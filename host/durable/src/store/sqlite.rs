@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 use sm4c_host::driver::ParentLink;
 use sm4c_host::service::time;
-use sm4c_runtime::{Effect, Entry, Millis, Snapshot};
+use sm4c_runtime::{Breakpoint, Effect, Entry, Millis, Snapshot};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS origins (
     instance TEXT PRIMARY KEY, traceparent TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS parked (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL, expires INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS breakpoints (
+    definition TEXT PRIMARY KEY, breakpoints TEXT NOT NULL) WITHOUT ROWID;
 ";
 
 /// Instance state, journals and timers in one SQLite file (WAL mode).
@@ -331,6 +333,28 @@ impl Store for SqliteStore {
         rows.iter().map(|e| parse(e)).collect()
     }
 
+    fn breakpoints(&self) -> Result<Vec<(String, Vec<Breakpoint>)>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT definition, breakpoints FROM breakpoints ORDER BY definition")?;
+        let rows: Vec<(String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        rows.into_iter().map(|(d, b)| Ok((d, parse(&b)?))).collect()
+    }
+
+    fn put_breakpoints(&self, definition: &str, breakpoints: &[Breakpoint]) -> Result<(), StoreError> {
+        let conn = self.conn();
+        if breakpoints.is_empty() {
+            conn.execute("DELETE FROM breakpoints WHERE definition = ?1", [definition])?;
+        } else {
+            conn.execute(
+                "INSERT OR REPLACE INTO breakpoints (definition, breakpoints) VALUES (?1, ?2)",
+                params![definition, json(&breakpoints)],
+            )?;
+        }
+        Ok(())
+    }
+
     fn origin(&self, instance: &str) -> Result<Option<String>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached("SELECT traceparent FROM origins WHERE instance = ?1")?;
@@ -340,7 +364,7 @@ impl Store for SqliteStore {
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT id FROM instances WHERE definition = ?1 AND version = ?2 AND status IN ('running', 'waiting', 'created') ORDER BY seq",
+            "SELECT id FROM instances WHERE definition = ?1 AND version = ?2 AND status IN ('running', 'waiting', 'created', 'paused') ORDER BY seq",
         )?;
         let mut out = Vec::new();
         for (d, v) in definitions {
