@@ -7,7 +7,7 @@
 const $ = (sel, root = document) => root.querySelector(sel);
 const view = $("#view");
 const TOKEN_KEY = "sm4c.token";
-const STATUSES = ["created", "running", "waiting", "completed", "failed", "cancelled", "timedOut"];
+const STATUSES = ["created", "running", "waiting", "paused", "completed", "failed", "cancelled", "timedOut"];
 const FINAL = new Set(["completed", "failed", "cancelled", "timedOut"]);
 
 // ---------------------------------------------------------------------------------------------
@@ -227,6 +227,12 @@ async function instancePage(r, seq) {
           <span id="cancel-box"><button type="button" id="cancel" class="danger">Cancel instance</button></span>` : ""}
         </div>
       </section>
+      ${i.status === "paused" ? `<section id="paused" class="paused-banner" aria-live="polite"><h2>Paused</h2>
+        <p id="paused-at">Paused ${esc(describeBreakpoint(i.pausedAt))}</p>
+        <div class="actions"><button type="button" id="resume">Resume</button>
+        <button type="button" id="step" title="Go on to the next breakpoint-able point and pause there">Step</button>
+        <a href="#/definition/${encodeURIComponent(i.definition)}/${encodeURIComponent(i.version)}">Breakpoints…</a></div>
+        <details open data-key="paused-data"><summary>Its data</summary><pre id="paused-data">${json(i.data)}</pre></details></section>` : ""}
       ${i.error ? `<section id="error"><h2>Error</h2><p><strong>${esc(i.error.kind || i.error.error || "")}</strong> ${esc(i.error.message || "")}</p><details data-key="error"><summary>details</summary><pre>${json(i.error)}</pre></details></section>` : ""}
       <div class="grid">
         <div>
@@ -244,6 +250,16 @@ async function instancePage(r, seq) {
     for (const d of view.querySelectorAll("details[data-key]")) if (openDetails.has(d.dataset.key)) d.open = true;
     const cancel = $("#cancel");
     if (cancel) cancel.addEventListener("click", () => confirmCancel(i.id, render));
+    for (const how of ["resume", "step"]) {
+      const b = $("#" + how);
+      if (b) b.addEventListener("click", async () => {
+        b.disabled = true;
+        try {
+          await api("/instances/" + i.id.split("/").map(encodeURIComponent).join("/") + "/" + how, { method: "POST" });
+          await render();
+        } catch (e) { banner(explainError(e)); b.disabled = false; }
+      });
+    }
     for (const b of view.querySelectorAll("button[data-send]")) {
       b.addEventListener("click", () => { location.hash = "#/send?" + b.dataset.send; });
     }
@@ -322,11 +338,24 @@ function describeInput(input) {
   if (k === "failed") return `operation <code>${esc(input.op)}</code> failed: ${esc(input.error && input.error.message)}`;
   if (k === "cancel") return `cancelled${input.reason ? ": " + esc(input.reason) : ""}`;
   if (k === "abort") return `aborted: ${esc(input.error && input.error.message)}`;
+  if (k === "debug") return input.breakpoints.length ? `breakpoints: ${input.breakpoints.map(b => esc(describeBreakpoint(b))).join("; ")}` : "breakpoints cleared";
+  if (k === "resume") return input.step ? "step" : "resume";
   return esc(k);
+}
+
+function describeBreakpoint(b) {
+  if (!b) return "";
+  if (b.on === "enter") return `entering ${b.state}`;
+  if (b.on === "action") return b.action === "enter" || b.action === "exit"
+    ? `before the ${b.action} action of ${b.state}` : `before the action of transition ${b.action.slice(1)} of ${b.state}`;
+  if (b.on === "transition") return b.transition === undefined ? `before any transition of ${b.state}` : `before transition ${b.transition} of ${b.state}`;
+  return JSON.stringify(b);
 }
 
 function describeTrace(t) {
   switch (t.step) {
+    case "paused": return `<strong>paused</strong> ${esc(describeBreakpoint(t.at))}`;
+    case "resumed": return t.stepping ? "stepped" : "resumed";
     case "stateEntered": return `entered <strong>${esc(t.state)}</strong>`;
     case "transitionFired": return `${esc(t.state)} → ${esc(t.next || t.state)} <span class="muted">(${esc(t.trigger)})</span>`;
     case "eventConsumed": return `consumed event ${esc(t.event)}`;
@@ -421,8 +450,55 @@ async function definitionPage(r, seq) {
     <section><h2>Diagram</h2><div class="diagram-box" id="diagram">${d.diagram}</div>
       <details><summary>Mermaid source (<code>sm4c graph</code>)</summary><pre>${esc(d.mermaid)}</pre></details></section>
     ${d.events.length ? `<section><h2>Events</h2><ul>${d.events.map(e => `<li><strong>${esc(e.name)}</strong> type <code>${esc(e.type)}</code>${e.source ? ` source <code>${esc(e.source)}</code>` : ""}</li>`).join("")}</ul></section>` : ""}
+    ${d.definition && Array.isArray(d.definition.states) ? `<section id="breakpoints-box"><h2>Breakpoints</h2><div id="breakpoints-body" class="muted">…</div></section>` : ""}
     <section><h2>Definition</h2><pre id="definition-json">${json(d.definition)}</pre></section>`;
   $("#d-version").addEventListener("change", e => { location.hash = `#/definition/${encodeURIComponent(d.id)}/${encodeURIComponent(e.target.value)}`; });
+  if ($("#breakpoints-box")) await breakpointsPanel(d, seq);
+}
+
+// The step debugger: a definition's breakpoints, one checkbox per breakpoint-able point of each state.
+async function breakpointsPanel(d, seq) {
+  const box = $("#breakpoints-body");
+  const path = "/definitions/" + encodeURIComponent(d.id) + "/breakpoints";
+  let set;
+  try { set = (await api(path)).breakpoints; } catch (e) {
+    if (seq !== renderSeq) return;
+    box.textContent = e.status === 501 ? e.message : explainError(e);
+    return;
+  }
+  if (seq !== renderSeq) return;
+  const key = b => JSON.stringify([b.on, b.state, b.action || "", b.transition === undefined ? "" : b.transition]);
+  const on = new Set(set.map(key));
+  const cell = (b, label) => `<label><input type="checkbox" data-kind="${esc(b.on + (b.action ? "-" + b.action : ""))}" data-bp='${esc(JSON.stringify(b))}' ${on.has(key(b)) ? "checked" : ""}> ${esc(label)}</label>`;
+  const rows = d.definition.states.map(st => {
+    const cells = [cell({ on: "enter", state: st.name }, "entering")];
+    if (st.enterAction) cells.push(cell({ on: "action", state: st.name, action: "enter" }, "enter action"));
+    (st.transitions || []).forEach((t, n) => { if (t.action) cells.push(cell({ on: "action", state: st.name, action: "t" + n }, `action of transition ${n}`)); });
+    if (st.exitAction) cells.push(cell({ on: "action", state: st.name, action: "exit" }, "exit action"));
+    if ((st.transitions || []).length) cells.push(cell({ on: "transition", state: st.name }, "any transition"));
+    return `<tr data-state="${esc(st.name)}"><th scope="row">${esc(st.name)}</th><td>${cells.join(" &nbsp; ")}</td></tr>`;
+  }).join("");
+  const others = set.filter(b => b.on === "transition" && b.transition !== undefined);
+  box.className = "";
+  box.innerHTML = `<p class="muted">An instance of ${esc(d.id)} (any version) that reaches a checked point pauses there until it is resumed. Breakpoints cost nothing while none is set.</p>
+    <table id="breakpoints"><tbody>${rows}</tbody></table>
+    ${others.length ? `<p>Also: ${others.map(b => esc(describeBreakpoint(b))).join("; ")}</p>` : ""}
+    <div class="actions" style="margin-top:8px"><button type="button" id="bp-clear" ${set.length ? "" : "disabled"}>Clear all breakpoints</button></div>`;
+  const save = async list => {
+    try {
+      await api(path, { method: "PUT", body: JSON.stringify({ breakpoints: list }), headers: { "content-type": "application/json" } });
+      banner(list.length ? `${list.length} breakpoint${list.length > 1 ? "s" : ""} set on ${d.id}.` : `No breakpoint is set on ${d.id}.`, "info");
+    } catch (e) { banner(explainError(e)); }
+    await breakpointsPanel(d, seq);
+  };
+  for (const c of box.querySelectorAll("input[data-bp]")) {
+    c.addEventListener("change", () => {
+      const b = JSON.parse(c.dataset.bp);
+      const rest = set.filter(x => key(x) !== key(b));
+      save(c.checked ? [...rest, b] : rest);
+    });
+  }
+  $("#bp-clear").addEventListener("click", () => save([]));
 }
 
 // ---------------------------------------------------------------------------------------------

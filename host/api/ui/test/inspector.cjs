@@ -264,6 +264,35 @@ async function main() {
     await page.waitForSelector('h1 .badge[data-status="cancelled"]', { timeout: LIVE });
     ok((await call(s, "GET", "/instances/o-4")).status === "cancelled", "cancel from the page cancels the instance");
 
+    // The step debugger (SQLite mode; Kafka mode answers 501): a breakpoint set on the definition's
+    // page pauses an instance, which shows where and its data, then steps and resumes.
+    if (!KAFKA) {
+      await page.goto(s.url + "/ui#/definition/order/1");
+      await page.waitForSelector("#breakpoints");
+      await page.check('#breakpoints tr[data-state="Ship"] input[data-kind="enter"]');
+      await page.waitForFunction(() => document.querySelector("#banner") && document.querySelector("#banner").textContent.includes("1 breakpoint set on order"));
+      ok(JSON.stringify((await call(s, "GET", "/definitions/order/breakpoints")).breakpoints) === JSON.stringify([{ on: "enter", state: "Ship" }]),
+        "a checkbox on the definition's page sets a breakpoint on entering Ship");
+      await start(s, "order", "o-6", { orderId: "G7" });
+      await page.goto(s.url + "/ui#/instance/o-6");
+      await page.waitForSelector('h1 .badge[data-status="waiting"]', { timeout: LIVE });
+      await paid(s, "G7");
+      await page.waitForSelector('h1 .badge[data-status="paused"]', { timeout: LIVE });
+      ok((await page.textContent("#paused-at")).includes("entering Ship"), "the paused instance says where it paused, live");
+      ok((await page.textContent("#paused-data")).includes('"G7"'), "the paused instance shows its data");
+      await page.click("#step");
+      await page.waitForFunction(() => (document.querySelector("#paused-at") || {}).textContent?.includes("before the enter action of Ship"), null, { timeout: LIVE });
+      ok(true, "Step goes on to the next point (Ship's enter action) and pauses there");
+      await page.click("#resume");
+      await page.waitForSelector('h1 .badge[data-status="completed"]', { timeout: LIVE });
+      ok((await call(s, "GET", "/instances/o-6")).data.step === "shipped", "Resume lets the instance run to its end");
+      await page.goto(s.url + "/ui#/definition/order/1");
+      await page.waitForSelector("#bp-clear:not([disabled])");
+      await page.click("#bp-clear");
+      await page.waitForSelector("#bp-clear[disabled]");
+      ok((await call(s, "GET", "/definitions/order/breakpoints")).breakpoints.length === 0, "Clear all breakpoints clears them");
+    }
+
     // Parent and children.
     await start(s, "parent", "p-1", { orderId: "E5" });
     await page.goto(s.url + "/ui#/instance/p-1");
