@@ -49,49 +49,10 @@ fail() {
   exit 1
 }
 
-# What the demo needs beyond sm4c: the tansu broker and a Python with confluent-kafka and the
-# CloudEvents SDK (and cmake, to build sm4c), all from scripts/setup.sh, which installs them into .tools/.
-if [ -z "${SM4C_BIN:-}" ] || [ -z "${SM4C_TANSU:-}" ] || [ -z "${SM4C_PYTHON:-}" ]; then
-  given_tansu="${SM4C_TANSU:-}"
-  given_python="${SM4C_PYTHON:-}"
-  # shellcheck disable=SC1091 # (scripts/setup.sh is checked on its own)
-  source scripts/setup.sh
-  SM4C_TANSU="${given_tansu:-$SM4C_TANSU}"
-  SM4C_PYTHON="${given_python:-$SM4C_PYTHON}"
-fi
-[ -x "$SM4C_TANSU" ] || fail "no tansu broker at $SM4C_TANSU (SM4C_TANSU)"
-[ -x "$SM4C_PYTHON" ] || fail "no Python at $SM4C_PYTHON (SM4C_PYTHON)"
-
-if [ -n "${SM4C_BIN:-}" ]; then
-  bin="$SM4C_BIN"
-  [ -x "$bin" ] || fail "SM4C_BIN is $bin, which is not an executable"
-  say "using the sm4c binary given by SM4C_BIN: $bin"
-else
-  target="${CARGO_TARGET_DIR:-target}"
-  [[ "$target" = /* ]] || target="$root/$target"
-  if [ "$profile" = release ]; then
-    say "building sm4c (cargo build --release -p sm4c; the first build takes several minutes)"
-    cargo build --release --locked -p sm4c
-  else
-    say "building sm4c (cargo build -p sm4c, a debug build)"
-    cargo build --locked -p sm4c
-  fi
-  bin="$target/$profile/sm4c"
-  [ -x "$bin" ] || fail "cargo built no $bin"
-  say "using the $profile build: $bin"
-fi
-
-# Nothing may listen on the ports yet (else the demo would talk to someone else's server).
-for port in "$broker_port" "$port_a" "$port_b"; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    fail "port $port is in use; choose others with SM4C_DEMO_BROKER_PORT, SM4C_DEMO_PORT_A and SM4C_DEMO_PORT_B"
-  fi
-done
-
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/sm4c-demo.XXXXXX")"
 names=()
 pids=()
-waiting_on="" # the curl or sleep the main loop waits for, if any
+waiting_on="" # the cargo build, curl or sleep the script waits for, if any
 
 # Stops what the demo started: the services and the workers first (SIGTERM; SIGKILL after 10 s), the
 # broker last, so that the workers can leave their group; then removes the temporary directory.
@@ -99,7 +60,8 @@ stop_all() {
   trap - INT TERM EXIT
   echo
   say "stopping"
-  if [ -n "$waiting_on" ]; then kill "$waiting_on" 2>/dev/null || true; fi
+  # A build runs in a process group of its own (see below): its compilers stop with it.
+  if [ -n "$waiting_on" ]; then kill -TERM -- "-$waiting_on" "$waiting_on" 2>/dev/null || true; fi
   local i
   for i in "${!pids[@]}"; do
     if [ "${names[$i]}" != broker ]; then kill -TERM "${pids[$i]}" 2>/dev/null || true; fi
@@ -143,6 +105,55 @@ stop_wait() {
 trap 'stop_all; exit 130' INT
 trap 'stop_all; exit 143' TERM
 trap 'stop_all' EXIT
+
+# What the demo needs beyond sm4c: the tansu broker and a Python with confluent-kafka and the
+# CloudEvents SDK (and cmake, to build sm4c), all from scripts/setup.sh, which installs them into .tools/.
+if [ -z "${SM4C_BIN:-}" ] || [ -z "${SM4C_TANSU:-}" ] || [ -z "${SM4C_PYTHON:-}" ]; then
+  given_tansu="${SM4C_TANSU:-}"
+  given_python="${SM4C_PYTHON:-}"
+  # shellcheck disable=SC1091 # (scripts/setup.sh is checked on its own)
+  source scripts/setup.sh
+  SM4C_TANSU="${given_tansu:-$SM4C_TANSU}"
+  SM4C_PYTHON="${given_python:-$SM4C_PYTHON}"
+fi
+[ -x "$SM4C_TANSU" ] || fail "no tansu broker at $SM4C_TANSU (SM4C_TANSU)"
+[ -x "$SM4C_PYTHON" ] || fail "no Python at $SM4C_PYTHON (SM4C_PYTHON)"
+
+if [ -n "${SM4C_BIN:-}" ]; then
+  bin="$SM4C_BIN"
+  [ -x "$bin" ] || fail "SM4C_BIN is $bin, which is not an executable"
+  say "using the sm4c binary given by SM4C_BIN: $bin"
+else
+  target="${CARGO_TARGET_DIR:-target}"
+  [[ "$target" = /* ]] || target="$root/$target"
+  build=(cargo build --locked -p sm4c)
+  if [ "$profile" = release ]; then
+    build+=(--release)
+    say "building sm4c (cargo build --release -p sm4c; the first build takes several minutes)"
+  else
+    say "building sm4c (cargo build -p sm4c, a debug build)"
+  fi
+  # In the background, waited for, and in a process group of its own when setsid is there, so that a
+  # signal stops the build and its compilers at once.
+  if command -v setsid >/dev/null; then
+    setsid "${build[@]}" </dev/null &
+  else
+    "${build[@]}" </dev/null &
+  fi
+  waiting_on=$!
+  wait "$waiting_on" || fail "the build failed (${build[*]})"
+  waiting_on=""
+  bin="$target/$profile/sm4c"
+  [ -x "$bin" ] || fail "cargo built no $bin"
+  say "using the $profile build: $bin"
+fi
+
+# Nothing may listen on the ports yet (else the demo would talk to someone else's server).
+for port in "$broker_port" "$port_a" "$port_b"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    fail "port $port is in use; choose others with SM4C_DEMO_BROKER_PORT, SM4C_DEMO_PORT_A and SM4C_DEMO_PORT_B"
+  fi
+done
 
 # started NAME PID: remembers a process the demo started (in $tmp/pids too, one "NAME PID" a line).
 started() {
