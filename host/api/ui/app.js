@@ -482,7 +482,7 @@ async function breakpointsPanel(d, seq) {
   box.className = "";
   box.innerHTML = `<p class="muted">An instance of ${esc(d.id)} (any version) that reaches a checked point pauses there until it is resumed. Breakpoints cost nothing while none is set.</p>
     <table id="breakpoints"><tbody>${rows}</tbody></table>
-    ${others.length ? `<p>Also: ${others.map(b => esc(describeBreakpoint(b))).join("; ")}</p>` : ""}
+    ${others.length ? `<p id="bp-others">Also: ${others.map(b => `${esc(describeBreakpoint(b))} <button type="button" data-remove='${esc(JSON.stringify(b))}'>remove</button>`).join("; ")}</p>` : ""}
     <div class="actions" style="margin-top:8px"><button type="button" id="bp-clear" ${set.length ? "" : "disabled"}>Clear all breakpoints</button></div>`;
   const save = async list => {
     try {
@@ -497,6 +497,9 @@ async function breakpointsPanel(d, seq) {
       const rest = set.filter(x => key(x) !== key(b));
       save(c.checked ? [...rest, b] : rest);
     });
+  }
+  for (const r of box.querySelectorAll("button[data-remove]")) {
+    r.addEventListener("click", () => save(set.filter(x => key(x) !== key(JSON.parse(r.dataset.remove)))));
   }
   $("#bp-clear").addEventListener("click", () => save([]));
 }
