@@ -304,3 +304,44 @@ fn a_paused_instance_survives_sigkill_and_goes_on_with_step_and_resume() {
     s.pay("C3");
     s.settled("o-3", "completed");
 }
+
+#[test]
+fn an_event_for_a_paused_instance_waits_for_the_resume() {
+    let (_dir, db) = store();
+    let s = serve(&db);
+    assert_eq!(s.post("/definitions", &order()).0, 201);
+    let (code, v) = s.put(
+        "/definitions/order/breakpoints",
+        &json!({"breakpoints": [{"on": "enter", "state": "Received"}]}),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        v,
+        json!({"definition": "order", "breakpoints": [{"on": "enter", "state": "Received"}]})
+    );
+    s.start("o-9", "Z9");
+    let v = s.settled("o-9", "paused");
+    assert_eq!(v["pausedAt"], json!({"on": "enter", "state": "Received"}));
+    assert_eq!(v["data"], json!({"orderId": "Z9"}));
+    // The payment reaches the paused instance, which keeps it until it goes on.
+    s.pay("Z9");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.settled("o-9", "paused")["state"], Value::Null);
+    let out = Command::new(BIN)
+        .args(["show", "o-9", "--server", &s.url])
+        .output()
+        .expect("sm4c runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("paused:") && l.ends_with(" entering Received")),
+        "{text}"
+    );
+    let (code, v) = s.send(s.client.delete(format!("{}/definitions/order/breakpoints", s.url)));
+    assert_eq!((code, v["breakpoints"].clone()), (200, json!([])));
+    let (code, v) = s.post("/instances/o-9/resume", &json!({}));
+    assert_eq!(code, 200, "{v}");
+    let v = s.settled("o-9", "completed");
+    assert_eq!(v["data"]["payment"], json!({"amount": 3}), "{v}");
+    assert_eq!(v["data"]["step"], "shipped");
+}
