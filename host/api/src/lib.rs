@@ -411,17 +411,7 @@ async fn post_explain(State(h): State<Api>, req: Request) -> Result<Json<Value>,
 /// The W3C `traceparent` header of a request, when it has the form of version 00:
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`.
 fn traceparent(headers: &axum::http::HeaderMap) -> Option<&str> {
-    let v = headers.get("traceparent")?.to_str().ok()?.trim();
-    let parts: Vec<&str> = v.split('-').collect();
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (parts.len() == 4
-        && hex(parts[0], 2)
-        && hex(parts[1], 32)
-        && hex(parts[2], 16)
-        && hex(parts[3], 2)
-        && parts[1].bytes().any(|b| b != b'0')
-        && parts[2].bytes().any(|b| b != b'0'))
-    .then_some(v)
+    sm4c_host::driver::traceparent(headers.get("traceparent")?.to_str().ok()?)
 }
 
 /// A CloudEvent from an HTTP request in either content mode, as its JSON (structured) form.

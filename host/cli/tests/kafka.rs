@@ -17,6 +17,8 @@
 
 #[path = "support/inventory.rs"]
 mod inventory;
+#[path = "support/otlp.rs"]
+mod otlp;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -2390,5 +2392,120 @@ fn kafka_mode_serves_metrics_of_instances_and_transactions() {
             tail(&w.log)
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Traces in Kafka mode: the `traceparent` of the request that started an instance is its origin
+/// (every step's span is in its trace and links to it, after a restore too); a sent event carries
+/// the step's context per hop in the record's `traceparent` header; and an event that comes with
+/// only a record header (no `traceparent` attribute) has that hop as its origin, which the span of
+/// the step that took it links to.
+#[test]
+fn kafka_steps_are_traced_from_their_origin_and_hops_travel_in_record_headers() {
+    const ORIGIN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const ORIGIN_SPAN: &str = "00f067aa0ba902b7";
+    const HOP_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const HOP_SPAN: &str = "b7ad6b7169203331";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let (endpoint, got) = otlp::receiver();
+    let prefix = "traced";
+    let args = worker_args(&broker, prefix, 2, &["--otlp-endpoint", &endpoint]);
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    let origin = format!("00-{ORIGIN_TRACE}-{ORIGIN_SPAN}-01");
+    let r = http()
+        .post(format!("{}/instances", w.base))
+        .header("traceparent", &origin)
+        .json(&json!({"definition": "saga", "id": "t-1", "input": {"orderId": "o-t1", "amount": 5}}))
+        .send()
+        .expect("POST /instances");
+    assert_eq!(r.status().as_u16(), 201, "{:?}", r.text());
+
+    // The request for payment carries the start step's context in its record header.
+    let mut requested: Option<HashMap<String, String>> = None;
+    wait_until(
+        "the payment request on the out topic",
+        60,
+        || {
+            requested = read_topic(&broker, &format!("{prefix}.events.out"))
+                .into_iter()
+                .map(|(_, h, _)| h)
+                .find(|h| h.get("ce_type").map(String::as_str) == Some("payment.requested"));
+            requested.is_some()
+        },
+        &[&w],
+    );
+    let requested = requested.expect("the request");
+    // A step decided again (after a rebalance, say) has a span each time: every one must hold.
+    let spans_of = |input: &str| {
+        let mut found = Vec::new();
+        let t0 = Instant::now();
+        while found.is_empty() && t0.elapsed() < Duration::from_secs(30) {
+            found = got
+                .spans_of("t-1")
+                .into_iter()
+                .filter(|s| otlp::attr(s, "sm4c.input").as_deref() == Some(input))
+                .collect::<Vec<_>>();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!found.is_empty(), "no span of the {input} step of t-1");
+        found
+    };
+    let linked = |s: &opentelemetry_proto::tonic::trace::v1::Span, trace: &str, span: &str| {
+        s.links
+            .iter()
+            .any(|l| otlp::hex(&l.trace_id) == trace && otlp::hex(&l.span_id) == span)
+    };
+    let starts = spans_of("start");
+    for s in &starts {
+        assert_eq!(otlp::hex(&s.trace_id), ORIGIN_TRACE, "{s:?}");
+        assert!(s.parent_span_id.is_empty(), "a step's span does not nest: {s:?}");
+        assert!(
+            linked(s, ORIGIN_TRACE, ORIGIN_SPAN),
+            "the start step links to its request: {s:?}"
+        );
+    }
+    let contexts: Vec<String> = starts
+        .iter()
+        .map(|s| format!("00-{ORIGIN_TRACE}-{}-01", otlp::hex(&s.span_id)))
+        .collect();
+    let hop_out = requested.get("traceparent").cloned().unwrap_or_default();
+    assert!(contexts.contains(&hop_out), "{requested:?} {contexts:?}");
+    assert_eq!(requested.get("ce_traceparent"), Some(&hop_out), "{requested:?}");
+
+    // The worker restarts: the origin was kept with the instance.
+    w.kill9();
+    w.run();
+    wait_owned(&[&w], 2);
+    // The payment service answers with a hop context in a record header and no attribute.
+    let hop = format!("00-{HOP_TRACE}-{HOP_SPAN}-01");
+    let p = producer(&broker);
+    send_raw(
+        &p,
+        &format!("{prefix}.events"),
+        br#"{"paid": 5}"#,
+        &[
+            ("ce_specversion", "1.0"),
+            ("ce_id", "paid-t1"),
+            ("ce_source", "payments"),
+            ("ce_type", "payment.done"),
+            ("ce_orderid", "o-t1"),
+            ("content-type", "application/json"),
+            ("traceparent", &hop),
+        ],
+    );
+    wait_until("t-1 paid", 60, || state_of(&w, "t-1") == "Paid", &[&w]);
+    for paid in spans_of("event") {
+        assert_eq!(
+            otlp::hex(&paid.trace_id),
+            ORIGIN_TRACE,
+            "the origin's trace after a restart: {paid:?}"
+        );
+        assert!(
+            linked(&paid, ORIGIN_TRACE, ORIGIN_SPAN),
+            "the event step links to the origin: {paid:?}"
+        );
+        assert!(linked(&paid, HOP_TRACE, HOP_SPAN), "and to the record's hop: {paid:?}");
     }
 }

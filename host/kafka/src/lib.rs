@@ -776,6 +776,17 @@ impl Backend for KafkaHost {
         id: Option<String>,
         input: Value,
     ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+        self.start_traced(definition, version, id, input, None)
+    }
+
+    fn start_traced(
+        &self,
+        definition: String,
+        version: Option<String>,
+        id: Option<String>,
+        input: Value,
+        origin: Option<String>,
+    ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
         Box::pin(async move {
             let Some(m) = self.shared.machine_or_latest(&definition, version.as_deref()) else {
                 return Err(HostError::UnknownDefinition(match version {
@@ -797,6 +808,7 @@ impl Backend for KafkaHost {
                 depth: 0,
                 origin: None,
                 request: Some(request.clone()),
+                traceparent: origin,
             };
             self.send_command(&id, &c).await?;
             self.wait_for("the start", |v| v.get(&id).is_some()).await?;

@@ -33,6 +33,10 @@ pub enum Command {
         /// creates, so that of two requests for one id only the one that created it says so.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         request: Option<String>,
+        /// The W3C `traceparent` of the request or event that started the instance (its origin):
+        /// the spans of its steps link to it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// Cancel an instance.
     Cancel {
@@ -232,6 +236,10 @@ pub struct InstanceRecord {
     /// The token of the API request that created the instance, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
+    /// The W3C `traceparent` of what started the instance, kept so the spans of its steps link
+    /// to it after a restore too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// The latest tasks closed by an answer through the HTTP API: (op, request token), at most
     /// [`ANSWERS_KEPT`], newest last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -114,8 +114,12 @@ fn deadletter(shared: &Shared, payload: Vec<u8>, mut headers: Vec<(String, Vec<u
 }
 
 /// A sent event in binary content mode (or structured, when the SDK cannot map it).
-fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value) -> Out {
+fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value, hop: Option<&str>) -> Out {
     use cloudevents::binding::rdkafka::{BaseRecordExt, MessageRecord};
+    let _ = shared;
+    // The step's trace context travels per hop in the record's own `traceparent` header; the
+    // event's `traceparent` attribute (`ce_traceparent` in binary mode) keeps its origin.
+    let hop = hop.map(|tp| ("traceparent".to_string(), tp.as_bytes().to_vec()));
     if let Ok(ev) = serde_json::from_value::<cloudevents::Event>(event.clone()) {
         if let Ok(rec) = MessageRecord::from_event(ev) {
             if let Ok(br) = BaseRecord::<str, Vec<u8>>::to(&topic).message_record(&rec) {
@@ -125,6 +129,7 @@ fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value) -> 
                         headers.push((x.key.to_string(), x.value.map(<[u8]>::to_vec).unwrap_or_default()));
                     }
                 }
+                headers.extend(hop);
                 let payload = br.payload.cloned().unwrap_or_default();
                 return Out {
                     topic,
@@ -136,19 +141,38 @@ fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value) -> 
             }
         }
     }
-    let _ = shared;
+    let mut headers = vec![("content-type".into(), b"application/cloudevents+json".to_vec())];
+    headers.extend(hop);
     Out {
         topic,
         partition: None,
         key: Some(instance.to_string()),
         payload: Some(serde_json::to_vec(event).unwrap_or_default()),
-        headers: vec![("content-type".into(), b"application/cloudevents+json".to_vec())],
+        headers,
     }
 }
 
 /// A CloudEvent from a Kafka message, either content mode; a JSON payload with `specversion` and
 /// no headers is read as structured mode too.
 fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
+    let mut event = read_cloudevent(m)?;
+    // An event without the CloudEvents distributed-tracing extension has the record's per-hop
+    // trace context (its `traceparent` header) as its origin, as `POST /events` does with the
+    // request's.
+    let hop = m.headers().and_then(|h| {
+        h.iter()
+            .find(|x| x.key == "traceparent")
+            .and_then(|x| std::str::from_utf8(x.value?).ok())
+            .and_then(sm4c_host::driver::traceparent)
+            .map(str::to_string)
+    });
+    if let (Some(tp), Some(o)) = (hop, event.as_object_mut()) {
+        o.entry("traceparent").or_insert(Value::String(tp));
+    }
+    Ok(event)
+}
+
+fn read_cloudevent(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
     use cloudevents::binding::rdkafka::MessageExt;
     // The SDK unwraps header values and structured payloads: keep what it cannot read away from it.
     let null_header = m.headers().is_some_and(|h| h.iter().any(|x| x.value.is_none()));
@@ -311,8 +335,9 @@ fn count_dead_letters(shared: &Shared, outs: &[Out]) {
     }
 }
 
-/// The command that starts a subflow, on the child's commands partition.
-fn subflow_start(shared: &Shared, start: &ChildStart) -> Out {
+/// The command that starts a subflow, on the child's commands partition; `origin` is the parent's
+/// (a subflow's steps link to the origin of the instance that started it).
+fn subflow_start(shared: &Shared, start: &ChildStart, origin: Option<String>) -> Out {
     let c = Command::Start {
         id: start.id.clone(),
         definition: start.definition.clone(),
@@ -322,6 +347,7 @@ fn subflow_start(shared: &Shared, start: &ChildStart) -> Out {
         depth: start.depth,
         origin: None,
         request: None,
+        traceparent: origin,
     };
     command(shared, partition_of(&start.id, shared.partitions), Some(&start.id), &c)
 }
@@ -345,8 +371,10 @@ impl Slot {
     fn from_record(shared: &Shared, m: Arc<Machine>, rec: InstanceRecord) -> Slot {
         let inst = shared.driver.restore(m, rec.snapshot);
         let open = rec.calls.into_iter().map(|(_, e)| e).collect();
+        let mut h = Hosted::restored(inst, rec.parent, rec.depth, open, rec.journal_len);
+        h.origin = rec.origin;
         Slot {
-            h: Hosted::restored(inst, rec.parent, rec.depth, open, rec.journal_len),
+            h,
             seen: rec.seen,
             order: rec.order,
             request: rec.request,
@@ -370,6 +398,7 @@ impl Slot {
             seen: self.seen.clone(),
             order: self.order,
             request: self.request.clone(),
+            origin: self.h.origin.clone(),
             answered: self.answered.clone(),
             recent: self.recent.clone(),
         }
@@ -1008,6 +1037,11 @@ impl Worker {
                     depth: 0,
                     origin: Some(origin.clone()),
                     request: None,
+                    traceparent: event
+                        .get("traceparent")
+                        .and_then(Value::as_str)
+                        .and_then(sm4c_host::driver::traceparent)
+                        .map(str::to_string),
                 };
                 cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
                 starts += 1;

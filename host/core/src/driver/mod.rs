@@ -191,16 +191,35 @@ fn input_kind(input: &Input) -> &'static str {
     }
 }
 
-/// Puts the `traceparent` of a step's span on the calls it makes and on the events it sends that
-/// carry none (the CloudEvents distributed-tracing extension).
+/// A W3C `traceparent` of version 00 with a non-zero trace and span id, trimmed; `None` for
+/// anything else (a malformed header is ignored, as the Trace Context specification asks).
+pub fn traceparent(v: &str) -> Option<&str> {
+    let v = v.trim();
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+        && parts[1].bytes().any(|b| b != b'0')
+        && parts[2].bytes().any(|b| b != b'0'))
+    .then_some(v)
+}
+
+/// Puts the `traceparent` of a step's span on the calls it makes and on the events it sends: as
+/// the event's `traceparent` attribute when it carries none (the CloudEvents distributed-tracing
+/// extension: its origin), and always as its hop ([`Work::Send`]).
 fn propagate(work: &mut [Work], traceparent: &str) {
     for w in work {
         match w {
             Work::Call { call, .. } => call.traceparent = Some(traceparent.to_string()),
-            Work::Send { event, .. } => {
+            Work::Send { event, hop, .. } => {
                 if let Some(o) = event.as_object_mut() {
                     o.entry("traceparent").or_insert_with(|| traceparent.into());
                 }
+                *hop = Some(traceparent.to_string());
             }
             _ => {}
         }
@@ -260,6 +279,10 @@ pub enum Work {
         op: String,
         /// The event (JSON structured form), with its deterministic `id`.
         event: Value,
+        /// The W3C `traceparent` of the step that sent it, when steps are traced: the per-hop
+        /// context a transport carries in its own headers (a Kafka record's `traceparent`
+        /// header), while the event's `traceparent` attribute keeps its origin.
+        hop: Option<String>,
     },
     /// Deliver `TimerFired { timer }` at `due`.
     ArmTimer {
@@ -586,7 +609,7 @@ impl Driver {
                 },
                 depth: depth + 1,
             }),
-            Effect::SendEvent { op, event } => Work::Send { op, event },
+            Effect::SendEvent { op, event } => Work::Send { op, event, hop: None },
             Effect::StartTimer { timer, due } => Work::ArmTimer { timer, due },
             Effect::CancelTimer { timer } => Work::CancelTimer { timer },
             Effect::CancelOperation { op } => Work::Stop {

@@ -499,3 +499,21 @@ fn breakpoints_are_recorded_once_when_they_change_and_a_paused_call_result_waits
     assert_eq!(bps.all().len(), 1);
     assert_eq!(input_kind(&Input::Resume { step: true }), "resume");
 }
+
+#[test]
+fn a_traceparent_is_taken_only_in_the_form_of_version_00() {
+    let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(super::traceparent(ok), Some(ok));
+    assert_eq!(super::traceparent(&format!("  {ok} ")), Some(ok));
+    for bad in [
+        "",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01",
+    ] {
+        assert_eq!(super::traceparent(bad), None, "{bad:?}");
+    }
+}

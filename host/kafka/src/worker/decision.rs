@@ -32,6 +32,7 @@ impl Decision<'_> {
                 parent,
                 depth,
                 request,
+                traceparent,
                 ..
             } => {
                 if self.t.slots.contains_key(&id) || self.t.ended.contains_key(&id) {
@@ -41,7 +42,7 @@ impl Decision<'_> {
                 if m.is_none() {
                     tracing::warn!(instance = id, definition, "start of an unknown definition");
                 }
-                let h = match parent {
+                let mut h = match parent {
                     Some(parent) => {
                         let start = ChildStart {
                             id: id.clone(),
@@ -65,6 +66,7 @@ impl Decision<'_> {
                         None => return,
                     },
                 };
+                h.origin = traceparent;
                 self.t.slots.insert(
                     id.clone(),
                     Slot {
@@ -463,16 +465,16 @@ impl Decision<'_> {
                 // exactly when the decision to schedule it commits.
                 Work::Task { task, .. } => {
                     let topic = shared.topics.task_list(&task.task_list);
-                    self.outs.push(sent_event(shared, id, topic, &task.to_event(at)));
+                    self.outs.push(sent_event(shared, id, topic, &task.to_event(at), None));
                 }
                 Work::StartChild(start) => {
-                    self.outs.push(subflow_start(shared, &start));
+                    self.outs.push(subflow_start(shared, &start, slot.h.origin.clone()));
                     // Started once this commits: a parent that does not wait is done with it.
                     slot.h.child_started(&start.parent.op);
                 }
-                Work::Send { event, .. } => {
+                Work::Send { event, hop, .. } => {
                     let topic = sent_topic(slot.h.inst.machine(), &event).unwrap_or_else(|| shared.topics.out.clone());
-                    self.outs.push(sent_event(shared, id, topic, &event));
+                    self.outs.push(sent_event(shared, id, topic, &event, hop.as_deref()));
                 }
                 Work::Stop { op, child } => {
                     let c = Command::Cancel {

@@ -167,7 +167,8 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
             Work::StartChild(start) => {
                 // A subflow start still open after a crash: send the start again (the child
                 // ignores a second start).
-                if let Err(e) = produce(&shared.plain, &subflow_start(shared, &start)) {
+                let origin = t.slots.get(&id).and_then(|s| s.h.origin.clone());
+                if let Err(e) = produce(&shared.plain, &subflow_start(shared, &start, origin)) {
                     tracing::warn!(error = %e, "cannot send a subflow start again");
                 }
             }
