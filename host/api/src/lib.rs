@@ -640,7 +640,7 @@ mod tests {
         out
     }
 
-    /// The router's routes (this file and the metrics route that `sm4c serve` merges in) and the
+    /// The router's routes (this file, the inspector's and the metrics route that `sm4c serve` merges in) and the
     /// OpenAPI document's operations are the same set: a route added to one and not the other
     /// fails here. `/instances/{*rest}` is the document's `/instances/{id}` (GET),
     /// `/instances/{id}/history` (GET) and `/instances/{id}/cancel` (POST).
@@ -648,6 +648,8 @@ mod tests {
     fn the_openapi_document_matches_every_route() {
         let mut served = routes_in(include_str!("lib.rs").split("#[cfg(test)]").next().unwrap_or_default());
         served.extend(routes_in(include_str!("metrics.rs")));
+        // The inspector's routes beyond its assets (pages, not operations: not documented).
+        served.extend(routes_in(include_str!("ui/mod.rs")));
         assert!(served.remove(&("/instances/{*rest}".into(), "get".into())));
         assert!(served.remove(&("/instances/{*rest}".into(), "post".into())));
         for (p, m) in [
