@@ -79,6 +79,18 @@ struct CodeLabels {
     code: String,
 }
 
+/// Labels of ended actions.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+    outcome: String,
+}
+
+fn action_histogram() -> Histogram {
+    // 1 ms to about 18 h (a `delay` or a call may wait long); 0 for actions that end at once.
+    Histogram::new(exponential_buckets(0.001, 4.0, 14))
+}
+
 /// Labels of Kafka transactions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -103,6 +115,7 @@ pub struct Metrics {
     started: Family<DefinitionLabels, Counter>,
     ended: Family<EndedLabels, Counter>,
     transitions: Family<DefinitionLabels, Counter>,
+    actions: Histograms<ActionLabels>,
     calls: Histograms<CallLabels>,
     commits: Histogram,
     batches: Histogram,
@@ -136,6 +149,13 @@ impl Metrics {
             ended.clone(),
         );
         registry.register("transitions", "Transitions fired, by definition", transitions.clone());
+        let actions: Histograms<ActionLabels> = Family::new_with_constructor(action_histogram);
+        registry.register_with_unit(
+            "action_duration",
+            "SM4C actions from start to end, by action type and outcome (completed or failed); 0 for an action that ends in the step that started it",
+            Unit::Seconds,
+            actions.clone(),
+        );
         registry.register_with_unit(
             "function_call_duration",
             "Function calls from start to result, by function, function type and outcome (ok or the error type)",
@@ -208,6 +228,7 @@ impl Metrics {
             started,
             ended,
             transitions,
+            actions,
             calls,
             commits,
             batches,
@@ -264,6 +285,14 @@ impl Observer for Observed {
             definition: definition.to_string(),
         };
         self.0.transitions.get_or_create(&labels).inc_by(count);
+    }
+
+    fn action_ended(&self, action: &str, outcome: &str, seconds: f64) {
+        let labels = ActionLabels {
+            action: action.to_string(),
+            outcome: outcome.to_string(),
+        };
+        self.0.actions.get_or_create(&labels).observe(seconds);
     }
 
     fn store_commit(&self, seconds: f64, inputs: usize) {

@@ -183,6 +183,9 @@ impl Observer for Observed {
     fn transitions(&self, definition: &str, count: u64) {
         self.metrics.transitions(definition, count)
     }
+    fn action_ended(&self, action: &str, outcome: &str, seconds: f64) {
+        self.metrics.action_ended(action, outcome, seconds)
+    }
     fn store_commit(&self, seconds: f64, inputs: usize) {
         self.metrics.store_commit(seconds, inputs)
     }

@@ -255,6 +255,7 @@ fn metrics_count_instances_transitions_and_function_calls() {
         ("sm4c_instances_started", "counter"),
         ("sm4c_instances_ended", "counter"),
         ("sm4c_transitions", "counter"),
+        ("sm4c_action_duration_seconds", "histogram"),
         ("sm4c_function_call_duration_seconds", "histogram"),
         ("sm4c_store_commit_duration_seconds", "histogram"),
         ("sm4c_store_commit_batch_size", "histogram"),
@@ -335,6 +336,17 @@ fn metrics_count_instances_transitions_and_function_calls() {
     inf.push(("le", "+Inf"));
     assert_eq!(m.value(&format!("{call}_bucket"), &inf), 2.0, "{m:?}");
     assert_eq!(m.series(&format!("{call}_count")).len(), 2, "{m:?}");
+
+    // Actions by type and outcome: the two delays took their 0.1 s each (from the step that
+    // started them to the timer's); the calls ended in later steps, two completed and one failed.
+    let action = "sm4c_action_duration_seconds";
+    let delays = [("action", "delay"), ("outcome", "completed")];
+    assert_eq!(m.value(&format!("{action}_count"), &delays), 2.0, "{m:?}");
+    assert!(m.value(&format!("{action}_sum"), &delays) >= 0.2, "{m:?}");
+    let calls = [("action", "invokeFunction"), ("outcome", "completed")];
+    assert_eq!(m.value(&format!("{action}_count"), &calls), 2.0, "{m:?}");
+    let failed_calls = [("action", "invokeFunction"), ("outcome", "failed")];
+    assert_eq!(m.value(&format!("{action}_count"), &failed_calls), 1.0, "{m:?}");
 
     // Group commits: every input handled went through one. At least 7 starts, 3 call results,
     // 2 delays, 1 cancel and 1 instance timeout were committed.

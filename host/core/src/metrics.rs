@@ -16,6 +16,10 @@ pub trait Observer: Send + Sync {
     fn instance_ended(&self, _definition: &str, _status: Status) {}
     /// An instance of `definition` fired `count` transitions in one step.
     fn transitions(&self, _definition: &str, _count: u64) {}
+    /// An action ended (`completed` or `failed`, after its error handlers), `seconds` after it
+    /// started (the time between the inputs of the two steps; 0 when it ended in the step that
+    /// started it).
+    fn action_ended(&self, _action: &str, _outcome: &str, _seconds: f64) {}
     /// A host committed a batch of `inputs` inputs to its store in one transaction that took
     /// `seconds` (the SQLite host's group commit).
     fn store_commit(&self, _seconds: f64, _inputs: usize) {}

@@ -27,6 +27,35 @@ pub struct Run {
     pub input: J,
     /// What it waits for.
     pub node: Node,
+    /// When this attempt started (the time of the input that started it); 0 in snapshots written
+    /// before it was kept. Not part of replay: only [`Run::running`] reads it, for the metrics.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub started: crate::Millis,
+}
+
+fn is_zero(v: &crate::Millis) -> bool {
+    *v == 0
+}
+
+impl Run {
+    /// The operation id and start time of this action and of every action running inside it
+    /// (`sequence`, `parallel` and `foreach` children), except a wait between attempts; actions
+    /// whose start time is unknown are left out.
+    pub fn running(&self, out: &mut Vec<(String, crate::Millis)>) {
+        match &self.node {
+            Node::Backoff { .. } => return,
+            Node::Sequence { child, .. } => child.running(out),
+            Node::Parallel { running, .. } | Node::Foreach { running, .. } => {
+                for (_, r) in running {
+                    r.running(out);
+                }
+            }
+            _ => {}
+        }
+        if self.started > 0 {
+            out.push((op_id(&self.path, self.attempt), self.started));
+        }
+    }
 }
 
 /// What a running action waits for.
@@ -149,6 +178,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
         }
         ErrorInfo::new(ErrorKind::ExpressionError, e.message).with_details(details)
     };
+    let now = cx.now;
     let pending = |node| {
         Step::Pending(Run {
             action: id,
@@ -156,6 +186,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             attempt,
             input: J(input.clone()),
             node,
+            started: now,
         })
     };
     match &action.kind {
@@ -323,6 +354,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                 attempt,
                 input: J(input.clone()),
                 node,
+                started: cx.now,
             };
             match foreach_fill(cx, *child, *max_parallel, &mut run) {
                 Some(Ok(v)) => Step::Done(v),
@@ -479,6 +511,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
             attempt,
             input: J(input),
             node: Node::Backoff { timer },
+            started: cx.now,
         });
     }
     Step::Fail(error)

@@ -150,6 +150,23 @@ pub struct Snapshot {
     pub debug: Option<Box<debug::Debug>>,
 }
 
+impl Snapshot {
+    /// The operation id and start time of each SM4C action running now (nested ones too), for a
+    /// host that measures how long actions take: an action that completes in a later step took
+    /// from its start here to that step's time. Empty for ASL executions.
+    pub fn running_actions(&self) -> Vec<(String, Millis)> {
+        let mut out = Vec::new();
+        match &self.phase {
+            Phase::Enter { run }
+            | Phase::Transition { run, .. }
+            | Phase::Exit { run, .. }
+            | Phase::TimeoutAction { run } => run.running(&mut out),
+            _ => {}
+        }
+        out
+    }
+}
+
 /// A running instance of a [`Machine`].
 pub struct Instance {
     machine: Arc<Machine>,

@@ -155,11 +155,29 @@ pub fn op_of(effect: &Effect) -> Option<&str> {
     }
 }
 
-/// Reports a step of `h` to the metrics observer: a start, the transitions its trace shows, its end.
-fn observe(o: &dyn crate::metrics::Observer, h: &Hosted, started: bool, step: &Step) {
+/// Reports a step of `h` to the metrics observer: a start, the actions that ended (`running` is
+/// what ran before the step, as (operation, start): an action that ended in this step took from
+/// its start to `at`, or nothing when it started here), the transitions its trace shows, its end.
+fn observe(
+    o: &dyn crate::metrics::Observer,
+    h: &Hosted,
+    started: bool,
+    step: &Step,
+    at: Millis,
+    running: &[(String, Millis)],
+) {
     let definition = h.inst.machine().id.as_str();
     if started {
         o.instance_started(definition);
+    }
+    for e in &step.entries {
+        let (op, action, outcome) = match e {
+            Entry::Trace(sm4c_runtime::Trace::ActionCompleted { op, action }) => (op, action, "completed"),
+            Entry::Trace(sm4c_runtime::Trace::ActionFailed { op, action, .. }) => (op, action, "failed"),
+            _ => continue,
+        };
+        let begun = running.iter().find(|(o, _)| o == op).map_or(at, |(_, t)| *t);
+        o.action_ended(action, outcome, at.saturating_sub(begun).max(0) as f64 / 1000.0);
     }
     let fired = step
         .entries
@@ -441,9 +459,15 @@ impl Driver {
         let Some(o) = crate::metrics::observer() else {
             return self.run_engine(h, |inst| inst.handle(Timed { at, input }));
         };
+        // Only an input that answers or times something can end an action begun earlier.
+        let running = if matches!(input, Input::Start { .. } | Input::Debug { .. }) {
+            Vec::new()
+        } else {
+            h.inst.snapshot().running_actions()
+        };
         let Some(begun) = o.step_begin() else {
             let step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
-            observe(o, h, starts, &step);
+            observe(o, h, starts, &step, at, &running);
             return step;
         };
         let kind = input_kind(&input);
@@ -452,7 +476,7 @@ impl Driver {
             _ => None,
         };
         let mut step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
-        observe(o, h, starts, &step);
+        observe(o, h, starts, &step, at, &running);
         let transitions = step
             .entries
             .iter()
