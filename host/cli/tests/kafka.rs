@@ -2509,3 +2509,116 @@ fn kafka_steps_are_traced_from_their_origin_and_hops_travel_in_record_headers() 
         assert!(linked(&paid, HOP_TRACE, HOP_SPAN), "and to the record's hop: {paid:?}");
     }
 }
+
+/// The step debugger in Kafka mode: breakpoints are records of the definitions topic that every
+/// worker reads, checked against the definition; an instance pauses before the transition its
+/// payment fires, stays paused through a SIGKILL of its worker, steps to entering `Paid` and
+/// resumes to its end; the other worker answers the same, and clearing the breakpoints clears them.
+#[test]
+fn the_step_debugger_pauses_kafka_instances_through_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "dbg";
+    let args = worker_args(&broker, prefix, 2, &[]);
+    let mut w1 = Worker::start(dir.path(), "w1", &args);
+    let w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 2);
+    let put = |w: &Worker, body: Value| {
+        let r = http()
+            .put(format!("{}/definitions/saga/breakpoints", w.base))
+            .json(&body)
+            .send()
+            .expect("PUT breakpoints");
+        (r.status().as_u16(), r.json::<Value>().unwrap_or(Value::Null))
+    };
+    let (code, body) = put(&w1, json!({"breakpoints": [{"on": "enter", "state": "Nowhere"}]}));
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["error"], "invalidBreakpoint", "{body}");
+    let on_request = json!([{"on": "transition", "state": "Request"}]);
+    let (code, body) = put(&w1, json!({"breakpoints": on_request}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["breakpoints"], on_request, "{body}");
+    // Every worker reads them.
+    wait_until(
+        "the other worker to know the breakpoints",
+        30,
+        || w2.get("/definitions/saga/breakpoints")["breakpoints"] == on_request,
+        &[&w1, &w2],
+    );
+
+    start(&w1, "saga", "d-1", json!({"orderId": "o-d1", "amount": 3}));
+    let (code, body) = w1.post("/instances/d-1/resume", json!({}));
+    assert_eq!((code, body["error"].as_str()), (409, Some("notPaused")), "{body}");
+    let p = producer(&broker);
+    send_binary(
+        &p,
+        &format!("{prefix}.events"),
+        &json!({"specversion": "1.0", "id": "paid-d1", "source": "payments", "type": "payment.done",
+                "orderid": "o-d1", "datacontenttype": "application/json", "data": {"paid": 3}}),
+    );
+    let status = |w: &Worker| {
+        w.get("/instances/d-1")["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    wait_until("d-1 paused", 60, || status(&w1) == "paused", &[&w1, &w2]);
+    let v = w2.get("/instances/d-1");
+    assert_eq!(v["state"], "Request", "paused before the transition fired: {v}");
+    assert!(v["pausedAt"].is_string() || v["pausedAt"].is_object(), "{v}");
+
+    // Durable: a SIGKILL of the first worker and a restart leave it paused.
+    w1.kill9();
+    w1.run();
+    wait_owned(&[&w1, &w2], 2);
+    assert_eq!(status(&w1), "paused");
+    let paused_at = w1.get("/instances/d-1")["pausedAt"].clone();
+
+    // A step goes on to the next point (entering Paid) and pauses there.
+    let (code, body) = w2.post("/instances/d-1/step", json!({}));
+    assert_eq!(code, 200, "{body}");
+    wait_until(
+        "d-1 to pause again, further on",
+        60,
+        || {
+            let v = w1.get("/instances/d-1");
+            v["status"] == "paused" && v["pausedAt"] != paused_at
+        },
+        &[&w1, &w2],
+    );
+    let (code, body) = w1.post("/instances/d-1/resume", json!({}));
+    assert_eq!(code, 200, "{body}");
+    wait_until(
+        "d-1 paid",
+        60,
+        || w2.get("/instances/d-1")["state"] == "Paid",
+        &[&w1, &w2],
+    );
+    assert_eq!(status(&w2), "completed");
+    let h = w1.get("/instances/d-1/history");
+    let inputs: Vec<&str> = h["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["input"].as_str())
+        .collect();
+    for input in ["debug", "resume"] {
+        assert!(inputs.contains(&input), "{input} in the journal: {inputs:?}");
+    }
+
+    let r = http()
+        .delete(format!("{}/definitions/saga/breakpoints", w2.base))
+        .send()
+        .expect("DELETE breakpoints");
+    assert_eq!(r.status().as_u16(), 200);
+    wait_until(
+        "both workers to clear the breakpoints",
+        30,
+        || {
+            [&w1, &w2]
+                .iter()
+                .all(|w| w.get("/definitions/saga/breakpoints")["breakpoints"] == json!([]))
+        },
+        &[&w1, &w2],
+    );
+}

@@ -251,6 +251,9 @@ pub(crate) struct Shared {
     pub failure: Mutex<Option<String>>,
     /// How instances run: the same driver as every host's.
     pub driver: sm4c_host::driver::Driver,
+    /// The step debugger's breakpoints, by definition id: records of the definitions topic
+    /// ([`wire::BREAKPOINTS_PREFIX`]), which every worker's view reads.
+    pub breakpoints: sm4c_host::driver::Breakpoints,
 }
 
 impl Shared {
@@ -462,6 +465,7 @@ impl KafkaHost {
             stop: AtomicBool::new(false),
             owned: AtomicUsize::new(0),
             failure: Mutex::new(None),
+            breakpoints: sm4c_host::driver::Breakpoints::default(),
         });
         let view = Arc::new(view::View::default());
         let mut threads = Vec::new();
@@ -869,6 +873,66 @@ impl Backend for KafkaHost {
                 v.get(&id).is_some_and(|r| r.snapshot.status.is_final())
             })
             .await
+        })
+    }
+
+    fn breakpoints(&self) -> Result<Vec<(String, Vec<sm4c_runtime::Breakpoint>)>, HostError> {
+        Ok(self.shared.breakpoints.all())
+    }
+
+    fn set_breakpoints(
+        &self,
+        definition: String,
+        mut breakpoints: Vec<sm4c_runtime::Breakpoint>,
+    ) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            let m = self
+                .shared
+                .machine_or_latest(&definition, None)
+                .ok_or_else(|| HostError::UnknownDefinition(definition.clone()))?;
+            for b in &breakpoints {
+                b.check(&m).map_err(HostError::InvalidBreakpoint)?;
+            }
+            let mut seen = Vec::new();
+            breakpoints.retain(|b| {
+                let new = !seen.contains(b);
+                seen.push(b.clone());
+                new
+            });
+            // On the definitions topic, which every worker's view reads from its beginning: an
+            // empty list is a tombstone.
+            let key = format!("{}{definition}", wire::BREAKPOINTS_PREFIX);
+            let payload = serde_json::to_vec(&breakpoints).unwrap_or_default();
+            let record = FutureRecord::to(&self.shared.topics.definitions).key(&key);
+            let record = if breakpoints.is_empty() {
+                record
+            } else {
+                record.payload(&payload)
+            };
+            self.api
+                .send(record, API_WAIT)
+                .await
+                .map_err(|(e, _)| HostError::Unavailable(format!("cannot write the breakpoints to Kafka: {e}")))?;
+            let shared = self.shared.clone();
+            self.wait_for("the breakpoints", move |_| {
+                shared.breakpoints.of(&definition) == breakpoints
+            })
+            .await
+        })
+    }
+
+    fn resume(&self, id: String, step: bool) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            let before = match self.view.get(&id) {
+                None => return Err(HostError::UnknownInstance(id)),
+                Some(r) if r.snapshot.status != sm4c_runtime::Status::Paused => return Err(HostError::NotPaused(id)),
+                Some(r) => r.journal_len,
+            };
+            self.send_command(&id, &Command::Resume { id: id.clone(), step })
+                .await?;
+            // Taken into account once the instance's journal has grown past the resume.
+            self.wait_for("the resume", |v| v.get(&id).is_some_and(|r| r.journal_len > before))
+                .await
         })
     }
 

@@ -112,6 +112,20 @@ pub(crate) fn run(shared: Arc<Shared>, view: Arc<View>) {
                     continue;
                 }
                 let payload = m.payload().unwrap_or_default();
+                if let (true, Some(definition)) = (
+                    m.topic() == shared.topics.definitions,
+                    key.as_deref()
+                        .and_then(|k| k.strip_prefix(super::wire::BREAKPOINTS_PREFIX)),
+                ) {
+                    match serde_json::from_slice::<Vec<sm4c_runtime::Breakpoint>>(payload) {
+                        Ok(b) => shared.breakpoints.set(definition, b),
+                        Err(_) if payload.is_empty() => shared.breakpoints.set(definition, Vec::new()),
+                        Err(e) => {
+                            tracing::warn!(definition, error = %e, "breakpoints on the definitions topic do not read")
+                        }
+                    }
+                    continue;
+                }
                 if m.topic() == shared.topics.definitions {
                     if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(payload) {
                         let options = LoadOptions {

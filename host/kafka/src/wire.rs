@@ -38,6 +38,14 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         traceparent: Option<String>,
     },
+    /// The step debugger: a paused instance goes on (`step`: to the next breakpoint-able point).
+    Resume {
+        /// Instance id.
+        id: String,
+        /// Pause again at the next point.
+        #[serde(default)]
+        step: bool,
+    },
     /// Cancel an instance.
     Cancel {
         /// Instance id.
@@ -187,6 +195,10 @@ pub type Tally = (Vec<i32>, Value, i64);
 /// What the state topic keys of a partition's own records start with: parked events, tally
 /// entries. Instance ids never start with a NUL character.
 pub const PARKED_PREFIX: &str = "\u{0}parked/";
+
+/// The key prefix of the step debugger's breakpoints of a definition on the definitions topic
+/// (followed by the definition id; the value is the JSON list, a tombstone clears it).
+pub const BREAKPOINTS_PREFIX: &str = "\u{0}breakpoints/";
 /// See [`PARKED_PREFIX`].
 pub const TALLY_PREFIX: &str = "\u{0}tally/";
 

@@ -86,6 +86,16 @@ impl Decision<'_> {
                     self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
                 }
             }
+            Command::Resume { id, step } => {
+                if self
+                    .t
+                    .slots
+                    .get(&id)
+                    .is_some_and(|s| s.h.inst.status() == Status::Paused)
+                {
+                    self.handle(&id, Input::Resume { step }, at);
+                }
+            }
             Command::Event {
                 target,
                 event,
@@ -455,6 +465,10 @@ impl Decision<'_> {
         let Some(slot) = self.t.slots.get_mut(id) else { return };
         if slot.h.inst.status().is_final() {
             return;
+        }
+        // The step debugger: breakpoints changed since the instance last recorded them.
+        if let Some(debug) = shared.breakpoints.input_for(&slot.h.inst) {
+            shared.driver.step(&mut slot.h, Timed { at, input: debug });
         }
         let step = shared.driver.step(&mut slot.h, Timed { at, input });
         self.t.dirty.insert(id.to_string());
