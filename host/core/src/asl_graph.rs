@@ -10,17 +10,23 @@ use sm4c_runtime::asl::model::{AslMachine, Kind};
 use sm4c_runtime::model::Machine;
 
 /// Where an edge goes.
-enum To {
+pub enum To {
+    /// A state of the same block.
     State(usize),
+    /// Out of the block: it ends (its run, or the execution).
     End,
 }
 
 /// One edge of a block: from state, to, label, and whether it is an error path (`Catch`).
-struct Edge {
-    from: usize,
-    to: To,
-    label: String,
-    catch: bool,
+pub struct Edge {
+    /// The state it leaves.
+    pub from: usize,
+    /// Where it goes.
+    pub to: To,
+    /// Its label, from the definition as written (empty: none).
+    pub label: String,
+    /// True for a `Catch`.
+    pub catch: bool,
 }
 
 /// The node id of state `s` of graph `g`.
@@ -28,8 +34,9 @@ fn node(g: usize, s: usize) -> String {
     format!("g{g}s{s}")
 }
 
-/// The child graphs a state draws inside itself: (graph index, caption).
-fn children(kind: &Kind) -> Vec<(usize, String)> {
+/// The child blocks a state runs, and draws inside itself: (graph index, caption), a Parallel's
+/// branches (`branch 1`, ...) or a Map's `item processor`.
+pub fn children(kind: &Kind) -> Vec<(usize, String)> {
     match kind {
         Kind::Parallel { branches } => branches
             .iter()
@@ -113,8 +120,9 @@ fn wait_label(src: &Value) -> String {
     }
 }
 
-/// The edges of graph `g`.
-fn edges(m: &Machine, asl: &AslMachine, g: usize) -> Vec<Edge> {
+/// The edges of block `g` of `asl` (`0`: the machine's own), with labels from `m.source`: Choice
+/// rules as written, `Default`, `Catch ERRORS`, a Wait's delay, and the ways out of the block.
+pub fn edges(m: &Machine, asl: &AslMachine, g: usize) -> Vec<Edge> {
     let mut out = Vec::new();
     for (i, st) in asl.graphs[g].states.iter().enumerate() {
         let src = m.source.pointer(&st.pointer).cloned().unwrap_or(Value::Null);

@@ -23,6 +23,8 @@ const LIVE = 5000;
 const TOKEN = "inspector-test-token-0123456789";
 
 const order = JSON.parse(fs.readFileSync(path.join(__dirname, "order.json"), "utf8"));
+// ASL: a Parallel (two branches) then a Map, drawn as nested blocks.
+const fanout = JSON.parse(fs.readFileSync(path.join(__dirname, "fanout.asl.json"), "utf8"));
 const greeter = {
   id: "greeter", name: "Greeter", version: "1",
   states: [{ name: "Greet", start: true, enterAction: { type: "injectData", expression: '${ "Hello " + .name }' },
@@ -127,12 +129,23 @@ async function settle(s, n, status) {
   }
 }
 
+/** Waits until instance `id` has `status` (Kafka mode starts it asynchronously). */
+async function reach(s, id, status) {
+  const until = Date.now() + 20000;
+  for (;;) {
+    const res = await fetch(`${s.url}/instances/${id}`);
+    if (res.ok && (await res.json()).status === status) return;
+    if (Date.now() > until) throw new Error(`${id} was not ${status} in 20 s`);
+    await new Promise(r => setTimeout(r, 100));
+  }
+}
+
 async function main() {
   if (KAFKA) broker = await startBroker();
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-inspector-"));
   const port = await freePort();
   let s = await serve(tmp, port);
-  for (const d of [order, greeter, parent]) await post(s, "/definitions", d);
+  for (const d of [order, greeter, parent, fanout]) await post(s, "/definitions", d);
   await start(s, "order", "o-1", { orderId: "A1" });
   await start(s, "order", "o-2", { orderId: "B2" });
   await start(s, "greeter", "g-1", { name: "Ada" });
@@ -301,12 +314,54 @@ async function main() {
     await page.waitForSelector("#parent a");
     ok((await page.textContent("#parent a")) === "p-1", "a child names its parent and the parent its child");
 
+    // An ASL execution: its Parallel's branches and its Map's item processor are drawn inside their
+    // states, with their own states, edges and marks.
+    await start(s, "fanout", "f-1", { wait: 3600, ok: true, items: [1, 2] });
+    await start(s, "fanout", "f-2", { wait: 1, ok: true, items: [1, 2] });
+    await reach(s, "f-1", "waiting");
+    await page.goto(s.url + "/ui#/instance/f-1");
+    await page.waitForSelector('#diagram g.block[data-parent="Both"]', { timeout: LIVE });
+    const nested = (parent, name) => `#diagram g.block[data-parent="${parent}"] g.state[data-state="${name}"]`;
+    ok((await page.$$('#diagram g.block[data-parent="Both"]')).length === 2 && (await page.$$('#diagram g.block[data-parent="Each"]')).length === 1,
+      "an ASL diagram draws a block per Parallel branch and one for the Map's item processor");
+    let drawn = true;
+    for (const [p, n] of [["Both", "Left"], ["Both", "LeftDone"], ["Both", "Right"], ["Both", "RightCheck"], ["Both", "RightDone"], ["Each", "Item"], ["Each", "ItemDone"]]) {
+      drawn = drawn && (await page.$$(nested(p, n))).length === 1 && await page.isVisible(nested(p, n));
+    }
+    ok(drawn, "every state of the branches and of the item processor is drawn in its block");
+    // (A straight edge's box has no height, so it counts as not visible: count them.)
+    ok((await page.$$('#diagram g.block[data-parent="Both"] g.edge[data-from="Left"][data-to="LeftDone"] path')).length === 1
+      && (await page.$$('#diagram g.block[data-parent="Both"] g.edge[data-from="RightCheck"][data-to="Right"] path')).length === 1
+      && (await page.$$('#diagram g.block[data-parent="Each"] g.edge[data-from="Item"][data-to="ItemDone"] path')).length === 1, "the nested blocks draw their edges");
+    const ncls = async (p, n) => (await page.getAttribute(nested(p, n), "class")).split(" ");
+    ok((await ncls("Both", "Right")).includes("current") && (await cls("Both")).split(" ").includes("current"),
+      "the waiting branch's state is current, inside the current Parallel");
+    ok((await ncls("Both", "LeftDone")).includes("visited") && !(await ncls("Both", "LeftDone")).includes("current"), "a finished branch's states are visited");
+    ok(!(await ncls("Each", "Item")).includes("visited"), "the item processor not reached yet is unmarked");
+    const box = async sel => page.$eval(sel, e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; });
+    const [ol, ot, or, ob] = await box('#diagram g.state[data-state="Both"] rect');
+    const [il, it, ir, ib] = await box('#diagram g.block[data-parent="Both"][data-block="2"] rect.frame');
+    ok(il > ol && it > ot && ir < or && ib < ob, "a branch is drawn inside its Parallel state");
+    await page.screenshot({ path: SHOT.replace(/\.png$/, "") + "-asl.png", fullPage: true });
+    await reach(s, "f-2", "completed");
+    await page.goto(s.url + "/ui#/instance/f-2");
+    await page.waitForSelector(`${nested("Each", "ItemDone")}.visited`, { timeout: LIVE });
+    ok((await ncls("Each", "ItemDone")).includes("visited") && (await ncls("Both", "RightDone")).includes("visited"),
+      "a completed execution marks the states of its branches and iterations visited");
+    ok((await page.getAttribute('#diagram g.block[data-parent="Each"] g.edge[data-from="Item"][data-to="ItemDone"]', "class")).includes("fired"),
+      "and the transitions they took");
+
     // A definition: its diagram and JSON.
     await page.goto(s.url + "/ui#/definitions");
     await page.waitForSelector("#definitions");
     await page.click('#definitions a[href="#/definition/order/1"]');
     await page.waitForSelector('#diagram g.state[data-state="Expired"]');
     ok((await page.textContent("#definition-json")).includes('"AwaitPayment"'), "a definition shows its diagram and its JSON");
+    await page.goto(s.url + "/ui#/definitions");
+    await page.waitForSelector('#definitions a[href^="#/definition/fanout/"]');
+    await page.click('#definitions a[href^="#/definition/fanout/"]');
+    await page.waitForSelector('#diagram g.block[data-parent="Each"] g.state[data-state="ItemDone"]');
+    ok((await page.$$("#diagram g.block g.state")).length === 7, "an ASL definition's page draws its nested states");
 
     // The server restarts: the page reconnects and is live again.
     await page.goto(s.url + "/ui#/instances");
