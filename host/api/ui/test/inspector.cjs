@@ -277,9 +277,9 @@ async function main() {
     await page.waitForSelector('h1 .badge[data-status="cancelled"]', { timeout: LIVE });
     ok((await call(s, "GET", "/instances/o-4")).status === "cancelled", "cancel from the page cancels the instance");
 
-    // The step debugger (SQLite mode; Kafka mode answers 501): a breakpoint set on the definition's
-    // page pauses an instance, which shows where and its data, then steps and resumes.
-    if (!KAFKA) {
+    // The step debugger (both modes): a breakpoint set on the definition's page pauses an instance,
+    // which shows where and its data, then steps and resumes.
+    {
       await page.goto(s.url + "/ui#/definition/order/1");
       await page.waitForSelector("#breakpoints");
       await page.check('#breakpoints tr[data-state="Ship"] input[data-kind="enter"]');
