@@ -628,3 +628,338 @@ fn a_proto_over_http_is_fetched_with_its_imports_when_the_definition_loads() {
         "{err}"
     );
 }
+
+/// What the hung service of [`a_hung_service_gets_at_most_its_bound_and_does_not_stall_another`]
+/// saw: calls in flight at the server (from the handler's start until the caller reset the
+/// stream), the most at once, and how many arrived.
+#[derive(Default)]
+struct Hung {
+    in_flight: std::sync::atomic::AtomicUsize,
+    max: std::sync::atomic::AtomicUsize,
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+/// A call in flight at the hung service; it ends when dropped.
+struct InFlight(std::sync::Arc<Hung>);
+
+impl InFlight {
+    fn start(hung: &std::sync::Arc<Hung>) -> InFlight {
+        use std::sync::atomic::Ordering::SeqCst;
+        hung.arrived.fetch_add(1, SeqCst);
+        let now = hung.in_flight.fetch_add(1, SeqCst) + 1;
+        hung.max.fetch_max(now, SeqCst);
+        InFlight(hung.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The server of the bound test, on one port: `shop.v1.Inventory` (`HEALTHY` false) hangs, and
+/// `stock.v1.Inventory` (`HEALTHY` true) is the inventory under another package name.
+#[derive(Clone)]
+struct Front<const HEALTHY: bool> {
+    hung: std::sync::Arc<Hung>,
+    inventory: inventory::Inventory,
+}
+
+impl tonic::server::NamedService for Front<false> {
+    const NAME: &'static str = "shop.v1.Inventory";
+}
+
+impl tonic::server::NamedService for Front<true> {
+    const NAME: &'static str = "stock.v1.Inventory";
+}
+
+impl<const HEALTHY: bool> tower::Service<http::Request<tonic::body::Body>> for Front<HEALTHY> {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, std::convert::Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        use tonic::codegen::tokio_stream::{self, StreamExt};
+        if HEALTHY {
+            let (mut parts, body) = req.into_parts();
+            parts.uri = parts
+                .uri
+                .path()
+                .replacen("/stock.v1.Inventory/", "/shop.v1.Inventory/", 1)
+                .parse()
+                .unwrap();
+            let fut = self.inventory.call(http::Request::from_parts(parts, body));
+            return Box::pin(fut);
+        }
+        // Hangs the way that defeats the server's own deadline (tonic's applies until the
+        // response's headers): headers at once, then nothing, until the caller resets the stream,
+        // which drops the body and with it the call's place in `in_flight`.
+        let call = InFlight::start(&self.hung);
+        Box::pin(async move {
+            let silence =
+                tokio_stream::pending::<Result<tonic::codegen::Bytes, std::convert::Infallible>>().map(move |frame| {
+                    let _call = &call;
+                    frame
+                });
+            Ok(http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(tonic::body::Body::new(axum::body::Body::from_stream(silence)))
+                .unwrap())
+        })
+    }
+}
+
+/// Starts the bound test's server; returns its URL. It allows 16 streams at once per connection,
+/// as servers and proxies limit them: without a bound, calls to the hung service would take them
+/// all, and calls to the healthy one, which share the connection, would wait for them.
+fn hung_and_healthy_server(hung: std::sync::Arc<Hung>) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let inventory = inventory::Inventory(Seen::default());
+            tonic::transport::Server::builder()
+                .max_concurrent_streams(16)
+                .add_service(Front::<false> {
+                    hung: hung.clone(),
+                    inventory: inventory.clone(),
+                })
+                .add_service(Front::<true> { hung, inventory })
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+/// `sm4c serve`, killed when dropped.
+struct Serve {
+    child: std::process::Child,
+    url: String,
+    client: reqwest::blocking::Client,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(definitions: &Path, config: &Path, db: &Path) -> Serve {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+            .arg(definitions)
+            .arg("--db")
+            .arg(db)
+            .arg("--config")
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Serve {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            client: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        };
+        let up = (0..600).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            s.client.get(format!("{}/healthz", s.url)).send().is_ok()
+        });
+        assert!(up, "sm4c serve did not start");
+        s
+    }
+
+    fn start_instance(&self, definition: &str, id: &str) {
+        let r = self
+            .client
+            .post(format!("{}/instances", self.url))
+            .json(&json!({"definition": definition, "id": id, "input": {"sku": format!("sku-{id}")}}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201, "start {id}");
+    }
+
+    fn instance(&self, id: &str) -> Value {
+        self.client
+            .get(format!("{}/instances/{id}", self.url))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn ended(v: &Value) -> bool {
+        v["status"] == "completed" || v["status"] == "failed"
+    }
+
+    /// Waits until every instance has ended; returns them.
+    fn wait_ended(&self, ids: &[String], within: Duration) -> Vec<Value> {
+        let started = Instant::now();
+        ids.iter()
+            .map(|id| loop {
+                let v = self.instance(id);
+                if Serve::ended(&v) {
+                    break v;
+                }
+                assert!(started.elapsed() < within, "{id} has not ended after {within:?}: {v}");
+                std::thread::sleep(Duration::from_millis(20));
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const BOUND: usize = 2;
+    const DEADLINE: Duration = Duration::from_secs(4);
+    let hung = std::sync::Arc::new(Hung::default());
+    let url = hung_and_healthy_server(hung.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).unwrap();
+    let shop = std::fs::read_to_string(data().join("shop.proto")).unwrap();
+    std::fs::write(defs.join("shop.proto"), &shop).unwrap();
+    std::fs::write(
+        defs.join("stock.proto"),
+        shop.replace("package shop.v1;", "package stock.v1;"),
+    )
+    .unwrap();
+    for (id, proto, service) in [
+        ("hung", "shop.proto", SERVICE),
+        ("healthy", "stock.proto", "stock.v1.Inventory"),
+    ] {
+        let def = json!({"id": id, "name": id, "version": "1",
+            "functions": [{"name": "GetItem", "type": "rpc", "operation": format!("file://{proto}#{service}/GetItem")}],
+            "states": [{"name": "A", "start": true, "enterAction": call("item", "GetItem", json!({"id": "${ .sku }"})),
+                "enterResultHandler": "${ .item = $value }"}]});
+        std::fs::write(defs.join(format!("{id}.json")), def.to_string()).unwrap();
+    }
+    let config = dir.path().join("sm4c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\ndeadline = \"{}s\"\nconcurrency = {BOUND}\n\n\
+             [grpc.\"stock.v1.Inventory\"]\ntarget = \"{url}\"\n",
+            DEADLINE.as_secs()
+        ),
+    )
+    .unwrap();
+    let s = Serve::start(&defs, &config, &dir.path().join("s.db"));
+    let ids = |prefix: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{prefix}-{i:02}")).collect() };
+
+    // A burst of calls to the hung service; then, while they hang or wait, calls to the healthy
+    // one, which shares the hung one's target and connection.
+    let first = Instant::now();
+    // More than the server's streams: without the bound, they would take them all.
+    let wave1 = ids("hung1", 20);
+    for id in &wave1 {
+        s.start_instance("hung", id);
+    }
+    let healthy = ids("healthy", 10);
+    for id in &healthy {
+        s.start_instance("healthy", id);
+    }
+    for v in s.wait_ended(&healthy, Duration::from_secs(60)) {
+        assert_eq!(v["status"], "completed", "{v}");
+        assert_eq!(v["data"]["item"]["name"], "Hammer", "{v}");
+    }
+    let healthy_took = first.elapsed();
+    // None of the hung calls, in flight or waiting for a turn, fails before its deadline.
+    let still: Vec<Value> = wave1.iter().map(|id| s.instance(id)).collect();
+    if first.elapsed() < DEADLINE {
+        for v in &still {
+            assert!(!Serve::ended(v), "ended before its deadline: {v}");
+        }
+    }
+    assert!(
+        healthy_took < DEADLINE,
+        "the healthy service's calls took {healthy_took:?}, waiting for the hung service's (deadline {DEADLINE:?})"
+    );
+
+    // A second wave, waiting when the first wave's calls time out: the turns they give back go to it.
+    std::thread::sleep((first + DEADLINE / 2).saturating_duration_since(Instant::now()));
+    let wave2 = ids("hung2", 12);
+    for id in &wave2 {
+        s.start_instance("hung", id);
+    }
+    let (mut no_turn, mut no_answer) = (0, 0);
+    for v in s.wait_ended(&[wave1, wave2].concat(), DEADLINE * 4 + Duration::from_secs(30)) {
+        assert_eq!(v["status"], "failed", "{v}");
+        let e = &v["error"];
+        assert_eq!(e["type"], "functionError", "{v}");
+        assert_eq!(e["details"]["kind"], "timeout", "{v}");
+        assert_eq!(e["details"]["codeName"], "DEADLINE_EXCEEDED", "{v}");
+        let message = e["message"].as_str().unwrap();
+        let at = format!("{SERVICE}/GetItem at {url} failed: ");
+        if message
+            == format!(
+                "{at}no turn within the deadline of {} ms: at most {BOUND} calls to service {SERVICE} run at once, \
+                 and they are all in flight",
+                DEADLINE.as_millis()
+            )
+        {
+            assert_eq!(e["details"]["concurrency"], BOUND, "{v}");
+            no_turn += 1;
+        } else {
+            assert_eq!(
+                message,
+                format!("{at}deadline of {} ms exceeded", DEADLINE.as_millis()),
+                "{v}"
+            );
+            no_answer += 1;
+        }
+    }
+    let max = hung.max.load(SeqCst);
+    let arrived = hung.arrived.load(SeqCst);
+    eprintln!(
+        "healthy calls done {healthy_took:?} after the hung burst began; hung service: {arrived} calls arrived, \
+         at most {max} at once (bound {BOUND}); {no_answer} timed out in flight, {no_turn} without a turn"
+    );
+    assert!(
+        max <= BOUND,
+        "the hung service saw {max} calls at once; the bound is {BOUND}"
+    );
+    assert_eq!(max, BOUND, "the bound was reached");
+    // Every call that reached the service timed out there (one that got its turn too late may time
+    // out before it reaches it).
+    assert!(
+        no_answer >= arrived && arrived >= BOUND,
+        "{no_answer} timed out in flight, {arrived} arrived"
+    );
+    assert!(
+        no_answer >= 2 * BOUND,
+        "the second wave got the first wave's turns: {no_answer}"
+    );
+    assert!(no_turn >= 12, "most calls got no turn: {no_turn}");
+    // Every call the service saw was reset by its caller: none is left in flight.
+    let quiet = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        hung.in_flight.load(SeqCst) == 0
+    });
+    assert!(
+        quiet,
+        "{} calls still in flight at the hung service",
+        hung.in_flight.load(SeqCst)
+    );
+}

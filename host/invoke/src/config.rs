@@ -1,6 +1,6 @@
-//! Where function calls go: REST servers and headers per OpenAPI document, gRPC targets,
-//! metadata and deadlines per service. Read from the configuration file (`--config FILE`, TOML),
-//! then amended by the command-line flags, which win.
+//! Where function calls go: REST servers, headers, timeouts and concurrency bounds per OpenAPI
+//! document, gRPC targets, metadata, deadlines and concurrency bounds per service. Read from the
+//! configuration file (`--config FILE`, TOML), then amended by the command-line flags, which win.
 //!
 //! ```toml
 //! [rest."file://api.yaml"]            # the document as written in `operation`, before `#`
@@ -12,7 +12,8 @@
 //! [grpc."shop.v1.Inventory"]          # package.Service
 //! target = "https://inventory.internal:50051"
 //! metadata = { authorization = "env:INVENTORY_TOKEN" }
-//! deadline = "5s"
+//! deadline = "5s"                     # longest a call may take, its wait for a turn included (30s)
+//! concurrency = 8                     # most calls in flight at once to this service (64)
 //! ca = "certs/ca.pem"                 # TLS: roots to trust besides the webpki roots
 //! cert = "certs/client.pem"           # TLS: client certificate and key (mutual TLS)
 //! key = "certs/client.key"
@@ -196,6 +197,7 @@ struct RawService {
     #[serde(default)]
     metadata: BTreeMap<String, Spanned<String>>,
     deadline: Option<Spanned<String>>,
+    concurrency: Option<Spanned<i64>>,
     ca: Option<Spanned<String>>,
     cert: Option<Spanned<String>>,
     key: Option<Spanned<String>>,
@@ -382,6 +384,18 @@ impl CallConfig {
                         c.grpc.deadlines.insert(service.clone(), d);
                     }
                     Err(m) => fail(d.span().start, key(&["grpc", service, "deadline"]), m),
+                }
+            }
+            if let Some(n) = &s.concurrency {
+                match usize::try_from(*n.get_ref()) {
+                    Ok(v @ 1..=10_000) => {
+                        c.grpc.concurrency.insert(service.clone(), v);
+                    }
+                    _ => fail(
+                        n.span().start,
+                        key(&["grpc", service, "concurrency"]),
+                        format!("{} is not a number of calls from 1 to 10000", n.get_ref()),
+                    ),
                 }
             }
             let mut tls = GrpcTls::default();
@@ -632,6 +646,36 @@ mod tests {
             errs[1],
             "line 3: rest.\"a.json\".concurrency: 0 is not a number of calls from 1 to 10000"
         );
+    }
+
+    #[test]
+    fn grpc_services_take_a_concurrency_bound() {
+        let c = load(
+            "[grpc.\"shop.v1.Inventory\"]\ntarget = \"http://127.0.0.1:50051\"\ndeadline = \"2s\"\nconcurrency = 4\n\n[grpc.\"a.B\"]\nconcurrency = 10000\n\n[grpc.\"c.D\"]\ntarget = \"http://127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.grpc.concurrency["shop.v1.Inventory"], 4);
+        assert_eq!(c.grpc.deadlines["shop.v1.Inventory"], Duration::from_secs(2));
+        assert_eq!(c.grpc.concurrency["a.B"], 10_000);
+        // Unset: the invoker's default, the same as REST's.
+        assert!(!c.grpc.concurrency.contains_key("c.D"));
+        assert_eq!(crate::grpc::DEFAULT_CONCURRENCY, 64);
+        let errs = load(
+            "[grpc.\"a.B\"]\nconcurrency = 0\n[grpc.\"c.D\"]\nconcurrency = 10001\n[grpc.\"e.F\"]\nconcurrency = -3\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            errs,
+            vec![
+                "line 2: grpc.\"a.B\".concurrency: 0 is not a number of calls from 1 to 10000",
+                "line 4: grpc.\"c.D\".concurrency: 10001 is not a number of calls from 1 to 10000",
+                "line 6: grpc.\"e.F\".concurrency: -3 is not a number of calls from 1 to 10000",
+            ]
+        );
+        // Not a number: the parse error, with its line.
+        let errs = load("[grpc.\"a.B\"]\ntarget = \"http://x:1\"\nconcurrency = \"8\"\n").unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].starts_with("line 3: invalid type"), "{errs:?}");
     }
 
     #[test]

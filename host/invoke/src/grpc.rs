@@ -7,8 +7,15 @@
 //! id>`, as REST calls carry `Idempotency-Key`. A status other than OK, a refused connection and an
 //! expired deadline are `functionError`s carrying the gRPC code, so error handlers and retry policies
 //! apply.
+//!
+//! A slow or hung service must not take others down with it, as with REST ([`crate::rest`]): calls
+//! to one service are bounded (at most [`DEFAULT_CONCURRENCY`] at once unless configured; the others
+//! wait their turn), and a call's deadline covers its wait for a turn, so a queue behind a hung
+//! service drains at the deadline's pace instead of growing, and services that share its target
+//! (its HTTP/2 connection, whose streams the server limits) are not starved of streams.
 
 use crate::files::FileError;
+pub use crate::rest::DEFAULT_CONCURRENCY;
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, SerializeOptions};
 use serde_json::{json, Value};
@@ -20,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -40,6 +48,8 @@ pub struct GrpcConfig {
     pub deadline: Option<Duration>,
     /// TLS settings of services with `https` targets, beyond the defaults (webpki roots).
     pub tls: HashMap<String, GrpcTls>,
+    /// Most calls in flight at once per service (else [`DEFAULT_CONCURRENCY`]).
+    pub concurrency: HashMap<String, usize>,
 }
 
 /// TLS settings of one service: more roots to trust, and a client identity for mutual TLS.
@@ -96,6 +106,46 @@ pub struct GrpcInvoker {
     config: GrpcConfig,
     protos: Mutex<HashMap<ProtoSource, Arc<DescriptorPool>>>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Turns per service: a permit per call in flight.
+    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+/// How long a call that was abandoned (its deadline expired, or its caller dropped it) keeps its
+/// turn. Abandoning a call resets its HTTP/2 stream (RST_STREAM), but the server learns of it only
+/// when the frame arrives, and ends the call's handler on a task of its own after that: without a
+/// delay, the next call's HEADERS can follow the reset on the same connection (often in the same
+/// read) and its handler start before the abandoned one is dropped, so that the server sees one
+/// call more than the bound (tests/grpc.rs counts handlers at the server). This is the same race
+/// as REST's closing connection, and gets the same answer and the same 250 ms
+/// ([`crate::rest`]'s `LINGER`). A call that got an answer, even an error status, is over at the
+/// server too and gives its turn back at once.
+const LINGER: Duration = Duration::from_millis(250);
+
+/// A call's turn: given back at once by [`Turn::done`], a little later ([`LINGER`]) when the call
+/// is abandoned, whether it timed out or its future was dropped (the action's own `timeout`, a
+/// cancelled instance).
+struct Turn(Option<OwnedSemaphorePermit>);
+
+impl Turn {
+    /// The call is over at the server: the turn is free at once.
+    fn done(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let Some(permit) = self.0.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    tokio::time::sleep(LINGER).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => drop(permit),
+        }
+    }
 }
 
 /// Metadata key that marks a status made on this side of the wire (no connection, deadline
@@ -326,7 +376,24 @@ impl GrpcInvoker {
             config,
             protos: Mutex::new(HashMap::new()),
             channels: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The turns of one service's calls, and their number.
+    fn slots(&self, service: &str) -> (Arc<Semaphore>, usize) {
+        let n = self
+            .config
+            .concurrency
+            .get(service)
+            .copied()
+            .unwrap_or(DEFAULT_CONCURRENCY)
+            .max(1);
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let s = slots
+            .entry(service.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(n)));
+        (s.clone(), n)
     }
 
     fn pool(&self, uri: &str) -> Result<Arc<DescriptorPool>, String> {
@@ -434,34 +501,80 @@ impl GrpcInvoker {
         for (k, v) in self.config.metadata.get(service).into_iter().flatten() {
             req.metadata_mut().insert(k.clone(), v.clone());
         }
-        let deadline = self
+        let limit = self
             .config
             .deadlines
             .get(service)
             .copied()
             .or(self.config.deadline)
             .unwrap_or(Duration::from_secs(30));
-        req.set_timeout(deadline);
         let path = http::uri::PathAndQuery::try_from(format!("/{service}/{method}"))
             .map_err(|e| err(format!("gRPC function {function}: {e}"), Value::Null))?;
         let name = format!("{service}/{method} at {target}");
         let started = std::time::Instant::now();
+        let deadline = tokio::time::Instant::from_std(started) + limit;
+        // The deadline covers the wait for a turn: a call that gets none in time fails as one that
+        // got no answer in time does.
+        let (slots, bound) = self.slots(service);
+        let turn = match tokio::time::timeout_at(deadline, slots.acquire_owned()).await {
+            Ok(Ok(permit)) => Turn(Some(permit)),
+            _ => return Err(no_turn(&name, target, service, limit, bound)),
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            turn.done();
+            return Err(no_turn(&name, target, service, limit, bound));
+        }
+        // The server is told what is left (grpc-timeout); the channel enforces it until the
+        // response's headers, and the timeout below until its end (a server may send its headers
+        // and then nothing).
+        req.set_timeout(left);
         let mut grpc = tonic::client::Grpc::new(Local(channel));
         let answer = async {
             grpc.ready().await?;
-            grpc.unary(req, path, DynamicCodec(method_desc.output())).await
+            let resp = grpc.unary(req, path, DynamicCodec(method_desc.output())).await?;
+            Ok::<_, Status>(resp.into_inner())
         };
-        match answer.await {
-            Ok(resp) => resp
-                .into_inner()
-                .serialize_with_options(
-                    serde_json::value::Serializer,
-                    &SerializeOptions::new().skip_default_fields(false),
-                )
-                .map_err(|e| err(format!("{name}: cannot convert the response to JSON: {e}"), Value::Null)),
-            Err(status) => Err(status_error(&name, target, deadline, started.elapsed(), &status)),
+        let status = match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(message)) => {
+                turn.done();
+                return message
+                    .serialize_with_options(
+                        serde_json::value::Serializer,
+                        &SerializeOptions::new().skip_default_fields(false),
+                    )
+                    .map_err(|e| err(format!("{name}: cannot convert the response to JSON: {e}"), Value::Null));
+            }
+            Ok(Err(status)) => status,
+            Err(_) => {
+                let mut s = Status::deadline_exceeded("deadline exceeded");
+                s.metadata_mut().insert(LOCAL, AsciiMetadataValue::from_static("1"));
+                s
+            }
+        };
+        let e = status_error(&name, target, limit, started.elapsed(), &status);
+        // A call that timed out is abandoned, not over: its turn lingers (dropped here); any other
+        // failure ended it.
+        if e.details.as_ref().is_some_and(|d| d["kind"] != "timeout") {
+            turn.done();
         }
+        Err(e)
     }
+}
+
+/// The function error of a call that got no turn before its deadline: `details.kind` is
+/// `"timeout"` (code `DEADLINE_EXCEEDED`), as for a call that got no answer in time.
+fn no_turn(name: &str, target: &str, service: &str, limit: Duration, bound: usize) -> ErrorInfo {
+    let code = Code::DeadlineExceeded;
+    err(
+        format!(
+            "{name} failed: no turn within the deadline of {} ms: at most {bound} calls to service {service} run \
+             at once, and they are all in flight",
+            limit.as_millis()
+        ),
+        json!({"code": code as i32, "codeName": code_name(code), "message": "no turn within the deadline",
+               "kind": "timeout", "target": target, "concurrency": bound}),
+    )
 }
 
 /// The function error for a status; `details.kind` tells failures on this side of the wire.
