@@ -40,6 +40,8 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long a proposed timer command has to be applied before it is proposed again (ms).
 const TIMER_RETRY_MS: i64 = 5_000;
+/// A turn of the worker's loop longer than this is logged as a warning, with where the time went.
+const SLOW_TURN: Duration = Duration::from_secs(2);
 const ABORT_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// A call's result on its way back to the worker loop.
@@ -544,7 +546,9 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             .then(|| batch.iter().filter_map(|m| m.timestamp().to_millis()).min())
             .flatten()
             .map(|t| now_ms() - t);
+        let t_sync = Instant::now();
         w.sync_assignment();
+        let synced = t_sync.elapsed();
         let mut groups: Vec<((String, i32), Vec<OwnedMessage>)> = Vec::new();
         for m in batch {
             let k = (m.topic().to_string(), m.partition());
@@ -564,6 +568,8 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 "batch"
             );
         }
+        let processed = t.elapsed();
+        let t_rest = Instant::now();
         w.fire_timers();
         while let Ok(done) = results.try_recv() {
             w.result(done);
@@ -573,6 +579,21 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             w.tick();
         }
         shared.owned.store(w.owners.len(), Ordering::Relaxed);
+        // Nothing else polls the group's consumer: a slow turn of this loop holds every owned
+        // partition back (and past max.poll.interval.ms, the group moves them away). Say which
+        // part took the time.
+        let turn = started.elapsed();
+        if turn > SLOW_TURN {
+            tracing::warn!(
+                turn_ms = turn.as_millis() as u64,
+                poll_ms = polled.as_millis() as u64,
+                assignment_ms = synced.as_millis() as u64,
+                decisions_ms = processed.as_millis() as u64,
+                timers_and_results_ms = t_rest.elapsed().as_millis() as u64,
+                messages = n,
+                "a slow turn of the worker's loop"
+            );
+        }
     }
     for (_, t) in w.owners.drain() {
         for (_, h) in t.in_flight {
