@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds each fuzz target's seed corpus in fuzz/corpus/<target>/ (not committed; see .gitignore) from the
 # repository's own definitions and tests: samples/, bench/counter/, host/cli/tests/data/ and the strings of
-# runtime/tests/*.rs. When the shared conformance and reference definitions sit beside the repository
+# runtime/tests/*.rs; kafka_records and store_records also from the records their built targets write. When the shared conformance and reference definitions sit beside the repository
 # (../shared/conformance/asl, ../shared/reference/sm4c), they are read too, at run time only.
 # Usage: fuzz/seed-corpus.sh [corpus-dir]   (default fuzz/corpus)
 set -euo pipefail
@@ -12,7 +12,8 @@ python3 - "$root" "$out" <<'PY'
 import glob, hashlib, json, os, re, sys
 
 root, out = sys.argv[1], sys.argv[2]
-targets = ["load_definition", "asl_execution", "asl_paths_intrinsics", "jq_expression", "timespan", "cloudevent_http"]
+targets = ["load_definition", "asl_execution", "asl_paths_intrinsics", "jq_expression", "timespan", "cloudevent_http",
+           "kafka_records", "store_records"]
 for t in targets:
     os.makedirs(os.path.join(out, t), exist_ok=True)
 counts = dict.fromkeys(targets, 0)
@@ -137,6 +138,42 @@ for s in [binary + "content-type: application/json\n\n{\"a\":1}",
           "\"type\":\"t\",\"data_base64\":\"aGVsbG8=\",\"time\":\"2024-01-01T00:00:00Z\"}"]:
     put("cloudevent_http", s)
 
+# Kafka records (kafka_records: a kind byte, then the record): incoming events in both content modes, as
+# header lines, an empty line and the payload; a structured payload without headers; tombstones.
+kbinary = "ce_specversion: 1.0\nce_id: 1\nce_source: /s\nce_type: t\n"
+for s in [kbinary + "content-type: application/json\n\n{\"a\":1}",
+          kbinary + "ce_time: 2024-01-01T00:00:00Z\nce_subject: x\nce_sm4cinstanceid: i\n"
+          "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\ncontent-type: text/plain\n\nhello",
+          "content-type: application/cloudevents+json\n\n{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"/s\","
+          "\"type\":\"t\",\"datacontenttype\":\"application/json\",\"data\":{\"a\":1}}",
+          "content-type: application/cloudevents+json\nce_null\n\n{\"specversion\":\"1.0\",\"id\":\"1\","
+          "\"source\":\"/s\",\"type\":\"t\",\"data_base64\":\"aGVsbG8=\"}"]:
+    put("kafka_records", b"\x04" + s.encode())
+put("kafka_records", b"\x04{\"specversion\":\"1.0\",\"id\":\"1\",\"source\":\"/s\",\"type\":\"t\",\"data\":{}}")
+put("kafka_records", b"\x02i-1\n17")
+put("kafka_records", b"\x02\x00tally/events/0/7")
+# The store (store_records: NUL-separated row texts): the repository's definitions as the definition row.
+for f, doc, raw in definitions:
+    put("store_records", raw.replace(b"\0", b"") + b"\0\0\0\0[]")
+
 for t in targets:
     print(f"{t}: {counts[t]} new seeds, {len(os.listdir(os.path.join(out, t)))} in {os.path.join(out, t)}")
 PY
+# Records the runtime's own serializers write: each built kafka_records / store_records target writes its
+# seeds (instances of its definitions started by the real driver) when SM4C_FUZZ_SEEDS is set. Build the
+# targets first (`cargo fuzz build -O -a`) for these; without them the seeds above are all.
+one="$(mktemp)"
+printf '\003' >"$one"
+for t in kafka_records store_records; do
+  bin="$(ls "$fuzz"/target/*/release/"$t" 2>/dev/null | head -n 1 || true)"
+  if [ -n "$bin" ] && [ -x "$bin" ]; then
+    if SM4C_FUZZ_SEEDS="$out/$t" ASAN_OPTIONS=detect_leaks=0 "$bin" "$one" >/dev/null 2>&1; then
+      echo "$t: seeds from the real serializers in $out/$t"
+    else
+      echo "$t: the target did not write its seeds" >&2
+    fi
+  else
+    echo "$t: not built; no seeds from the real serializers (cargo fuzz build -O -a, then run this again)"
+  fi
+done
+rm -f "$one"

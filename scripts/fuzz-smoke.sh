@@ -13,13 +13,19 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 export RUSTC_BOOTSTRAP=1
 cd fuzz
-./seed-corpus.sh >/dev/null
-targets=(load_definition asl_execution asl_paths_intrinsics jq_expression timespan cloudevent_http)
+targets=(load_definition asl_execution asl_paths_intrinsics jq_expression timespan cloudevent_http kafka_records
+  store_records)
+# kafka_records builds librdkafka from source (rdkafka's cmake-build): cmake from scripts/setup.sh.
+if ! command -v cmake >/dev/null && [ -x ../.tools/venv/bin/cmake ]; then
+  export PATH="$PWD/../.tools/venv/bin:$PATH"
+fi
 nice -n 19 cargo fuzz build -O -a 2>&1 | tail -n 3 >&2 || { echo "fuzz-smoke: the fuzz targets do not build" >&2; exit 1; }
+# After the build: kafka_records and store_records write seeds from the real serializers.
+./seed-corpus.sh >/dev/null
 dict() {
   case "$1" in
     load_definition | asl_execution) echo dict/definition.dict ;;
-    cloudevent_http) ;;
+    cloudevent_http | kafka_records | store_records) ;;
     *) echo "dict/$1.dict" ;;
   esac
 }

@@ -61,6 +61,8 @@
 //! # }
 //! ```
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod view;
 mod wire;
 mod worker;

@@ -156,7 +156,7 @@ fn sent_event(shared: &Shared, instance: &str, topic: String, event: &Value, hop
 
 /// A CloudEvent from a Kafka message, either content mode; a JSON payload with `specversion` and
 /// no headers is read as structured mode too.
-fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
+pub(crate) fn read_event(m: &OwnedMessage) -> Result<Value, (&'static str, String)> {
     let mut event = read_cloudevent(m)?;
     // An event without the CloudEvents distributed-tracing extension has the record's per-hop
     // trace context (its `traceparent` header) as its origin, as `POST /events` does with the
