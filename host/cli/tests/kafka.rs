@@ -57,10 +57,10 @@ fn tail(log: &Path) -> String {
 }
 
 /// Held by every test for the life of its broker, so that the Kafka tests run one at a time: each
-/// starts a broker and up to three workers, and two of them at once on CI's two cores stalled in about
-/// half the runs (waits of minutes for work that takes seconds alone; issue 13 has what is known).
-/// How long a broker takes to answer should depend on what the test does, not on which other test the
-/// harness runs beside it.
+/// starts a broker and up to three workers, and how long a broker takes to answer should depend on
+/// what the test does, not on which other test the harness runs beside it. (It does not cure the
+/// intermittent stall that issue 13 tracks: two tests at once on CI's two cores stalled in about half
+/// the runs, and one at a time the restart test still stalled once.)
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
