@@ -382,19 +382,19 @@ fn send_raw(p: &BaseProducer, topic: &str, payload: &[u8], headers: &[(&str, &st
     p.flush(Duration::from_secs(10)).expect("flush");
 }
 
-/// What a reader with `isolation` sees of `topic`, for failure messages: each partition's
-/// watermarks and where the reader stopped, and each record's offset, key, `ce_type` and `ce_id`.
-fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
+/// A reader of every partition of `topic` from its beginning, with `isolation`, that reports the
+/// end of each partition; and how many partitions there are.
+fn from_beginning(broker: &Broker, topic: &str, isolation: &str) -> (BaseConsumer, usize) {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", "test-report")
+        .set("group.id", "test-reader")
         .set("isolation.level", isolation)
         .set("enable.partition.eof", "true")
         .create()
         .expect("consumer");
-    let Ok(md) = c.fetch_metadata(Some(topic), Duration::from_secs(10)) else {
-        return format!("{topic} ({isolation}): no metadata");
-    };
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
     let n = md.topics()[0].partitions().len();
     let mut tpl = TopicPartitionList::new();
     for p in 0..n {
@@ -402,6 +402,13 @@ fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
             .expect("tpl");
     }
     c.assign(&tpl).expect("assign");
+    (c, n)
+}
+
+/// What a reader with `isolation` sees of `topic`, for failure messages: each partition's
+/// watermarks and where the reader stopped, and each record's offset, key, `ce_type` and `ce_id`.
+fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
+    let (c, n) = from_beginning(broker, topic, isolation);
     let mut lines = Vec::new();
     let mut eof = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -450,23 +457,7 @@ type Record = (Option<String>, HashMap<String, String>, Vec<u8>);
 
 /// Reads a whole topic (read committed).
 fn read_topic(broker: &Broker, topic: &str) -> Vec<Record> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("group.id", "test-reader")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .expect("consumer");
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let n = md.topics()[0].partitions().len();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..n {
-        tpl.add_partition_offset(topic, p as i32, Offset::Beginning)
-            .expect("tpl");
-    }
-    c.assign(&tpl).expect("assign");
+    let (c, n) = from_beginning(broker, topic, "read_committed");
     let mut out = Vec::new();
     let mut eof = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
