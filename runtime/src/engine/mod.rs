@@ -677,6 +677,26 @@ impl Instance {
 
     /// Whether the instance pauses at breakpoint-able point `at` (going on with `resume`); when it
     /// does, it is paused.
+    /// [`Self::pauses`] before the action `action` (`enter`, `exit` or `tN`) of state `s`; one
+    /// branch and nothing built while the instance was never debugged.
+    fn pauses_before_action(
+        &mut self,
+        out: &mut Output,
+        s: StateId,
+        action: impl FnOnce() -> String,
+        resume: debug::Resume,
+    ) -> bool {
+        self.s.debug.is_some()
+            && self.pauses(
+                out,
+                |m| debug::Breakpoint::Action {
+                    state: m.states[s].name.clone(),
+                    action: action(),
+                },
+                resume,
+            )
+    }
+
     fn pauses(
         &mut self,
         out: &mut Output,
@@ -903,16 +923,7 @@ impl Instance {
                 }
                 Next::EnterAction => {
                     let s = self.s.state.unwrap_or(0);
-                    if self.s.debug.is_some()
-                        && self.pauses(
-                            out,
-                            |m| debug::Breakpoint::Action {
-                                state: m.states[s].name.clone(),
-                                action: "enter".into(),
-                            },
-                            debug::Resume::EnterAction,
-                        )
-                    {
+                    if self.pauses_before_action(out, s, || "enter".into(), debug::Resume::EnterAction) {
                         Next::Stop
                     } else {
                         match m.states[s].enter {
@@ -974,16 +985,12 @@ impl Instance {
                 }
                 Next::TransitionAction(i) => {
                     let s = self.s.state.unwrap_or(0);
-                    if self.s.debug.is_some()
-                        && self.pauses(
-                            out,
-                            |m| debug::Breakpoint::Action {
-                                state: m.states[s].name.clone(),
-                                action: format!("t{i}"),
-                            },
-                            debug::Resume::TransitionAction { transition: i },
-                        )
-                    {
+                    if self.pauses_before_action(
+                        out,
+                        s,
+                        || format!("t{i}"),
+                        debug::Resume::TransitionAction { transition: i },
+                    ) {
                         Next::Stop
                     } else {
                         match m.states[s].transitions[i].action {
@@ -1021,16 +1028,7 @@ impl Instance {
                 }
                 Next::ExitAction(n) => {
                     let s = self.s.state.unwrap_or(0);
-                    if self.s.debug.is_some()
-                        && self.pauses(
-                            out,
-                            |m| debug::Breakpoint::Action {
-                                state: m.states[s].name.clone(),
-                                action: "exit".into(),
-                            },
-                            debug::Resume::ExitAction { next: n },
-                        )
-                    {
+                    if self.pauses_before_action(out, s, || "exit".into(), debug::Resume::ExitAction { next: n }) {
                         Next::Stop
                     } else {
                         match m.states[s].exit {
