@@ -808,6 +808,16 @@ impl Serve {
             .unwrap()
     }
 
+    /// The server's resident set (kB), from /proc.
+    fn rss_kb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
     fn ended(v: &Value) -> bool {
         v["status"] == "completed" || v["status"] == "failed"
     }
@@ -828,15 +838,11 @@ impl Serve {
     }
 }
 
-#[test]
-fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
-    use std::sync::atomic::Ordering::SeqCst;
-    const BOUND: usize = 2;
-    const DEADLINE: Duration = Duration::from_secs(4);
-    let hung = std::sync::Arc::new(Hung::default());
-    let url = hung_and_healthy_server(hung.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let defs = dir.path().join("defs");
+/// The bound tests' definitions (`hung` calls the hung service, `healthy` the healthy one, both
+/// on the server at `url`) and configuration (the hung service bounded to `bound` calls, with
+/// `deadline`); returns the definitions' folder and the configuration file.
+fn bound_definitions(dir: &Path, url: &str, bound: usize, deadline: Duration) -> (PathBuf, PathBuf) {
+    let defs = dir.join("defs");
     std::fs::create_dir(&defs).unwrap();
     let shop = std::fs::read_to_string(data().join("shop.proto")).unwrap();
     std::fs::write(defs.join("shop.proto"), &shop).unwrap();
@@ -855,16 +861,28 @@ fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
                 "enterResultHandler": "${ .item = $value }"}]});
         std::fs::write(defs.join(format!("{id}.json")), def.to_string()).unwrap();
     }
-    let config = dir.path().join("sm4c.toml");
+    let config = dir.join("sm4c.toml");
     std::fs::write(
         &config,
         format!(
-            "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\ndeadline = \"{}s\"\nconcurrency = {BOUND}\n\n\
+            "[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\ndeadline = \"{}ms\"\nconcurrency = {bound}\n\n\
              [grpc.\"stock.v1.Inventory\"]\ntarget = \"{url}\"\n",
-            DEADLINE.as_secs()
+            deadline.as_millis()
         ),
     )
     .unwrap();
+    (defs, config)
+}
+
+#[test]
+fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const BOUND: usize = 2;
+    const DEADLINE: Duration = Duration::from_secs(4);
+    let hung = std::sync::Arc::new(Hung::default());
+    let url = hung_and_healthy_server(hung.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (defs, config) = bound_definitions(dir.path(), &url, BOUND, DEADLINE);
     let s = Serve::start(&defs, &config, &dir.path().join("s.db"));
     let ids = |prefix: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{prefix}-{i:02}")).collect() };
 
@@ -961,5 +979,78 @@ fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
         quiet,
         "{} calls still in flight at the hung service",
         hung.in_flight.load(SeqCst)
+    );
+}
+
+/// The REST campaign's memory check (tests/downstreams.rs), for gRPC: bursts of calls to a hung
+/// service, far more than its bound, each waiting for a turn or its deadline, do not grow the
+/// server's memory beyond a generous bound, and the healthy service on the same connection answers
+/// meanwhile. `cargo test` runs two bursts of 500; `SM4C_DOWNSTREAMS_FULL=1` two of 5,000.
+#[test]
+fn a_large_burst_of_hung_grpc_calls_leaves_memory_bounded() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const BOUND: usize = 4;
+    const DEADLINE: Duration = Duration::from_millis(1500);
+    const RSS_GROWTH_MB: u64 = 100;
+    let full = std::env::var("SM4C_DOWNSTREAMS_FULL").is_ok_and(|v| !v.is_empty() && v != "0");
+    let burst = if full { 5000 } else { 500 };
+    let hung = std::sync::Arc::new(Hung::default());
+    let url = hung_and_healthy_server(hung.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (defs, config) = bound_definitions(dir.path(), &url, BOUND, DEADLINE);
+    let s = Serve::start(&defs, &config, &dir.path().join("s.db"));
+    let ids = |prefix: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{prefix}-{i:05}")).collect() };
+    let start = |definition: &str, ids: &[String]| {
+        for id in ids {
+            s.start_instance(definition, id);
+        }
+    };
+    // Warm up both paths, so that the first reading is not of an idle process.
+    let (warm_hung, warm_healthy) = (ids("warm-hung", BOUND), ids("warm-healthy", 20));
+    start("hung", &warm_hung);
+    start("healthy", &warm_healthy);
+    s.wait_ended(&[warm_hung, warm_healthy].concat(), Duration::from_secs(60));
+    let rss_before = s.rss_kb();
+
+    let mut healthy_took = Vec::new();
+    let mut peak = rss_before;
+    for round in 0..2 {
+        let (b, g) = (
+            ids(&format!("hung{round}"), burst),
+            ids(&format!("healthy{round}"), 100),
+        );
+        start("hung", &b);
+        let began = Instant::now();
+        start("healthy", &g);
+        peak = peak.max(s.rss_kb());
+        for v in s.wait_ended(&g, Duration::from_secs(60)) {
+            assert_eq!(v["status"], "completed", "{v}");
+            assert_eq!(v["data"]["item"]["name"], "Hammer", "{v}");
+        }
+        healthy_took.push(began.elapsed());
+        peak = peak.max(s.rss_kb());
+        for v in s.wait_ended(&b, Duration::from_secs(120) + DEADLINE * (burst as u32 / 50)) {
+            assert_eq!(v["status"], "failed", "{v}");
+            assert_eq!(v["error"]["type"], "functionError", "{v}");
+            assert_eq!(v["error"]["details"]["kind"], "timeout", "{v}");
+        }
+    }
+    let rss_after = s.rss_kb();
+    let max = hung.max.load(SeqCst);
+    eprintln!(
+        "two bursts of {burst} hung calls (bound {BOUND}, deadline {DEADLINE:?}): healthy calls started after each burst done in {healthy_took:?}; \
+         at most {max} hung calls at once; VmRSS {rss_before} kB before, at most {peak} kB during, {rss_after} kB after"
+    );
+    assert!(
+        max <= BOUND,
+        "the hung service saw {max} calls at once; the bound is {BOUND}"
+    );
+    assert!(
+        rss_after <= rss_before + RSS_GROWTH_MB * 1024,
+        "VmRSS grew from {rss_before} kB to {rss_after} kB over the bursts"
+    );
+    assert!(
+        peak <= rss_before + RSS_GROWTH_MB * 1024,
+        "VmRSS reached {peak} kB during the bursts, from {rss_before} kB"
     );
 }
