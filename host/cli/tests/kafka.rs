@@ -405,11 +405,17 @@ fn from_beginning(broker: &Broker, topic: &str, isolation: &str) -> (BaseConsume
     (c, n)
 }
 
-/// What a reader with `isolation` sees of `topic`, for failure messages: each partition's
-/// watermarks and where the reader stopped, and each record's offset, key, `ce_type` and `ce_id`.
-fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
+/// What a reader at `isolation` sees of `topic`: every record as "partition@offset key type id",
+/// where it stopped on each partition, and the watermarks.
+struct TopicSeen {
+    records: Vec<String>,
+    ends: Vec<String>,
+    marks: Vec<String>,
+}
+
+fn topic_seen(broker: &Broker, topic: &str, isolation: &str) -> TopicSeen {
     let (c, n) = from_beginning(broker, topic, isolation);
-    let mut lines = Vec::new();
+    let (mut records, mut ends) = (Vec::new(), Vec::new());
     let mut eof = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while eof.len() < n && Instant::now() < deadline {
@@ -421,8 +427,8 @@ fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
                         .map(|x| String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned())
                         .unwrap_or_default()
                 };
-                lines.push(format!(
-                    "  {}@{} key={:?} {} {}",
+                records.push(format!(
+                    "{}@{} key={:?} {} {}",
                     m.partition(),
                     m.offset(),
                     m.key().map(String::from_utf8_lossy).unwrap_or_default(),
@@ -435,13 +441,13 @@ fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
                     .position()
                     .ok()
                     .and_then(|l| l.find_partition(topic, p).and_then(|e| e.offset().to_raw()));
-                lines.push(format!("  {p}: end at {pos:?}"));
+                ends.push(format!("{p}: end at {pos:?}"));
                 eof.insert(p);
             }
             _ => {}
         }
     }
-    let marks: Vec<String> = (0..n)
+    let marks = (0..n)
         .map(|p| {
             format!(
                 "{p}: {:?}",
@@ -449,7 +455,33 @@ fn topic_report(broker: &Broker, topic: &str, isolation: &str) -> String {
             )
         })
         .collect();
-    format!("{topic} ({isolation}), watermarks {marks:?}:\n{}", lines.join("\n"))
+    TopicSeen { records, ends, marks }
+}
+
+/// For a failed wait on sent events: what read-uncommitted and read-committed readers see of
+/// `topic` (watermarks, where each stopped, how many records), and every record only the first
+/// sees (at most 200), so that a failure tells whether events are missing, aborted, or held back
+/// behind a partition's last stable offset (issue 13's stall).
+fn topic_report(broker: &Broker, topic: &str) -> String {
+    let all = topic_seen(broker, topic, "read_uncommitted");
+    let committed = topic_seen(broker, topic, "read_committed");
+    let seen: std::collections::HashSet<&String> = committed.records.iter().collect();
+    let only: Vec<&String> = all.records.iter().filter(|r| !seen.contains(r)).collect();
+    let mut out = format!(
+        "{topic}: read_uncommitted sees {} records (watermarks {:?}, ends {:?}); read_committed sees {} (ends {:?}); \
+         {} seen only uncommitted:",
+        all.records.len(),
+        all.marks,
+        all.ends,
+        committed.records.len(),
+        committed.ends,
+        only.len()
+    );
+    for r in only.iter().take(200) {
+        out.push_str("\n  ");
+        out.push_str(r);
+    }
+    out
 }
 
 /// A record as read back: key, headers, payload.
@@ -724,12 +756,26 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
     }
     p.flush(Duration::from_secs(30)).expect("flush");
     let out = format!("{prefix}.events.out");
-    wait_until(
-        "half the sagas to complete and every request to be sent",
-        180 * scale,
-        || count_status(&w1, "completed") == n / 2 && sent_ids(&broker, &out, "payment.requested").len() == n,
-        &[&w1, &w2, &w3],
-    );
+    let deadline = Instant::now() + Duration::from_secs(180 * scale);
+    loop {
+        let done = count_status(&w1, "completed");
+        let sent = sent_ids(&broker, &out, "payment.requested").len();
+        if (done, sent) == (n / 2, n) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for half the sagas to complete and every request to be sent: {done} of {n} completed, \
+             {sent} requests sent\n{}\n{}",
+            topic_report(&broker, &out),
+            [&w1, &w2, &w3]
+                .iter()
+                .map(|w| tail(&w.log))
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     w2.kill9();
     responder.budget.store(usize::MAX, Ordering::Relaxed);
 
@@ -864,9 +910,8 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     // each isolation level shows of the out topic, so that a failure tells where the events are.
     assert!(
         ids.len() >= 15,
-        "timed out waiting for the 15 reminders on the out topic: {ids:?}\n{}\n{}\n{}",
-        topic_report(&broker, &out, "read_uncommitted"),
-        topic_report(&broker, &out, "read_committed"),
+        "timed out waiting for the 15 reminders on the out topic: {ids:?}\n{}\n{}",
+        topic_report(&broker, &out),
         tail(&w.log)
     );
     assert_eq!(ids.len(), 15, "{ids:?}");
@@ -2128,7 +2173,8 @@ fn sagas_through(
         assert!(
             Instant::now() < deadline,
             "timed out waiting for half the sagas to complete and every request to be sent: {done} of \
-             {n} completed, {sent} requests sent, {replied} replies sent\n{}\n----\n{}",
+             {n} completed, {sent} requests sent, {replied} replies sent\n{}\n{}\n----\n{}",
+            topic_report(broker, &out),
             tail(&w1.log),
             tail(&w2.log)
         );
