@@ -1366,6 +1366,100 @@ fn tansu_shows_aborted_records_which_is_why_restores_filter_by_offset() {
     assert_eq!(seen, vec!["committed", "aborted"]);
 }
 
+/// A transactional producer of the test, initialised.
+fn txn_producer(broker: &Broker, id: &str) -> BaseProducer {
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("transactional.id", id)
+        .create()
+        .expect("producer");
+    p.init_transactions(Duration::from_secs(10)).expect("init");
+    p
+}
+
+/// Issue 13's stall, made on purpose. tansu finalizes a committed transaction that overlapped an
+/// open one only when a later transaction overlapping it ends while all it overlaps are prepared,
+/// and that check is not transitive: with the worker's transaction Y overlapping the test's X on
+/// the out topic, and X overlapping the test's Z on another topic, Z's end finalizes X and Z and
+/// leaves Y prepared for good. Y's records (the saga's request) then stay behind the out
+/// partition's last stable offset, invisible to `read_committed` readers, in an idle system. The
+/// worker settles (`worker::Settle`): once quiet after a transaction that wrote records, its
+/// producer ends a few more that write none, and the first that ends with nothing open finalizes Y.
+/// Without that the request is never seen (the saga's next step is its 2-minute timeout).
+#[test]
+fn a_transaction_the_broker_leaves_prepared_is_settled_once_the_worker_is_quiet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "settle";
+    let w = Worker::start(dir.path(), "w", &worker_args(&broker, prefix, 1, &[]));
+    wait_owned(&[&w], 1);
+    let out = format!("{prefix}.events.out");
+    let side = format!("{prefix}.side");
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .expect("admin");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(admin.create_topics(
+        &[rdkafka::admin::NewTopic::new(
+            &side,
+            1,
+            rdkafka::admin::TopicReplication::Fixed(1),
+        )],
+        &rdkafka::admin::AdminOptions::new(),
+    ))
+    .expect("create topic");
+    let (x, z) = (txn_producer(&broker, "test-x"), txn_producer(&broker, "test-z"));
+    // X opens first on the out partition.
+    x.begin_transaction().expect("begin");
+    x.send(BaseRecord::<str, str>::to(&out).partition(0).payload("x"))
+        .expect("send");
+    x.flush(Duration::from_secs(10)).expect("flush");
+    // The worker's transaction Y writes the saga's request after it and ends while X is open.
+    let p = producer(&broker);
+    send_binary(&p, &format!("{prefix}.events"), &order_created(1));
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let written = |isolation: &str| {
+        topic_seen(&broker, &out, isolation)
+            .records
+            .iter()
+            .any(|r| r.contains("payment.requested"))
+    };
+    wait_until("the request, uncommitted", 60, || written("read_uncommitted"), &[&w]);
+    std::thread::sleep(Duration::from_secs(1));
+    // Z opens on the side topic; X writes there too and ends (prepared: Z is open); Z ends and
+    // finalizes X and itself, not Y.
+    z.begin_transaction().expect("begin");
+    z.send(BaseRecord::<str, str>::to(&side).partition(0).payload("z"))
+        .expect("send");
+    z.flush(Duration::from_secs(10)).expect("flush");
+    x.send(BaseRecord::<str, str>::to(&side).partition(0).payload("x"))
+        .expect("send");
+    x.flush(Duration::from_secs(10)).expect("flush");
+    x.commit_transaction(Duration::from_secs(10)).expect("commit x");
+    z.commit_transaction(Duration::from_secs(10)).expect("commit z");
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while !written("read_committed") {
+        assert!(
+            Instant::now() < deadline,
+            "the saga's request stayed invisible to read_committed readers\n{}\n{}",
+            topic_report(&broker, &out),
+            tail(&w.log)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The API view reads the state topic read_committed too: it sees the saga.
+    wait_until(
+        "the saga in the API view",
+        30,
+        || all_instances(&w).iter().any(|v| v["state"] == "Request"),
+        &[&w],
+    );
+}
+
 #[test]
 fn at_least_once_delivery_runs_without_transactions() {
     let dir = tempfile::tempdir().expect("tempdir");

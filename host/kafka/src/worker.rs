@@ -44,6 +44,60 @@ const TIMER_RETRY_MS: i64 = 5_000;
 const SLOW_TURN: Duration = Duration::from_secs(2);
 const ABORT_TIMEOUT: Duration = Duration::from_secs(8);
 
+/// When a producer settles after its last transaction that wrote records (see [`Settle`]): this
+/// long after it, then after each later step, while it writes nothing else.
+const SETTLE_AFTER: [Duration; 4] = [
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+    Duration::from_secs(8),
+    Duration::from_secs(30),
+];
+
+/// A transactional producer's settling: once it has been quiet a moment after a transaction that
+/// wrote records, it ends one more transaction that writes no state, a few times with a growing
+/// wait ([`SETTLE_AFTER`]).
+///
+/// Why: a broker may finalize a committed transaction that overlapped others late. tansu (the
+/// test broker) marks such a transaction prepared and finalizes it only when a later transaction
+/// that overlaps it ends while every transaction it overlaps is prepared; the check is not
+/// transitive, so when T1 overlaps T2 on one partition and T2 overlaps T3 on another, T3's end can
+/// finalize T2 and leave T1 prepared for good. Its partitions' last stable offset then stays
+/// before T1's records: `read_committed` readers (other workers, the API views, consumers of sent
+/// events) see nothing past them until another transaction of T1's producer, or one overlapping
+/// it, ends. An idle system has none: that was the stall of issue 13. Ending one more transaction
+/// when quiet is that transaction. On Apache Kafka it is one cheap transaction per quiet spell.
+#[derive(Debug, Default)]
+struct Settle {
+    /// When the last transaction that wrote records committed; `None` once settled.
+    since: Option<Instant>,
+    /// How many settling transactions have ended since.
+    done: usize,
+}
+
+impl Settle {
+    /// A transaction that wrote records has committed.
+    fn wrote(&mut self) {
+        *self = Settle {
+            since: Some(Instant::now()),
+            done: 0,
+        };
+    }
+
+    /// Whether a settling transaction is due now; if so, it counts as done.
+    fn due(&mut self) -> bool {
+        let Some(since) = self.since else { return false };
+        let Some(wait) = SETTLE_AFTER.get(self.done) else {
+            self.since = None;
+            return false;
+        };
+        if since.elapsed() < *wait {
+            return false;
+        }
+        self.done += 1;
+        true
+    }
+}
+
 /// A call's result on its way back to the worker loop.
 pub(crate) struct CallDone {
     pub instance: String,
@@ -427,6 +481,8 @@ struct Owner {
     timers: BTreeSet<(i64, String, String)>,
     /// When the last transaction committed (or the partition was restored).
     last_commit: Instant,
+    /// Settling after the last transaction that wrote records ([`Settle`]).
+    settle: Settle,
     /// Timers proposed and not applied yet: (when to look again, instance, timer) → due time.
     retries: BTreeMap<(i64, String, String), i64>,
     /// Calls in flight: (instance, op) → task.
@@ -477,6 +533,10 @@ type Applied = HashMap<(String, i32), i64>;
 /// Routes one events partition into commands.
 struct Router {
     txn: Option<ThreadedProducer<Quiet>>,
+    /// Settling after its last routing transaction ([`Settle`]).
+    settle: Settle,
+    /// The commands partition its last transaction wrote to: its settling transaction ticks it.
+    last_target: i32,
 }
 
 /// The most records one loop turn takes from the consumer: they are decided and committed in one
@@ -722,7 +782,14 @@ impl Worker {
                     self.rewind(&topic, p);
                     continue;
                 }
-                self.routers.insert((topic, p), Router { txn });
+                self.routers.insert(
+                    (topic, p),
+                    Router {
+                        txn,
+                        settle: Settle::default(),
+                        last_target: p,
+                    },
+                );
             }
         }
         if new_router {
@@ -923,9 +990,9 @@ impl Worker {
                 .collect();
             let hr: Vec<_> = solo
                 .into_iter()
-                .map(|(k, r, outs, last)| {
+                .map(|(k, mut r, outs, last)| {
                     s.spawn(move || {
-                        let res = me.route(&r, &k.0, k.1, &outs, last);
+                        let res = me.route(&mut r, &k.0, k.1, &outs, last);
                         (k, r, res)
                     })
                 })
@@ -980,12 +1047,23 @@ impl Worker {
     }
 
     /// Commits a routing batch in the events partition's own transaction.
-    fn route(&self, r: &Router, topic: &str, p: i32, outs: &[Out], last: i64) -> Result<(), String> {
+    fn route(&self, r: &mut Router, topic: &str, p: i32, outs: &[Out], last: i64) -> Result<(), String> {
         let mut offsets = TopicPartitionList::new();
         offsets
             .add_partition_offset(topic, p, Offset::Offset(last + 1))
             .map_err(|e| e.to_string())?;
-        commit(&self.shared, &self.consumer, r.txn.as_ref(), outs, &offsets)
+        commit(&self.shared, &self.consumer, r.txn.as_ref(), outs, &offsets)?;
+        if !outs.is_empty() {
+            r.settle.wrote();
+            if let Some(q) = outs
+                .iter()
+                .find(|o| o.topic == self.shared.topics.commands)
+                .and_then(|o| o.partition)
+            {
+                r.last_target = q;
+            }
+        }
+        Ok(())
     }
 
     /// Turns incoming events into commands for the instances' partitions.
@@ -1216,6 +1294,9 @@ impl Worker {
         commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
         t.clock += 1;
         t.last_commit = Instant::now();
+        if !outs.is_empty() {
+            t.settle.wrote();
+        }
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());
         }
@@ -1328,14 +1409,42 @@ impl Worker {
             if idle {
                 t.last_commit = Instant::now();
             }
-            if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
+            // A tick's transaction writes no state, only the partition's offsets: it settles.
+            let settle = t.txn.is_some() && t.settle.due();
+            if idle || settle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
                 let _ = produce(
                     &self.shared.plain,
                     &command(&self.shared, t.partition, None, &Command::Tick),
                 );
             }
         }
+        for ((topic, p), r) in &mut self.routers {
+            let Some(txn) = &r.txn else { continue };
+            if !r.settle.due() {
+                continue;
+            }
+            // A router has no partition of its own to write to: its settling transaction ticks
+            // the commands partition it last wrote to (whose owner then settles as well).
+            let tick = command(&self.shared, r.last_target, None, &Command::Tick);
+            if let Err(e) = settle(txn, &tick) {
+                tracing::warn!(topic, partition = p, error = %e, "a router's settling transaction failed");
+            }
+        }
     }
+}
+
+/// A router's settling transaction ([`Settle`]): one tick command, nothing else.
+fn settle(p: &ThreadedProducer<Quiet>, tick: &Out) -> Result<(), String> {
+    let deadline = Instant::now() + COMMIT_TIMEOUT;
+    p.begin_transaction().map_err(|e| e.to_string())?;
+    let r = produce(p, tick).and_then(|()| drain(p, deadline)).and_then(|()| {
+        p.commit_transaction(deadline.saturating_duration_since(Instant::now()))
+            .map_err(|e| e.to_string())
+    });
+    if r.is_err() {
+        let _ = p.abort_transaction(ABORT_TIMEOUT);
+    }
+    r
 }
 
 /// The committed offset of `topic`/`p` in a committed-offsets answer: 0 when the group has none, an

@@ -88,6 +88,7 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         timers: BTreeSet::new(),
         retries: BTreeMap::new(),
         last_commit: Instant::now(),
+        settle: Default::default(),
         in_flight: HashMap::new(),
         clock,
         resume: committed,
