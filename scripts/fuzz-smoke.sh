@@ -3,13 +3,16 @@
 # FUZZ_SECONDS (default 20) on its seed corpus and dictionary, one job, at low priority. Fails when a
 # target finds a crash (libFuzzer leaves the input in fuzz/artifacts/<target>/). cargo-fuzz needs
 # nightly features; with the one stable toolchain, RUSTC_BOOTSTRAP=1 enables them.
-# When cargo-fuzz is not installed it says so and exits 0: install it with `cargo install cargo-fuzz`.
+# cargo-fuzz comes from crates.io: when it is not on PATH, it is installed into .tools/cargo (once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-20}"
 if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "NOT RUN: cargo-fuzz is not installed (cargo install cargo-fuzz)"
-  exit 0
+  if [ ! -x .tools/cargo/bin/cargo-fuzz ]; then
+    echo "fuzz-smoke: installing cargo-fuzz 0.13.2 into .tools/cargo" >&2
+    cargo install --quiet --locked --root .tools/cargo cargo-fuzz --version 0.13.2
+  fi
+  export PATH="$PWD/.tools/cargo/bin:$PATH"
 fi
 export RUSTC_BOOTSTRAP=1
 cd fuzz

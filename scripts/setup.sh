@@ -76,3 +76,19 @@ setup_browser() {
   export SM4C_CHROMIUM=/usr/bin/chromium
   export NODE_PATH="$dir/node_modules"
 }
+
+# wrk (Debian's package, apt-get as root) for the soak in scripts/test.sh (bench/serve/soak.sh) and the
+# benchmarks beside Restate (bench/restate/run.sh). Like setup_browser, it stops with a message, never
+# skips, when it cannot install it.
+setup_wrk() {
+  command -v wrk >/dev/null && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "scripts/setup.sh: installing Debian's wrk for the soak" >&2
+    apt-get update -qq >&2 || true
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2; then
+      return 0
+    fi
+  fi
+  echo "scripts/setup.sh: the soak needs wrk: run 'sudo apt-get install wrk'" >&2
+  return 2
+}

@@ -14,6 +14,7 @@ source scripts/setup.sh
 # Debian's Chromium and playwright-core for the inspector's browser test, first, so that a machine
 # that cannot install them stops here and says why rather than after the build.
 setup_browser
+setup_wrk
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
 # The web inspector in a real browser: playwright-core drives headless Chromium against a real
@@ -24,6 +25,11 @@ node host/api/ui/test/inspector.cjs
 # The same checks in Kafka mode: a tansu broker (SM4C_TANSU) and one worker per server.
 echo "scripts/test.sh: testing the web inspector in Chromium, Kafka mode (SM4C_INSPECTOR_KAFKA=1 node host/api/ui/test/inspector.cjs)" >&2
 SM4C_INSPECTOR_KAFKA=1 SM4C_SCREENSHOT=target/inspector-kafka.png node host/api/ui/test/inspector.cjs
+# The soak, short: `sm4c serve` (the debug build) under wrk at 80% of the throughput it measures, three
+# 10 s windows; it fails on an answer that is not 2xx, an instance left running, or RSS growing by more
+# than 64 MB (bench/serve/soak.sh; the 10-minute run on a release build is in bench/serve/README.md).
+echo "scripts/test.sh: a short soak of sm4c serve (SM4C=target/debug/sm4c bench/serve/soak.sh 30 10)" >&2
+SM4C=target/debug/sm4c bench/serve/soak.sh 30 10
 # Checks against what sits in ../shared beside the repository (never copied into it): the definitions
 # written for the SM4C reference implementation must run unmodified. A clone without ../shared has
 # passed its own tests above; this step says plainly that it did not run.
