@@ -45,7 +45,7 @@ const SLOW_TURN: Duration = Duration::from_secs(2);
 const ABORT_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// When a producer settles after its last transaction that wrote records (see [`Settle`]): this
-/// long after it, then after each later step, while it writes nothing else.
+/// long after it, then this long after it again, and so on, while it writes nothing else.
 const SETTLE_AFTER: [Duration; 4] = [
     Duration::from_millis(500),
     Duration::from_secs(2),
@@ -54,8 +54,9 @@ const SETTLE_AFTER: [Duration; 4] = [
 ];
 
 /// A transactional producer's settling: once it has been quiet a moment after a transaction that
-/// wrote records, it ends one more transaction that writes no state, a few times with a growing
-/// wait ([`SETTLE_AFTER`]).
+/// wrote records, it ends one more transaction that changes nothing, a few times with a growing
+/// wait ([`SETTLE_AFTER`]): an owner commits its partition's clock offset again; a router, which
+/// has no offset of its own to commit, ticks the commands partition it last wrote to.
 ///
 /// Why: a broker may finalize a committed transaction that overlapped others late. tansu (the
 /// test broker) marks such a transaction prepared and finalizes it only when a later transaction
@@ -1409,13 +1410,26 @@ impl Worker {
             if idle {
                 t.last_commit = Instant::now();
             }
-            // A tick's transaction writes no state, only the partition's offsets: it settles.
-            let settle = t.txn.is_some() && t.settle.due();
-            if idle || settle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
+            if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
                 let _ = produce(
                     &self.shared.plain,
                     &command(&self.shared, t.partition, None, &Command::Tick),
                 );
+            }
+        }
+        for t in self.owners.values_mut() {
+            if t.txn.is_none() || !t.settle.due() {
+                continue;
+            }
+            // The owner's settling transaction commits the partition's clock offset again, as its
+            // last transaction did: it changes nothing, and it ends.
+            let mut offsets = TopicPartitionList::new();
+            let r = offsets
+                .add_partition_offset(&self.shared.topics.clock, t.partition, Offset::Offset(t.clock))
+                .map_err(|e| e.to_string())
+                .and_then(|()| commit(&self.shared, &self.consumer, t.txn.as_ref(), &[], &offsets));
+            if let Err(e) = r {
+                tracing::warn!(partition = t.partition, error = %e, "a settling transaction failed");
             }
         }
         for ((topic, p), r) in &mut self.routers {
