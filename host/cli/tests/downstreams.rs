@@ -15,6 +15,8 @@
 //! `cargo test` runs bursts of 500 hung calls; `SM4C_DOWNSTREAMS_FULL=1` runs bursts of 5,000 (the
 //! figures of both are in docs/src/testing.md).
 
+#[path = "support/proc.rs"]
+mod proc;
 use axum::routing::post;
 use axum::{Json, Router};
 use reqwest::blocking::Client;
@@ -299,12 +301,7 @@ impl Serve {
 
     /// The server's resident set (kB), from /proc.
     fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
+        proc::rss_kb(self.child.id())
     }
 }
 

@@ -8,6 +8,8 @@
 #[path = "support/inventory.rs"]
 mod inventory;
 
+#[path = "support/proc.rs"]
+mod proc;
 use inventory::{server, Seen};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -810,12 +812,7 @@ impl Serve {
 
     /// The server's resident set (kB), from /proc.
     fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
+        proc::rss_kb(self.child.id())
     }
 
     fn ended(v: &Value) -> bool {

@@ -1327,29 +1327,8 @@ fn tansu_shows_aborted_records_which_is_why_restores_filter_by_offset() {
     // inside transactions too.
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .create()
-        .expect("admin");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(admin.create_topics(
-        &[rdkafka::admin::NewTopic::new(
-            "t",
-            1,
-            rdkafka::admin::TopicReplication::Fixed(1),
-        )],
-        &rdkafka::admin::AdminOptions::new(),
-    ))
-    .expect("create topic");
-    let p: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .set("transactional.id", "probe")
-        .create()
-        .expect("producer");
-    p.init_transactions(Duration::from_secs(10)).expect("init");
+    create_topic(&broker, "t", 1);
+    let p = txn_producer(&broker, "probe");
     p.begin_transaction().expect("begin");
     p.send(BaseRecord::<str, str>::to("t").payload("committed"))
         .expect("send");
@@ -1364,6 +1343,27 @@ fn tansu_shows_aborted_records_which_is_why_restores_filter_by_offset() {
         .map(|(_, _, v)| String::from_utf8_lossy(&v).into_owned())
         .collect();
     assert_eq!(seen, vec!["committed", "aborted"]);
+}
+
+/// Creates `topic` with `partitions` partitions.
+fn create_topic(broker: &Broker, topic: &str, partitions: i32) {
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .expect("admin");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(admin.create_topics(
+        &[rdkafka::admin::NewTopic::new(
+            topic,
+            partitions,
+            rdkafka::admin::TopicReplication::Fixed(1),
+        )],
+        &rdkafka::admin::AdminOptions::new(),
+    ))
+    .expect("create topic");
 }
 
 /// A transactional producer of the test, initialised.
@@ -1395,23 +1395,7 @@ fn a_transaction_the_broker_leaves_prepared_is_settled_once_the_worker_is_quiet(
     wait_owned(&[&w], 1);
     let out = format!("{prefix}.events.out");
     let side = format!("{prefix}.side");
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
-        .create()
-        .expect("admin");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(admin.create_topics(
-        &[rdkafka::admin::NewTopic::new(
-            &side,
-            1,
-            rdkafka::admin::TopicReplication::Fixed(1),
-        )],
-        &rdkafka::admin::AdminOptions::new(),
-    ))
-    .expect("create topic");
+    create_topic(&broker, &side, 1);
     let (x, z) = (txn_producer(&broker, "test-x"), txn_producer(&broker, "test-z"));
     // X opens first on the out partition.
     x.begin_transaction().expect("begin");
