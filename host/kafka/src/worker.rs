@@ -1433,32 +1433,19 @@ impl Worker {
             }
         }
         for ((topic, p), r) in &mut self.routers {
-            let Some(txn) = &r.txn else { continue };
-            if !r.settle.due() {
+            if r.txn.is_none() || !r.settle.due() {
                 continue;
             }
-            // A router has no partition of its own to write to: its settling transaction ticks
-            // the commands partition it last wrote to (whose owner then settles as well).
+            // A router has no offset it may commit again (an owner's transaction may have taken
+            // its events partition further since): its settling transaction ticks the commands
+            // partition it last wrote to, whose owner then settles as well.
             let tick = command(&self.shared, r.last_target, None, &Command::Tick);
-            if let Err(e) = settle(txn, &tick) {
+            let none = TopicPartitionList::new();
+            if let Err(e) = commit(&self.shared, &self.consumer, r.txn.as_ref(), &[tick], &none) {
                 tracing::warn!(topic, partition = p, error = %e, "a router's settling transaction failed");
             }
         }
     }
-}
-
-/// A router's settling transaction ([`Settle`]): one tick command, nothing else.
-fn settle(p: &ThreadedProducer<Quiet>, tick: &Out) -> Result<(), String> {
-    let deadline = Instant::now() + COMMIT_TIMEOUT;
-    p.begin_transaction().map_err(|e| e.to_string())?;
-    let r = produce(p, tick).and_then(|()| drain(p, deadline)).and_then(|()| {
-        p.commit_transaction(deadline.saturating_duration_since(Instant::now()))
-            .map_err(|e| e.to_string())
-    });
-    if r.is_err() {
-        let _ = p.abort_transaction(ABORT_TIMEOUT);
-    }
-    r
 }
 
 /// The committed offset of `topic`/`p` in a committed-offsets answer: 0 when the group has none, an
