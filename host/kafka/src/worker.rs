@@ -52,11 +52,16 @@ const SETTLE_AFTER: [Duration; 4] = [
     Duration::from_secs(8),
     Duration::from_secs(30),
 ];
+/// An owner, whose settling writes no record, goes on settling this often after the last step of
+/// [`SETTLE_AFTER`], until [`SETTLE_FOR`] after its last transaction that wrote records.
+const SETTLE_EVERY: Duration = Duration::from_secs(15);
+const SETTLE_FOR: Duration = Duration::from_secs(600);
 
 /// A transactional producer's settling: once it has been quiet a moment after a transaction that
 /// wrote records, it ends one more transaction that changes nothing, a few times with a growing
-/// wait ([`SETTLE_AFTER`]): an owner commits its partition's clock offset again; a router, which
-/// has no offset of its own to commit, ticks the commands partition it last wrote to.
+/// wait ([`SETTLE_AFTER`]): an owner commits its partition's clock offset again (and goes on doing
+/// so every [`SETTLE_EVERY`] for [`SETTLE_FOR`]); a router, which has no offset of its own to
+/// commit, ticks the commands partition it last wrote to.
 ///
 /// Why: a broker may finalize a committed transaction that overlapped others late. tansu (the
 /// test broker) marks such a transaction prepared and finalizes it only when a later transaction
@@ -66,7 +71,8 @@ const SETTLE_AFTER: [Duration; 4] = [
 /// before T1's records: `read_committed` readers (other workers, the API views, consumers of sent
 /// events) see nothing past them until another transaction of T1's producer, or one overlapping
 /// it, ends. An idle system has none: that was the stall of issue 13. Ending one more transaction
-/// when quiet is that transaction. On Apache Kafka it is one cheap transaction per quiet spell.
+/// when quiet is that transaction; one that ends while another producer's is open finalizes
+/// nothing, hence the repeats. On Apache Kafka it is a few cheap transactions per quiet spell.
 #[derive(Debug, Default)]
 struct Settle {
     /// When the last transaction that wrote records committed; `None` once settled.
@@ -84,14 +90,21 @@ impl Settle {
         };
     }
 
-    /// Whether a settling transaction is due now; if so, it counts as done.
-    fn due(&mut self) -> bool {
+    /// Whether a settling transaction is due now; if so, it counts as done. `repeat`: after the
+    /// steps of [`SETTLE_AFTER`], go on every [`SETTLE_EVERY`] until [`SETTLE_FOR`].
+    fn due(&mut self, repeat: bool) -> bool {
         let Some(since) = self.since else { return false };
-        let Some(wait) = SETTLE_AFTER.get(self.done) else {
+        let last = SETTLE_AFTER[SETTLE_AFTER.len() - 1];
+        let next = match SETTLE_AFTER.get(self.done) {
+            Some(wait) => *wait,
+            None if repeat => last + SETTLE_EVERY * (self.done + 1 - SETTLE_AFTER.len()) as u32,
+            None => Duration::MAX,
+        };
+        if next > SETTLE_FOR {
             self.since = None;
             return false;
-        };
-        if since.elapsed() < *wait {
+        }
+        if since.elapsed() < next {
             return false;
         }
         self.done += 1;
@@ -1418,7 +1431,7 @@ impl Worker {
             }
         }
         for t in self.owners.values_mut() {
-            if t.txn.is_none() || !t.settle.due() {
+            if t.txn.is_none() || !t.settle.due(true) {
                 continue;
             }
             // The owner's settling transaction commits the partition's clock offset again, as its
@@ -1433,7 +1446,7 @@ impl Worker {
             }
         }
         for ((topic, p), r) in &mut self.routers {
-            if r.txn.is_none() || !r.settle.due() {
+            if r.txn.is_none() || !r.settle.due(false) {
                 continue;
             }
             // A router has no offset it may commit again (an owner's transaction may have taken
