@@ -3,14 +3,14 @@
 //! time, each batch in one Kafka transaction with its input offsets.
 
 use super::wire::Quiet;
-use super::wire::{
-    partition_of, start_id, Command, InstanceRecord, JournalRecord, Origin, Outcome, StateRecord, CLOCK_HEADER,
-};
+use super::wire::{partition_of, start_id, Command, InstanceRecord, Origin, Outcome};
 use super::{Delivery, Shared};
 mod decision;
 mod index;
 mod restore;
-use decision::{tally_expiry, Decision};
+#[cfg(test)]
+mod sim;
+use decision::tally_expiry;
 use index::{CorrIndex, Parking};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
@@ -478,6 +478,15 @@ impl Slot {
 /// The owner of one commands partition.
 struct Owner {
     partition: i32,
+    /// Records the next transaction writes first: the committed record (or a tombstone) again of
+    /// each state key whose last record was not committed when the partition was restored.
+    ///
+    /// Why: the partition's next transaction takes the number on `P.clock` that an aborted one
+    /// (the one before the restore) used, so once it commits, a broker that shows aborted records
+    /// would make that aborted one's records look committed. Written again after them, the
+    /// committed records are the last of their keys; the journal needs nothing, as its readers
+    /// take the last record of each sequence number. Found by the simulation (`sim.rs`).
+    repair: Vec<Out>,
     txn: Option<ThreadedProducer<Quiet>>,
     slots: HashMap<String, Slot>,
     /// The unended instances by what the events they may take must carry.
@@ -511,6 +520,78 @@ struct Owner {
     /// with this token on the partition when the partition or an events partition came to it, and
     /// waits to read it back, so that the commands an earlier owner routed here go first.
     barrier: Option<String>,
+}
+
+impl Owner {
+    /// Keeps the timers an instance armed or cancelled (in a committed decision).
+    fn track(&mut self, id: &str, work: Work) {
+        match work {
+            Work::ArmTimer { timer, due } => {
+                self.timers.insert((due, id.to_string(), timer));
+            }
+            Work::CancelTimer { timer } => {
+                self.timers.retain(|(_, i, tm)| !(i == id && *tm == timer));
+            }
+            _ => {}
+        }
+    }
+
+    /// The timer commands to propose at `now`: one for each timer that came due. A proposed timer
+    /// stays armed until its instance no longer has it, and is proposed again every
+    /// [`TIMER_RETRY_MS`] meanwhile: a command that the broker did not take (or that a failed
+    /// batch read and lost) does not lose the timer. A repeated command is harmless: an instance
+    /// fires only a timer it still has.
+    fn due_timers(&mut self, now: i64) -> Vec<Command> {
+        let mut due_now = Vec::new();
+        while let Some(first) = self.timers.first().cloned() {
+            if first.0 > now {
+                break;
+            }
+            self.timers.pop_first();
+            let (due, id, timer) = first;
+            // Still armed at this due time? (The id may have been armed again since.)
+            let armed = self
+                .slots
+                .get(&id)
+                .is_some_and(|s| !s.h.inst.status().is_final() && s.h.inst.snapshot().timers.get(&timer) == Some(&due));
+            if !armed {
+                continue;
+            }
+            due_now.push(Command::Timer {
+                id: id.clone(),
+                timer: timer.clone(),
+            });
+            self.retries.insert((now + TIMER_RETRY_MS, id, timer), due);
+        }
+        while let Some(((at, _, _), _)) = self.retries.first_key_value() {
+            if *at > now {
+                break;
+            }
+            let Some(((_, id, timer), due)) = self.retries.pop_first() else {
+                break;
+            };
+            self.timers.insert((due, id, timer));
+        }
+        due_now
+    }
+
+    /// The batch `b` has committed: the partition's clock moves on, ended instances leave memory
+    /// (the state topic keeps them for the retention). Gives back what the batch asked to do once
+    /// committed, and the events it applied.
+    fn committed(&mut self, b: decision::Batch) -> (Vec<(String, Work)>, Applied) {
+        self.clock += 1;
+        self.last_commit = Instant::now();
+        if !b.outs.is_empty() {
+            self.settle.wrote();
+        }
+        self.expired.clear();
+        for (id, at) in b.ended {
+            self.slots.remove(&id);
+            self.corr.remove(&id);
+            self.ended.insert(id, at);
+        }
+        (b.after, b.applied)
+    }
 }
 
 /// A command made of an incoming event: (partition, key, command, timestamp, event offset).
@@ -899,12 +980,7 @@ impl Worker {
                 });
                 t.in_flight.insert(key, h.abort_handle());
             }
-            Work::ArmTimer { timer, due } => {
-                t.timers.insert((due, id.to_string(), timer));
-            }
-            Work::CancelTimer { timer } => {
-                t.timers.retain(|(_, i, tm)| !(i == id && *tm == timer));
-            }
+            Work::ArmTimer { .. } | Work::CancelTimer { .. } => t.track(id, work),
             Work::Stop { op, .. } => {
                 if let Some(h) = t.in_flight.remove(&(id.to_string(), op)) {
                     h.abort();
@@ -1199,105 +1275,16 @@ impl Worker {
     fn decide(&self, t: &mut Owner, msgs: Vec<OwnedMessage>, hosted: Carried) -> Result<Applied, String> {
         let shared = self.shared.clone();
         let decide_started = Instant::now();
-        let mut applied = Applied::new();
-        let mut d = Decision {
-            shared: &shared,
-            t,
-            outs: Vec::new(),
-            after: Vec::new(),
-            through: -1,
-        };
-        let resume = d.t.resume;
-        for m in msgs.iter().filter(|m| m.offset() >= resume) {
-            d.through = m.offset();
+        let records = msgs.iter().map(|m| {
             let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
-            let Ok(c) = serde_json::from_slice::<Command>(m.payload().unwrap_or_default()) else {
-                tracing::warn!(offset = m.offset(), "not a command; skipped");
-                continue;
-            };
-            if let Some(o) = c.origin() {
-                let e = applied.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
-                *e = (*e).max(o.offset);
-            }
-            if let Command::Barrier { token } = &c {
-                if d.t.barrier.as_ref() == Some(token) {
-                    d.t.barrier = None;
-                }
-                continue;
-            }
-            d.apply(c, at, m.offset());
-        }
-        for (c, at, offset) in hosted.inline {
-            d.apply(c, at, offset);
-        }
-        d.unpark(now_ms());
-        let through = d.through;
-        let (mut outs, after) = (d.outs, d.after);
-        let clock = Some(t.clock);
-        outs.extend(hosted.outs);
-        // The new state of every instance touched, and their journals.
-        let mut ended = Vec::new();
-        // The touched ones only: a batch costs what it changed, not the partition's size.
-        for id in std::mem::take(&mut t.dirty) {
-            let Some(s) = t.slots.get_mut(&id) else { continue };
-            let id = &id;
-            if s.h.inst.status().is_final() {
-                ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
-            }
-            let p = t.partition;
-            if !s.h.pending.is_empty() {
-                // One record per instance and transaction, however many entries it holds.
-                let r = JournalRecord {
-                    through,
-                    clock,
-                    seq: s.h.journal_len + 1,
-                    entries: std::mem::take(&mut s.h.pending),
-                };
-                s.h.journal_len += r.entries.len() as i64;
-                outs.push(Out {
-                    topic: shared.topics.journal.clone(),
-                    partition: Some(p),
-                    key: Some(id.clone()),
-                    payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
-                    headers: Vec::new(),
-                });
-            }
-            let r = StateRecord {
-                through,
-                clock,
-                instance: Some(s.record()),
-                ..StateRecord::default()
-            };
-            outs.push(Out {
-                topic: shared.topics.state.clone(),
-                partition: Some(p),
-                key: Some(id.clone()),
-                payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
-                headers: Vec::new(),
-            });
-        }
-        outs.extend(t.parking.records(&shared, t.partition, through, t.clock));
-        for id in &t.expired {
-            outs.push(Out {
-                topic: shared.topics.state.clone(),
-                partition: Some(t.partition),
-                key: Some(id.clone()),
-                payload: None,
-                headers: vec![(CLOCK_HEADER.to_string(), t.clock.to_string().into_bytes())],
-            });
-        }
+            (m.offset(), at, m.payload().unwrap_or_default())
+        });
+        let b = decision::decide(&shared, t, records, hosted, now_ms());
         let mut offsets = TopicPartitionList::new();
-        let mut add = |topic: &str, p: i32, o: i64| {
+        for (topic, p, o) in &b.offsets {
             offsets
-                .add_partition_offset(topic, p, Offset::Offset(o))
-                .map_err(|e| e.to_string())
-        };
-        if through >= 0 {
-            add(&shared.topics.commands, t.partition, through + 1)?;
-        }
-        add(&shared.topics.clock, t.partition, t.clock + 1)?;
-        for (topic, p, o) in &hosted.offsets {
-            add(topic, *p, *o)?;
+                .add_partition_offset(topic, *p, Offset::Offset(*o))
+                .map_err(|e| e.to_string())?;
         }
         tracing::debug!(
             partition = t.partition,
@@ -1305,22 +1292,11 @@ impl Worker {
             decide_us = decide_started.elapsed().as_micros() as u64,
             "decided"
         );
-        commit(&shared, &self.consumer, t.txn.as_ref(), &outs, &offsets)?;
-        t.clock += 1;
-        t.last_commit = Instant::now();
-        if !outs.is_empty() {
-            t.settle.wrote();
-        }
+        commit(&shared, &self.consumer, t.txn.as_ref(), &b.outs, &offsets)?;
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());
         }
-        t.expired.clear();
-        // Ended: out of memory (the state topic keeps them for the retention).
-        for (id, at) in ended {
-            t.slots.remove(&id);
-            t.corr.remove(&id);
-            t.ended.insert(id, at);
-        }
+        let (after, applied) = t.committed(b);
         // Committed: now act.
         for (id, work) in after {
             self.perform(t, &id, work);
@@ -1328,47 +1304,19 @@ impl Worker {
         Ok(applied)
     }
 
-    /// Proposes a timer command for each timer that came due. A proposed timer stays armed until
-    /// its instance no longer has it, and is proposed again every [`TIMER_RETRY_MS`] meanwhile: a
-    /// command that the broker did not take (or that a failed batch read and lost) does not lose
-    /// the timer. A repeated command is harmless: an instance fires only a timer it still has.
+    /// Proposes a timer command for each timer that came due ([`Owner::due_timers`]).
     fn fire_timers(&mut self) {
         let now = now_ms();
         let n = self.shared.partitions;
         for t in self.owners.values_mut() {
-            while let Some(first) = t.timers.first().cloned() {
-                if first.0 > now {
-                    break;
-                }
-                t.timers.pop_first();
-                let (due, id, timer) = first;
-                // Still armed at this due time? (The id may have been armed again since.)
-                let armed = t.slots.get(&id).is_some_and(|s| {
-                    !s.h.inst.status().is_final() && s.h.inst.snapshot().timers.get(&timer) == Some(&due)
-                });
-                if !armed {
-                    continue;
-                }
-                let c = Command::Timer {
-                    id: id.clone(),
-                    timer: timer.clone(),
-                };
+            for c in t.due_timers(now) {
+                let Command::Timer { id, .. } = &c else { continue };
                 if let Err(e) = produce(
                     &self.shared.plain,
-                    &command(&self.shared, partition_of(&id, n), Some(&id), &c),
+                    &command(&self.shared, partition_of(id, n), Some(id), &c),
                 ) {
                     tracing::warn!(error = %e, "cannot propose a timer; trying again");
                 }
-                t.retries.insert((now + TIMER_RETRY_MS, id, timer), due);
-            }
-            while let Some(((at, _, _), _)) = t.retries.first_key_value() {
-                if *at > now {
-                    break;
-                }
-                let Some(((_, id, timer), due)) = t.retries.pop_first() else {
-                    break;
-                };
-                t.timers.insert((due, id, timer));
             }
         }
     }

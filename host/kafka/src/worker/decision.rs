@@ -1,8 +1,11 @@
 //! The decisions of one batch: commands applied to the partition's instances, with no IO; what to
 //! produce goes to `outs`, what to do once the batch committed to `after`.
 
-use super::{command, deadletter, sent_event, subflow_start, Out, Owner, Shared, Slot};
-use crate::wire::{self, parked_key, partition_of, tally_key, Command, Origin, Outcome, Parked};
+use super::{command, deadletter, sent_event, subflow_start, Applied, Carried, Out, Owner, Shared, Slot};
+use crate::wire::{
+    self, parked_key, partition_of, tally_key, Command, JournalRecord, Origin, Outcome, Parked, StateRecord,
+    CLOCK_HEADER,
+};
 use serde_json::Value;
 use sm4c_host::driver::{self, Answering, ChildStart, Work};
 use sm4c_host::tasks::Answer;
@@ -10,6 +13,135 @@ use sm4c_runtime::engine::event::attribute_text;
 use sm4c_runtime::{Input, Machine, Status, Timed};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// A batch decided and not committed yet: what its transaction produces and commits, and what to
+/// do once it has committed.
+pub(super) struct Batch {
+    /// The records to produce.
+    pub(super) outs: Vec<Out>,
+    /// The input offsets to commit with them: (topic, partition, next offset to read).
+    pub(super) offsets: Vec<(String, i32, i64)>,
+    /// What to do once committed: calls, timers.
+    pub(super) after: Vec<(String, Work)>,
+    /// Per events partition, the largest event offset the batch applied.
+    pub(super) applied: Applied,
+    /// The instances that ended, and when.
+    pub(super) ended: Vec<(String, i64)>,
+}
+
+/// Decides one batch of a commands partition, with no IO: `records` are the partition's records
+/// (offset, timestamp in ms, payload) in order, `hosted` what events partitions' batches bring to
+/// its transaction, and `now` the time parked events are found for waiting instances at. The
+/// owner changes as if the batch committed; [`Owner::committed`] finishes that once it has, and a
+/// batch that does not commit leaves the owner to be restored.
+pub(super) fn decide<'a>(
+    shared: &Shared,
+    t: &mut Owner,
+    records: impl IntoIterator<Item = (i64, i64, &'a [u8])>,
+    hosted: Carried,
+    now: i64,
+) -> Batch {
+    let mut applied = Applied::new();
+    let mut d = Decision {
+        shared,
+        t,
+        outs: Vec::new(),
+        after: Vec::new(),
+        through: -1,
+    };
+    let resume = d.t.resume;
+    for (offset, at, payload) in records.into_iter().filter(|(o, _, _)| *o >= resume) {
+        d.through = offset;
+        let Ok(c) = serde_json::from_slice::<Command>(payload) else {
+            tracing::warn!(offset, "not a command; skipped");
+            continue;
+        };
+        if let Some(o) = c.origin() {
+            let e = applied.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
+            *e = (*e).max(o.offset);
+        }
+        if let Command::Barrier { token } = &c {
+            if d.t.barrier.as_ref() == Some(token) {
+                d.t.barrier = None;
+            }
+            continue;
+        }
+        d.apply(c, at, offset);
+    }
+    for (c, at, offset) in hosted.inline {
+        d.apply(c, at, offset);
+    }
+    d.unpark(now);
+    let through = d.through;
+    let (new, after) = (d.outs, d.after);
+    let mut outs = std::mem::take(&mut t.repair);
+    outs.extend(new);
+    let clock = Some(t.clock);
+    outs.extend(hosted.outs);
+    // The new state of every instance touched, and their journals.
+    let mut ended = Vec::new();
+    // The touched ones only: a batch costs what it changed, not the partition's size.
+    for id in std::mem::take(&mut t.dirty) {
+        let Some(s) = t.slots.get_mut(&id) else { continue };
+        if s.h.inst.status().is_final() {
+            ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
+        }
+        let p = t.partition;
+        if !s.h.pending.is_empty() {
+            // One record per instance and transaction, however many entries it holds.
+            let r = JournalRecord {
+                through,
+                clock,
+                seq: s.h.journal_len + 1,
+                entries: std::mem::take(&mut s.h.pending),
+            };
+            s.h.journal_len += r.entries.len() as i64;
+            outs.push(Out {
+                topic: shared.topics.journal.clone(),
+                partition: Some(p),
+                key: Some(id.clone()),
+                payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
+                headers: Vec::new(),
+            });
+        }
+        let r = StateRecord {
+            through,
+            clock,
+            instance: Some(s.record()),
+            ..StateRecord::default()
+        };
+        outs.push(Out {
+            topic: shared.topics.state.clone(),
+            partition: Some(p),
+            key: Some(id),
+            payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
+            headers: Vec::new(),
+        });
+    }
+    outs.extend(t.parking.records(shared, t.partition, through, t.clock));
+    for id in &t.expired {
+        outs.push(Out {
+            topic: shared.topics.state.clone(),
+            partition: Some(t.partition),
+            key: Some(id.clone()),
+            payload: None,
+            headers: vec![(CLOCK_HEADER.to_string(), t.clock.to_string().into_bytes())],
+        });
+    }
+    let mut offsets = Vec::new();
+    if through >= 0 {
+        offsets.push((shared.topics.commands.clone(), t.partition, through + 1));
+    }
+    offsets.push((shared.topics.clock.clone(), t.partition, t.clock + 1));
+    offsets.extend(hosted.offsets);
+    Batch {
+        outs,
+        offsets,
+        after,
+        applied,
+        ended,
+    }
+}
 
 /// The decisions of one batch.
 pub(super) struct Decision<'a> {

@@ -2,7 +2,7 @@
 //! its state from the state topic, re-arming timers.
 
 use super::{
-    committed_of, produce, put_barrier, subflow_start, txn_producer, CorrIndex, Owner, Parking, Shared, Slot,
+    committed_of, produce, put_barrier, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot,
     RESTORE_TIMEOUT,
 };
 use crate::wire::{
@@ -10,6 +10,7 @@ use crate::wire::{
 };
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Headers;
+use rdkafka::producer::ThreadedProducer;
 use sm4c_host::driver::Work;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
@@ -33,135 +34,18 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     let committed = committed_of(offsets, &shared.topics.commands, p, left())?;
     let clock = committed_of(offsets, &shared.topics.clock, p, left())?;
     let t_committed = started.elapsed().as_millis() as u64;
-    // The latest committed record of each key; `None` for a committed tombstone.
-    let mut latest: HashMap<String, Option<StateRecord>> = HashMap::new();
-    let (mut read, mut uncommitted, mut clocked) = (0u64, 0u64, 0u64);
+    let mut state = Latest::new(committed, clock);
     crate::read_partition(shared, &shared.topics.state, p, |key, payload, headers| {
-        read += 1;
-        let Some(k) = key else { return };
-        match payload {
-            Some(payload) => {
-                if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
-                    clocked += u64::from(r.clock.is_some());
-                    if crate::wire::committed(r.through, r.clock, committed, clock) {
-                        latest.insert(k, Some(r));
-                    } else {
-                        uncommitted += 1;
-                    }
-                }
-            }
-            None => {
-                // A deletion counts once its transaction committed (brokers that show aborted
-                // records must not make a restore lose a parked event).
-                let at = headers.and_then(|h| {
-                    h.iter()
-                        .find(|x| x.key == CLOCK_HEADER)
-                        .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
-                });
-                if at.is_none_or(|c| c < clock) {
-                    latest.insert(k, None);
-                } else {
-                    uncommitted += 1;
-                }
-            }
-        }
+        let at = headers.and_then(|h| {
+            h.iter()
+                .find(|x| x.key == CLOCK_HEADER)
+                .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
+        });
+        state.record(key, payload, at);
     })?;
-    if committed > 0 && clock == 0 && clocked > 0 {
-        // Every transaction commits both offsets, so a commands offset without a clock means
-        // the broker lost the clock's: every state record that carries a clock is set aside.
-        tracing::warn!(
-            partition = p,
-            committed,
-            records = read,
-            "the commands partition has a committed offset but its clock has none; its state records are set aside"
-        );
-    }
-    let mut t = Owner {
-        partition: p,
-        txn,
-        slots: HashMap::new(),
-        corr: CorrIndex::default(),
-        dirty: BTreeSet::new(),
-        ended: HashMap::new(),
-        expired: Vec::new(),
-        parking: Parking::default(),
-        timers: BTreeSet::new(),
-        retries: BTreeMap::new(),
-        last_commit: Instant::now(),
-        settle: Default::default(),
-        in_flight: HashMap::new(),
-        clock,
-        resume: committed,
-        barrier: Some(put_barrier(shared, p)),
-    };
-    let mut calls = Vec::new();
-    // What earlier versions kept in the one partition record becomes a record per entry (the
-    // newer records of the same keys, read next, win), and that record is deleted.
-    if let Some(Some(old)) = latest.remove(PARTITION_KEY) {
-        let old = old.partition.unwrap_or_default();
-        for p in old.parked {
-            let key = parked_key(&p);
-            t.parking.changed.insert(key.clone());
-            t.parking.insert(key, p);
-        }
-        for (origin, tally) in old.tally {
-            t.parking.changed.insert(tally_key(&origin));
-            t.parking.tally.insert(origin, tally);
-        }
-        t.parking.changed.insert(PARTITION_KEY.to_string());
-    }
-    let mut own: Vec<(String, StateRecord)> = Vec::new();
-    for (k, r) in latest {
-        let Some(r) = r else {
-            // Deleted: an entry the old partition record had may have left since.
-            if let Some(origin) = k.strip_prefix(TALLY_PREFIX) {
-                t.parking.tally.remove(origin);
-            }
-            if let Some(p) = t.parking.parked.shift_remove(&k) {
-                t.parking.index(&k, &p, false);
-            }
-            continue;
-        };
-        if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) {
-            own.push((k, r));
-            continue;
-        }
-        let Some(rec) = r.instance else { continue };
-        if rec.snapshot.status.is_final() {
-            t.ended.insert(k, rec.snapshot.ended_at.unwrap_or(0));
-            continue;
-        }
-        let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
-            tracing::error!(
-                instance = k,
-                "the definition of this instance is not registered; it stays as it is"
-            );
-            continue;
-        };
-        let slot = Slot::from_record(shared, m, rec);
-        let inst = &slot.h.inst;
-        if !inst.status().is_final() {
-            for (timer, due) in &inst.snapshot().timers {
-                t.timers.insert((*due, k.clone(), timer.clone()));
-            }
-            for effect in &slot.h.open {
-                calls.push((
-                    k.clone(),
-                    shared.driver.work(&k, inst.machine(), slot.h.depth, effect.clone()),
-                ));
-            }
-        }
-        t.corr.update(&k, &slot.h.inst);
-        t.slots.insert(k, slot);
-    }
-    // Oldest first, as they were parked.
-    own.sort_by(|(a, x), (b, y)| {
-        let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
-        (at(x), a).cmp(&(at(y), b))
-    });
-    for (k, r) in own {
-        t.parking.restore(&k, r);
-    }
+    let (read, uncommitted) = (state.read, state.uncommitted);
+    let barrier = put_barrier(shared, p);
+    let (mut t, calls) = state.owner(shared, p, txn, Some(barrier));
     let mut later = Vec::new();
     for (id, work) in calls {
         match work {
@@ -192,5 +76,204 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         o.kafka_restore(p, started.elapsed().as_secs_f64());
         o.kafka_parked(p, t.parking.parked.len());
     }
+    t.last_commit = Instant::now();
     Ok((t, later))
+}
+
+/// A state partition read from its beginning: the latest committed record of each key. With no
+/// IO, so the simulation restores partitions with the same code.
+pub(super) struct Latest {
+    /// The group's committed offsets of the commands partition and its clock.
+    committed: i64,
+    clock: i64,
+    /// The latest committed record of each key; `None` for a committed tombstone.
+    latest: HashMap<String, Option<StateRecord>>,
+    /// The keys whose last record is not committed (yet): see [`Owner::repair`].
+    stale: BTreeSet<String>,
+    read: u64,
+    uncommitted: u64,
+    clocked: u64,
+}
+
+impl Latest {
+    pub(super) fn new(committed: i64, clock: i64) -> Latest {
+        Latest {
+            committed,
+            clock,
+            latest: HashMap::new(),
+            stale: BTreeSet::new(),
+            read: 0,
+            uncommitted: 0,
+            clocked: 0,
+        }
+    }
+
+    /// The next record of the partition: its key, its payload (`None` for a tombstone) and its
+    /// `sm4c-clock` header.
+    pub(super) fn record(&mut self, key: Option<String>, payload: Option<&[u8]>, clock_header: Option<i64>) {
+        let (committed, clock) = (self.committed, self.clock);
+        self.read += 1;
+        let Some(k) = key else { return };
+        match payload {
+            Some(payload) => {
+                if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
+                    self.clocked += u64::from(r.clock.is_some());
+                    if crate::wire::committed(r.through, r.clock, committed, clock) {
+                        self.stale.remove(&k);
+                        self.latest.insert(k, Some(r));
+                    } else {
+                        self.uncommitted += 1;
+                        self.stale.insert(k);
+                    }
+                }
+            }
+            None => {
+                // A deletion counts once its transaction committed (brokers that show aborted
+                // records must not make a restore lose a parked event).
+                if clock_header.is_none_or(|c| c < clock) {
+                    self.stale.remove(&k);
+                    self.latest.insert(k, None);
+                } else {
+                    self.uncommitted += 1;
+                    self.stale.insert(k);
+                }
+            }
+        }
+    }
+
+    /// The partition's owner made of what was read, and the calls in flight to perform again
+    /// (subflow starts among them).
+    pub(super) fn owner(
+        self,
+        shared: &Shared,
+        p: i32,
+        txn: Option<ThreadedProducer<Quiet>>,
+        barrier: Option<String>,
+    ) -> (Owner, Vec<(String, Work)>) {
+        let Latest {
+            committed,
+            clock,
+            mut latest,
+            stale,
+            read,
+            clocked,
+            ..
+        } = self;
+        if committed > 0 && clock == 0 && clocked > 0 {
+            // Every transaction commits both offsets, so a commands offset without a clock means
+            // the broker lost the clock's: every state record that carries a clock is set aside.
+            tracing::warn!(
+                partition = p,
+                committed,
+                records = read,
+                "the commands partition has a committed offset but its clock has none; its state records are set aside"
+            );
+        }
+        // Each key whose last record is not committed gets its committed record (or a tombstone)
+        // again in the next transaction: see [`Owner::repair`].
+        let repair = stale
+            .into_iter()
+            .map(|k| {
+                let (payload, headers) = match latest.get(&k) {
+                    Some(Some(r)) => (Some(serde_json::to_vec(r).unwrap_or_default()), Vec::new()),
+                    _ => (None, vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())]),
+                };
+                Out {
+                    topic: shared.topics.state.clone(),
+                    partition: Some(p),
+                    key: Some(k),
+                    payload,
+                    headers,
+                }
+            })
+            .collect();
+        let mut t = Owner {
+            partition: p,
+            repair,
+            txn,
+            slots: HashMap::new(),
+            corr: CorrIndex::default(),
+            dirty: BTreeSet::new(),
+            ended: HashMap::new(),
+            expired: Vec::new(),
+            parking: Parking::default(),
+            timers: BTreeSet::new(),
+            retries: BTreeMap::new(),
+            last_commit: Instant::now(),
+            settle: Default::default(),
+            in_flight: HashMap::new(),
+            clock,
+            resume: committed,
+            barrier,
+        };
+        let mut calls = Vec::new();
+        // What earlier versions kept in the one partition record becomes a record per entry (the
+        // newer records of the same keys, read next, win), and that record is deleted.
+        if let Some(Some(old)) = latest.remove(PARTITION_KEY) {
+            let old = old.partition.unwrap_or_default();
+            for p in old.parked {
+                let key = parked_key(&p);
+                t.parking.changed.insert(key.clone());
+                t.parking.insert(key, p);
+            }
+            for (origin, tally) in old.tally {
+                t.parking.changed.insert(tally_key(&origin));
+                t.parking.tally.insert(origin, tally);
+            }
+            t.parking.changed.insert(PARTITION_KEY.to_string());
+        }
+        let mut own: Vec<(String, StateRecord)> = Vec::new();
+        for (k, r) in latest {
+            let Some(r) = r else {
+                // Deleted: an entry the old partition record had may have left since.
+                if let Some(origin) = k.strip_prefix(TALLY_PREFIX) {
+                    t.parking.tally.remove(origin);
+                }
+                if let Some(p) = t.parking.parked.shift_remove(&k) {
+                    t.parking.index(&k, &p, false);
+                }
+                continue;
+            };
+            if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) {
+                own.push((k, r));
+                continue;
+            }
+            let Some(rec) = r.instance else { continue };
+            if rec.snapshot.status.is_final() {
+                t.ended.insert(k, rec.snapshot.ended_at.unwrap_or(0));
+                continue;
+            }
+            let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
+                tracing::error!(
+                    instance = k,
+                    "the definition of this instance is not registered; it stays as it is"
+                );
+                continue;
+            };
+            let slot = Slot::from_record(shared, m, rec);
+            let inst = &slot.h.inst;
+            if !inst.status().is_final() {
+                for (timer, due) in &inst.snapshot().timers {
+                    t.timers.insert((*due, k.clone(), timer.clone()));
+                }
+                for effect in &slot.h.open {
+                    calls.push((
+                        k.clone(),
+                        shared.driver.work(&k, inst.machine(), slot.h.depth, effect.clone()),
+                    ));
+                }
+            }
+            t.corr.update(&k, &slot.h.inst);
+            t.slots.insert(k, slot);
+        }
+        // Oldest first, as they were parked.
+        own.sort_by(|(a, x), (b, y)| {
+            let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
+            (at(x), a).cmp(&(at(y), b))
+        });
+        for (k, r) in own {
+            t.parking.restore(&k, r);
+        }
+        (t, calls)
+    }
 }
