@@ -508,6 +508,9 @@ struct Owner {
     settle: Settle,
     /// Timers proposed and not applied yet: (when to look again, instance, timer) → due time.
     retries: BTreeMap<(i64, String, String), i64>,
+    /// Call results handed back and not applied yet: (instance, op) → (when to propose again,
+    /// result). Like a timer, a result whose command the broker did not take is not lost.
+    answers: BTreeMap<(String, String), (i64, Outcome)>,
     /// Calls in flight: (instance, op) → task.
     in_flight: HashMap<(String, String), tokio::task::AbortHandle>,
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
@@ -536,12 +539,30 @@ impl Owner {
         }
     }
 
-    /// The timer commands to propose at `now`: one for each timer that came due. A proposed timer
-    /// stays armed until its instance no longer has it, and is proposed again every
+    /// A call's result: the command that hands it back, kept until the instance has taken it
+    /// ([`Owner::due`] proposes it again meanwhile).
+    fn answered(&mut self, id: &str, op: &str, outcome: Outcome, now: i64) -> Command {
+        self.answers.insert(
+            (id.to_string(), op.to_string()),
+            (now + TIMER_RETRY_MS, outcome.clone()),
+        );
+        Command::Result {
+            id: id.to_string(),
+            op: op.to_string(),
+            outcome,
+        }
+    }
+
+    /// The commands to propose at `now`: one for each timer that came due, and the call results
+    /// not taken yet. A proposed timer stays armed until its instance no longer has it, and a
+    /// result kept until its call is no longer open; each is proposed again every
     /// [`TIMER_RETRY_MS`] meanwhile: a command that the broker did not take (or that a failed
-    /// batch read and lost) does not lose the timer. A repeated command is harmless: an instance
-    /// fires only a timer it still has.
-    fn due_timers(&mut self, now: i64) -> Vec<Command> {
+    /// batch read and lost) loses neither. A repeated command is harmless: an instance fires
+    /// only a timer it still has, and takes only the result of a call still open.
+    ///
+    /// Found by the simulation (`sim.rs`): a call result the broker did not take left its
+    /// instance waiting until the partition was restored.
+    fn due(&mut self, now: i64) -> Vec<Command> {
         let mut due_now = Vec::new();
         while let Some(first) = self.timers.first().cloned() {
             if first.0 > now {
@@ -571,6 +592,25 @@ impl Owner {
                 break;
             };
             self.timers.insert((due, id, timer));
+        }
+        let mut gone = Vec::new();
+        for ((id, op), (at, outcome)) in &mut self.answers {
+            if *at > now {
+                continue;
+            }
+            if self.slots.get(id).is_none_or(|s| s.h.open_op(op).is_none()) {
+                gone.push((id.clone(), op.clone()));
+                continue;
+            }
+            *at = now + TIMER_RETRY_MS;
+            due_now.push(Command::Result {
+                id: id.clone(),
+                op: op.clone(),
+                outcome: outcome.clone(),
+            });
+        }
+        for k in gone {
+            self.answers.remove(&k);
         }
         due_now
     }
@@ -1309,8 +1349,10 @@ impl Worker {
         let now = now_ms();
         let n = self.shared.partitions;
         for t in self.owners.values_mut() {
-            for c in t.due_timers(now) {
-                let Command::Timer { id, .. } = &c else { continue };
+            for c in t.due(now) {
+                let (Command::Timer { id, .. } | Command::Result { id, .. }) = &c else {
+                    continue;
+                };
                 if let Err(e) = produce(
                     &self.shared.plain,
                     &command(&self.shared, partition_of(id, n), Some(id), &c),
@@ -1323,15 +1365,20 @@ impl Worker {
 
     fn result(&mut self, done: CallDone) {
         let p = partition_of(&done.instance, self.shared.partitions);
-        if let Some(t) = self.owners.get_mut(&p) {
-            t.in_flight.remove(&(done.instance.clone(), done.op.clone()));
-        }
-        let c = Command::Result {
-            id: done.instance.clone(),
-            op: done.op,
-            outcome: match done.result {
-                Ok(v) => Outcome::Ok(v),
-                Err(e) => Outcome::Err(e),
+        let outcome = match done.result {
+            Ok(v) => Outcome::Ok(v),
+            Err(e) => Outcome::Err(e),
+        };
+        let c = match self.owners.get_mut(&p) {
+            Some(t) => {
+                t.in_flight.remove(&(done.instance.clone(), done.op.clone()));
+                t.answered(&done.instance, &done.op, outcome, now_ms())
+            }
+            // Not ours any more: the new owner makes the call again.
+            None => Command::Result {
+                id: done.instance.clone(),
+                op: done.op,
+                outcome,
             },
         };
         if let Err(e) = produce(&self.shared.plain, &command(&self.shared, p, Some(&done.instance), &c)) {

@@ -199,6 +199,7 @@ impl Latest {
             parking: Parking::default(),
             timers: BTreeSet::new(),
             retries: BTreeMap::new(),
+            answers: BTreeMap::new(),
             last_commit: Instant::now(),
             settle: Default::default(),
             in_flight: HashMap::new(),

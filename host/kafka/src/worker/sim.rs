@@ -381,6 +381,9 @@ struct World<'a> {
     /// The schedule so far, for a failing seed's report.
     trace: Vec<String>,
     events_offset: i64,
+    /// Whether the broker may not take a plain produce of a timer or a call result (as when it is
+    /// away longer than the producer's `message.timeout.ms`): until the cluster heals.
+    lossy: bool,
     verbose: bool,
 }
 
@@ -406,6 +409,7 @@ impl<'a> World<'a> {
             resend: Vec::new(),
             trace: Vec::new(),
             events_offset: 0,
+            lossy: true,
             verbose,
         };
         for x in &mut w.workers {
@@ -637,6 +641,10 @@ impl<'a> World<'a> {
 
     fn command(&mut self, id: &str, c: &Command) {
         let p = partition_of(id, PARTITIONS);
+        if self.lossy && matches!(c, Command::Timer { .. } | Command::Result { .. }) && self.rng.u8(..6) == 0 {
+            self.note("(the broker does not take it)".into());
+            return;
+        }
         let out = super::command(self.shared, p, Some(id), c);
         self.broker.plain(&out, self.now);
     }
@@ -645,25 +653,34 @@ impl<'a> World<'a> {
         let now = self.now;
         let mut due = Vec::new();
         for o in self.workers[w].owners.values_mut() {
-            due.extend(o.t.due_timers(now));
+            due.extend(o.t.due(now));
         }
         for c in due {
-            if let Command::Timer { id, timer } = &c {
-                self.note(format!("w{w} proposes timer {timer} of {id}"));
-                let id = id.clone();
-                self.command(&id, &c);
-            }
+            let id = match &c {
+                Command::Timer { id, timer } => {
+                    self.note(format!("w{w} proposes timer {timer} of {id}"));
+                    id.clone()
+                }
+                Command::Result { id, op, .. } => {
+                    self.note(format!("w{w} proposes the result of {op} of {id} again"));
+                    id.clone()
+                }
+                _ => continue,
+            };
+            self.command(&id, &c);
         }
     }
 
     fn finish_call(&mut self, i: usize, repeat: bool) {
-        let (w, _, id, op, args) = self.calls.remove(i);
+        let (w, p, id, op, args) = self.calls.remove(i);
         *self.executed.entry((id.clone(), op.clone())).or_default() += 1;
-        let c = Command::Result {
-            id: id.clone(),
-            op: op.clone(),
-            outcome: Outcome::Ok(json!({ "charge": args })),
+        let outcome = Outcome::Ok(json!({ "charge": args }));
+        let now = self.now;
+        // As the worker loop hands a result back: through the owner, which keeps it until taken.
+        let Some(o) = self.workers[w].owners.get_mut(&p) else {
+            return;
         };
+        let c = o.t.answered(&id, &op, outcome, now);
         self.note(format!(
             "call {op} of {id} (w{w}) answers{}",
             if repeat { " twice" } else { "" }
@@ -821,6 +838,7 @@ impl<'a> World<'a> {
             self.workers[w].alive = true;
         }
         self.note("heal: every worker back".into());
+        self.lossy = false;
         self.rebalance(None);
         for _ in 0..400 {
             for w in 0..WORKERS {
