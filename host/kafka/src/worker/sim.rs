@@ -67,6 +67,15 @@ fn definition() -> Value {
                     "arguments": { "n": "${ .n }" }, "waitForCompletion": true
                 },
                 "enterResultHandler": "${ .charged = ($value | .charge) }",
+                "transitions": [ { "nextState": "Check" } ]
+            },
+            {
+                "name": "Check",
+                "enterAction": {
+                    "type": "invokeSubflow", "subflowName": "sim-child", "waitForCompletion": true,
+                    "arguments": { "n": "${ .n }" }
+                },
+                "enterResultHandler": "${ .checked = ($value | .checked) }",
                 "transitions": [ { "nextState": "Wait" } ]
             },
             {
@@ -90,6 +99,23 @@ fn definition() -> Value {
     })
 }
 
+/// The subflow: it waits a moment, then ends with its data.
+fn child() -> Value {
+    json!({
+        "id": "sim-child",
+        "version": "1.0",
+        "name": "Simulated check",
+        "states": [
+            {
+                "name": "Pause",
+                "start": true,
+                "transitions": [ { "nextState": "Done", "timeout": "PT10S" } ]
+            },
+            { "name": "Done", "final": true, "enterResultHandler": "${ .checked = true }" }
+        ]
+    })
+}
+
 /// Never called: the simulation performs calls itself.
 struct NoFunctions;
 
@@ -104,9 +130,11 @@ fn shared(rt: &tokio::runtime::Runtime) -> Shared {
     cfg.prefix = "sim".into();
     cfg.partitions = PARTITIONS;
     let mut registry = Registry::default();
-    let m = sm4c_runtime::load(&definition(), &mut sm4c_runtime::no_files, LoadOptions::default())
-        .unwrap_or_else(|e| panic!("the simulation's definition does not load: {e:?}"));
-    registry.insert(Arc::new(m));
+    for d in [child(), definition()] {
+        let m = sm4c_runtime::load(&d, &mut sm4c_runtime::no_files, LoadOptions::default())
+            .unwrap_or_else(|e| panic!("the simulation's definition does not load: {e:?}"));
+        registry.insert(Arc::new(m));
+    }
     // A client with no broker: the decisions never produce through it.
     let plain = rdkafka::ClientConfig::new()
         .create_with_context(Quiet)
@@ -555,7 +583,18 @@ impl<'a> World<'a> {
                     o.t.track(id, work);
                 }
             }
-            Work::Task { .. } | Work::StartChild(_) | Work::Send { .. } => {}
+            Work::StartChild(start) => {
+                // Only from a restore: a subflow start still open after a crash is sent again.
+                let origin = self.workers[w]
+                    .owners
+                    .get(&p)
+                    .and_then(|o| o.t.slots.get(id))
+                    .and_then(|s| s.h.origin.clone());
+                let out = super::subflow_start(self.shared, &start, origin);
+                self.note(format!("w{w} sends the start of {} again", start.id));
+                self.broker.plain(&out, self.now);
+            }
+            Work::Task { .. } | Work::Send { .. } => {}
         }
     }
 
@@ -886,7 +925,15 @@ impl<'a> World<'a> {
     }
 
     fn all_ended(&self) -> bool {
-        self.started.iter().all(|id| {
+        let mut all: BTreeSet<String> = self.started.clone();
+        for p in 0..PARTITIONS {
+            for r in self.broker.truth(&self.shared.topics.state, p) {
+                if let Some(k) = r.key.as_deref().filter(|k| !k.starts_with('\0')) {
+                    all.insert(k.to_string());
+                }
+            }
+        }
+        all.iter().all(|id| {
             self.latest_state(id)
                 .and_then(|r| r.instance)
                 .is_some_and(|i| i.snapshot.status.is_final())
@@ -916,7 +963,17 @@ impl<'a> World<'a> {
                 sent.entry(key).or_default().push(data);
             }
         }
-        for id in &self.started {
+        // Every instance on the state topic: those the client started, and their subflows.
+        let mut children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut all: BTreeSet<String> = self.started.clone();
+        for p in 0..PARTITIONS {
+            for r in self.broker.truth(&topics.state, p) {
+                if let Some(k) = r.key.as_deref().filter(|k| !k.starts_with('\0')) {
+                    all.insert(k.to_string());
+                }
+            }
+        }
+        for id in &all {
             let state = self
                 .latest_state(id)
                 .and_then(|r| r.instance)
@@ -925,9 +982,17 @@ impl<'a> World<'a> {
             if !status.is_final() {
                 return Err(format!("instance {id} did not end: {status:?}"));
             }
+            let parent = state.parent.as_ref().map(|l| l.instance.clone());
+            if let Some(parent) = &parent {
+                children.entry(parent.clone()).or_default().push(id.clone());
+            }
             let done = sent.get(id).map(Vec::as_slice).unwrap_or_default();
-            if done.len() != 1 {
-                return Err(format!("instance {id} sent {} events, not 1: {done:?}", done.len()));
+            let (events, calls, timers) = if parent.is_some() { (0, 0, 1) } else { (1, 2, 0) };
+            if done.len() != events {
+                return Err(format!(
+                    "instance {id} sent {} events, not {events}: {done:?}",
+                    done.len()
+                ));
             }
             // The journal: gapless, each input once.
             let p = partition_of(id, PARTITIONS);
@@ -970,8 +1035,17 @@ impl<'a> World<'a> {
                     return Err(format!("{id} took {what} {k} {n} times"));
                 }
             }
-            if completed.len() != 1 {
-                return Err(format!("{id} completed {} calls, not 1", completed.len()));
+            if completed.len() != calls {
+                return Err(format!(
+                    "{id} completed {} calls and subflows, not {calls}",
+                    completed.len()
+                ));
+            }
+            if parent.is_some() {
+                if fired.len() != timers {
+                    return Err(format!("subflow {id} fired {} timers, not {timers}", fired.len()));
+                }
+                continue;
             }
             let how = done[0]["how"].as_str().unwrap_or_default();
             let by_event = consumed.contains_key(&format!("go-{id}"));
@@ -981,6 +1055,12 @@ impl<'a> World<'a> {
                     consumed.len(),
                     fired.len()
                 ));
+            }
+        }
+        for id in &self.started {
+            let n = children.get(id).map_or(0, Vec::len);
+            if n != 1 {
+                return Err(format!("{id} has {n} subflows, not 1: {:?}", children.get(id)));
             }
         }
         for ((id, op), n) in &self.executed {
