@@ -197,6 +197,7 @@ struct Worker {
     base: String,
     log: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     port: u16,
 }
 
@@ -209,12 +210,17 @@ fn http() -> Client {
 
 impl Worker {
     fn start(dir: &Path, name: &str, args: &[String]) -> Worker {
+        Worker::start_with_env(dir, name, args, &[])
+    }
+
+    fn start_with_env(dir: &Path, name: &str, args: &[String], env: &[(&str, &str)]) -> Worker {
         let port = free_port();
         let mut w = Worker {
             child: None,
             base: format!("http://127.0.0.1:{port}"),
             log: dir.join(format!("{name}.log")),
             args: args.to_vec(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             port,
         };
         w.run();
@@ -236,6 +242,7 @@ impl Worker {
                 "RUST_LOG",
                 std::env::var("SM4C_TEST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out);
@@ -1461,6 +1468,40 @@ fn a_transaction_the_broker_leaves_prepared_is_settled_once_the_worker_is_quiet(
         || all_instances(&w).iter().any(|v| v["state"] == "Request"),
         &[&w],
     );
+}
+
+/// A restore runs beside the worker's loop: while one partition takes twice `max.poll.interval.ms`
+/// (10 s here) to restore, the other is owned and serves, and the group never takes the worker out.
+/// (When restores ran on the loop, no partition was owned until both were restored, and the loop
+/// stopped polling for the whole restore.)
+#[test]
+fn a_slow_restore_runs_beside_the_loop_and_the_other_partitions_serve_meanwhile() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "slow";
+    let args = worker_args(&broker, prefix, 2, &[]);
+    let w = Worker::start_with_env(dir.path(), "w", &args, &[("SM4C_KAFKA_TEST_RESTORE_DELAY", "0:20000")]);
+    let on = |p: i32| {
+        (0..)
+            .map(|i| format!("slow-{i}"))
+            .find(|id| sm4c_kafka::partition_of(id, 2) == p)
+            .unwrap_or_default()
+    };
+    wait_owned(&[&w], 1);
+    // Partition 1 serves while partition 0 is still being restored.
+    start(&w, "reminder", &on(1), json!({"subject": "one"}));
+    assert_eq!(w.owned(), 1, "partition 0 was restored already: {}", tail(&w.log));
+    assert_eq!(state_of(&w, &on(1)), "Waiting");
+    wait_owned(&[&w], 2);
+    start(&w, "reminder", &on(0), json!({"subject": "zero"}));
+    assert_eq!(state_of(&w, &on(0)), "Waiting");
+    let log = std::fs::read_to_string(&w.log).unwrap_or_default();
+    assert!(
+        !log.contains("partition revoked"),
+        "the group took partitions away from the worker during the restore: {}",
+        tail(&w.log)
+    );
+    assert!(log.contains("made slow on purpose"), "{}", tail(&w.log));
 }
 
 #[test]

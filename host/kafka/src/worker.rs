@@ -31,6 +31,16 @@ use std::time::{Duration, Instant};
 /// consumer's `max.poll.interval.ms`, so an outage fails the step instead of the group membership.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(20);
 const REWIND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after a failed restore it is tried again.
+const RESTORE_RETRY: Duration = Duration::from_secs(1);
+
+/// A commands partition being restored.
+enum Restoring {
+    /// The restore's thread.
+    Running(std::thread::JoinHandle<Restored>),
+    /// The last restore failed then.
+    Failed(Instant),
+}
 
 /// How long a batch's transaction may take from its first call to its commit; aborting it has
 /// [`ABORT_TIMEOUT`] more. Together they stay under half the consumer's `max.poll.interval.ms`
@@ -712,6 +722,8 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         results_tx,
         outstanding: HashMap::new(),
         rewinding: HashSet::new(),
+        restoring: HashMap::new(),
+        last_assigned: 0,
         offsets,
     };
     let mut last_tick = Instant::now();
@@ -811,6 +823,11 @@ struct Worker {
     /// Partitions paused because they could not be rewound to their committed offset yet; their
     /// records are not taken until they are.
     rewinding: HashSet<(String, i32)>,
+    /// Commands partitions being restored beside the loop: the restore's thread, or when the last
+    /// one failed (it is tried again [`RESTORE_RETRY`] later). Paused meanwhile.
+    restoring: HashMap<i32, Restoring>,
+    /// How many partitions the last assignment check saw.
+    last_assigned: usize,
     /// Reads the group's committed offsets for restores, off the poll loop (it never joins).
     offsets: Arc<BaseConsumer<Quiet>>,
 }
@@ -833,7 +850,8 @@ impl Worker {
             self.retry_rewinds();
         }
         let assigned = self.assigned();
-        if assigned.len() != self.owners.len() + self.routers.len() {
+        if assigned.len() != self.last_assigned {
+            self.last_assigned = assigned.len();
             tracing::info!(partitions = assigned.len(), "assignment changed");
         }
         let commands = self.shared.topics.commands.clone();
@@ -855,39 +873,10 @@ impl Worker {
             }
         }
         self.routers.retain(|k, _| assigned.contains(k));
-        // Partitions are restored side by side: a rebalance should not take partitions × round trips.
-        let new: Vec<i32> = assigned
-            .iter()
-            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p))
-            .map(|(_, p)| *p)
-            .collect();
-        let restored: Vec<(i32, Restored)> = std::thread::scope(|s| {
-            let handles: Vec<_> = new
-                .iter()
-                .map(|p| {
-                    let (shared, offsets) = (&*self.shared, &*self.offsets);
-                    (*p, s.spawn(move || restore(shared, offsets, *p)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(p, h)| (p, h.join().unwrap_or_else(|_| Err("the restore panicked".into()))))
-                .collect()
-        });
-        for (p, r) in restored {
-            match r {
-                Ok((mut t, calls)) => {
-                    for (id, work) in calls {
-                        self.perform(&mut t, &id, work);
-                    }
-                    self.owners.insert(p, t);
-                }
-                Err(e) => {
-                    tracing::error!(partition = p, error = %e, "cannot restore the partition; retrying");
-                    self.rewind(&commands, p);
-                }
-            }
-        }
+        // A restore revoked before it ended: its thread ends by itself, and what it read is dropped.
+        self.restoring.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
+        self.start_restores(&assigned);
+        self.finish_restores();
         let mut new_router = false;
         for (topic, p) in assigned.into_iter().filter(|(t, _)| *t != commands) {
             if !self.routers.contains_key(&(topic.clone(), p)) {
@@ -942,6 +931,94 @@ impl Worker {
         self.outstanding.retain(|(_, q), _| owners.contains_key(q));
     }
 
+    /// Starts restoring the commands partitions newly assigned (and those whose last restore failed
+    /// a while ago), each on a thread of its own beside the loop: the loop goes on polling, so a long
+    /// restore never makes the group take this worker out (`max.poll.interval.ms`), and partitions
+    /// are restored side by side. Each is paused until its restore ends.
+    fn start_restores(&mut self, assigned: &HashSet<(String, i32)>) {
+        let commands = self.shared.topics.commands.clone();
+        let mut new: Vec<i32> = assigned
+            .iter()
+            .filter(|(t, p)| *t == commands && !self.owners.contains_key(p))
+            .map(|(_, p)| *p)
+            .filter(|p| match self.restoring.get(p) {
+                None => true,
+                Some(Restoring::Running(_)) => false,
+                Some(Restoring::Failed(at)) => at.elapsed() >= RESTORE_RETRY,
+            })
+            .collect();
+        new.sort_unstable();
+        for p in new {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&commands, p);
+            if let Err(e) = self.consumer.pause(&tpl) {
+                tracing::warn!(partition = p, error = %e, "cannot pause the partition while it is restored");
+            }
+            let (shared, offsets) = (self.shared.clone(), self.offsets.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("sm4c-restore-{p}"))
+                .spawn(move || restore(&shared, &offsets, p));
+            match spawned {
+                Ok(h) => {
+                    self.restoring.insert(p, Restoring::Running(h));
+                }
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "cannot start a restore; trying again");
+                    self.restoring.insert(p, Restoring::Failed(Instant::now()));
+                }
+            }
+        }
+    }
+
+    /// Takes in the restores that have ended: the partition is owned from now on, read on from its
+    /// committed offset, and its calls in flight are made again. A failed restore is tried again
+    /// [`RESTORE_RETRY`] later, the partition paused meanwhile.
+    fn finish_restores(&mut self) {
+        let commands = self.shared.topics.commands.clone();
+        let ended: Vec<i32> = self
+            .restoring
+            .iter()
+            .filter(|(_, r)| matches!(r, Restoring::Running(h) if h.is_finished()))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in ended {
+            let Some(Restoring::Running(h)) = self.restoring.remove(&p) else {
+                continue;
+            };
+            match h.join().unwrap_or_else(|_| Err("the restore panicked".into())) {
+                Ok((mut t, calls)) => {
+                    // Records polled before the pause are dropped (no owner took them): read on
+                    // from the offset the restored state holds everything below.
+                    let off = if t.resume == 0 {
+                        Offset::Beginning
+                    } else {
+                        Offset::Offset(t.resume)
+                    };
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition(&commands, p);
+                    self.rewinding.remove(&(commands.clone(), p));
+                    let read_on = self.consumer.resume(&tpl).map_err(|e| e.to_string()).and_then(|()| {
+                        self.consumer
+                            .seek(&commands, p, off, REWIND_TIMEOUT)
+                            .map_err(|e| e.to_string())
+                    });
+                    if let Err(e) = read_on {
+                        tracing::warn!(partition = p, error = %e, "cannot read on after the restore; paused until it can");
+                        self.pause(&commands, p);
+                    }
+                    for (id, work) in calls {
+                        self.perform(&mut t, &id, work);
+                    }
+                    self.owners.insert(p, t);
+                }
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "cannot restore the partition; trying again");
+                    self.restoring.insert(p, Restoring::Failed(Instant::now()));
+                }
+            }
+        }
+    }
+
     /// The group's committed offset of a partition, 0 when it has none. A failed fetch is an
     /// error, also when the broker answers the request but fails the partition: taken for 0, it
     /// would restore a partition empty or read an events partition again from its beginning.
@@ -980,7 +1057,13 @@ impl Worker {
     /// Rewinds the paused partitions whose committed offset can be read now, and resumes them.
     fn retry_rewinds(&mut self) {
         let assigned = self.assigned();
+        let commands = self.shared.topics.commands.clone();
         let pending: Vec<(String, i32)> = self.rewinding.drain().filter(|k| assigned.contains(k)).collect();
+        // A partition being restored stays paused: the restore's end reads it on from there.
+        let (pending, held): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .partition(|(t, p)| !(*t == commands && self.restoring.contains_key(p)));
+        self.rewinding.extend(held);
         for (topic, p) in pending {
             let Ok(o) = self.committed(&topic, p, REWIND_TIMEOUT) else {
                 self.rewinding.insert((topic, p));

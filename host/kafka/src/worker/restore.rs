@@ -23,6 +23,7 @@ pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
 /// the owner and the calls in flight to perform again.
 pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
     let started = Instant::now();
+    slow_restore_for_tests(p);
     let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
     let txn = if shared.cfg.exactly_once {
         let id = format!("{}.{}.{}", shared.cfg.group, shared.topics.commands, p);
@@ -78,6 +79,27 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     }
     t.last_commit = Instant::now();
     Ok((t, later))
+}
+
+/// For the tests only: `SM4C_KAFKA_TEST_RESTORE_DELAY=P:MS` makes partition P's restores take MS
+/// milliseconds more, so a test can show that a slow restore holds back neither the loop nor the
+/// other partitions (a real one is slow when the state partition is large or the broker slow).
+fn slow_restore_for_tests(p: i32) {
+    let Ok(v) = std::env::var("SM4C_KAFKA_TEST_RESTORE_DELAY") else {
+        return;
+    };
+    let delay = v
+        .split_once(':')
+        .filter(|(q, _)| q.trim().parse() == Ok(p))
+        .and_then(|(_, ms)| ms.trim().parse::<u64>().ok());
+    if let Some(ms) = delay {
+        tracing::warn!(
+            partition = p,
+            ms,
+            "SM4C_KAFKA_TEST_RESTORE_DELAY: this restore is made slow on purpose"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// A state partition read from its beginning: the latest committed record of each key. With no
