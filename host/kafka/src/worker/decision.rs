@@ -144,16 +144,16 @@ pub(super) fn decide<'a>(
 }
 
 /// The decisions of one batch.
-pub(super) struct Decision<'a> {
-    pub(super) shared: &'a Shared,
-    pub(super) t: &'a mut Owner,
-    pub(super) outs: Vec<Out>,
-    pub(super) after: Vec<(String, Work)>,
-    pub(super) through: i64,
+struct Decision<'a> {
+    shared: &'a Shared,
+    t: &'a mut Owner,
+    outs: Vec<Out>,
+    after: Vec<(String, Work)>,
+    through: i64,
 }
 
 impl Decision<'_> {
-    pub(super) fn apply(&mut self, c: Command, at: i64, offset: i64) {
+    fn apply(&mut self, c: Command, at: i64, offset: i64) {
         let n = self.shared.partitions;
         match c {
             Command::Start {
@@ -540,7 +540,7 @@ impl Decision<'_> {
     }
 
     /// Parked events for instances that now wait for them.
-    pub(super) fn unpark(&mut self, at: i64) {
+    fn unpark(&mut self, at: i64) {
         if self.t.parking.parked.is_empty() {
             return;
         }

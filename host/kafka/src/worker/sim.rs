@@ -924,7 +924,9 @@ impl<'a> World<'a> {
         ends && self.broker.open.is_empty() && self.calls.is_empty()
     }
 
-    fn all_ended(&self) -> bool {
+    /// Every instance: those the client started, and every instance on the state topic (their
+    /// subflows).
+    fn instances(&self) -> BTreeSet<String> {
         let mut all: BTreeSet<String> = self.started.clone();
         for p in 0..PARTITIONS {
             for r in self.broker.truth(&self.shared.topics.state, p) {
@@ -933,7 +935,11 @@ impl<'a> World<'a> {
                 }
             }
         }
-        all.iter().all(|id| {
+        all
+    }
+
+    fn all_ended(&self) -> bool {
+        self.instances().iter().all(|id| {
             self.latest_state(id)
                 .and_then(|r| r.instance)
                 .is_some_and(|i| i.snapshot.status.is_final())
@@ -963,17 +969,8 @@ impl<'a> World<'a> {
                 sent.entry(key).or_default().push(data);
             }
         }
-        // Every instance on the state topic: those the client started, and their subflows.
         let mut children: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut all: BTreeSet<String> = self.started.clone();
-        for p in 0..PARTITIONS {
-            for r in self.broker.truth(&topics.state, p) {
-                if let Some(k) = r.key.as_deref().filter(|k| !k.starts_with('\0')) {
-                    all.insert(k.to_string());
-                }
-            }
-        }
-        for id in &all {
+        for id in &self.instances() {
             let state = self
                 .latest_state(id)
                 .and_then(|r| r.instance)
