@@ -23,7 +23,6 @@ pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
 /// the owner and the calls in flight to perform again.
 pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
     let started = Instant::now();
-    slow_restore_for_tests(p);
     let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
     let txn = if shared.cfg.exactly_once {
         let id = format!("{}.{}.{}", shared.cfg.group, shared.topics.commands, p);
@@ -35,6 +34,8 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     let committed = committed_of(offsets, &shared.topics.commands, p, left())?;
     let clock = committed_of(offsets, &shared.topics.clock, p, left())?;
     let t_committed = started.elapsed().as_millis() as u64;
+    // Reading the state partition has a budget of its own (120 s), which this leaves room for.
+    slow_restore_for_tests(p);
     let mut state = Latest::new(committed, clock);
     crate::read_partition(shared, &shared.topics.state, p, |key, payload, headers| {
         let at = headers.and_then(|h| {
@@ -81,8 +82,8 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     Ok((t, later))
 }
 
-/// For the tests only: `SM4C_KAFKA_TEST_RESTORE_DELAY=P:MS` makes partition P's restores take MS
-/// milliseconds more, so a test can show that a slow restore holds back neither the loop nor the
+/// For the tests only: `SM4C_KAFKA_TEST_RESTORE_DELAY=P:MS` makes reading partition P's state take
+/// MS milliseconds more, so a test can show that a slow restore holds back neither the loop nor the
 /// other partitions (a real one is slow when the state partition is large or the broker slow).
 fn slow_restore_for_tests(p: i32) {
     let Ok(v) = std::env::var("SM4C_KAFKA_TEST_RESTORE_DELAY") else {
