@@ -819,7 +819,7 @@ struct Worker {
     /// (events partition, owned commands partition) → the largest event offset routed there as a
     /// command and not yet applied. Events of that events partition are not applied directly on
     /// that partition meanwhile: an instance sees the events of one events partition in order.
-    outstanding: HashMap<((String, i32), i32), i64>,
+    outstanding: Outstanding,
     /// Partitions paused because they could not be rewound to their committed offset yet; their
     /// records are not taken until they are.
     rewinding: HashSet<(String, i32)>,
@@ -1142,42 +1142,26 @@ impl Worker {
             .filter(|(_, t)| t.barrier.is_none())
             .map(|(p, _)| *p)
             .collect();
-        let mut hosted: HashMap<i32, Carried> = HashMap::new();
-        let mut hosted_by: Vec<((String, i32), i32)> = Vec::new();
+        let commanded: BTreeSet<i32> = batches.keys().copied().collect();
+        let Routing {
+            mut hosted,
+            hosted_by,
+            solo: routed_alone,
+        } = route_events(
+            &self.shared,
+            &local,
+            &ready,
+            &self.outstanding,
+            &commanded,
+            event_batches,
+        );
         // Batches routed in their own transaction: (events partition, router, records, last offset).
         type Solo = ((String, i32), Router, Vec<Out>, i64);
         let mut solo: Vec<Solo> = Vec::new();
-        for (k, msgs) in event_batches {
-            let plan = self.plan(&k.0, k.1, msgs);
-            let eligible: BTreeSet<i32> = ready
-                .iter()
-                .filter(|q| !self.outstanding.contains_key(&(k.clone(), **q)))
-                .copied()
-                .collect();
-            let Some(host) = host_of(&plan, &local, &eligible, &batches) else {
-                let Some(r) = self.routers.remove(&k) else { continue };
-                let mut outs = plan.outs;
-                for (q, key, c, _, _) in plan.cmds {
-                    outs.push(command(&self.shared, q, key.as_deref(), &c));
-                }
-                solo.push((k, r, outs, plan.last));
-                continue;
-            };
-            let h = hosted.entry(host).or_default();
-            for (q, key, c, at, offset) in plan.cmds {
-                if q == host && eligible.contains(&q) {
-                    h.inline.push((c, at, offset));
-                } else {
-                    if local.contains(&q) {
-                        h.forwarded.push((k.clone(), q, offset));
-                    }
-                    h.outs.push(command(&self.shared, q, key.as_deref(), &c));
-                }
+        for (k, outs, last) in routed_alone {
+            if let Some(r) = self.routers.remove(&k) {
+                solo.push((k, r, outs, last));
             }
-            tracing::debug!(events = ?k, host, eligible = ?eligible, inline = h.inline.len(), forwarded = h.forwarded.len(), "routed");
-            h.outs.extend(plan.outs);
-            h.offsets.push((k.0.clone(), k.1, plan.last + 1));
-            hosted_by.push((k, host));
         }
         let mut owned = Vec::new();
         let busy: BTreeSet<i32> = batches.keys().chain(hosted.keys()).copied().collect();
@@ -1219,16 +1203,7 @@ impl Worker {
             match r {
                 Ok((applied, forwarded)) => {
                     self.owners.insert(p, t);
-                    for (e, q, offset) in forwarded {
-                        let o = self.outstanding.entry((e, q)).or_insert(offset);
-                        *o = (*o).max(offset);
-                    }
-                    for (e, offset) in applied {
-                        let k = (e, p);
-                        if self.outstanding.get(&k).is_some_and(|o| *o <= offset) {
-                            self.outstanding.remove(&k);
-                        }
-                    }
+                    note_committed(&mut self.outstanding, p, applied, forwarded);
                 }
                 Err(e) => {
                     tracing::warn!(partition = p, error = %e, "batch not committed; the partition is restored and its inputs read again");
@@ -1277,121 +1252,6 @@ impl Worker {
             }
         }
         Ok(())
-    }
-
-    /// Turns incoming events into commands for the instances' partitions.
-    fn plan(&self, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Plan {
-        let shared = &self.shared;
-        let n = shared.partitions;
-        let mut outs = Vec::new();
-        let mut cmds: Vec<RoutedCommand> = Vec::new();
-        let mut last = -1;
-        let machines = shared.machines();
-        for m in &msgs {
-            last = m.offset();
-            let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
-            let origin = Origin {
-                topic: topic.to_string(),
-                partition: p,
-                offset: m.offset(),
-            };
-            let event = match read_event(m) {
-                Ok(e) => e,
-                Err((code, why)) => {
-                    outs.push(dead_message(shared, m, &origin, code, &why));
-                    continue;
-                }
-            };
-            match sm4c_host::tasks::Answer::from_event(&event) {
-                Ok(None) => {}
-                Ok(Some((token, answer))) => {
-                    match sm4c_host::tasks::decode_token(&token) {
-                        Some((id, op)) => {
-                            let c = Command::Answer {
-                                id: id.clone(),
-                                op,
-                                answer,
-                                event: Some((event, origin)),
-                                request: None,
-                            };
-                            cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
-                        }
-                        None => {
-                            let why = format!("{token:?} in {} is not a task token", sm4c_host::tasks::TOKEN_ATTRIBUTE);
-                            outs.push(dead_message(shared, m, &origin, "unknownTask", &why));
-                        }
-                    }
-                    continue;
-                }
-                Err(why) => {
-                    outs.push(dead_message(shared, m, &origin, "invalidTaskEvent", &why));
-                    continue;
-                }
-            }
-            let mut starts = 0;
-            for mach in machines.iter().filter(|mach| {
-                mach.start_event
-                    .as_ref()
-                    .is_some_and(|s| sm4c_host::explain::starts_with(s, &event))
-            }) {
-                let id = start_id(
-                    &mach.id,
-                    &attribute_text(&event, "source").unwrap_or_default(),
-                    &attribute_text(&event, "id").unwrap_or_default(),
-                );
-                let input = event.get("data").cloned().unwrap_or(Value::Null);
-                let c = Command::Start {
-                    id: id.clone(),
-                    definition: mach.id.clone(),
-                    version: Some(mach.version.clone()),
-                    input,
-                    parent: None,
-                    depth: 0,
-                    origin: Some(origin.clone()),
-                    request: None,
-                    traceparent: event
-                        .get("traceparent")
-                        .and_then(Value::as_str)
-                        .and_then(sm4c_host::driver::traceparent)
-                        .map(str::to_string),
-                };
-                cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
-                starts += 1;
-            }
-            if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
-                let c = Command::Event {
-                    target: Some(target.clone()),
-                    event,
-                    origin,
-                    home: None,
-                };
-                cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
-                continue;
-            }
-            let wanted = machines.iter().any(|mach| driver::may_accept(mach, &event));
-            if !wanted {
-                if starts == 0 {
-                    let why = format!(
-                        "no registered definition declares an event of type {:?} and source {:?}",
-                        attribute_text(&event, "type").unwrap_or_default(),
-                        attribute_text(&event, "source").unwrap_or_default()
-                    );
-                    outs.push(dead_message(shared, m, &origin, "noDefinition", &why));
-                }
-                continue;
-            }
-            let home = partition_of(&origin.key(), n);
-            for q in 0..n {
-                let c = Command::Event {
-                    target: None,
-                    event: event.clone(),
-                    origin: origin.clone(),
-                    home: Some(home),
-                };
-                cmds.push((q, None, c, at, m.offset()));
-            }
-        }
-        Plan { cmds, outs, last }
     }
 
     /// One batch of commands for one partition, committed in one transaction.
@@ -1539,6 +1399,203 @@ impl Worker {
     }
 }
 
+/// Turns incoming events into commands for the instances' partitions (no IO).
+fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Plan {
+    let n = shared.partitions;
+    let mut outs = Vec::new();
+    let mut cmds: Vec<RoutedCommand> = Vec::new();
+    let mut last = -1;
+    let machines = shared.machines();
+    for m in &msgs {
+        last = m.offset();
+        let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
+        let origin = Origin {
+            topic: topic.to_string(),
+            partition: p,
+            offset: m.offset(),
+        };
+        let event = match read_event(m) {
+            Ok(e) => e,
+            Err((code, why)) => {
+                outs.push(dead_message(shared, m, &origin, code, &why));
+                continue;
+            }
+        };
+        match sm4c_host::tasks::Answer::from_event(&event) {
+            Ok(None) => {}
+            Ok(Some((token, answer))) => {
+                match sm4c_host::tasks::decode_token(&token) {
+                    Some((id, op)) => {
+                        let c = Command::Answer {
+                            id: id.clone(),
+                            op,
+                            answer,
+                            event: Some((event, origin)),
+                            request: None,
+                        };
+                        cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
+                    }
+                    None => {
+                        let why = format!("{token:?} in {} is not a task token", sm4c_host::tasks::TOKEN_ATTRIBUTE);
+                        outs.push(dead_message(shared, m, &origin, "unknownTask", &why));
+                    }
+                }
+                continue;
+            }
+            Err(why) => {
+                outs.push(dead_message(shared, m, &origin, "invalidTaskEvent", &why));
+                continue;
+            }
+        }
+        let mut starts = 0;
+        for mach in machines.iter().filter(|mach| {
+            mach.start_event
+                .as_ref()
+                .is_some_and(|s| sm4c_host::explain::starts_with(s, &event))
+        }) {
+            let id = start_id(
+                &mach.id,
+                &attribute_text(&event, "source").unwrap_or_default(),
+                &attribute_text(&event, "id").unwrap_or_default(),
+            );
+            let input = event.get("data").cloned().unwrap_or(Value::Null);
+            let c = Command::Start {
+                id: id.clone(),
+                definition: mach.id.clone(),
+                version: Some(mach.version.clone()),
+                input,
+                parent: None,
+                depth: 0,
+                origin: Some(origin.clone()),
+                request: None,
+                traceparent: event
+                    .get("traceparent")
+                    .and_then(Value::as_str)
+                    .and_then(sm4c_host::driver::traceparent)
+                    .map(str::to_string),
+            };
+            cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
+            starts += 1;
+        }
+        if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
+            let c = Command::Event {
+                target: Some(target.clone()),
+                event,
+                origin,
+                home: None,
+            };
+            cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
+            continue;
+        }
+        let wanted = machines.iter().any(|mach| driver::may_accept(mach, &event));
+        if !wanted {
+            if starts == 0 {
+                let why = format!(
+                    "no registered definition declares an event of type {:?} and source {:?}",
+                    attribute_text(&event, "type").unwrap_or_default(),
+                    attribute_text(&event, "source").unwrap_or_default()
+                );
+                outs.push(dead_message(shared, m, &origin, "noDefinition", &why));
+            }
+            continue;
+        }
+        let home = partition_of(&origin.key(), n);
+        for q in 0..n {
+            let c = Command::Event {
+                target: None,
+                event: event.clone(),
+                origin: origin.clone(),
+                home: Some(home),
+            };
+            cmds.push((q, None, c, at, m.offset()));
+        }
+    }
+    Plan { cmds, outs, last }
+}
+
+/// Per (events partition, owned commands partition), the largest event offset routed there as a
+/// command and not yet applied (see [`Worker::outstanding`]).
+type Outstanding = HashMap<((String, i32), i32), i64>;
+
+/// Where the events partitions' batches of one loop turn go.
+struct Routing {
+    /// Per owned commands partition: what its transaction carries.
+    hosted: HashMap<i32, Carried>,
+    /// The owned commands partition whose transaction carries each events partition's batch.
+    hosted_by: Vec<((String, i32), i32)>,
+    /// Batches routed in a transaction of their own (no owned partition to carry them): (events
+    /// partition, records, last offset read).
+    solo: Vec<((String, i32), Vec<Out>, i64)>,
+}
+
+/// Routes the events partitions' batches of one loop turn, with no IO: each rides in the
+/// transaction of the owned commands partition most of its events are for (`local` are the owned
+/// ones, `ready` those past their barrier, `commanded` those with commands of their own this turn);
+/// the events for that partition's instances are applied there at once unless commands routed
+/// there from the same events partition are still pending (`outstanding`), the others become
+/// commands. With no owned partition, a batch is routed in its own transaction.
+fn route_events(
+    shared: &Shared,
+    local: &BTreeSet<i32>,
+    ready: &BTreeSet<i32>,
+    outstanding: &Outstanding,
+    commanded: &BTreeSet<i32>,
+    event_batches: Vec<((String, i32), Vec<OwnedMessage>)>,
+) -> Routing {
+    let mut r = Routing {
+        hosted: HashMap::new(),
+        hosted_by: Vec::new(),
+        solo: Vec::new(),
+    };
+    for (k, msgs) in event_batches {
+        let plan = plan(shared, &k.0, k.1, msgs);
+        let eligible: BTreeSet<i32> = ready
+            .iter()
+            .filter(|q| !outstanding.contains_key(&(k.clone(), **q)))
+            .copied()
+            .collect();
+        let Some(host) = host_of(&plan, local, &eligible, commanded) else {
+            let mut outs = plan.outs;
+            for (q, key, c, _, _) in plan.cmds {
+                outs.push(command(shared, q, key.as_deref(), &c));
+            }
+            r.solo.push((k, outs, plan.last));
+            continue;
+        };
+        let h = r.hosted.entry(host).or_default();
+        for (q, key, c, at, offset) in plan.cmds {
+            if q == host && eligible.contains(&q) {
+                h.inline.push((c, at, offset));
+            } else {
+                if local.contains(&q) {
+                    h.forwarded.push((k.clone(), q, offset));
+                }
+                h.outs.push(command(shared, q, key.as_deref(), &c));
+            }
+        }
+        tracing::debug!(events = ?k, host, eligible = ?eligible, inline = h.inline.len(), forwarded = h.forwarded.len(), "routed");
+        h.outs.extend(plan.outs);
+        h.offsets.push((k.0.clone(), k.1, plan.last + 1));
+        r.hosted_by.push((k, host));
+    }
+    r
+}
+
+/// Once partition `p`'s batch committed: the commands it forwarded to other owned partitions are
+/// pending there, and those it applied are no longer.
+fn note_committed(outstanding: &mut Outstanding, p: i32, applied: Applied, forwarded: Vec<((String, i32), i32, i64)>) {
+    for (e, q, offset) in forwarded {
+        let o = outstanding.entry((e, q)).or_insert(offset);
+        *o = (*o).max(offset);
+    }
+    for (e, offset) in applied {
+        let k = (e, p);
+        if outstanding.get(&k).is_some_and(|o| *o <= offset) {
+            outstanding.remove(&k);
+        }
+    }
+}
+
 /// The committed offset of `topic`/`p` in a committed-offsets answer: 0 when the group has none, an
 /// error when the broker failed that partition.
 fn committed_offset(c: &TopicPartitionList, topic: &str, p: i32) -> Result<i64, String> {
@@ -1569,12 +1626,7 @@ pub(crate) fn queued(topic: &str, partition: i32, offset: i64) -> Delivery {
 /// The owned commands partition whose transaction takes in an events partition's batch: the one
 /// most of its commands are for, else one deciding anyway, else any; `None` when this worker owns
 /// no commands partition.
-fn host_of(
-    plan: &Plan,
-    local: &BTreeSet<i32>,
-    eligible: &BTreeSet<i32>,
-    busy: &HashMap<i32, Vec<OwnedMessage>>,
-) -> Option<i32> {
+fn host_of(plan: &Plan, local: &BTreeSet<i32>, eligible: &BTreeSet<i32>, busy: &BTreeSet<i32>) -> Option<i32> {
     let mut counts: HashMap<i32, usize> = HashMap::new();
     for (q, ..) in &plan.cmds {
         if eligible.contains(q) {
@@ -1585,7 +1637,7 @@ fn host_of(
         .into_iter()
         .max_by_key(|(q, n)| (*n, std::cmp::Reverse(*q)))
         .map(|(q, _)| q)
-        .or_else(|| busy.keys().filter(|q| local.contains(q)).min().copied())
+        .or_else(|| busy.iter().filter(|q| local.contains(q)).min().copied())
         .or_else(|| local.first().copied())
 }
 
