@@ -2,8 +2,7 @@
 //! its state from the state topic, re-arming timers.
 
 use super::{
-    committed_of, produce, put_barrier, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot,
-    RESTORE_TIMEOUT,
+    committed_of, produce, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot, RESTORE_TIMEOUT,
 };
 use crate::wire::{
     parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, TALLY_PREFIX,
@@ -46,8 +45,8 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         state.record(key, payload, at);
     })?;
     let (read, uncommitted) = (state.read, state.uncommitted);
-    let barrier = put_barrier(shared, p);
-    let (mut t, calls) = state.owner(shared, p, txn, Some(barrier));
+    // The loop puts the partition's barrier when it takes the restored owner in.
+    let (mut t, calls) = state.owner(shared, p, txn, None);
     let mut later = Vec::new();
     for (id, work) in calls {
         match work {
