@@ -1205,7 +1205,48 @@ impl<'a> World<'a> {
             self.now += 5_000;
             self.broker.expire(self.now);
         }
-        Err("the cluster did not end every instance after 400 healed rounds".into())
+        Err(format!(
+            "the cluster did not end every instance after 400 healed rounds: {}",
+            self.stuck()
+        ))
+    }
+
+    /// What is left when the cluster does not finish: unended instances, and where each worker's
+    /// partitions stand.
+    fn stuck(&self) -> String {
+        let (commands, events) = (&self.shared.topics.commands, &self.shared.topics.events[0]);
+        let mut out = Vec::new();
+        for id in self.instances() {
+            let state = self.latest_state(&id).and_then(|r| r.instance);
+            if !state.as_ref().is_some_and(|i| i.snapshot.status.is_final()) {
+                let what = state
+                    .map(|i| format!("{:?}", i.snapshot.status))
+                    .unwrap_or_else(|| "no state".into());
+                out.push(format!("{id} (p{}) {what}", partition_of(&id, PARTITIONS)));
+            }
+        }
+        for (w, x) in self.workers.iter().enumerate() {
+            for (p, o) in &x.owners {
+                let barrier = if o.t.barrier.is_some() { ", barrier pending" } else { "" };
+                out.push(format!(
+                    "w{w} p{p} at {:?} of {}{barrier}",
+                    o.pos,
+                    self.broker.end(commands, *p)
+                ));
+            }
+            for (e, r) in &x.routers {
+                out.push(format!("w{w} e{e} at {:?} of {}", r.pos, self.broker.end(events, *e)));
+            }
+            if !x.outstanding.is_empty() {
+                out.push(format!("w{w} outstanding {:?}", x.outstanding));
+            }
+        }
+        out.push(format!(
+            "open transactions {}, calls {}",
+            self.broker.open.len(),
+            self.calls.len()
+        ));
+        out.join("; ")
     }
 
     fn latest_state(&self, id: &str) -> Option<StateRecord> {
@@ -1217,20 +1258,21 @@ impl<'a> World<'a> {
             .and_then(|r| serde_json::from_slice(r.payload.as_deref()?).ok())
     }
 
-    /// Whether every commands and events partition has been read to its end, every transaction
-    /// has ended, and no call is in flight.
+    /// Whether every commands and events partition has been read to its end (past what aborted
+    /// transactions left, as a consumer reads past it), every transaction has ended, and no call is
+    /// in flight.
     fn drained(&self) -> bool {
         let (commands, events) = (&self.shared.topics.commands, &self.shared.topics.events[0]);
+        let read =
+            |topic: &str, pos: Option<i64>, p: i32| pos.is_some_and(|x| self.broker.read(topic, p, x).is_empty());
         let ends = (0..PARTITIONS).all(|p| {
-            let end = self.broker.end(commands, p);
             self.workers
                 .iter()
-                .any(|w| w.owners.get(&p).is_some_and(|o| o.pos.is_some_and(|x| x >= end)))
+                .any(|w| w.owners.get(&p).is_some_and(|o| read(commands, o.pos, p)))
         }) && (0..EVENTS).all(|e| {
-            let end = self.broker.end(events, e);
             self.workers
                 .iter()
-                .any(|w| w.routers.get(&e).is_some_and(|r| r.pos.is_some_and(|x| x >= end)))
+                .any(|w| w.routers.get(&e).is_some_and(|r| read(events, r.pos, e)))
         });
         ends && self.broker.open.is_empty() && self.calls.is_empty()
     }
