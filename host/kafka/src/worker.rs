@@ -987,10 +987,10 @@ impl Worker {
             };
             match h.join().unwrap_or_else(|_| Err("the restore panicked".into())) {
                 Ok((mut t, calls)) => {
-                    // A router made while this partition was restored put its barrier on the
-                    // owned partitions only: the commands its events partition's previous owner
-                    // routed here may lie after the restore's barrier. A barrier put now lies
-                    // after them, so events are applied here directly only once they are.
+                    // The partition's barrier is put now, not when the restore started: a router
+                    // made meanwhile put its own barrier on the owned partitions only, and the
+                    // commands its events partition's previous owner routed here lie before this
+                    // one, so events are applied here directly only once they are.
                     t.barrier = Some(put_barrier(&self.shared, p));
                     // Records polled before the pause are dropped (no owner took them): read on
                     // from the offset the restored state holds everything below.
