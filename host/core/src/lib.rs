@@ -24,6 +24,7 @@ pub mod events;
 pub mod explain;
 mod functions;
 pub mod graph;
+pub mod local;
 pub mod memory;
 pub mod metrics;
 pub mod service;

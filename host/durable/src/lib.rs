@@ -9,6 +9,7 @@
 
 mod backend;
 mod host;
+pub mod local;
 pub mod store;
 
 pub use host::{DurableHost, Limits};

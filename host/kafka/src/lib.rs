@@ -256,6 +256,9 @@ pub(crate) struct Shared {
     /// The step debugger's breakpoints, by definition id: records of the definitions topic
     /// ([`wire::BREAKPOINTS_PREFIX`]), which every worker's view reads.
     pub breakpoints: sm4c_host::driver::Breakpoints,
+    /// Where the state partitions of owned commands partitions are kept between restores
+    /// ([`sm4c_host::local`]); `None`: each restore reads its state partition from the beginning.
+    pub local: Option<Arc<dyn sm4c_host::local::LocalStores>>,
 }
 
 impl Shared {
@@ -298,40 +301,59 @@ impl Shared {
     }
 }
 
-/// Reads a partition from its beginning to its end (read committed), calling `f(key, payload,
-/// headers)`; a tombstone's payload is `None`.
+/// Reads a partition from offset `from` (0: its beginning) to its end (read committed), calling
+/// `f(key, payload, headers)`; a tombstone's payload is `None`. Gives the offset after the last one
+/// read (the end, where reading on would start).
 pub(crate) fn read_partition(
     shared: &Shared,
     topic: &str,
     p: i32,
+    from: i64,
     mut f: impl FnMut(Option<String>, Option<&[u8]>, Option<&rdkafka::message::BorrowedHeaders>),
-) -> Result<(), String> {
+) -> Result<i64, String> {
     let mut c = shared.consumer_config(&format!("{}.reader", shared.cfg.group));
     c.set("enable.partition.eof", "true");
     let consumer: BaseConsumer<Quiet> = c
         .create_with_context(Quiet)
         .map_err(|e| format!("cannot create a reader: {e}"))?;
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, p, Offset::Beginning)
-        .map_err(|e| e.to_string())?;
-    // An empty partition has nothing to read: do not wait for the end-of-partition notice.
+    let start = if from <= 0 {
+        Offset::Beginning
+    } else {
+        Offset::Offset(from)
+    };
+    tpl.add_partition_offset(topic, p, start).map_err(|e| e.to_string())?;
+    // Nothing to read: do not wait for the end-of-partition notice.
     if let Ok((low, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
-        if high <= low {
-            return Ok(());
+        if high <= low.max(from) {
+            return Ok(high.max(from));
         }
     }
     consumer.assign(&tpl).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut next = from;
     loop {
         if Instant::now() > deadline {
             return Err(format!("reading {topic} partition {p} did not reach its end in time"));
         }
         match consumer.poll(Duration::from_millis(50)) {
             Some(Ok(m)) => {
+                next = m.offset() + 1;
                 let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
                 f(key, m.payload(), m.headers());
             }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(()),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {
+                // Past the last record read: transaction markers, and records a reader skips.
+                let position = consumer
+                    .position()
+                    .ok()
+                    .and_then(|l| l.find_partition(topic, p).map(|e| e.offset()))
+                    .and_then(|o| match o {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                return Ok(position.unwrap_or(next).max(next));
+            }
             Some(Err(e)) => tracing::debug!(error = %e, topic, "reader"),
             None => {}
         }
@@ -398,6 +420,19 @@ impl KafkaHost {
         config: KafkaConfig,
         definitions: Vec<Value>,
         host: Arc<dyn Functions>,
+    ) -> Result<KafkaHost, KafkaError> {
+        KafkaHost::start_with_stores(config, definitions, host, None).await
+    }
+
+    /// As [`KafkaHost::start`], keeping the state of the partitions this worker owns in `local`
+    /// stores ([`sm4c_host::local`]; the `sm4c` binary uses SQLite files of `sm4c-durable`): a
+    /// partition restored again (after a restart, or coming back in a rebalance) reads only what
+    /// its state partition got since.
+    pub async fn start_with_stores(
+        config: KafkaConfig,
+        definitions: Vec<Value>,
+        host: Arc<dyn Functions>,
+        local: Option<Arc<dyn sm4c_host::local::LocalStores>>,
     ) -> Result<KafkaHost, KafkaError> {
         let topics = Topics::new(&config.prefix, &config.events_topics);
         let admin: AdminClient<DefaultClientContext> = config
@@ -468,6 +503,7 @@ impl KafkaHost {
             owned: AtomicUsize::new(0),
             failure: Mutex::new(None),
             breakpoints: sm4c_host::driver::Breakpoints::default(),
+            local,
         });
         let view = Arc::new(view::View::default());
         let mut threads = Vec::new();
@@ -642,7 +678,7 @@ impl KafkaHost {
         };
         let (committed, clock) = (of(&self.shared.topics.commands), of(&self.shared.topics.clock));
         let mut entries: std::collections::BTreeMap<i64, Entry> = Default::default();
-        read_partition(&self.shared, &self.shared.topics.journal, p, |key, payload, _| {
+        read_partition(&self.shared, &self.shared.topics.journal, p, 0, |key, payload, _| {
             if let (true, Some(payload)) = (key.as_deref() == Some(id), payload) {
                 if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
                     if wire::committed(r.through, r.clock, committed, clock) {

@@ -488,9 +488,40 @@ impl rdkafka::producer::ProducerContext for Quiet {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
-        if let Err((e, m)) = result {
-            use rdkafka::Message;
-            tracing::warn!(target: "librdkafka", error = %e, topic = m.topic(), "a message was not delivered");
+        use rdkafka::Message;
+        match result {
+            Ok(m) => note_delivered(m.topic(), m.partition(), m.offset()),
+            Err((e, m)) => {
+                tracing::warn!(target: "librdkafka", error = %e, topic = m.topic(), "a message was not delivered")
+            }
         }
     }
+}
+
+type Delivered = std::sync::Mutex<HashMap<(String, i32), i64>>;
+
+fn delivered_map() -> &'static Delivered {
+    static DELIVERED: std::sync::OnceLock<Delivered> = std::sync::OnceLock::new();
+    DELIVERED.get_or_init(Default::default)
+}
+
+fn note_delivered(topic: &str, p: i32, offset: i64) {
+    let mut map = delivered_map().lock().unwrap_or_else(|p| p.into_inner());
+    match map.get_mut(&(topic.to_string(), p)) {
+        Some(o) => *o = (*o).max(offset),
+        None => {
+            map.insert((topic.to_string(), p), offset);
+        }
+    }
+}
+
+/// The largest offset of a record this process's producers had acknowledged on a partition.
+/// Once a transaction committed (its records all acknowledged first), the offset after it is
+/// past every record that transaction wrote there.
+pub fn delivered(topic: &str, p: i32) -> Option<i64> {
+    delivered_map()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(topic.to_string(), p))
+        .copied()
 }

@@ -19,6 +19,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use restore::{restore, Restored};
 use serde_json::Value;
 use sm4c_host::driver::{self, ChildStart, Hosted, Work};
+use sm4c_host::local::{Checkpoint, LocalStore};
 use sm4c_runtime::engine::event::attribute_text;
 use sm4c_runtime::{ErrorInfo, Machine};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -523,6 +524,9 @@ struct Owner {
     answers: BTreeMap<(String, String), (i64, Outcome)>,
     /// Calls in flight: (instance, op) → task.
     in_flight: HashMap<(String, String), tokio::task::AbortHandle>,
+    /// The partition's local store ([`sm4c_host::local`]): the committed records of its state
+    /// partition, written after each transaction, with the offset to read on from.
+    store: Option<Arc<dyn LocalStore>>,
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
     clock: i64,
     /// The committed offset of the commands partition when it was restored: the state read then
@@ -641,6 +645,34 @@ impl Owner {
             self.ended.insert(id, at);
         }
         (b.after, b.applied)
+    }
+}
+
+/// Writes the state records of a committed transaction to the partition's local store, and as
+/// its checkpoint the offset after `delivered`, the last record this process's producers wrote to
+/// the state partition (every one of them committed or aborted by now: an owner whose transaction
+/// failed is dropped and its partition restored). `false`: the store could not be written; it is
+/// cleared, and not used until the partition is restored again.
+fn keep_locally(shared: &Shared, p: i32, store: &dyn LocalStore, outs: &[Out], delivered: Option<i64>) -> bool {
+    let changes: Vec<(&str, Option<&[u8]>)> = outs
+        .iter()
+        .filter(|o| o.topic == shared.topics.state && o.partition == Some(p))
+        .filter_map(|o| Some((o.key.as_deref()?, o.payload.as_deref())))
+        .collect();
+    let checkpoint = delivered.map(|o| Checkpoint {
+        offset: o + 1,
+        written_ms: now_ms(),
+    });
+    if changes.is_empty() && checkpoint.is_none() {
+        return true;
+    }
+    match store.apply(&changes, checkpoint) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared");
+            let _ = store.clear();
+            false
+        }
     }
 }
 
@@ -1281,6 +1313,12 @@ impl Worker {
             "decided"
         );
         commit(&shared, &self.consumer, t.txn.as_ref(), &b.outs, &offsets)?;
+        if let Some(store) = &t.store {
+            let delivered = crate::wire::delivered(&shared.topics.state, t.partition);
+            if !keep_locally(&shared, t.partition, store.as_ref(), &b.outs, delivered) {
+                t.store = None;
+            }
+        }
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());
         }

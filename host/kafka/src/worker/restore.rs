@@ -7,11 +7,14 @@ use super::{
 use crate::wire::{
     parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, TALLY_PREFIX,
 };
-use rdkafka::consumer::BaseConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::producer::ThreadedProducer;
+use sm4c_host::clock::wall_ms as now_ms;
 use sm4c_host::driver::Work;
+use sm4c_host::local::{Checkpoint, LocalStore};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a restore gives: the partition's owner and the calls in flight to perform again.
@@ -36,7 +39,20 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     // Reading the state partition has a budget of its own (120 s), which this leaves room for.
     slow_restore_for_tests(p);
     let mut state = Latest::new(committed, clock);
-    crate::read_partition(shared, &shared.topics.state, p, |key, payload, headers| {
+    let store = local_store(shared, offsets, p);
+    let mut from = 0;
+    if let Some((s, Some(cp))) = &store {
+        let loaded = s.each(&mut |k, v| state.known(k, v));
+        match loaded {
+            Ok(()) => from = cp.offset,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "the local store does not read; the partition is read from its beginning");
+                state = Latest::new(committed, clock);
+            }
+        }
+    }
+    let known = state.latest.len();
+    let end = crate::read_partition(shared, &shared.topics.state, p, from, |key, payload, headers| {
         let at = headers.and_then(|h| {
             h.iter()
                 .find(|x| x.key == CLOCK_HEADER)
@@ -45,8 +61,10 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         state.record(key, payload, at);
     })?;
     let (read, uncommitted) = (state.read, state.uncommitted);
+    let store = store.map(|(s, _)| s).filter(|s| state.save(s.as_ref(), p, from, end));
     // The loop puts the partition's barrier when it takes the restored owner in.
     let (mut t, calls) = state.owner(shared, p, txn, None);
+    t.store = store;
     let mut later = Vec::new();
     for (id, work) in calls {
         match work {
@@ -65,6 +83,8 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         partition = p,
         instances = t.slots.len(),
         records = read,
+        from,
+        known,
         uncommitted,
         committed,
         clock,
@@ -102,8 +122,64 @@ fn slow_restore_for_tests(p: i32) {
     }
 }
 
-/// A state partition read from its beginning: the latest committed record of each key. With no
-/// IO, so the simulation restores partitions with the same code.
+/// How old a local store's checkpoint may be: the state topic keeps a deletion (a tombstone) for
+/// `delete.retention.ms` (a day by default) once it is compacted, so a store older than that may
+/// have missed one.
+const LOCAL_MAX_AGE_MS: i64 = 12 * 3_600_000;
+
+/// The partition's local store, when the worker keeps them, and its checkpoint when it can be
+/// read on from: a store whose checkpoint lies outside the state partition (the topic was made
+/// again, or its beginning deleted) or is older than [`LOCAL_MAX_AGE_MS`] is cleared and rebuilt.
+fn local_store(
+    shared: &Shared,
+    offsets: &BaseConsumer<Quiet>,
+    p: i32,
+) -> Option<(Arc<dyn LocalStore>, Option<Checkpoint>)> {
+    let stores = shared.local.as_ref()?;
+    let name = format!("{}-{p}", shared.topics.state);
+    let store = match stores.open(&name) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(partition = p, error = %e, "no local store for the partition; it is read from its beginning");
+            return None;
+        }
+    };
+    let cp = match store.checkpoint() {
+        Ok(cp) => cp,
+        Err(e) => {
+            tracing::warn!(partition = p, error = %e, "the local store's checkpoint does not read; the store is rebuilt");
+            None
+        }
+    };
+    let usable = cp.filter(|cp| {
+        let age = now_ms() - cp.written_ms;
+        let bounds = offsets.fetch_watermarks(&shared.topics.state, p, std::time::Duration::from_secs(10));
+        let why = match bounds {
+            _ if age > LOCAL_MAX_AGE_MS => Some(format!("its checkpoint is {} h old", age / 3_600_000)),
+            Ok((low, high)) if cp.offset < low || cp.offset > high => Some(format!(
+                "its checkpoint (offset {}) lies outside the state partition ({low}..{high})",
+                cp.offset
+            )),
+            Ok(_) => None,
+            Err(e) => Some(format!("the state partition's bounds do not read: {e}")),
+        };
+        if let Some(why) = &why {
+            tracing::info!(partition = p, why, "the local store is rebuilt");
+        }
+        why.is_none()
+    });
+    if cp.is_some() && usable.is_none() {
+        if let Err(e) = store.clear() {
+            tracing::warn!(partition = p, error = %e, "the local store cannot be cleared; it is not used");
+            return None;
+        }
+    }
+    Some((store, usable))
+}
+
+/// A state partition read from its beginning (or from a local store's checkpoint, the store's
+/// records first): the latest committed record of each key. With no IO, so the simulation
+/// restores partitions with the same code.
 pub(super) struct Latest {
     /// The group's committed offsets of the commands partition and its clock.
     committed: i64,
@@ -115,6 +191,8 @@ pub(super) struct Latest {
     read: u64,
     uncommitted: u64,
     clocked: u64,
+    /// The keys of the records read (not those a local store gave).
+    touched: BTreeSet<String>,
 }
 
 impl Latest {
@@ -127,6 +205,47 @@ impl Latest {
             read: 0,
             uncommitted: 0,
             clocked: 0,
+            touched: BTreeSet::new(),
+        }
+    }
+
+    /// A record a local store kept: committed when it was written there.
+    pub(super) fn known(&mut self, key: &str, value: &[u8]) {
+        if let Ok(r) = serde_json::from_slice::<StateRecord>(value) {
+            self.latest.insert(key.to_string(), Some(r));
+        }
+    }
+
+    /// Writes what was read on from checkpoint `from` to the local store: the latest committed
+    /// record of each key read, and the end (`end`) as the new checkpoint, unless a key's last
+    /// record is not committed: such records must be read again next time (see
+    /// [`Owner::repair`]), so the checkpoint stays where it was until the partition's next
+    /// transaction moves it. `false`: the store could not be written; it is cleared (read from
+    /// the beginning next time).
+    pub(super) fn save(&self, store: &dyn LocalStore, p: i32, from: i64, end: i64) -> bool {
+        let bytes: Vec<(&str, Option<Vec<u8>>)> = self
+            .touched
+            .iter()
+            .map(|k| {
+                let v = match self.latest.get(k) {
+                    Some(Some(r)) => Some(serde_json::to_vec(r).unwrap_or_default()),
+                    _ => None,
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        let changes: Vec<(&str, Option<&[u8]>)> = bytes.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+        let cp = (self.stale.is_empty() && end >= from).then(|| Checkpoint {
+            offset: end,
+            written_ms: now_ms(),
+        });
+        match store.apply(&changes, cp) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared");
+                let _ = store.clear();
+                false
+            }
         }
     }
 
@@ -136,6 +255,7 @@ impl Latest {
         let (committed, clock) = (self.committed, self.clock);
         self.read += 1;
         let Some(k) = key else { return };
+        self.touched.insert(k.clone());
         match payload {
             Some(payload) => {
                 if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
@@ -225,6 +345,7 @@ impl Latest {
             last_commit: Instant::now(),
             settle: Default::default(),
             in_flight: HashMap::new(),
+            store: None,
             clock,
             resume: committed,
             barrier,

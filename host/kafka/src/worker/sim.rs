@@ -38,6 +38,7 @@ use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::Timestamp;
 use serde_json::{json, Value};
 use sm4c_host::driver::{Driver, Work};
+use sm4c_host::local::{LocalStores, MemoryStores};
 use sm4c_host::service::Registry;
 use sm4c_host::{BoxFuture, FunctionCall, Functions};
 use sm4c_runtime::{Entry, ErrorInfo, Input, LoadOptions, Trace};
@@ -156,6 +157,7 @@ fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         failure: Mutex::new(None),
         driver: Driver::durable(),
         breakpoints: Default::default(),
+        local: None,
     }
 }
 
@@ -271,6 +273,27 @@ impl Broker {
         let p = self.partition(o);
         self.append(&o.topic.clone(), p, o, ts, Some(txn));
         Ok(())
+    }
+
+    /// The last stable offset: where a `read_committed` reader stops (the first record of an
+    /// open transaction, else the log's end).
+    fn stable_end(&self, topic: &str, p: i32) -> i64 {
+        let Some((next, recs)) = self.logs.get(&(topic.to_string(), p)) else {
+            return 0;
+        };
+        recs.iter()
+            .find(|r| self.state_of(r) == TxnState::Open)
+            .map_or(*next, |r| r.offset)
+    }
+
+    /// The largest offset of a record that producer `tid` wrote to a partition (what the
+    /// producer's delivery reports told its process).
+    fn last_of(&self, tid: &str, topic: &str, p: i32) -> Option<i64> {
+        let (_, recs) = self.logs.get(&(topic.to_string(), p))?;
+        recs.iter()
+            .rev()
+            .find(|r| r.txn.is_some_and(|i| self.txns[i].tid == tid))
+            .map(|r| r.offset)
     }
 
     fn end(&self, topic: &str, p: i32) -> i64 {
@@ -502,6 +525,11 @@ struct World<'a> {
     /// away longer than the producer's `message.timeout.ms`): until the cluster heals.
     lossy: bool,
     verbose: bool,
+    /// Each worker's disk: its local stores, kept across kills and restarts unless the disk is
+    /// lost. `None`: the seed runs without local stores (every restore reads from the beginning).
+    disks: Option<Vec<Arc<MemoryStores>>>,
+    /// Draws for the disks, apart from `rng` so that they do not change a seed's schedule.
+    disk_rng: fastrand::Rng,
 }
 
 impl<'a> World<'a> {
@@ -530,7 +558,12 @@ impl<'a> World<'a> {
             trace: Vec::new(),
             lossy: true,
             verbose,
+            disks: None,
+            disk_rng: fastrand::Rng::with_seed(seed ^ 0x5eed_d15c),
         };
+        if w.disk_rng.u8(..4) != 0 {
+            w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
+        }
         for x in &mut w.workers {
             x.alive = true;
         }
@@ -693,7 +726,21 @@ impl<'a> World<'a> {
             self.broker.compact(&shared.topics.state, p);
         }
         let mut state = Latest::new(committed, clock);
-        for r in self.broker.read(&shared.topics.state, p, 0) {
+        // The worker's local store of the partition, read on from its checkpoint.
+        let store = self
+            .disks
+            .as_ref()
+            .map(|d| d[w].open(&format!("{}-{p}", shared.topics.state)).expect("a memory store opens"));
+        let mut from = 0;
+        if let Some(cp) = store.as_ref().and_then(|s| s.checkpoint().expect("a memory store reads")) {
+            if let Some(s) = &store {
+                s.each(&mut |k, v| state.known(k, v)).expect("a memory store reads");
+            }
+            from = cp.offset;
+        }
+        let records = self.broker.read(&shared.topics.state, p, from);
+        let end = self.broker.stable_end(&shared.topics.state, p).max(from);
+        for r in records {
             let at = r
                 .headers
                 .iter()
@@ -701,8 +748,10 @@ impl<'a> World<'a> {
                 .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok());
             state.record(r.key.clone(), r.payload.as_deref(), at);
         }
+        let store = store.filter(|s| state.save(s.as_ref(), p, from, end));
         let token = self.barrier(p);
-        let (t, calls) = state.owner(shared, p, None, Some(token));
+        let (mut t, calls) = state.owner(shared, p, None, Some(token));
+        t.store = store;
         let n = t.slots.len();
         let mut calls: Vec<(String, Work)> = calls;
         calls.sort_by(|a, b| a.0.cmp(&b.0));
@@ -718,7 +767,7 @@ impl<'a> World<'a> {
             self.after(w, p, &id, work);
         }
         self.note(format!(
-            "w{w} restores p{p}: epoch {epoch}, committed {committed}, clock {clock}, {n} instances"
+            "w{w} restores p{p}: epoch {epoch}, committed {committed}, clock {clock}, {n} instances, state read from {from}"
         ));
     }
 
@@ -857,6 +906,12 @@ impl<'a> World<'a> {
                 Ok(()) => {
                     if let Some(last) = recs.last() {
                         o.pos = Some(last.offset + 1);
+                    }
+                    if let Some(store) = &o.t.store {
+                        let delivered = self.broker.last_of(&self.tid(p), &shared.topics.state, p);
+                        if !super::keep_locally(shared, p, store.as_ref(), &b.outs, delivered) {
+                            o.t.store = None;
+                        }
                     }
                     let (after, applied) = o.t.committed(b);
                     note_committed(&mut self.workers[w].outstanding, p, applied, forwarded);
@@ -1149,6 +1204,12 @@ impl<'a> World<'a> {
                 if let Some(w) = dead.first().copied() {
                     self.workers[w].alive = true;
                     self.note(format!("w{w} restarts"));
+                    if self.disk_rng.u8(..5) == 0 {
+                        if let Some(d) = &mut self.disks {
+                            d[w] = Arc::default();
+                            self.note(format!("w{w} lost its disk"));
+                        }
+                    }
                     self.rebalance(None);
                 }
             }

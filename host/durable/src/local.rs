@@ -1,0 +1,278 @@
+//! [Local stores](sm4c_host::local) in SQLite: one file per store in a directory that one process
+//! holds at a time.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use sm4c_host::local::{Checkpoint, LocalError, LocalStore, LocalStores};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// The layout of a store file; a file of another layout is cleared (a store is a cache).
+const LAYOUT: i64 = 1;
+
+/// Stores in a directory, one SQLite file each (`<name>.sqlite`), WAL mode, written without
+/// waiting for the disk: a store is rebuilt from its log when it is lost, so a crash may cost a
+/// longer restore but never data.
+pub struct SqliteStores {
+    dir: PathBuf,
+    /// Held while this process uses the directory: a second process is refused.
+    _lock: File,
+    /// Removed when dropped.
+    temporary: bool,
+}
+
+impl SqliteStores {
+    /// Opens `dir` (created when missing) for this process alone.
+    pub fn open(dir: &Path) -> Result<SqliteStores, LocalError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LocalError(format!("cannot create the state directory {}: {e}", dir.display())))?;
+        let lock_path = dir.join("LOCK");
+        let lock = File::create(&lock_path)
+            .map_err(|e| LocalError(format!("cannot write {}: {e}", lock_path.display())))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LocalError(format!(
+                    "the state directory {} is in use by another process; give each worker its own",
+                    dir.display()
+                )))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(LocalError(format!("cannot lock {}: {e}", lock_path.display())))
+            }
+        }
+        Ok(SqliteStores {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            temporary: false,
+        })
+    }
+
+    /// A directory of this process's own under the system's temporary directory, removed when
+    /// the stores are dropped. Directories that processes no longer running left behind (killed
+    /// before they could remove theirs) are removed first.
+    pub fn temporary() -> Result<SqliteStores, LocalError> {
+        let base = std::env::temp_dir();
+        sweep(&base);
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = base.join(format!("{TEMPORARY_PREFIX}{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut s = SqliteStores::open(&dir)?;
+        s.temporary = true;
+        Ok(s)
+    }
+}
+
+const TEMPORARY_PREFIX: &str = "sm4c-local-";
+
+/// Removes the temporary store directories of processes that are gone (on systems with `/proc`).
+fn sweep(base: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(TEMPORARY_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+impl Drop for SqliteStores {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl LocalStores for SqliteStores {
+    fn open(&self, name: &str) -> Result<Arc<dyn LocalStore>, LocalError> {
+        let safe: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+            .collect();
+        let path = self.dir.join(format!("{safe}.sqlite"));
+        let store = SqliteStore::open(&path).or_else(|e| {
+            // A damaged file is a lost cache: start it again.
+            tracing::warn!(path = %path.display(), error = %e, "a local store does not open; it is rebuilt");
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            SqliteStore::open(&path)
+        })?;
+        Ok(Arc::new(store))
+    }
+
+    fn describe(&self) -> String {
+        if self.temporary {
+            format!("{} (temporary)", self.dir.display())
+        } else {
+            self.dir.display().to_string()
+        }
+    }
+}
+
+struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+fn err(path: &str) -> impl Fn(rusqlite::Error) -> LocalError + '_ {
+    move |e| LocalError(format!("local store {path}: {e}"))
+}
+
+impl SqliteStore {
+    fn open(path: &Path) -> Result<SqliteStore, LocalError> {
+        let name = path.display().to_string();
+        let e = err(&name);
+        let conn = Connection::open(path).map_err(&e)?;
+        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA busy_timeout=5000;")
+            .map_err(&e)?;
+        let layout: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(&e)?;
+        if layout != LAYOUT {
+            conn.execute_batch(&format!(
+                "DROP TABLE IF EXISTS entries; DROP TABLE IF EXISTS checkpoint;
+                 CREATE TABLE entries (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE checkpoint (one INTEGER PRIMARY KEY CHECK (one = 1),
+                     offset INTEGER NOT NULL, written_ms INTEGER NOT NULL);
+                 PRAGMA user_version = {LAYOUT};"
+            ))
+            .map_err(&e)?;
+        }
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn fail(e: rusqlite::Error) -> LocalError {
+    LocalError(format!("local store: {e}"))
+}
+
+impl LocalStore for SqliteStore {
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, LocalError> {
+        self.conn()
+            .query_row("SELECT offset, written_ms FROM checkpoint WHERE one = 1", [], |r| {
+                Ok(Checkpoint {
+                    offset: r.get(0)?,
+                    written_ms: r.get(1)?,
+                })
+            })
+            .optional()
+            .map_err(fail)
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
+        let conn = self.conn();
+        let mut q = conn.prepare("SELECT key, value FROM entries").map_err(fail)?;
+        let mut rows = q.query([]).map_err(fail)?;
+        while let Some(r) = rows.next().map_err(fail)? {
+            let k = r.get_ref(0).map_err(fail)?.as_str().map_err(|e| LocalError(e.to_string()))?;
+            let v = r.get_ref(1).map_err(fail)?.as_blob().map_err(|e| LocalError(e.to_string()))?;
+            f(k, v);
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, LocalError> {
+        self.conn()
+            .query_row("SELECT value FROM entries WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(fail)
+    }
+
+    fn apply(&self, changes: &[(&str, Option<&[u8]>)], checkpoint: Option<Checkpoint>) -> Result<(), LocalError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(fail)?;
+        {
+            let mut put = tx
+                .prepare_cached("INSERT OR REPLACE INTO entries (key, value) VALUES (?1, ?2)")
+                .map_err(fail)?;
+            let mut delete = tx.prepare_cached("DELETE FROM entries WHERE key = ?1").map_err(fail)?;
+            for (k, v) in changes {
+                match v {
+                    Some(v) => put.execute(params![k, v]).map_err(fail)?,
+                    None => delete.execute([k]).map_err(fail)?,
+                };
+            }
+            if let Some(c) = checkpoint {
+                tx.execute(
+                    "INSERT OR REPLACE INTO checkpoint (one, offset, written_ms) VALUES (1, ?1, ?2)",
+                    params![c.offset, c.written_ms],
+                )
+                .map_err(fail)?;
+            }
+        }
+        tx.commit().map_err(fail)
+    }
+
+    fn clear(&self) -> Result<(), LocalError> {
+        self.conn()
+            .execute_batch("DELETE FROM entries; DELETE FROM checkpoint;")
+            .map_err(fail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_survives_its_process_and_its_directory_is_held_by_one_process_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint {
+            offset: 42,
+            written_ms: 5,
+        };
+        {
+            let stores = SqliteStores::open(dir.path()).unwrap();
+            let err = SqliteStores::open(dir.path()).err().expect("a second holder is refused");
+            assert!(err.0.contains("in use by another process"), "{err}");
+            let s = stores.open("sm4c.state-3").unwrap();
+            s.apply(&[("a", Some(b"1")), ("b", Some(b"2"))], None).unwrap();
+            s.apply(&[("a", None), ("c", Some(b"3"))], Some(cp)).unwrap();
+        }
+        let stores = SqliteStores::open(dir.path()).unwrap();
+        let s = stores.open("sm4c.state-3").unwrap();
+        assert_eq!(s.checkpoint().unwrap(), Some(cp));
+        let mut all = Vec::new();
+        s.each(&mut |k, v| all.push((k.to_string(), v.to_vec()))).unwrap();
+        all.sort();
+        assert_eq!(all, vec![("b".into(), b"2".to_vec()), ("c".into(), b"3".to_vec())]);
+        assert_eq!(s.get("c").unwrap(), Some(b"3".to_vec()));
+        s.clear().unwrap();
+        assert_eq!(s.checkpoint().unwrap(), None);
+        assert_eq!(s.get("b").unwrap(), None);
+    }
+
+    #[test]
+    fn a_damaged_store_file_is_started_again_and_a_temporary_directory_leaves_with_its_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("sm4c.state-0.sqlite"), b"not a database at all, not at all").unwrap();
+        let stores = SqliteStores::open(dir.path()).unwrap();
+        let s = stores.open("sm4c.state-0").unwrap();
+        assert_eq!(s.checkpoint().unwrap(), None);
+        s.apply(&[("k", Some(b"v"))], None).unwrap();
+        assert_eq!(s.get("k").unwrap(), Some(b"v".to_vec()));
+
+        let t = SqliteStores::temporary().unwrap();
+        let path = PathBuf::from(t.describe().trim_end_matches(" (temporary)"));
+        t.open("x-1").unwrap().apply(&[("k", Some(b"v"))], None).unwrap();
+        assert!(path.join("x-1.sqlite").exists());
+        drop(t);
+        assert!(!path.exists());
+    }
+}
