@@ -129,6 +129,11 @@ struct KafkaArgs {
     /// How long an ended instance stays on the state topic and in the API (then it is deleted).
     #[arg(long, default_value = "7d", requires = "kafka")]
     retention: String,
+    /// Where this worker keeps the state of the partitions it owns (SQLite files), so that a
+    /// restart reads only what is new on Kafka; one directory per worker. Without it, a temporary
+    /// directory removed at exit.
+    #[arg(long, value_name = "DIR", requires = "kafka")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -758,12 +763,24 @@ fn serve_kafka(
         };
         config.settings.push((k.trim().to_string(), v.trim().to_string()));
     }
+    let stores = match &args.kafka.state_dir {
+        Some(dir) => sm4c_durable::local::SqliteStores::open(dir),
+        None => sm4c_durable::local::SqliteStores::temporary(),
+    };
+    let stores: Arc<dyn sm4c_host::local::LocalStores> = match stores {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("sm4c: --state-dir: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let rt = serve_runtime()?;
     rt.block_on(async move {
         let metrics = metrics(traces);
         let host = served_functions(args.definitions.as_deref(), calls, mocks, &metrics);
         let docs: Vec<serde_json::Value> = docs.into_iter().map(|(_, d)| d).collect();
-        let kafka = match sm4c_kafka::KafkaHost::start(config, docs, host).await {
+        tracing::info!(state = %stores.describe(), "local stores of the owned partitions");
+        let kafka = match sm4c_kafka::KafkaHost::start_with_stores(config, docs, host, Some(stores)).await {
             Ok(k) => k,
             Err(e) => {
                 eprintln!("sm4c: cannot start on Kafka: {e}");

@@ -869,7 +869,9 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "restart";
-    let args = worker_args(&broker, prefix, 4, &[]);
+    let state = dir.path().join("state-w");
+    let state_arg = state.display().to_string();
+    let args = worker_args(&broker, prefix, 4, &["--state-dir", &state_arg]);
     let mut w = Worker::start(dir.path(), "w", &args);
     wait_owned(&[&w], 4);
     for i in 0..20 {
@@ -887,7 +889,21 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
         || (0..5).all(|i| state_of(&w, &format!("r{i}")) == "Acknowledged"),
         &[&w],
     );
+    // The state directory is the worker's own: a second worker given it is refused.
+    let second = Command::new(BIN)
+        .arg("serve")
+        .args(&args)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .output()
+        .expect("run a second worker");
+    assert_eq!(second.status.code(), Some(2), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("in use by another process"),
+        "{second:?}"
+    );
     w.kill9();
+    let before_restart = std::fs::read_to_string(&w.log).expect("log").len();
     // The reminders' 8 s timers come due while no worker runs.
     std::thread::sleep(Duration::from_secs(10));
     let restarted_ms = std::time::SystemTime::now()
@@ -904,6 +920,39 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     );
     for i in 0..5 {
         assert_eq!(state_of(&w, &format!("r{i}")), "Acknowledged");
+    }
+    // Each partition was restored from the worker's local store: read on from its checkpoint,
+    // with the instances the store kept.
+    let log = std::fs::read_to_string(&w.log).expect("log");
+    let restores: Vec<&str> = log[before_restart..]
+        .lines()
+        .filter(|l| l.contains("partition restored"))
+        .collect();
+    assert_eq!(restores.len(), 4, "{restores:#?}");
+    let field = |l: &str, name: &str| -> i64 {
+        // Without the log's colours: ESC [ ... m.
+        let mut plain = String::new();
+        let mut chars = l.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                plain.push(c);
+            }
+        }
+        plain
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {l}"))
+    };
+    for l in &restores {
+        assert!(field(l, "from") > 0, "not read from a checkpoint: {l}");
+        assert!(field(l, "known") > 0, "nothing kept locally: {l}");
     }
     // The timer fired once, after the restart, later than it was due.
     let h = w.get("/instances/r7/history");

@@ -67,9 +67,12 @@ impl LocalStores for MemoryStores {
     }
 }
 
+/// The values and the checkpoint of a store in memory.
+type Kept = (BTreeMap<String, Vec<u8>>, Option<Checkpoint>);
+
 #[derive(Default)]
 struct MemoryStore {
-    inner: Mutex<(BTreeMap<String, Vec<u8>>, Option<Checkpoint>)>,
+    inner: Mutex<Kept>,
 }
 
 impl LocalStore for MemoryStore {

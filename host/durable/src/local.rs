@@ -3,7 +3,6 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 use sm4c_host::local::{Checkpoint, LocalError, LocalStore, LocalStores};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +15,7 @@ const LAYOUT: i64 = 1;
 pub struct SqliteStores {
     dir: PathBuf,
     /// Held while this process uses the directory: a second process is refused.
-    _lock: File,
+    _lock: Mutex<Connection>,
     /// Removed when dropped.
     temporary: bool,
 }
@@ -26,24 +25,24 @@ impl SqliteStores {
     pub fn open(dir: &Path) -> Result<SqliteStores, LocalError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| LocalError(format!("cannot create the state directory {}: {e}", dir.display())))?;
-        let lock_path = dir.join("LOCK");
-        let lock = File::create(&lock_path)
-            .map_err(|e| LocalError(format!("cannot write {}: {e}", lock_path.display())))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(LocalError(format!(
+        // SQLite's own file lock, held for the life of the stores: an exclusive transaction on a
+        // file of its own (no other process, nor another opening in this one, can take it).
+        let lock_path = dir.join("LOCK.sqlite");
+        let lock = Connection::open(&lock_path)
+            .and_then(|c| {
+                c.execute_batch("PRAGMA busy_timeout = 0; PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE;")?;
+                Ok(c)
+            })
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => LocalError(format!(
                     "the state directory {} is in use by another process; give each worker its own",
                     dir.display()
-                )))
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(LocalError(format!("cannot lock {}: {e}", lock_path.display())))
-            }
-        }
+                )),
+                _ => LocalError(format!("cannot lock {}: {e}", lock_path.display())),
+            })?;
         Ok(SqliteStores {
             dir: dir.to_path_buf(),
-            _lock: lock,
+            _lock: Mutex::new(lock),
             temporary: false,
         })
     }
@@ -99,7 +98,13 @@ impl LocalStores for SqliteStores {
     fn open(&self, name: &str) -> Result<Arc<dyn LocalStore>, LocalError> {
         let safe: String = name
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let path = self.dir.join(format!("{safe}.sqlite"));
         let store = SqliteStore::open(&path).or_else(|e| {
@@ -148,9 +153,7 @@ impl SqliteStore {
             ))
             .map_err(&e)?;
         }
-        Ok(SqliteStore {
-            conn: Mutex::new(conn),
-        })
+        Ok(SqliteStore { conn: Mutex::new(conn) })
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -180,8 +183,16 @@ impl LocalStore for SqliteStore {
         let mut q = conn.prepare("SELECT key, value FROM entries").map_err(fail)?;
         let mut rows = q.query([]).map_err(fail)?;
         while let Some(r) = rows.next().map_err(fail)? {
-            let k = r.get_ref(0).map_err(fail)?.as_str().map_err(|e| LocalError(e.to_string()))?;
-            let v = r.get_ref(1).map_err(fail)?.as_blob().map_err(|e| LocalError(e.to_string()))?;
+            let k = r
+                .get_ref(0)
+                .map_err(fail)?
+                .as_str()
+                .map_err(|e| LocalError(e.to_string()))?;
+            let v = r
+                .get_ref(1)
+                .map_err(fail)?
+                .as_blob()
+                .map_err(|e| LocalError(e.to_string()))?;
             f(k, v);
         }
         Ok(())
@@ -239,7 +250,9 @@ mod tests {
         };
         {
             let stores = SqliteStores::open(dir.path()).unwrap();
-            let err = SqliteStores::open(dir.path()).err().expect("a second holder is refused");
+            let err = SqliteStores::open(dir.path())
+                .err()
+                .expect("a second holder is refused");
             assert!(err.0.contains("in use by another process"), "{err}");
             let s = stores.open("sm4c.state-3").unwrap();
             s.apply(&[("a", Some(b"1")), ("b", Some(b"2"))], None).unwrap();
@@ -261,7 +274,11 @@ mod tests {
     #[test]
     fn a_damaged_store_file_is_started_again_and_a_temporary_directory_leaves_with_its_stores() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("sm4c.state-0.sqlite"), b"not a database at all, not at all").unwrap();
+        std::fs::write(
+            dir.path().join("sm4c.state-0.sqlite"),
+            b"not a database at all, not at all",
+        )
+        .unwrap();
         let stores = SqliteStores::open(dir.path()).unwrap();
         let s = stores.open("sm4c.state-0").unwrap();
         assert_eq!(s.checkpoint().unwrap(), None);
