@@ -276,6 +276,7 @@ mod tests {
         assert_eq!(needs(&Method::GET, "/ui/events"), Some(Role::Read));
         assert_eq!(needs(&Method::GET, "/ui/api/instance"), Some(Role::Read));
         assert_eq!(needs(&Method::GET, "/metrics"), Some(Role::Read));
+        assert_eq!(needs(&Method::GET, "/members"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/events/explain"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/instances"), Some(Role::Operate));
         assert_eq!(needs(&Method::POST, "/tasks/t/complete"), Some(Role::Operate));

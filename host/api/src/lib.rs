@@ -95,6 +95,7 @@ pub fn router(backend: impl Backend) -> Router {
             get(|| async { ([("content-type", "application/json")], OPENAPI) }),
         )
         .route("/healthz", get(|State(h): State<Api>| async move { Json(h.health()) }))
+        .route("/members", get(members))
         .fallback(|| async { NoSuchEndpoint })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(host.clone())
@@ -375,6 +376,10 @@ async fn get_breakpoints(State(h): State<Api>, Path(id): Path<String>) -> Result
 async fn delete_breakpoints(State(h): State<Api>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     h.set_breakpoints(id.clone(), Vec::new()).await?;
     get_breakpoints(State(h), Path(id)).await
+}
+
+async fn members(State(h): State<Api>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(h.members()?))
 }
 
 async fn all_breakpoints(State(h): State<Api>) -> Result<Json<Value>, ApiError> {

@@ -60,7 +60,7 @@ enum Command {
     /// Print the JSON Schema of the definition language.
     Schema,
     /// Serve durable instances over HTTP, stored in SQLite.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     #[command(flatten)]
     Client(client::ClientCommand),
 }
@@ -134,6 +134,11 @@ struct KafkaArgs {
     /// directory removed at exit.
     #[arg(long, value_name = "DIR", requires = "kafka")]
     state_dir: Option<PathBuf>,
+    /// The URL at which the other workers and clients reach this worker's HTTP API, published in
+    /// its membership record. Default: from --listen (a wildcard address becomes this machine's
+    /// host name).
+    #[arg(long, value_name = "URL", requires = "kafka")]
+    advertise: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -294,7 +299,7 @@ fn dispatch(cli: Cli) -> ExitCode {
             print!("{SCHEMA}");
             ExitCode::SUCCESS
         }
-        Command::Serve(args) => match serve(args) {
+        Command::Serve(args) => match serve(*args) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("sm4c: {e:#}");
@@ -790,13 +795,37 @@ fn serve_kafka(
         let Some(listener) = listen(&args.listen).await else {
             return Ok(ExitCode::from(2));
         };
-        tracing::info!(listen = %listener.local_addr()?, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
+        let url = match &args.kafka.advertise {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => advertised(listener.local_addr()?, security.tls.is_some()),
+        };
+        kafka.advertise(url.clone());
+        tracing::info!(listen = %listener.local_addr()?, advertise = %url, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
         let app = served_api(kafka.clone(), metrics, security.auth);
         sm4c_api::tls::serve(listener, security.tls, app, shutdown_signal()).await?;
         kafka.shutdown().await;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The URL of a worker's HTTP API listening at `addr`: a wildcard address becomes this machine's
+/// host name (`/proc/sys/kernel/hostname`, else `HOSTNAME`, else `localhost`).
+fn advertised(addr: std::net::SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = if addr.ip().is_unspecified() {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into())
+    } else if addr.is_ipv6() {
+        format!("[{}]", addr.ip())
+    } else {
+        addr.ip().to_string()
+    };
+    format!("{scheme}://{host}:{}", addr.port())
 }
 
 /// Who may use the server and whether it speaks TLS: from the `[server]` section of the

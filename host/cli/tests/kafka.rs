@@ -266,6 +266,19 @@ impl Worker {
         }
     }
 
+    /// SIGTERM, and waits for the worker to stop.
+    fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -766,6 +779,13 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
     let mut w2 = Worker::start(dir.path(), "w2", &args);
     let mut w3 = Worker::start(dir.path(), "w3", &args);
     wait_owned(&[&w1, &w2, &w3], 6);
+    // Every worker knows every worker: its URL and the partitions it owns, one owner each.
+    wait_until(
+        "every worker to see the three members",
+        30,
+        || [&w1, &w2, &w3].iter().all(|w| members_seen(w, &[&w1, &w2, &w3], 6)),
+        &[&w1, &w2, &w3],
+    );
     // 1,000 by default; `SM4C_KAFKA_SAGAS=100000` for the long run (the waits grow with it).
     let n: usize = std::env::var("SM4C_KAFKA_SAGAS")
         .ok()
@@ -835,8 +855,37 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
         .collect();
     assert_eq!(inputs, vec!["start", "event"], "{h}");
     drop(responder);
+    // The killed worker's record goes stale; the survivors own everything between them.
+    wait_until(
+        "the survivors to see two members",
+        60,
+        || [&w1, &w3].iter().all(|w| members_seen(w, &[&w1, &w3], 6)),
+        &[&w1, &w3],
+    );
+    // A worker that stops deletes its record: the other sees it leave at once, not after 20 s.
+    w3.terminate();
+    wait_until("w1 to see w3 leave", 10, || members_seen(&w1, &[&w1], 6), &[&w1]);
     w1.kill9();
-    w3.kill9();
+}
+
+/// Whether `w`'s `GET /members` lists exactly the workers `all`, with their URLs, each owning its own
+/// partitions and all of them `partitions` between them.
+fn members_seen(w: &Worker, all: &[&Worker], partitions: i64) -> bool {
+    let h = w.get("/members");
+    let Some(members) = h["members"].as_array() else {
+        return false;
+    };
+    let mut urls: Vec<&str> = members.iter().filter_map(|m| m["url"].as_str()).collect();
+    urls.sort_unstable();
+    let mut want: Vec<&str> = all.iter().map(|w| w.base.as_str()).collect();
+    want.sort_unstable();
+    let mut owned: Vec<i64> = members
+        .iter()
+        .flat_map(|m| m["partitions"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p.as_i64())
+        .collect();
+    owned.sort_unstable();
+    urls == want && owned == (0..partitions).collect::<Vec<_>>()
 }
 
 fn start(w: &Worker, definition: &str, id: &str, input: Value) {

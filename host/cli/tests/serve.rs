@@ -377,6 +377,10 @@ fn healthz_openapi_and_unknown_routes() {
         }
     }
 
+    // The members of a group are those of Kafka mode.
+    let (code, body) = s.get("/members");
+    assert_error(code, &body, 501, "notSupported");
+
     let (code, body) = s.get("/no/such/route");
     assert_eq!(code, 404, "{body}");
     assert!(

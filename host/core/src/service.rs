@@ -284,6 +284,13 @@ pub trait Backend: Send + Sync + 'static {
     fn resume(&self, _id: String, _step: bool) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async { self.breakpoints().map(|_| ()) })
     }
+    /// What `GET /members` answers: the workers of a Kafka group and the partitions each owns.
+    fn members(&self) -> Result<Value, HostError> {
+        Err(HostError::NotSupported(
+            "a server on SQLite is one worker; the members of a group are those of Kafka mode (sm4c serve --kafka)"
+                .into(),
+        ))
+    }
     /// What `GET /healthz` answers.
     fn health(&self) -> Value {
         json!({"status": "ok"})

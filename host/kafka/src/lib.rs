@@ -63,6 +63,7 @@
 
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod members;
 mod view;
 mod wire;
 mod worker;
@@ -177,6 +178,8 @@ pub struct Topics {
     pub out: String,
     /// Events no instance took, unreadable messages: `<prefix>.events.deadletter`.
     pub deadletter: String,
+    /// The group's workers: `<prefix>.members` ([`members`]).
+    pub members: String,
     /// Instance commands: `<prefix>.commands`.
     pub commands: String,
     /// Instance states (compacted): `<prefix>.state`.
@@ -207,6 +210,7 @@ impl Topics {
             definitions: format!("{prefix}.definitions"),
             tasks: format!("{prefix}.tasks."),
             clock: format!("{prefix}.clock"),
+            members: format!("{prefix}.members"),
         }
     }
 
@@ -259,6 +263,8 @@ pub(crate) struct Shared {
     /// Where the state partitions of owned commands partitions are kept between restores
     /// ([`sm4c_host::local`]); `None`: each restore reads its state partition from the beginning.
     pub local: Option<Arc<dyn sm4c_host::local::LocalStores>>,
+    /// The group's workers and what each owns ([`members`]).
+    pub members: members::Members,
 }
 
 impl Shared {
@@ -445,6 +451,7 @@ impl KafkaHost {
             (topics.state.clone(), n, true),
             (topics.journal.clone(), n, false),
             (topics.definitions.clone(), 1, true),
+            (topics.members.clone(), 1, true),
             (topics.out.clone(), n, false),
             (topics.deadletter.clone(), 1, false),
         ]
@@ -504,6 +511,7 @@ impl KafkaHost {
             failure: Mutex::new(None),
             breakpoints: sm4c_host::driver::Breakpoints::default(),
             local,
+            members: members::Members::new(sm4c_host::service::new_id("worker"), sm4c_host::clock::wall_ms()),
         });
         let view = Arc::new(view::View::default());
         let mut threads = Vec::new();
@@ -544,10 +552,10 @@ impl KafkaHost {
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let s = shared.clone();
-            me.threads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(std::thread::spawn(move || worker::run(s, rx, tx)));
+            let m = shared.clone();
+            let mut threads = me.threads.lock().unwrap_or_else(|p| p.into_inner());
+            threads.push(std::thread::spawn(move || worker::run(s, rx, tx)));
+            threads.push(std::thread::spawn(move || members::run(&m)));
         }
         Ok(me)
     }
@@ -560,6 +568,18 @@ impl KafkaHost {
     /// Commands partitions this worker owns now.
     pub fn owned_partitions(&self) -> usize {
         self.shared.owned.load(Ordering::Relaxed)
+    }
+
+    /// Where this worker's HTTP API answers (`http://host:port`), for the other workers and the
+    /// clients that ask who owns what: published in its membership record ([`members`]).
+    pub fn advertise(&self, url: String) {
+        self.shared.members.set_url(url);
+    }
+
+    /// The group's live workers as `P.members` has them, by member id, and this worker's id.
+    pub fn members(&self) -> (String, std::collections::BTreeMap<String, members::Member>) {
+        let m = &self.shared.members;
+        (m.me.clone(), m.live(sm4c_host::clock::wall_ms()))
     }
 
     /// Leaves the group and stops the worker.
@@ -1018,6 +1038,24 @@ impl Backend for KafkaHost {
             "partitions": self.shared.partitions,
             "error": failure,
         })
+    }
+
+    fn members(&self) -> Result<Value, HostError> {
+        let now = sm4c_host::clock::wall_ms();
+        let (me, live) = self.members();
+        let members: Vec<Value> = live
+            .into_iter()
+            .map(|(id, m)| {
+                json!({
+                    "member": id,
+                    "url": m.url,
+                    "partitions": m.partitions,
+                    "startedAt": sm4c_runtime::engine::rfc3339(m.started),
+                    "ageMs": (now - m.at).max(0),
+                })
+            })
+            .collect();
+        Ok(json!({"group": self.shared.cfg.group, "partitions": self.shared.partitions, "me": me, "members": members}))
     }
 
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {

@@ -133,16 +133,16 @@ pub(crate) struct CallDone {
 use sm4c_host::clock::wall_ms as now_ms;
 
 /// A message to produce.
-struct Out {
-    topic: String,
-    partition: Option<i32>,
-    key: Option<String>,
+pub(crate) struct Out {
+    pub(crate) topic: String,
+    pub(crate) partition: Option<i32>,
+    pub(crate) key: Option<String>,
     /// `None` for a tombstone.
-    payload: Option<Vec<u8>>,
-    headers: Vec<(String, Vec<u8>)>,
+    pub(crate) payload: Option<Vec<u8>>,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
 }
 
-fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String> {
+pub(crate) fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String> {
     let mut headers = OwnedHeaders::new();
     for (k, v) in &o.headers {
         headers = headers.insert(Header {
@@ -759,6 +759,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         offsets,
     };
     let mut last_tick = Instant::now();
+    let mut last_owned: Vec<i32> = Vec::new();
     while !shared.stop.load(Ordering::Relaxed) {
         let mut batch: Vec<OwnedMessage> = Vec::new();
         let mut wait = Duration::from_millis(20);
@@ -818,6 +819,12 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             w.tick();
         }
         shared.owned.store(w.owners.len(), Ordering::Relaxed);
+        let mut owned: Vec<i32> = w.owners.keys().copied().collect();
+        owned.sort_unstable();
+        if owned != last_owned {
+            shared.members.set_owned(owned.clone());
+            last_owned = owned;
+        }
         // Nothing else polls the group's consumer: a slow turn of this loop holds every owned
         // partition back (and past max.poll.interval.ms, the group moves them away). Say which
         // part took the time.

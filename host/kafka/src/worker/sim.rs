@@ -158,6 +158,7 @@ fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         driver: Driver::durable(),
         breakpoints: Default::default(),
         local: None,
+        members: crate::members::Members::new("sim".into(), 0),
     }
 }
 

@@ -1,0 +1,219 @@
+//! The workers of the group and what each owns: every worker publishes a membership record on
+//! `P.members` (compacted, keyed by the worker's member id) with its HTTP address and the commands
+//! partitions it has restored, when they change and every [`HEARTBEAT`]; a worker that stops
+//! deletes its record. Every worker follows the topic, so any of them can say which worker answers
+//! for a partition.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, RwLock};
+use std::time::Duration;
+
+/// How often a worker publishes its record when nothing changed.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// A record older than this is of a worker that is gone (killed before it could delete it).
+pub const STALE_MS: i64 = 20_000;
+
+/// One worker, as its membership record has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    /// Where its HTTP API answers (`http://host:port`), once it listens.
+    pub url: Option<String>,
+    /// The commands partitions it owns, restored.
+    pub partitions: Vec<i32>,
+    /// When it published this record (ms since the epoch, its clock).
+    pub at: i64,
+    /// When it started (ms since the epoch).
+    pub started: i64,
+}
+
+/// The group's members as `P.members` has them, and what this worker publishes.
+pub struct Members {
+    /// This worker's member id: the key of its record.
+    pub me: String,
+    started: i64,
+    known: RwLock<BTreeMap<String, Member>>,
+    /// Where this worker's HTTP API answers.
+    url: RwLock<Option<String>>,
+    /// The commands partitions this worker owns, restored.
+    owned: Mutex<Vec<i32>>,
+}
+
+impl Members {
+    pub fn new(me: String, started: i64) -> Members {
+        Members {
+            me,
+            started,
+            known: RwLock::default(),
+            url: RwLock::default(),
+            owned: Mutex::default(),
+        }
+    }
+
+    /// A record of `P.members`: `None` deletes the member.
+    pub fn note(&self, key: &str, payload: Option<&[u8]>) {
+        let mut known = self.known.write().unwrap_or_else(|p| p.into_inner());
+        match payload.map(serde_json::from_slice::<Member>) {
+            Some(Ok(m)) => {
+                known.insert(key.to_string(), m);
+            }
+            Some(Err(e)) => tracing::warn!(member = key, error = %e, "a membership record does not read"),
+            None => {
+                known.remove(key);
+            }
+        }
+    }
+
+    pub fn set_url(&self, url: String) {
+        *self.url.write().unwrap_or_else(|p| p.into_inner()) = Some(url);
+    }
+
+    pub fn set_owned(&self, mut partitions: Vec<i32>) {
+        partitions.sort_unstable();
+        *self.owned.lock().unwrap_or_else(|p| p.into_inner()) = partitions;
+    }
+
+    /// This worker's record as of `now`.
+    pub fn mine(&self, now: i64) -> Member {
+        Member {
+            url: self.url.read().unwrap_or_else(|p| p.into_inner()).clone(),
+            partitions: self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            at: now,
+            started: self.started,
+        }
+    }
+
+    /// The members whose record is fresh at `now`, by member id.
+    pub fn live(&self, now: i64) -> BTreeMap<String, Member> {
+        self.known
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, m)| now - m.at <= STALE_MS)
+            .map(|(k, m)| (k.clone(), m.clone()))
+            .collect()
+    }
+
+    /// The member that owns commands partition `p` at `now`: of the live members that say they own
+    /// it (two may, for a moment, while it moves), the one that said so last.
+    pub fn owner(&self, p: i32, now: i64) -> Option<(String, Member)> {
+        self.live(now)
+            .into_iter()
+            .filter(|(_, m)| m.partitions.contains(&p))
+            .max_by_key(|(k, m)| (m.at, k.clone()))
+    }
+}
+
+/// When to publish: `last` is what was published last and when (ms); a record is published when
+/// what it says changed, and every [`HEARTBEAT`].
+pub fn due(last: Option<&Member>, now: Member) -> Option<Member> {
+    match last {
+        Some(l)
+            if l.url == now.url && l.partitions == now.partitions && now.at - l.at < HEARTBEAT.as_millis() as i64 =>
+        {
+            None
+        }
+        _ => Some(now),
+    }
+}
+
+/// Follows `P.members` and publishes this worker's record (when it changes, and every
+/// [`HEARTBEAT`]) until the worker stops; then deletes it, so the others see it leave at once.
+pub(crate) fn run(shared: &crate::Shared) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    use std::sync::atomic::Ordering;
+    let topic = shared.topics.members.clone();
+    let me = shared.members.me.clone();
+    let consumer: Option<BaseConsumer<crate::wire::Quiet>> = shared
+        .consumer_config(&format!("{}.members", shared.cfg.group))
+        .create_with_context(crate::wire::Quiet)
+        .map_err(|e| tracing::error!(error = %e, "cannot follow the membership topic"))
+        .ok();
+    if let Some(c) = &consumer {
+        let mut tpl = TopicPartitionList::new();
+        let assigned = tpl
+            .add_partition_offset(&topic, 0, Offset::Beginning)
+            .map_err(|e| e.to_string())
+            .and_then(|()| c.assign(&tpl).map_err(|e| e.to_string()));
+        if let Err(e) = assigned {
+            tracing::error!(error = %e, "cannot follow the membership topic");
+        }
+    }
+    let publish = |payload: Option<Vec<u8>>| {
+        let out = crate::worker::Out {
+            topic: topic.clone(),
+            partition: Some(0),
+            key: Some(me.clone()),
+            payload,
+            headers: Vec::new(),
+        };
+        if let Err(e) = crate::worker::produce(&shared.plain, &out) {
+            tracing::warn!(error = %e, "cannot publish this worker's membership record");
+        }
+    };
+    let mut last: Option<Member> = None;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let now = sm4c_host::clock::wall_ms();
+        if let Some(m) = due(last.as_ref(), shared.members.mine(now)) {
+            publish(Some(serde_json::to_vec(&m).unwrap_or_default()));
+            last = Some(m);
+        }
+        match consumer.as_ref().map(|c| c.poll(Duration::from_millis(100))) {
+            Some(Some(Ok(m))) => {
+                if let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) {
+                    shared.members.note(&key, m.payload());
+                }
+            }
+            Some(Some(Err(e))) => tracing::debug!(error = %e, "membership reader"),
+            Some(None) => {}
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    publish(None);
+    let _ = rdkafka::producer::Producer::flush(&shared.plain, Duration::from_secs(2));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(partitions: &[i32], at: i64) -> Member {
+        Member {
+            url: Some("http://w".into()),
+            partitions: partitions.to_vec(),
+            at,
+            started: 0,
+        }
+    }
+
+    #[test]
+    fn the_owner_of_a_partition_is_the_live_member_that_claimed_it_last() {
+        let m = Members::new("me".into(), 0);
+        let rec = |x: &Member| serde_json::to_vec(x).unwrap();
+        m.note("a", Some(&rec(&member(&[0, 1], 1_000))));
+        m.note("b", Some(&rec(&member(&[1, 2], 2_000))));
+        assert_eq!(m.owner(0, 3_000).map(|(k, _)| k).as_deref(), Some("a"));
+        // Both claim partition 1 while it moves: the later claim wins.
+        assert_eq!(m.owner(1, 3_000).map(|(k, _)| k).as_deref(), Some("b"));
+        assert_eq!(m.owner(3, 3_000), None);
+        // A member that stopped publishing is gone after STALE_MS; one that left is gone at once.
+        assert_eq!(m.owner(0, 1_000 + STALE_MS + 1), None);
+        m.note("b", None);
+        assert_eq!(m.owner(1, 3_000).map(|(k, _)| k).as_deref(), Some("a"));
+        // A record that does not read changes nothing.
+        m.note("a", Some(b"{"));
+        assert_eq!(m.owner(0, 3_000).map(|(k, _)| k).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_record_is_published_when_it_changes_and_every_heartbeat() {
+        let last = member(&[0], 1_000);
+        assert_eq!(due(Some(&last), member(&[0], 2_000)), None);
+        assert!(due(Some(&last), member(&[0, 1], 2_000)).is_some());
+        assert!(due(Some(&last), member(&[0], 1_000 + HEARTBEAT.as_millis() as i64)).is_some());
+        assert!(due(None, member(&[], 0)).is_some());
+    }
+}
