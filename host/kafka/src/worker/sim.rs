@@ -531,6 +531,8 @@ struct World<'a> {
     disks: Option<Vec<Arc<MemoryStores>>>,
     /// Draws for the disks, apart from `rng` so that they do not change a seed's schedule.
     disk_rng: fastrand::Rng,
+    /// Draws for the events sent before their instance starts, apart from `rng` likewise.
+    early_rng: fastrand::Rng,
 }
 
 impl<'a> World<'a> {
@@ -561,6 +563,7 @@ impl<'a> World<'a> {
             verbose,
             disks: None,
             disk_rng: fastrand::Rng::with_seed(seed ^ 0x5eed_d15c),
+            early_rng: fastrand::Rng::with_seed(seed ^ 0xea51_7e57),
         };
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
@@ -1115,6 +1118,14 @@ impl<'a> World<'a> {
     /// A client sends the `go` CloudEvent (structured mode) to the events topic, keyed by the
     /// instance it names.
     fn send_go(&mut self, id: &str) {
+        let c = self.post_go(id);
+        if self.rng.u8(..8) == 0 {
+            self.resend.push((id.to_string(), c));
+        }
+    }
+
+    /// Produces the `go` event for `id`; gives the command that repeats it.
+    fn post_go(&mut self, id: &str) -> Command {
         let event = json!({
             "specversion": "1.0", "id": format!("go-{id}"), "source": "client", "type": "sim.go",
             "sm4cinstanceid": id
@@ -1132,18 +1143,15 @@ impl<'a> World<'a> {
         self.broker.plain(&out, self.now);
         self.note(format!("client sends go to {id} (e{e} @{offset})"));
         self.gos.push((id.to_string(), format!("{topic}/{e}/{offset}")));
-        if self.rng.u8(..8) == 0 {
-            let c = Command::Event {
-                target: Some(id.to_string()),
-                event,
-                origin: crate::wire::Origin {
-                    topic,
-                    partition: e,
-                    offset,
-                },
-                home: None,
-            };
-            self.resend.push((id.to_string(), c));
+        Command::Event {
+            target: Some(id.to_string()),
+            event,
+            origin: crate::wire::Origin {
+                topic,
+                partition: e,
+                offset,
+            },
+            home: None,
         }
     }
 
@@ -1164,6 +1172,16 @@ impl<'a> World<'a> {
                 let ids: Vec<String> = self.started.iter().cloned().collect();
                 let id = ids[self.rng.usize(..ids.len())].clone();
                 self.send_go(&id);
+                // Now and then the go event of an instance not started yet: its partition parks
+                // it (a record of its own on the state topic) until the instance starts and
+                // waits for it, or dead-letters it once the event window has passed.
+                if *next_start < instances && self.early_rng.u8(..3) == 0 {
+                    let early = format!("i{next_start}");
+                    if !self.gos.iter().any(|(i, _)| *i == early) {
+                        self.note(format!("the go event of {early} comes before its start"));
+                        self.post_go(&early);
+                    }
+                }
             }
             16..=25 if !self.calls.is_empty() => {
                 let i = self.rng.usize(..self.calls.len());
