@@ -65,22 +65,22 @@ impl SqliteStores {
 
 const TEMPORARY_PREFIX: &str = "sm4c-local-";
 
-/// Removes the temporary store directories of processes that are gone (on systems with `/proc`).
+/// Removes the temporary store directories that no process holds any more (a killed worker could
+/// not remove its own): those whose lock can be taken, and that are more than a minute old (one
+/// being made this moment is not locked yet).
 fn sweep(base: &Path) {
-    if !Path::new("/proc/self").exists() {
-        return;
-    }
     let Ok(entries) = std::fs::read_dir(base) else { return };
     for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix(TEMPORARY_PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok());
-        let Some(pid) = pid else {
+        if !e.file_name().to_string_lossy().starts_with(TEMPORARY_PREFIX) {
             continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(60));
+        if old && SqliteStores::open(&e.path()).is_ok() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -240,6 +240,7 @@ impl LocalStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     #[test]
     fn a_store_survives_its_process_and_its_directory_is_held_by_one_process_at_a_time() {
@@ -269,6 +270,32 @@ mod tests {
         s.clear().unwrap();
         assert_eq!(s.checkpoint().unwrap(), None);
         assert_eq!(s.get("b").unwrap(), None);
+    }
+
+    #[test]
+    fn the_sweep_removes_the_temporary_directories_no_process_holds() {
+        let base = tempfile::tempdir().unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let make = |name: &str| {
+            let d = base.path().join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            d
+        };
+        let left = make("sm4c-local-1-0");
+        SqliteStores::open(&left).unwrap();
+        let held = make("sm4c-local-2-0");
+        let holder = SqliteStores::open(&held).unwrap();
+        let fresh = make("sm4c-local-3-0");
+        let other = make("not-ours");
+        for d in [&left, &held, &other] {
+            File::open(d).unwrap().set_modified(old).unwrap();
+        }
+        sweep(base.path());
+        assert!(!left.exists(), "a directory nobody holds is removed");
+        assert!(held.exists(), "a held one stays");
+        assert!(fresh.exists(), "one made a moment ago stays");
+        assert!(other.exists(), "another program's stays");
+        drop(holder);
     }
 
     #[test]

@@ -527,6 +527,8 @@ struct Owner {
     /// The partition's local store ([`sm4c_host::local`]): the committed records of its state
     /// partition, written after each transaction, with the offset to read on from.
     store: Option<Arc<dyn LocalStore>>,
+    /// The latest checkpoint written to the store (it never moves back).
+    checkpoint: i64,
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
     clock: i64,
     /// The committed offset of the commands partition when it was restored: the state read then
@@ -1321,10 +1323,11 @@ impl Worker {
         );
         commit(&shared, &self.consumer, t.txn.as_ref(), &b.outs, &offsets)?;
         if let Some(store) = &t.store {
-            let delivered = crate::wire::delivered(&shared.topics.state, t.partition);
+            let delivered = crate::wire::delivered(&shared.topics.state, t.partition).filter(|d| *d >= t.checkpoint);
             if !keep_locally(&shared, t.partition, store.as_ref(), &b.outs, delivered) {
                 t.store = None;
             }
+            t.checkpoint = t.checkpoint.max(delivered.map_or(0, |d| d + 1));
         }
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());

@@ -39,15 +39,34 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     // Reading the state partition has a budget of its own (120 s), which this leaves room for.
     slow_restore_for_tests(p);
     let mut state = Latest::new(committed, clock);
-    let store = local_store(shared, offsets, p);
+    let mut store = local_store(shared, offsets, p);
     let mut from = 0;
     if let Some((s, Some(cp))) = &store {
-        let loaded = s.each(&mut |k, v| state.known(k, v));
-        match loaded {
-            Ok(()) => from = cp.offset,
-            Err(e) => {
-                tracing::warn!(partition = p, error = %e, "the local store does not read; the partition is read from its beginning");
+        let mut unreadable = 0;
+        let loaded = s.each(&mut |k, v| {
+            if !state.known(k, v) {
+                unreadable += 1;
+            }
+        });
+        let failure = match loaded {
+            Ok(()) if unreadable == 0 => None,
+            Ok(()) => Some(format!("{unreadable} of its records do not read")),
+            Err(e) => Some(e.to_string()),
+        };
+        match failure {
+            None => from = cp.offset,
+            Some(why) => {
+                // Read from the beginning into an empty store: what it held may include keys the
+                // partition deleted since.
+                tracing::warn!(
+                    partition = p,
+                    why,
+                    "the local store does not read; the partition is read from its beginning"
+                );
                 state = Latest::new(committed, clock);
+                if s.clear().is_err() {
+                    store = None;
+                }
             }
         }
     }
@@ -65,6 +84,7 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     // The loop puts the partition's barrier when it takes the restored owner in.
     let (mut t, calls) = state.owner(shared, p, txn, None);
     t.store = store;
+    t.checkpoint = end;
     let mut later = Vec::new();
     for (id, work) in calls {
         match work {
@@ -209,10 +229,15 @@ impl Latest {
         }
     }
 
-    /// A record a local store kept: committed when it was written there.
-    pub(super) fn known(&mut self, key: &str, value: &[u8]) {
-        if let Ok(r) = serde_json::from_slice::<StateRecord>(value) {
-            self.latest.insert(key.to_string(), Some(r));
+    /// A record a local store kept: committed when it was written there. `false` when it does not
+    /// read (the store is then not to be trusted).
+    pub(super) fn known(&mut self, key: &str, value: &[u8]) -> bool {
+        match serde_json::from_slice::<StateRecord>(value) {
+            Ok(r) => {
+                self.latest.insert(key.to_string(), Some(r));
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -346,6 +371,7 @@ impl Latest {
             settle: Default::default(),
             in_flight: HashMap::new(),
             store: None,
+            checkpoint: 0,
             clock,
             resume: committed,
             barrier,

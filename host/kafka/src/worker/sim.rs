@@ -741,7 +741,8 @@ impl<'a> World<'a> {
             .and_then(|s| s.checkpoint().expect("a memory store reads"))
         {
             if let Some(s) = &store {
-                s.each(&mut |k, v| state.known(k, v)).expect("a memory store reads");
+                s.each(&mut |k, v| assert!(state.known(k, v), "a kept record reads"))
+                    .expect("a memory store reads");
             }
             from = cp.offset;
         }
@@ -759,6 +760,7 @@ impl<'a> World<'a> {
         let token = self.barrier(p);
         let (mut t, calls) = state.owner(shared, p, None, Some(token));
         t.store = store;
+        t.checkpoint = end;
         let n = t.slots.len();
         let mut calls: Vec<(String, Work)> = calls;
         calls.sort_by(|a, b| a.0.cmp(&b.0));
@@ -915,10 +917,14 @@ impl<'a> World<'a> {
                         o.pos = Some(last.offset + 1);
                     }
                     if let Some(store) = &o.t.store {
-                        let delivered = self.broker.last_of(&self.tid(p), &shared.topics.state, p);
+                        let delivered = self
+                            .broker
+                            .last_of(&self.tid(p), &shared.topics.state, p)
+                            .filter(|d| *d >= o.t.checkpoint);
                         if !super::keep_locally(shared, p, store.as_ref(), &b.outs, delivered) {
                             o.t.store = None;
                         }
+                        o.t.checkpoint = o.t.checkpoint.max(delivered.map_or(0, |d| d + 1));
                     }
                     let (after, applied) = o.t.committed(b);
                     note_committed(&mut self.workers[w].outstanding, p, applied, forwarded);
