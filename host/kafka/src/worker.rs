@@ -527,8 +527,11 @@ struct Owner {
     /// The partition's local store ([`sm4c_host::local`]): the committed records of its state
     /// partition, written after each transaction, with the offset to read on from.
     store: Option<Arc<dyn LocalStore>>,
-    /// The latest checkpoint written to the store (it never moves back).
+    /// The store's checkpoint (it never moves back), and when it was last written: a quiet
+    /// partition's store has it written again every [`LOCAL_REFRESH`], as a store whose checkpoint
+    /// is old counts as stale at its next restore.
     checkpoint: i64,
+    checkpoint_at: Instant,
     /// The number of this partition's next transaction (see [`StateRecord::clock`]).
     clock: i64,
     /// The committed offset of the commands partition when it was restored: the state read then
@@ -649,6 +652,9 @@ impl Owner {
         (b.after, b.applied)
     }
 }
+
+/// How often a quiet partition's local store has its checkpoint written again (its time only).
+const LOCAL_REFRESH: Duration = Duration::from_secs(3600);
 
 /// Writes the state records of a committed transaction to the partition's local store, and as
 /// its checkpoint the offset after `delivered`, the last record this process's producers wrote to
@@ -1327,7 +1333,10 @@ impl Worker {
             if !keep_locally(&shared, t.partition, store.as_ref(), &b.outs, delivered) {
                 t.store = None;
             }
-            t.checkpoint = t.checkpoint.max(delivered.map_or(0, |d| d + 1));
+            if let Some(d) = delivered {
+                t.checkpoint = t.checkpoint.max(d + 1);
+                t.checkpoint_at = Instant::now();
+            }
         }
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());
@@ -1393,6 +1402,22 @@ impl Worker {
     /// a partition restored without its clock's offset would set all its state aside.
     fn tick(&mut self) {
         let now = now_ms();
+        for t in self.owners.values_mut() {
+            if t.checkpoint_at.elapsed() < LOCAL_REFRESH || t.checkpoint <= 0 {
+                continue;
+            }
+            t.checkpoint_at = Instant::now();
+            let Some(store) = &t.store else { continue };
+            let again = Checkpoint {
+                offset: t.checkpoint,
+                written_ms: now,
+            };
+            if let Err(e) = store.apply(&[], Some(again)) {
+                tracing::warn!(partition = t.partition, error = %e, "the local store cannot be written; it is cleared");
+                let _ = store.clear();
+                t.store = None;
+            }
+        }
         let window = self.shared.cfg.event_window_ms;
         let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);
         let retention = self.shared.cfg.retention_ms;

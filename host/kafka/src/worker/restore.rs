@@ -80,11 +80,13 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         state.record(key, payload, at);
     })?;
     let (read, uncommitted) = (state.read, state.uncommitted);
-    let store = store.map(|(s, _)| s).filter(|s| state.save(s.as_ref(), p, from, end));
+    let kept = store.and_then(|(s, _)| Some((state.save(s.as_ref(), p, from, end)?, s)));
     // The loop puts the partition's barrier when it takes the restored owner in.
     let (mut t, calls) = state.owner(shared, p, txn, None);
-    t.store = store;
-    t.checkpoint = end;
+    if let Some((checkpoint, s)) = kept {
+        t.store = Some(s);
+        t.checkpoint = checkpoint;
+    }
     let mut later = Vec::new();
     for (id, work) in calls {
         match work {
@@ -245,9 +247,9 @@ impl Latest {
     /// record of each key read, and the end (`end`) as the new checkpoint, unless a key's last
     /// record is not committed: such records must be read again next time (see
     /// [`Owner::repair`]), so the checkpoint stays where it was until the partition's next
-    /// transaction moves it. `false`: the store could not be written; it is cleared (read from
-    /// the beginning next time).
-    pub(super) fn save(&self, store: &dyn LocalStore, p: i32, from: i64, end: i64) -> bool {
+    /// transaction moves it. Gives the store's checkpoint now; `None`: the store could not be
+    /// written, and is cleared (read from the beginning next time).
+    pub(super) fn save(&self, store: &dyn LocalStore, p: i32, from: i64, end: i64) -> Option<i64> {
         let bytes: Vec<(&str, Option<Vec<u8>>)> = self
             .touched
             .iter()
@@ -265,11 +267,11 @@ impl Latest {
             written_ms: now_ms(),
         });
         match store.apply(&changes, cp) {
-            Ok(()) => true,
+            Ok(()) => Some(cp.map_or(from, |c| c.offset)),
             Err(e) => {
                 tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared");
                 let _ = store.clear();
-                false
+                None
             }
         }
     }
@@ -372,6 +374,7 @@ impl Latest {
             in_flight: HashMap::new(),
             store: None,
             checkpoint: 0,
+            checkpoint_at: Instant::now(),
             clock,
             resume: committed,
             barrier,

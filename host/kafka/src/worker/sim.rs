@@ -756,11 +756,13 @@ impl<'a> World<'a> {
                 .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok());
             state.record(r.key.clone(), r.payload.as_deref(), at);
         }
-        let store = store.filter(|s| state.save(s.as_ref(), p, from, end));
+        let kept = store.and_then(|s| Some((state.save(s.as_ref(), p, from, end)?, s)));
         let token = self.barrier(p);
         let (mut t, calls) = state.owner(shared, p, None, Some(token));
-        t.store = store;
-        t.checkpoint = end;
+        if let Some((checkpoint, s)) = kept {
+            t.store = Some(s);
+            t.checkpoint = checkpoint;
+        }
         let n = t.slots.len();
         let mut calls: Vec<(String, Work)> = calls;
         calls.sort_by(|a, b| a.0.cmp(&b.0));
@@ -924,7 +926,9 @@ impl<'a> World<'a> {
                         if !super::keep_locally(shared, p, store.as_ref(), &b.outs, delivered) {
                             o.t.store = None;
                         }
-                        o.t.checkpoint = o.t.checkpoint.max(delivered.map_or(0, |d| d + 1));
+                        if let Some(d) = delivered {
+                            o.t.checkpoint = o.t.checkpoint.max(d + 1);
+                        }
                     }
                     let (after, applied) = o.t.committed(b);
                     note_committed(&mut self.workers[w].outstanding, p, applied, forwarded);
