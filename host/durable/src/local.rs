@@ -140,8 +140,12 @@ impl SqliteStore {
         let name = path.display().to_string();
         let e = err(&name);
         let conn = Connection::open(path).map_err(&e)?;
-        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA busy_timeout=5000;")
-            .map_err(&e)?;
+        // A small page cache (1 MB): a worker has a store per partition it owns, and reads one
+        // whole only when the partition is restored.
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA busy_timeout=5000; PRAGMA cache_size=-1024;",
+        )
+        .map_err(&e)?;
         let layout: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(&e)?;
         if layout != LAYOUT {
             conn.execute_batch(&format!(
