@@ -263,6 +263,8 @@ pub(crate) struct Shared {
     /// Where the state partitions of owned commands partitions are kept between restores
     /// ([`sm4c_host::local`]); `None`: each restore reads its state partition from the beginning.
     pub local: Option<Arc<dyn sm4c_host::local::LocalStores>>,
+    /// Writes to the local stores, off the batches' path (with `local` only).
+    pub keeper: Option<worker::keeper::Keeper>,
     /// The group's workers and what each owns ([`members`]).
     pub members: members::Members,
 }
@@ -510,6 +512,10 @@ impl KafkaHost {
             owned: AtomicUsize::new(0),
             failure: Mutex::new(None),
             breakpoints: sm4c_host::driver::Breakpoints::default(),
+            keeper: match &local {
+                Some(_) => Some(worker::keeper::Keeper::start().map_err(KafkaError::Kafka)?),
+                None => None,
+            },
             local,
             members: members::Members::new(sm4c_host::service::new_id("worker"), sm4c_host::clock::wall_ms()),
         });

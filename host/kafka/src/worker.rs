@@ -7,6 +7,7 @@ use super::wire::{partition_of, start_id, Command, InstanceRecord, Origin, Outco
 use super::{Delivery, Shared};
 mod decision;
 mod index;
+pub(crate) mod keeper;
 mod restore;
 #[cfg(test)]
 mod sim;
@@ -656,32 +657,26 @@ impl Owner {
 /// How often a quiet partition's local store has its checkpoint written again (its time only).
 const LOCAL_REFRESH: Duration = Duration::from_secs(3600);
 
-/// Writes the state records of a committed transaction to the partition's local store, and as
-/// its checkpoint the offset after `delivered`, the last record this process's producers wrote to
+/// What a committed transaction writes to the partition's local store: its state records, and as
+/// the checkpoint the offset after `delivered`, the last record this process's producers wrote to
 /// the state partition (every one of them committed or aborted by now: an owner whose transaction
-/// failed is dropped and its partition restored). `false`: the store could not be written; it is
-/// cleared, and not used until the partition is restored again.
-fn keep_locally(shared: &Shared, p: i32, store: &dyn LocalStore, outs: &[Out], delivered: Option<i64>) -> bool {
-    let changes: Vec<(&str, Option<&[u8]>)> = outs
+/// failed is dropped and its partition restored).
+fn local_changes(
+    shared: &Shared,
+    p: i32,
+    outs: &[Out],
+    delivered: Option<i64>,
+) -> (keeper::Changes, Option<Checkpoint>) {
+    let changes = outs
         .iter()
         .filter(|o| o.topic == shared.topics.state && o.partition == Some(p))
-        .filter_map(|o| Some((o.key.as_deref()?, o.payload.as_deref())))
+        .filter_map(|o| Some((o.key.clone()?, o.payload.clone())))
         .collect();
     let checkpoint = delivered.map(|o| Checkpoint {
         offset: o + 1,
         written_ms: now_ms(),
     });
-    if changes.is_empty() && checkpoint.is_none() {
-        return true;
-    }
-    match store.apply(&changes, checkpoint) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared");
-            let _ = store.clear();
-            false
-        }
-    }
+    (changes, checkpoint)
 }
 
 /// A command made of an incoming event: (partition, key, command, timestamp, event offset).
@@ -1330,8 +1325,9 @@ impl Worker {
         commit(&shared, &self.consumer, t.txn.as_ref(), &b.outs, &offsets)?;
         if let Some(store) = &t.store {
             let delivered = crate::wire::delivered(&shared.topics.state, t.partition).filter(|d| *d >= t.checkpoint);
-            if !keep_locally(&shared, t.partition, store.as_ref(), &b.outs, delivered) {
-                t.store = None;
+            let (changes, checkpoint) = local_changes(&shared, t.partition, &b.outs, delivered);
+            if let Some(k) = &shared.keeper {
+                k.keep(t.partition, store.clone(), changes, checkpoint);
             }
             if let Some(d) = delivered {
                 t.checkpoint = t.checkpoint.max(d + 1);
@@ -1407,16 +1403,14 @@ impl Worker {
                 continue;
             }
             t.checkpoint_at = Instant::now();
-            let Some(store) = &t.store else { continue };
+            let (Some(store), Some(k)) = (&t.store, &self.shared.keeper) else {
+                continue;
+            };
             let again = Checkpoint {
                 offset: t.checkpoint,
                 written_ms: now,
             };
-            if let Err(e) = store.apply(&[], Some(again)) {
-                tracing::warn!(partition = t.partition, error = %e, "the local store cannot be written; it is cleared");
-                let _ = store.clear();
-                t.store = None;
-            }
+            k.keep(t.partition, store.clone(), Vec::new(), Some(again));
         }
         let window = self.shared.cfg.event_window_ms;
         let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);

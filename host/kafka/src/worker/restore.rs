@@ -158,6 +158,10 @@ fn local_store(
     p: i32,
 ) -> Option<(Arc<dyn LocalStore>, Option<Checkpoint>)> {
     let stores = shared.local.as_ref()?;
+    // The writes of the partition's last owner in this process land first.
+    if let Some(k) = &shared.keeper {
+        k.flush(p);
+    }
     let name = format!("{}-{p}", shared.topics.state);
     let store = match stores.open(&name) {
         Ok(s) => s,

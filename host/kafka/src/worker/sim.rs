@@ -158,6 +158,7 @@ fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         driver: Driver::durable(),
         breakpoints: Default::default(),
         local: None,
+        keeper: None,
         members: crate::members::Members::new("sim".into(), 0),
     }
 }
@@ -923,9 +924,12 @@ impl<'a> World<'a> {
                             .broker
                             .last_of(&self.tid(p), &shared.topics.state, p)
                             .filter(|d| *d >= o.t.checkpoint);
-                        if !super::keep_locally(shared, p, store.as_ref(), &b.outs, delivered) {
-                            o.t.store = None;
-                        }
+                        // Written at once: the worker's writer thread applies the same changes
+                        // in the same order, and a restore waits for it.
+                        let (changes, checkpoint) = super::local_changes(shared, p, &b.outs, delivered);
+                        let refs: Vec<(&str, Option<&[u8]>)> =
+                            changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+                        store.apply(&refs, checkpoint).expect("a memory store writes");
                         if let Some(d) = delivered {
                             o.t.checkpoint = o.t.checkpoint.max(d + 1);
                         }
