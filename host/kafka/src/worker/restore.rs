@@ -39,7 +39,7 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     // Reading the state partition has a budget of its own (120 s), which this leaves room for.
     slow_restore_for_tests(p);
     let mut state = Latest::new(committed, clock);
-    let mut store = local_store(shared, offsets, p);
+    let mut store = local_store(shared, p);
     let mut from = 0;
     if let Some((s, Some(cp))) = &store {
         let mut unreadable = 0;
@@ -152,11 +152,7 @@ const LOCAL_MAX_AGE_MS: i64 = 12 * 3_600_000;
 /// The partition's local store, when the worker keeps them, and its checkpoint when it can be
 /// read on from: a store whose checkpoint lies outside the state partition (the topic was made
 /// again, or its beginning deleted) or is older than [`LOCAL_MAX_AGE_MS`] is cleared and rebuilt.
-fn local_store(
-    shared: &Shared,
-    offsets: &BaseConsumer<Quiet>,
-    p: i32,
-) -> Option<(Arc<dyn LocalStore>, Option<Checkpoint>)> {
+fn local_store(shared: &Shared, p: i32) -> Option<(Arc<dyn LocalStore>, Option<Checkpoint>)> {
     let stores = shared.local.as_ref()?;
     // The writes of the partition's last owner in this process land first.
     if let Some(k) = &shared.keeper {
@@ -179,7 +175,7 @@ fn local_store(
     };
     let usable = cp.filter(|cp| {
         let age = now_ms() - cp.written_ms;
-        let bounds = offsets.fetch_watermarks(&shared.topics.state, p, std::time::Duration::from_secs(10));
+        let bounds = log_bounds(shared, p);
         let why = match bounds {
             _ if age > LOCAL_MAX_AGE_MS => Some(format!("its checkpoint is {} h old", age / 3_600_000)),
             Ok((low, high)) if cp.offset < low || cp.offset > high => Some(format!(
@@ -201,6 +197,27 @@ fn local_store(
         }
     }
     Some((store, usable))
+}
+
+/// The first and the next offset of the state partition's log, the records of aborted and open
+/// transactions included. Not what a `read_committed` client is told (the last stable offset, which an
+/// open transaction holds back, and which tansu can leave behind records of transactions that
+/// committed): a checkpoint past it is not outside the log.
+fn log_bounds(shared: &Shared, p: i32) -> Result<(i64, i64), String> {
+    let consumer: BaseConsumer<Quiet> = shared
+        .cfg
+        .layered(
+            &[],
+            &[
+                ("group.id", &format!("{}.bounds", shared.cfg.group)),
+                ("isolation.level", "read_uncommitted"),
+            ],
+        )
+        .create_with_context(Quiet)
+        .map_err(|e| e.to_string())?;
+    consumer
+        .fetch_watermarks(&shared.topics.state, p, std::time::Duration::from_secs(10))
+        .map_err(|e| e.to_string())
 }
 
 /// A state partition read from its beginning (or from a local store's checkpoint, the store's
