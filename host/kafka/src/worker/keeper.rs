@@ -5,7 +5,7 @@
 
 use sm4c_host::local::{Checkpoint, LocalStore};
 use std::collections::HashSet;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 /// The changes of one transaction: keys and their values (`None` deletes).
 pub(crate) type Changes = Vec<(String, Option<Vec<u8>>)>;
@@ -25,7 +25,7 @@ enum Op {
 
 /// The queue of writes to the local stores, and its thread.
 pub(crate) struct Keeper {
-    tx: Mutex<mpsc::SyncSender<Op>>,
+    tx: mpsc::SyncSender<Op>,
 }
 
 /// How many transactions' writes may wait; a batch that would queue more waits for the thread.
@@ -39,7 +39,7 @@ impl Keeper {
             .name("sm4c-local-stores".into())
             .spawn(move || run(rx))
             .map_err(|e| format!("cannot start the local stores' writer: {e}"))?;
-        Ok(Keeper { tx: Mutex::new(tx) })
+        Ok(Keeper { tx })
     }
 
     /// Queues the changes of a committed transaction of partition `p`, and its new checkpoint.
@@ -53,8 +53,7 @@ impl Keeper {
             changes,
             checkpoint,
         };
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if tx.send(op).is_err() {
+        if self.tx.send(op).is_err() {
             tracing::warn!(
                 partition = p,
                 "the local stores' writer has stopped; the store is not written"
@@ -66,8 +65,7 @@ impl Keeper {
     /// not be written is written again from now on (the restore that calls this finds it cleared).
     pub(crate) fn flush(&self, p: i32) {
         let (done, wait) = mpsc::channel();
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if tx.send(Op::Flush { p, done }).is_ok() {
+        if self.tx.send(Op::Flush { p, done }).is_ok() {
             let _ = wait.recv();
         }
     }
