@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod auth;
+pub mod cluster;
 pub mod errors;
 pub mod metrics;
 pub mod tls;
@@ -66,7 +67,25 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
 
 /// The API's routes.
 pub fn router(backend: impl Backend) -> Router {
-    let host: Api = Arc::new(backend);
+    routes(Arc::new(backend))
+}
+
+/// The API's routes for one worker of several that each hold a share of the instances
+/// ([`Backend::peers`]): requests about an instance held elsewhere are forwarded to the worker that
+/// holds it, and listings ask every worker, with `forward` ([`cluster`]).
+pub fn router_with(backend: impl Backend, forward: Arc<dyn cluster::Forward>) -> Router {
+    let inner: Api = Arc::new(backend);
+    let host: Api = Arc::new(cluster::Clustered {
+        inner: inner.clone(),
+        fwd: forward.clone(),
+    });
+    routes(host).layer(axum::middleware::from_fn_with_state(
+        (inner, forward),
+        cluster::forwarding,
+    ))
+}
+
+fn routes(host: Api) -> Router {
     Router::new()
         .route("/definitions", post(post_definition).get(list_definitions))
         .route("/definitions/{id}", get(get_definition))
@@ -283,7 +302,11 @@ pub(crate) const STATUSES: [&str; 8] = [
     "timedOut",
 ];
 
-async fn list_instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result<Json<Value>, ApiError> {
+async fn list_instances(
+    State(h): State<Api>,
+    headers: axum::http::HeaderMap,
+    Params(q): Params<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
     // An unknown status matches no instance: it is a mistake to report, not an empty page.
     if let Some(s) = q.status.as_deref().filter(|s| !STATUSES.contains(s)) {
         return Err(InvalidQuery(format!("status: {s:?} is not one of {}", STATUSES.join(", "))).into());
@@ -300,6 +323,18 @@ async fn list_instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> R
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.seq.to_string()))
         .flatten();
+    if cluster::forwarded(&headers) {
+        // For the worker that merges the shares: each row's place in the listing.
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                let mut v = json!(r);
+                v["seq"] = json!(r.seq);
+                v
+            })
+            .collect();
+        return Ok(Json(json!({"instances": rows, "next": next})));
+    }
     Ok(Json(json!({"instances": rows, "next": next})))
 }
 

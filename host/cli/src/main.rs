@@ -3,6 +3,7 @@
 mod client;
 mod debug;
 mod files;
+mod forward;
 mod traces;
 
 use anyhow::Context;
@@ -801,7 +802,15 @@ fn serve_kafka(
         };
         kafka.advertise(url.clone());
         tracing::info!(listen = %listener.local_addr()?, advertise = %url, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
-        let app = served_api(kafka.clone(), metrics, security.auth);
+        let peers = match forward::Peers::new(security.tls_roots.as_deref()) {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                eprintln!("sm4c: the client for the other workers: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        };
+        let api = sm4c_api::router_with(kafka.clone(), peers).merge(sm4c_api::metrics::route(metrics));
+        let app = sm4c_api::auth::layer(api, security.auth);
         sm4c_api::tls::serve(listener, security.tls, app, shutdown_signal()).await?;
         kafka.shutdown().await;
         tracing::info!("stopped");
@@ -834,6 +843,9 @@ fn advertised(addr: std::net::SocketAddr, tls: bool) -> String {
 struct Security {
     auth: sm4c_api::auth::Auth,
     tls: Option<Arc<sm4c_api::tls::ServerConfig>>,
+    /// The server certificate's chain (PEM): trusted when this worker asks another of its group,
+    /// which usually serves the same.
+    tls_roots: Option<Vec<u8>>,
 }
 
 impl Security {
@@ -856,9 +868,11 @@ impl Security {
             .config
             .as_deref()
             .unwrap_or(Path::new("the configuration file"));
+        let mut tls_roots = None;
         let tls = match &server.tls {
             None => None,
             Some(t) => {
+                tls_roots = Some(t.cert.clone());
                 for (cn, role) in &t.clients {
                     auth.client(cn.clone(), role.parse()?);
                 }
@@ -881,7 +895,7 @@ impl Security {
                 tracing::warn!(listen = %args.listen, "no authentication (--insecure-no-auth): anyone who reaches this address may do anything");
             }
         }
-        Ok(Security { auth, tls })
+        Ok(Security { auth, tls, tls_roots })
     }
 }
 

@@ -2964,3 +2964,225 @@ fn the_step_debugger_pauses_kafka_instances_through_a_sigkill() {
         &[&w1, &w2],
     );
 }
+
+/// No worker holds the cluster: each holds the instances of the partitions it owns, and answers
+/// for the others by forwarding to their owner; listings ask every worker.
+#[test]
+fn each_worker_holds_its_share_and_requests_about_an_instance_go_to_its_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "share";
+    let args = worker_args(&broker, prefix, 4, &[]);
+    let w1 = Worker::start(dir.path(), "w1", &args);
+    let w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 4);
+    wait_until(
+        "both workers to see both members",
+        30,
+        || [&w1, &w2].iter().all(|w| members_seen(w, &[&w1, &w2], 4)),
+        &[&w1, &w2],
+    );
+    let both = [&w1, &w2];
+    // Starts through either worker, half with ids of their own and half with ids the server picks.
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let w = both[i % 2];
+        let mut body = json!({"definition": "saga", "input": {"orderId": format!("share-{i}"), "amount": i}});
+        if i < 20 {
+            body["id"] = json!(format!("share-{i}"));
+        }
+        let (status, v) = w.post("/instances", body);
+        assert_eq!(status, 201, "{v}");
+        ids.push(v["id"].as_str().expect("id").to_string());
+    }
+    // Each worker holds its share only.
+    let held = |w: &Worker| w.get("/healthz")["instances"].as_u64().unwrap_or(0);
+    let (h1, h2) = (held(&w1), held(&w2));
+    assert_eq!(h1 + h2, 40, "held: {h1} + {h2}");
+    assert!(h1 > 0 && h2 > 0, "held: {h1} + {h2}");
+    // Either worker answers for every instance: one worker itself, the other from it.
+    let mut forwarded = [0, 0];
+    for id in &ids {
+        let mut by = Vec::new();
+        for (k, w) in both.iter().enumerate() {
+            let r = http().get(format!("{}/instances/{id}", w.base)).send().expect("GET");
+            assert_eq!(r.status().as_u16(), 200, "{id} through {}", w.base);
+            let answered = r
+                .headers()
+                .get("sm4c-answered-by")
+                .map(|v| v.to_str().unwrap_or("").to_string());
+            let v: Value = r.json().expect("JSON");
+            assert_eq!(v["id"], json!(id));
+            assert_eq!(v["state"], "Request", "{v}");
+            if let Some(u) = &answered {
+                forwarded[k] += 1;
+                assert_eq!(u, &both[1 - k].base, "forwarded to the other worker");
+            }
+            by.push(answered.is_some());
+        }
+        assert_eq!(
+            by.iter().filter(|f| **f).count(),
+            1,
+            "{id}: one worker holds it, the other forwards"
+        );
+    }
+    assert_eq!(forwarded[0] + forwarded[1], 40);
+    // An unknown instance is unknown through either.
+    for w in both {
+        let r = http().get(format!("{}/instances/no-such", w.base)).send().expect("GET");
+        assert_eq!(r.status().as_u16(), 404);
+    }
+    // Listings merge both shares, in pages, each instance once.
+    let mut want = ids.clone();
+    want.sort();
+    for w in both {
+        let mut got = Vec::new();
+        let mut after = String::new();
+        loop {
+            let v = w.get(&format!("/instances?limit=7&after={after}"));
+            got.extend(
+                v["instances"]
+                    .as_array()
+                    .expect("instances")
+                    .iter()
+                    .map(|i| i["id"].as_str().expect("id").to_string()),
+            );
+            match v["next"].as_str() {
+                Some(n) => after = n.to_string(),
+                None => break,
+            }
+        }
+        got.sort();
+        assert_eq!(got, want, "the listing through {}", w.base);
+        let inspector = w.get("/ui/api/instances?limit=100");
+        assert_eq!(inspector["instances"].as_array().map(Vec::len), Some(40), "{inspector}");
+    }
+    // Explaining an event asks every worker; the one it names is explained by its owner.
+    let explain = |w: &Worker, event: Value| -> Value {
+        let r = http()
+            .post(format!("{}/events/explain", w.base))
+            .header("content-type", "application/cloudevents+json")
+            .body(event.to_string())
+            .send()
+            .expect("POST /events/explain");
+        assert_eq!(r.status().as_u16(), 200);
+        r.json().expect("JSON")
+    };
+    for w in both {
+        let v = explain(
+            w,
+            json!({"specversion": "1.0", "id": "x", "source": "payments", "type": "payment.done", "orderid": "share-3"}),
+        );
+        let reached: Vec<&str> = v["reached"]
+            .as_array()
+            .expect("reached")
+            .iter()
+            .filter_map(|r| r["instance"].as_str())
+            .collect();
+        assert_eq!(reached, vec![ids[3].as_str()], "{v}");
+        let v = explain(
+            w,
+            json!({"specversion": "1.0", "id": "y", "source": "payments", "type": "payment.done", "sm4cinstanceid": ids[5]}),
+        );
+        assert_eq!(v["nearMisses"].as_array().map(Vec::len), Some(1), "{v}");
+    }
+    // Writes through the worker that does not hold the instance: an event and a cancel.
+    post_event(
+        &w1,
+        json!({"specversion": "1.0", "id": "pay-3", "source": "payments", "type": "payment.done", "orderid": "share-3"}),
+    );
+    wait_until(
+        "share-3 to be paid",
+        30,
+        || state_of(&w2, &ids[3]) == "Paid",
+        &[&w1, &w2],
+    );
+    for (k, id) in [(0, &ids[10]), (1, &ids[11])] {
+        let (status, v) = both[k].post(&format!("/instances/{id}/cancel"), json!({}));
+        assert!(status < 300, "cancel {id}: {status} {v}");
+        for w in both {
+            assert_eq!(w.get(&format!("/instances/{id}"))["status"], "cancelled");
+        }
+    }
+    // The journal and the inspector's page come from the owner through either worker.
+    for w in both {
+        let h = w.get(&format!("/instances/{}/history", ids[3]));
+        let inputs: Vec<&str> = h["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter_map(|e| e["input"].as_str())
+            .collect();
+        assert_eq!(inputs, vec!["start", "event"], "{h}");
+        let page = w.get(&format!("/ui/api/instance?id={}", ids[3]));
+        assert_eq!(page["instance"]["id"], json!(ids[3]), "{page}");
+    }
+}
+
+/// With authentication on, a request forwarded to the owner, or asked of every worker for a
+/// listing, carries the caller's token, and the owner checks it too.
+#[test]
+fn forwarded_requests_carry_the_callers_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "authfw";
+    let args = worker_args(&broker, prefix, 4, &[]);
+    let env = [("SM4C_TOKEN_OPERATE", "op-secret"), ("SM4C_TOKEN_READ", "read-secret")];
+    let w1 = Worker::start_with_env(dir.path(), "w1", &args, &env);
+    let w2 = Worker::start_with_env(dir.path(), "w2", &args, &env);
+    wait_owned(&[&w1, &w2], 4);
+    let call = |w: &Worker, post: Option<Value>, path: &str, token: Option<&str>| -> (u16, bool, Value) {
+        let url = format!("{}{path}", w.base);
+        let mut r = match &post {
+            Some(b) => http().post(url).json(b),
+            None => http().get(url),
+        };
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        let r = r.send().expect("request");
+        let forwarded = r.headers().contains_key("sm4c-answered-by");
+        (r.status().as_u16(), forwarded, r.json().unwrap_or(Value::Null))
+    };
+    wait_until(
+        "both workers to see both members",
+        30,
+        || {
+            [&w1, &w2].iter().all(|w| {
+                let (_, _, v) = call(w, None, "/members", Some("read-secret"));
+                v["members"].as_array().map(Vec::len) == Some(2)
+            })
+        },
+        &[&w1, &w2],
+    );
+    let ids: Vec<String> = (0..12).map(|i| format!("auth-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let w = if i % 2 == 0 { &w1 } else { &w2 };
+        let body = json!({"definition": "saga", "id": id, "input": {"orderId": id, "amount": i}});
+        let (status, _, v) = call(w, Some(body), "/instances", Some("op-secret"));
+        assert_eq!(status, 201, "{v}");
+    }
+    let mut forwarded = 0;
+    for id in &ids {
+        for w in [&w1, &w2] {
+            let path = format!("/instances/{id}");
+            let (status, fw, v) = call(w, None, &path, Some("read-secret"));
+            assert_eq!(status, 200, "{id} through {}: {v}", w.base);
+            forwarded += fw as usize;
+            assert_eq!(call(w, None, &path, None).0, 401);
+            assert_eq!(call(w, None, &path, Some("wrong")).0, 401);
+            // A read token may not cancel, held here or not.
+            let (status, _, v) = call(w, Some(json!({})), &format!("{path}/cancel"), Some("read-secret"));
+            assert_eq!(status, 403, "{v}");
+        }
+    }
+    assert_eq!(
+        forwarded, 12,
+        "each instance answered by its owner through the other worker"
+    );
+    for w in [&w1, &w2] {
+        let (status, _, v) = call(w, None, "/instances?limit=100", Some("read-secret"));
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["instances"].as_array().map(Vec::len), Some(12), "{v}");
+    }
+}

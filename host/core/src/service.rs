@@ -4,7 +4,7 @@
 use crate::driver::ParentLink;
 use crate::functions::BoxFuture;
 use crate::tasks::Answer;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sm4c_runtime::{Breakpoint, Entry, Machine, Millis, Snapshot, ValidationError};
 use std::collections::HashMap;
@@ -143,7 +143,7 @@ pub struct Answered {
 }
 
 /// An instance as listings show it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
     /// Instance id.
@@ -206,6 +206,18 @@ pub fn new_id(definition: &str) -> String {
 
 /// A page of sent events and the cursor of the next one.
 pub type SentPage = (Vec<Value>, Option<String>);
+
+/// Where the requests about one instance are answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Whereabouts {
+    /// By this host.
+    Here,
+    /// By the worker whose HTTP API is at this URL (Kafka mode: the owner of the instance's
+    /// partition); the API forwards the request there.
+    At(String),
+    /// By no worker for now (its partition is being restored, or its worker left the group): why.
+    Unavailable(String),
+}
 
 /// What the HTTP API runs on.
 pub trait Backend: Send + Sync + 'static {
@@ -290,6 +302,16 @@ pub trait Backend: Send + Sync + 'static {
             "a server on SQLite is one worker; the members of a group are those of Kafka mode (sm4c serve --kafka)"
                 .into(),
         ))
+    }
+    /// Where the requests about instance `id` are answered: here, unless the host is one worker of
+    /// several that each hold a share of the instances.
+    fn locate(&self, _id: &str) -> BoxFuture<'_, Whereabouts> {
+        Box::pin(async { Whereabouts::Here })
+    }
+    /// The HTTP APIs of the other workers, which a listing of every instance asks too; `None` for
+    /// a host that holds every instance itself.
+    fn peers(&self) -> Option<Vec<String>> {
+        None
     }
     /// What `GET /healthz` answers.
     fn health(&self) -> Value {

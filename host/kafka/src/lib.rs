@@ -90,6 +90,10 @@ use wire::{Command, JournalRecord, Quiet};
 /// How long API calls wait for the cluster to take a command into account.
 const API_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a request about an instance waits for a worker to serve the instance's partition
+/// (while it is restored, or while the group moves it after a worker left).
+const LOCATE_WAIT: Duration = Duration::from_secs(10);
+
 /// Settings of a Kafka host.
 #[derive(Debug, Clone)]
 pub struct KafkaConfig {
@@ -267,6 +271,8 @@ pub(crate) struct Shared {
     pub keeper: Option<worker::keeper::Keeper>,
     /// The group's workers and what each owns ([`members`]).
     pub members: members::Members,
+    /// The instances of the partitions this worker owns, for its HTTP API.
+    pub view: view::View,
 }
 
 impl Shared {
@@ -372,7 +378,6 @@ pub(crate) fn read_partition(
 #[derive(Clone)]
 pub struct KafkaHost {
     shared: Arc<Shared>,
-    view: Arc<view::View>,
     api: FutureProducer<Quiet>,
     admin: Arc<AdminClient<DefaultClientContext>>,
     threads: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
@@ -518,26 +523,27 @@ impl KafkaHost {
             },
             local,
             members: members::Members::new(sm4c_host::service::new_id("worker"), sm4c_host::clock::wall_ms()),
+            view: view::View::default(),
         });
-        let view = Arc::new(view::View::default());
         let mut threads = Vec::new();
         {
-            let (s, v) = (shared.clone(), view.clone());
-            threads.push(std::thread::spawn(move || view::run(s, v)));
+            let s = shared.clone();
+            threads.push(std::thread::spawn(move || view::run(s)));
         }
         let deadline = Instant::now() + Duration::from_secs(120);
-        while !view.ready.load(Ordering::Relaxed) {
+        while !shared.view.ready.load(Ordering::Relaxed) {
             if let Some(f) = shared.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
                 return Err(KafkaError::Kafka(f));
             }
             if Instant::now() > deadline {
-                return Err(KafkaError::Kafka("the state topic could not be read in time".into()));
+                return Err(KafkaError::Kafka(
+                    "the definitions topic could not be read in time".into(),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let me = KafkaHost {
             shared: shared.clone(),
-            view,
             api,
             admin: Arc::new(admin),
             threads: Arc::new(Mutex::new(threads)),
@@ -591,7 +597,7 @@ impl KafkaHost {
     /// Leaves the group and stops the worker.
     pub async fn shutdown(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        self.view.stop.store(true, Ordering::Relaxed);
+        self.shared.view.stop.store(true, Ordering::Relaxed);
         let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         let _ = tokio::task::spawn_blocking(move || {
             for t in threads {
@@ -668,7 +674,7 @@ impl KafkaHost {
 
     async fn wait_for(&self, what: &str, f: impl Fn(&view::View) -> bool) -> Result<(), HostError> {
         let deadline = Instant::now() + API_WAIT;
-        while !f(&self.view) {
+        while !f(&self.shared.view) {
             if Instant::now() > deadline {
                 return Err(HostError::Unavailable(format!(
                     "{what} was accepted but no worker has taken it into account yet; check that workers are running"
@@ -677,6 +683,32 @@ impl KafkaHost {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
         Ok(())
+    }
+
+    /// Instance `id`'s record, when its partition is held here (owned and restored); an error that
+    /// says where it is otherwise. While this worker restores the partition, it waits for the
+    /// restore, up to [`LOCATE_WAIT`].
+    fn record(&self, id: &str) -> Result<Option<wire::InstanceRecord>, HostError> {
+        let p = partition_of(id, self.shared.partitions);
+        match self.shared.view.holds(p) {
+            true => Ok(self.shared.view.get(p, id)),
+            false => Err(HostError::Unavailable(self.elsewhere(id, p))),
+        }
+    }
+
+    /// Why a request about instance `id` (of partition `p`) is not answered here.
+    fn elsewhere(&self, id: &str, p: i32) -> String {
+        let m = &self.shared.members;
+        match m.owner(p, sm4c_host::clock::wall_ms()) {
+            Some((member, _)) if member == m.me => format!(
+                "instance {id:?} is in partition {p}, which this worker is restoring; try again in a moment"
+            ),
+            Some((member, owner)) => format!(
+                "instance {id:?} is in partition {p}, which worker {member} at {} owns; ask it (sm4c serve forwards such requests itself)",
+                owner.url.as_deref().unwrap_or("an address it has not published")
+            ),
+            None => format!("instance {id:?} is in partition {p}, which no worker owns now; try again in a moment"),
+        }
     }
 
     /// Reads a journal from the journal topic: entries of committed transactions only.
@@ -735,7 +767,7 @@ impl Backend for KafkaHost {
                     lists.entry(l.to_string()).or_default();
                 }
             }
-            for r in self.view.records() {
+            for r in self.shared.view.records() {
                 if r.snapshot.status.is_final() {
                     continue;
                 }
@@ -779,7 +811,7 @@ impl Backend for KafkaHost {
                     "{token:?} is not a task token (tokens come in the tasks on the task list topics)"
                 ))
             })?;
-            let Some(r) = self.view.get(&instance) else {
+            let Some(r) = self.record(&instance)? else {
                 return Err(HostError::UnknownTask(format!(
                     "no task: the token names instance {instance:?}, which does not exist"
                 )));
@@ -806,12 +838,16 @@ impl Backend for KafkaHost {
             };
             self.send_command(&instance, &c).await?;
             if !heartbeat {
-                self.wait_for("the answer", |v| v.get(&instance).is_none_or(|r| !task_open(&r, &op)))
-                    .await?;
+                let p = partition_of(&instance, self.shared.partitions);
+                self.wait_for("the answer", |v| {
+                    v.get(p, &instance).is_none_or(|r| !task_open(&r, &op))
+                })
+                .await?;
                 // Another answer may have closed the task first: only the one applied says so.
                 let mine = self
+                    .shared
                     .view
-                    .get(&instance)
+                    .get(p, &instance)
                     .is_some_and(|r| r.answered.iter().any(|(o, t)| *o == op && *t == request));
                 if !mine {
                     return Err(HostError::TaskClosed { instance, op });
@@ -864,7 +900,8 @@ impl Backend for KafkaHost {
             };
             let id = id.unwrap_or_else(|| sm4c_host::service::new_id(&m.id));
             let request = sm4c_host::service::new_id("start");
-            if self.view.get(&id).is_some() {
+            let p = partition_of(&id, self.shared.partitions);
+            if self.record(&id)?.is_some() {
                 return Ok((id, false));
             }
             let c = Command::Start {
@@ -879,15 +916,19 @@ impl Backend for KafkaHost {
                 traceparent: origin,
             };
             self.send_command(&id, &c).await?;
-            self.wait_for("the start", |v| v.get(&id).is_some()).await?;
+            self.wait_for("the start", |v| v.get(p, &id).is_some()).await?;
             // Another request for the same id may have won the race: only the creator says 201.
-            let created = self.view.get(&id).is_some_and(|r| r.request.as_ref() == Some(&request));
+            let created = self
+                .shared
+                .view
+                .get(p, &id)
+                .is_some_and(|r| r.request.as_ref() == Some(&request));
             Ok((id, created))
         })
     }
 
     fn instance(&self, id: &str) -> Result<Option<Stored>, HostError> {
-        Ok(self.view.get(id).map(|r| Stored {
+        Ok(self.record(id)?.map(|r| Stored {
             snapshot: r.snapshot,
             parent: r.parent,
             journal_len: r.journal_len,
@@ -901,14 +942,14 @@ impl Backend for KafkaHost {
         after: i64,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>> {
-        let rows = self.view.list(status, definition, after, limit);
+        let rows = self.shared.view.list(status, definition, after, limit);
         Box::pin(async move { Ok(rows) })
     }
 
     fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>> {
         let id = id.to_string();
         Box::pin(async move {
-            let len = self.view.get(&id).map(|r| r.journal_len).unwrap_or(0);
+            let len = self.record(&id)?.map(|r| r.journal_len).unwrap_or(0);
             let me = self.clone();
             let all = tokio::task::spawn_blocking(move || me.journal(&id))
                 .await
@@ -923,7 +964,8 @@ impl Backend for KafkaHost {
 
     fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
-            match self.view.get(&id) {
+            let p = partition_of(&id, self.shared.partitions);
+            match self.record(&id)? {
                 None => return Err(HostError::UnknownInstance(id)),
                 Some(r) if r.snapshot.status.is_final() => return Err(HostError::Ended(id)),
                 Some(_) => {}
@@ -934,7 +976,7 @@ impl Backend for KafkaHost {
             };
             self.send_command(&id, &c).await?;
             self.wait_for("the cancel", |v| {
-                v.get(&id).is_some_and(|r| r.snapshot.status.is_final())
+                v.get(p, &id).is_some_and(|r| r.snapshot.status.is_final())
             })
             .await
         })
@@ -987,7 +1029,8 @@ impl Backend for KafkaHost {
 
     fn resume(&self, id: String, step: bool) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
-            let before = match self.view.get(&id) {
+            let p = partition_of(&id, self.shared.partitions);
+            let before = match self.record(&id)? {
                 None => return Err(HostError::UnknownInstance(id)),
                 Some(r) if r.snapshot.status != sm4c_runtime::Status::Paused => return Err(HostError::NotPaused(id)),
                 Some(r) => r.journal_len,
@@ -995,7 +1038,7 @@ impl Backend for KafkaHost {
             self.send_command(&id, &Command::Resume { id: id.clone(), step })
                 .await?;
             // Taken into account once the instance's journal has grown past the resume.
-            self.wait_for("the resume", |v| v.get(&id).is_some_and(|r| r.journal_len > before))
+            self.wait_for("the resume", |v| v.get(p, &id).is_some_and(|r| r.journal_len > before))
                 .await
         })
     }
@@ -1034,6 +1077,42 @@ impl Backend for KafkaHost {
         })
     }
 
+    fn locate(&self, id: &str) -> BoxFuture<'_, sm4c_host::service::Whereabouts> {
+        use members::Member;
+        use sm4c_host::service::Whereabouts;
+        let p = partition_of(id, self.shared.partitions);
+        let id = id.to_string();
+        Box::pin(async move {
+            let deadline = Instant::now() + LOCATE_WAIT;
+            let m = &self.shared.members;
+            loop {
+                if self.shared.view.holds(p) {
+                    return Whereabouts::Here;
+                }
+                match m.owner(p, sm4c_host::clock::wall_ms()) {
+                    Some((member, Member { url: Some(url), .. })) if member != m.me => return Whereabouts::At(url),
+                    _ if Instant::now() > deadline => return Whereabouts::Unavailable(self.elsewhere(&id, p)),
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        })
+    }
+
+    /// The workers that own a partition now, by the newest claim of each: a worker that was
+    /// killed is asked no more once the group has given its partitions to others.
+    fn peers(&self) -> Option<Vec<String>> {
+        let m = &self.shared.members;
+        let now = sm4c_host::clock::wall_ms();
+        let mut urls: Vec<String> = (0..self.shared.partitions)
+            .filter_map(|p| m.owner(p, now))
+            .filter(|(id, _)| *id != m.me)
+            .filter_map(|(_, w)| w.url)
+            .collect();
+        urls.sort_unstable();
+        urls.dedup();
+        Some(urls)
+    }
+
     fn health(&self) -> Value {
         let failure = self.shared.failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
         json!({
@@ -1041,6 +1120,7 @@ impl Backend for KafkaHost {
             "mode": "kafka",
             "group": self.shared.cfg.group,
             "ownedPartitions": self.owned_partitions(),
+            "instances": self.shared.view.len(),
             "partitions": self.shared.partitions,
             "error": failure,
         })
@@ -1065,7 +1145,7 @@ impl Backend for KafkaHost {
     }
 
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
-        let snaps = self.view.snapshots();
+        let snaps = self.shared.view.snapshots();
         let r = sm4c_host::explain::explain(&self.shared.machines(), snaps.iter(), &event);
         Box::pin(async move { Ok(r) })
     }

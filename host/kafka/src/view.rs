@@ -1,69 +1,123 @@
-//! What every worker knows about every instance, for the HTTP API: the state topic read from the
-//! beginning and followed, and the definitions topic.
+//! What a worker's HTTP API answers from: the instances of the commands partitions this worker
+//! owns, fed by the worker itself (the records of a partition when it is restored, then those of
+//! each committed transaction), and dropped with the partition. Requests about another worker's
+//! instances are forwarded to that worker by the API ([`sm4c_host::service::Whereabouts`]); a
+//! listing asks every worker. Also the definitions topic, which every worker reads whole.
 
+use super::wire::InstanceRecord;
 use super::wire::Quiet;
-use super::wire::{InstanceRecord, StateRecord, PARTITION_KEY};
 use super::Shared;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use sm4c_host::service::Summary;
 use sm4c_runtime::engine::rfc3339;
 use sm4c_runtime::{load, LoadOptions, Snapshot};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
-/// The instances as the state topic has them.
+/// The instances of one partition, by id.
+pub(crate) type Records = HashMap<String, InstanceRecord>;
+
+/// The instances of the partitions this worker owns and has restored.
 #[derive(Default)]
 pub struct View {
-    instances: RwLock<HashMap<String, InstanceRecord>>,
-    /// True once the topics were read to their end at start.
+    partitions: RwLock<HashMap<i32, Records>>,
+    /// True once the definitions topic was read to its end at start.
     pub ready: AtomicBool,
     /// Set to stop following.
     pub stop: AtomicBool,
 }
 
+/// An instance's place in listings: the timestamp of its start command (ms), then its partition
+/// and the start's offset there (10 bits each), in one integer that grows with later starts.
+/// Two starts get the same only if they share the millisecond, their partition modulo 1,024 and
+/// their offset modulo 1,024 (over a million starts a second on one partition).
+pub fn seq(r: &InstanceRecord, p: i32) -> i64 {
+    let (at, offset) = r.order;
+    (at.clamp(0, (1 << 43) - 1) << 20) | (((p as i64) & 0x3ff) << 10) | (offset & 0x3ff)
+}
+
 impl View {
-    pub fn get(&self, id: &str) -> Option<InstanceRecord> {
-        self.instances
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<i32, Records>> {
+        self.partitions.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<i32, Records>> {
+        self.partitions.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Instance `id`, if its partition is held here (`p`, its partition).
+    pub fn get(&self, p: i32, id: &str) -> Option<InstanceRecord> {
+        self.read().get(&p)?.get(id).cloned()
+    }
+
+    /// Whether partition `p` is held here: owned and restored.
+    pub fn holds(&self, p: i32) -> bool {
+        self.read().contains_key(&p)
+    }
+
+    /// How many instances are held here.
+    pub fn len(&self) -> usize {
+        self.read().values().map(|r| r.len()).sum()
+    }
+
+    /// A partition restored here: its instances, ended ones included.
+    pub(crate) fn take(&self, p: i32, records: Records) {
+        self.write().insert(p, records);
+    }
+
+    /// A committed transaction of partition `p`: each instance's new record, or `None` for one
+    /// deleted (past its retention).
+    pub(crate) fn apply(&self, p: i32, changes: Vec<(String, Option<InstanceRecord>)>) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut all = self.write();
+        let Some(part) = all.get_mut(&p) else { return };
+        for (id, r) in changes {
+            match r {
+                Some(r) => {
+                    part.insert(id, r);
+                }
+                None => {
+                    part.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Partition `p` is no longer owned here.
+    pub(crate) fn release(&self, p: i32) {
+        self.write().remove(&p);
     }
 
     pub fn records(&self) -> Vec<InstanceRecord> {
-        self.instances
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.read().values().flat_map(|r| r.values().cloned()).collect()
     }
 
     pub fn snapshots(&self) -> Vec<Snapshot> {
-        self.instances
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        self.read()
             .values()
-            .map(|r| r.snapshot.clone())
+            .flat_map(|r| r.values().map(|r| r.snapshot.clone()))
             .collect()
     }
 
-    /// Instances in start order; the cursor is the position in that order.
+    /// The instances held here in start order ([`seq`]), after cursor `after`.
     pub fn list(&self, status: Option<&str>, definition: Option<&str>, after: i64, limit: usize) -> Vec<Summary> {
-        let map = self.instances.read().unwrap_or_else(|p| p.into_inner());
-        let mut all: Vec<(&String, &InstanceRecord)> = map.iter().collect();
-        all.sort_by(|a, b| (a.1.order, a.0).cmp(&(b.1.order, b.0)));
-        all.into_iter()
-            .enumerate()
-            .map(|(i, (id, r))| (i as i64 + 1, id, r))
+        let all = self.read();
+        let mut rows: Vec<(i64, &String, &InstanceRecord)> = all
+            .iter()
+            .flat_map(|(p, part)| part.iter().map(move |(id, r)| (seq(r, *p), id, r)))
             .filter(|(seq, _, r)| {
                 *seq > after
                     && status.is_none_or(|s| r.snapshot.status.as_str() == s)
                     && definition.is_none_or(|d| r.snapshot.definition == d)
             })
+            .collect();
+        rows.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        rows.into_iter()
             .take(limit)
             .map(|(seq, id, r)| Summary {
                 id: id.clone(),
@@ -80,43 +134,33 @@ impl View {
     }
 }
 
-pub(crate) fn run(shared: Arc<Shared>, view: Arc<View>) {
+/// Follows the definitions topic (definitions and breakpoints) from its beginning.
+pub(crate) fn run(shared: std::sync::Arc<Shared>) {
+    let view = &shared.view;
     let mut c = shared.consumer_config(&format!("{}.view", shared.cfg.group));
     c.set("enable.partition.eof", "true");
     let consumer: BaseConsumer<Quiet> = match c.create_with_context(Quiet) {
         Ok(c) => c,
         Err(e) => {
-            shared.fail(format!("cannot create the state reader: {e}"));
+            shared.fail(format!("cannot create the definitions reader: {e}"));
             return;
         }
     };
     let mut tpl = TopicPartitionList::new();
-    let mut pending: HashSet<(String, i32)> = HashSet::new();
-    for p in 0..shared.partitions {
-        let _ = tpl.add_partition_offset(&shared.topics.state, p, Offset::Beginning);
-        pending.insert((shared.topics.state.clone(), p));
-    }
     let _ = tpl.add_partition_offset(&shared.topics.definitions, 0, Offset::Beginning);
-    pending.insert((shared.topics.definitions.clone(), 0));
     if let Err(e) = consumer.assign(&tpl) {
-        shared.fail(format!("cannot read the state topic: {e}"));
+        shared.fail(format!("cannot read the definitions topic: {e}"));
         return;
     }
     while !view.stop.load(Ordering::Relaxed) {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
-                if let (None, Some(key), true) = (m.payload(), &key, m.topic() == shared.topics.state) {
-                    // A tombstone: an ended instance past its retention.
-                    view.instances.write().unwrap_or_else(|p| p.into_inner()).remove(key);
-                    continue;
-                }
                 let payload = m.payload().unwrap_or_default();
-                if let (true, Some(definition)) = (
-                    m.topic() == shared.topics.definitions,
-                    key.as_deref()
-                        .and_then(|k| k.strip_prefix(super::wire::BREAKPOINTS_PREFIX)),
-                ) {
+                if let Some(definition) = key
+                    .as_deref()
+                    .and_then(|k| k.strip_prefix(super::wire::BREAKPOINTS_PREFIX))
+                {
                     match serde_json::from_slice::<Vec<sm4c_runtime::Breakpoint>>(payload) {
                         Ok(b) => shared.breakpoints.set(definition, b),
                         Err(_) if payload.is_empty() => shared.breakpoints.set(definition, Vec::new()),
@@ -126,47 +170,23 @@ pub(crate) fn run(shared: Arc<Shared>, view: Arc<View>) {
                     }
                     continue;
                 }
-                if m.topic() == shared.topics.definitions {
-                    if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(payload) {
-                        let options = LoadOptions {
-                            limits: shared.cfg.expression,
-                        };
-                        match load(&doc, &mut sm4c_runtime::no_files, options) {
-                            Ok(mach) => {
-                                let mut reg = shared.registry.write().unwrap_or_else(|p| p.into_inner());
-                                if reg.get(&mach.id, Some(&mach.version)).is_none() {
-                                    reg.insert(Arc::new(mach));
-                                }
+                if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(payload) {
+                    let options = LoadOptions {
+                        limits: shared.cfg.expression,
+                    };
+                    match load(&doc, &mut sm4c_runtime::no_files, options) {
+                        Ok(mach) => {
+                            let mut reg = shared.registry.write().unwrap_or_else(|p| p.into_inner());
+                            if reg.get(&mach.id, Some(&mach.version)).is_none() {
+                                reg.insert(std::sync::Arc::new(mach));
                             }
-                            Err(_) => tracing::warn!(key, "a definition on the definitions topic does not load"),
                         }
+                        Err(_) => tracing::warn!(key, "a definition on the definitions topic does not load"),
                     }
-                    continue;
-                }
-                let Some(key) = key.filter(|k| k != PARTITION_KEY) else {
-                    continue;
-                };
-                if let Ok(StateRecord {
-                    instance: Some(rec), ..
-                }) = serde_json::from_slice::<StateRecord>(payload)
-                {
-                    view.instances
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key, rec);
                 }
             }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) if !pending.is_empty() => {
-                // EOF carries the partition only; both topics' partition 0 may be pending.
-                let k = pending.iter().find(|(_, q)| *q == p).cloned();
-                if let Some(k) = k {
-                    pending.remove(&k);
-                }
-                if pending.is_empty() {
-                    view.ready.store(true, Ordering::Relaxed);
-                }
-            }
-            Some(Err(e)) => tracing::debug!(error = %e, "state reader"),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => view.ready.store(true, Ordering::Relaxed),
+            Some(Err(e)) => tracing::debug!(error = %e, "definitions reader"),
             None => {}
         }
     }

@@ -543,6 +543,9 @@ struct Owner {
     /// with this token on the partition when the partition or an events partition came to it, and
     /// waits to read it back, so that the commands an earlier owner routed here go first.
     barrier: Option<String>,
+    /// The partition's instance records as its restore read them, ended ones included, until the
+    /// loop hands them to the API's [`crate::view::View`].
+    records: crate::view::Records,
 }
 
 impl Owner {
@@ -913,6 +916,7 @@ impl Worker {
                     h.abort();
                 }
             }
+            self.shared.view.release(p);
         }
         self.routers.retain(|k, _| assigned.contains(k));
         // A restore revoked before it ended: its thread ends by itself, and what it read is dropped.
@@ -1056,6 +1060,7 @@ impl Worker {
                     for (id, work) in calls {
                         self.perform(&mut t, &id, work);
                     }
+                    self.shared.view.take(p, std::mem::take(&mut t.records));
                     self.owners.insert(p, t);
                 }
                 Err(e) => {
@@ -1309,7 +1314,7 @@ impl Worker {
             let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
             (m.offset(), at, m.payload().unwrap_or_default())
         });
-        let b = decision::decide(&shared, t, records, hosted, now_ms());
+        let mut b = decision::decide(&shared, t, records, hosted, now_ms());
         let mut offsets = TopicPartitionList::new();
         for (topic, p, o) in &b.offsets {
             offsets
@@ -1337,6 +1342,7 @@ impl Worker {
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());
         }
+        self.shared.view.apply(t.partition, std::mem::take(&mut b.records));
         let (after, applied) = t.committed(b);
         // Committed: now act.
         for (id, work) in after {

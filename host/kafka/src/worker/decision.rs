@@ -27,6 +27,9 @@ pub(super) struct Batch {
     pub(super) applied: Applied,
     /// The instances that ended, and when.
     pub(super) ended: Vec<(String, i64)>,
+    /// The new record of each instance the batch wrote, `None` for one it deleted: the API's
+    /// [`crate::view::View`] takes them once the batch has committed.
+    pub(super) records: Vec<(String, Option<crate::wire::InstanceRecord>)>,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -80,6 +83,7 @@ pub(super) fn decide<'a>(
     outs.extend(hosted.outs);
     // The new state of every instance touched, and their journals.
     let mut ended = Vec::new();
+    let mut records = Vec::new();
     // The touched ones only: a batch costs what it changed, not the partition's size.
     for id in std::mem::take(&mut t.dirty) {
         let Some(s) = t.slots.get_mut(&id) else { continue };
@@ -104,7 +108,7 @@ pub(super) fn decide<'a>(
                 headers: Vec::new(),
             });
         }
-        let r = StateRecord {
+        let mut r = StateRecord {
             through,
             clock,
             instance: Some(s.record()),
@@ -113,13 +117,15 @@ pub(super) fn decide<'a>(
         outs.push(Out {
             topic: shared.topics.state.clone(),
             partition: Some(p),
-            key: Some(id),
+            key: Some(id.clone()),
             payload: Some(serde_json::to_vec(&r).unwrap_or_default()),
             headers: Vec::new(),
         });
+        records.push((id, r.instance.take()));
     }
     outs.extend(t.parking.records(shared, t.partition, through, t.clock));
     for id in &t.expired {
+        records.push((id.clone(), None));
         outs.push(Out {
             topic: shared.topics.state.clone(),
             partition: Some(t.partition),
@@ -140,6 +146,7 @@ pub(super) fn decide<'a>(
         after,
         applied,
         ended,
+        records,
     }
 }
 

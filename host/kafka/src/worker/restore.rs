@@ -399,6 +399,7 @@ impl Latest {
             clock,
             resume: committed,
             barrier,
+            records: Default::default(),
         };
         let mut calls = Vec::new();
         // What earlier versions kept in the one partition record becomes a record per entry (the
@@ -434,9 +435,11 @@ impl Latest {
             }
             let Some(rec) = r.instance else { continue };
             if rec.snapshot.status.is_final() {
-                t.ended.insert(k, rec.snapshot.ended_at.unwrap_or(0));
+                t.ended.insert(k.clone(), rec.snapshot.ended_at.unwrap_or(0));
+                t.records.insert(k, rec);
                 continue;
             }
+            t.records.insert(k.clone(), rec.clone());
             let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
                 tracing::error!(
                     instance = k,

@@ -160,6 +160,7 @@ fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         local: None,
         keeper: None,
         members: crate::members::Members::new("sim".into(), 0),
+        view: Default::default(),
     }
 }
 
