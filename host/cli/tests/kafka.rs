@@ -951,6 +951,19 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
         String::from_utf8_lossy(&second.stderr).contains("in use by another process"),
         "{second:?}"
     );
+    // Each partition's journal is kept locally too: history reads it there once it caught up.
+    let local_journals = |w: &Worker| w.get("/healthz")["localJournals"].as_u64().unwrap_or(0);
+    wait_until("the local journals", 30, || local_journals(&w) == 4, &[&w]);
+    let acked = w.get("/instances/r3/history");
+    let inputs = |h: &Value| -> Vec<String> {
+        h["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter_map(|e| e["input"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(inputs(&acked), vec!["start", "event"], "{acked}");
     w.kill9();
     let before_restart = std::fs::read_to_string(&w.log).expect("log").len();
     // The reminders' 8 s timers come due while no worker runs.
@@ -1003,6 +1016,19 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
         assert!(field(l, "from") > 0, "not read from a checkpoint: {l}");
         assert!(field(l, "known") > 0, "nothing kept locally: {l}");
     }
+    // The local journals caught up from their checkpoints, not from the beginning, and hold what
+    // they held.
+    wait_until("the local journals", 30, || local_journals(&w) == 4, &[&w]);
+    let log = std::fs::read_to_string(&w.log).expect("log");
+    let caught_up: Vec<&str> = log[before_restart..]
+        .lines()
+        .filter(|l| l.contains("the local journal is caught up"))
+        .collect();
+    assert_eq!(caught_up.len(), 4, "{caught_up:#?}");
+    for l in &caught_up {
+        assert!(field(l, "from") > 0, "not caught up from a checkpoint: {l}");
+    }
+    assert_eq!(w.get("/instances/r3/history"), acked);
     // The timer fired once, after the restart, later than it was due.
     let h = w.get("/instances/r7/history");
     let fired: Vec<&Value> = h["entries"]

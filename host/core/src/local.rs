@@ -35,6 +35,20 @@ pub trait LocalStore: Send + Sync {
     fn each(&self, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError>;
     /// The value of one key.
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, LocalError>;
+    /// Calls `f` with every key that starts with `prefix`, and its value, in key order.
+    fn scan(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
+        let mut all = Vec::new();
+        self.each(&mut |k, v| {
+            if k.starts_with(prefix) {
+                all.push((k.to_string(), v.to_vec()));
+            }
+        })?;
+        all.sort();
+        for (k, v) in &all {
+            f(k, v);
+        }
+        Ok(())
+    }
     /// Writes values (`None` deletes the key) and, when given, a new checkpoint, all at once.
     fn apply(&self, changes: &[(&str, Option<&[u8]>)], checkpoint: Option<Checkpoint>) -> Result<(), LocalError>;
     /// Forgets everything: keys and checkpoint.
@@ -92,6 +106,17 @@ impl LocalStore for MemoryStore {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).0.get(key).cloned())
     }
 
+    fn scan(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for (k, v) in inner.0.range(prefix.to_string()..) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            f(k, v);
+        }
+        Ok(())
+    }
+
     fn apply(&self, changes: &[(&str, Option<&[u8]>)], checkpoint: Option<Checkpoint>) -> Result<(), LocalError> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for (k, v) in changes {
@@ -134,6 +159,12 @@ mod tests {
         let mut all = Vec::new();
         again.each(&mut |k, v| all.push((k.to_string(), v.to_vec()))).unwrap();
         assert_eq!(all, vec![("b".to_string(), b"3".to_vec())]);
+        again
+            .apply(&[("b1", Some(b"4")), ("c", Some(b"5")), ("a9", Some(b"6"))], None)
+            .unwrap();
+        let mut under_b = Vec::new();
+        again.scan("b", &mut |k, _| under_b.push(k.to_string())).unwrap();
+        assert_eq!(under_b, vec!["b", "b1"]);
         again.clear().unwrap();
         assert_eq!(s.checkpoint().unwrap(), None);
         assert_eq!(s.get("b").unwrap(), None);

@@ -202,6 +202,31 @@ impl LocalStore for SqliteStore {
         Ok(())
     }
 
+    fn scan(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
+        let conn = self.conn();
+        let mut q = conn
+            .prepare_cached("SELECT key, value FROM entries WHERE key >= ?1 ORDER BY key")
+            .map_err(fail)?;
+        let mut rows = q.query([prefix]).map_err(fail)?;
+        while let Some(r) = rows.next().map_err(fail)? {
+            let k = r
+                .get_ref(0)
+                .map_err(fail)?
+                .as_str()
+                .map_err(|e| LocalError(e.to_string()))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            let v = r
+                .get_ref(1)
+                .map_err(fail)?
+                .as_blob()
+                .map_err(|e| LocalError(e.to_string()))?;
+            f(k, v);
+        }
+        Ok(())
+    }
+
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, LocalError> {
         self.conn()
             .query_row("SELECT value FROM entries WHERE key = ?1", [key], |r| r.get(0))
@@ -271,6 +296,23 @@ mod tests {
         all.sort();
         assert_eq!(all, vec![("b".into(), b"2".to_vec()), ("c".into(), b"3".to_vec())]);
         assert_eq!(s.get("c").unwrap(), Some(b"3".to_vec()));
+        // A prefix scan, in key order; a key with the prefix as its start only is not in it.
+        s.apply(
+            &[
+                ("j\u{1}2", Some(b"y")),
+                ("j\u{1}1", Some(b"x")),
+                ("j2\u{1}1", Some(b"z")),
+            ],
+            None,
+        )
+        .unwrap();
+        let mut scanned = Vec::new();
+        s.scan("j\u{1}", &mut |k, v| scanned.push((k.to_string(), v.to_vec())))
+            .unwrap();
+        assert_eq!(
+            scanned,
+            vec![("j\u{1}1".into(), b"x".to_vec()), ("j\u{1}2".into(), b"y".to_vec())]
+        );
         s.clear().unwrap();
         assert_eq!(s.checkpoint().unwrap(), None);
         assert_eq!(s.get("b").unwrap(), None);

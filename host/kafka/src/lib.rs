@@ -273,6 +273,8 @@ pub(crate) struct Shared {
     pub members: members::Members,
     /// The instances of the partitions this worker owns, for its HTTP API.
     pub view: view::View,
+    /// The local journals of the partitions this worker owns.
+    pub(crate) journals: worker::journal::Journals,
 }
 
 impl Shared {
@@ -524,6 +526,7 @@ impl KafkaHost {
             local,
             members: members::Members::new(sm4c_host::service::new_id("worker"), sm4c_host::clock::wall_ms()),
             view: view::View::default(),
+            journals: Default::default(),
         });
         let mut threads = Vec::new();
         {
@@ -709,6 +712,17 @@ impl KafkaHost {
             ),
             None => format!("instance {id:?} is in partition {p}, which no worker owns now; try again in a moment"),
         }
+    }
+
+    /// Reads a journal from the partition's local journal, once it is caught up and whole (a store
+    /// whose write failed is cleared, checkpoint and all, and not written again until restored).
+    fn local_journal(&self, id: &str) -> Option<Result<Vec<(i64, Entry)>, HostError>> {
+        let p = partition_of(id, self.shared.partitions);
+        let store = self.shared.journals.ready(p)?;
+        // What the transactions the view has seen wrote is in the store.
+        self.shared.keeper.as_ref()?.sync(p);
+        store.checkpoint().ok().flatten()?;
+        Some(worker::journal::read(store.as_ref(), id).map_err(HostError::Unavailable))
     }
 
     /// Reads a journal from the journal topic: entries of committed transactions only.
@@ -951,7 +965,7 @@ impl Backend for KafkaHost {
         Box::pin(async move {
             let len = self.record(&id)?.map(|r| r.journal_len).unwrap_or(0);
             let me = self.clone();
-            let all = tokio::task::spawn_blocking(move || me.journal(&id))
+            let all = tokio::task::spawn_blocking(move || me.local_journal(&id).unwrap_or_else(|| me.journal(&id)))
                 .await
                 .map_err(|e| HostError::Unavailable(e.to_string()))??;
             Ok(all
@@ -1121,6 +1135,7 @@ impl Backend for KafkaHost {
             "group": self.shared.cfg.group,
             "ownedPartitions": self.owned_partitions(),
             "instances": self.shared.view.len(),
+            "localJournals": self.shared.journals.ready_count(),
             "partitions": self.shared.partitions,
             "error": failure,
         })

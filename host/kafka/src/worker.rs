@@ -7,6 +7,7 @@ use super::wire::{partition_of, start_id, Command, InstanceRecord, Origin, Outco
 use super::{Delivery, Shared};
 mod decision;
 mod index;
+pub(crate) mod journal;
 pub(crate) mod keeper;
 mod restore;
 #[cfg(test)]
@@ -546,6 +547,8 @@ struct Owner {
     /// The partition's instance records as its restore read them, ended ones included, until the
     /// loop hands them to the API's [`crate::view::View`].
     records: crate::view::Records,
+    /// The partition's local journal ([`journal`]), and the offset its catch-up starts from.
+    journal: Option<(Arc<dyn LocalStore>, i64)>,
 }
 
 impl Owner {
@@ -917,6 +920,7 @@ impl Worker {
                 }
             }
             self.shared.view.release(p);
+            self.shared.journals.release(p);
         }
         self.routers.retain(|k, _| assigned.contains(k));
         // A restore revoked before it ended: its thread ends by itself, and what it read is dropped.
@@ -1059,6 +1063,10 @@ impl Worker {
                     }
                     for (id, work) in calls {
                         self.perform(&mut t, &id, work);
+                    }
+                    if let Some((store, from)) = &t.journal {
+                        let known = t.records.keys().cloned().collect();
+                        journal::catch_up(&self.shared, p, store.clone(), *from, (t.resume, t.clock), known);
                     }
                     self.shared.view.take(p, std::mem::take(&mut t.records));
                     self.owners.insert(p, t);
@@ -1341,6 +1349,22 @@ impl Worker {
         }
         if let Some(o) = sm4c_host::metrics::observer() {
             o.kafka_parked(t.partition, t.parking.parked.len());
+        }
+        if let (Some((store, _)), Some(k)) = (&t.journal, &shared.keeper) {
+            let p = t.partition;
+            let delivered = crate::wire::delivered(&shared.topics.journal, p);
+            k.keep(
+                p,
+                store.clone(),
+                journal::changes(&shared, p, &b.outs),
+                shared.journals.checkpoint(p, delivered),
+            );
+            let deleted = b
+                .records
+                .iter()
+                .filter(|(_, r)| r.is_none())
+                .map(|(id, _)| journal::prefix(id));
+            k.forget(p, store.clone(), deleted.collect());
         }
         self.shared.view.apply(t.partition, std::mem::take(&mut b.records));
         let (after, applied) = t.committed(b);

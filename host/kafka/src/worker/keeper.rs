@@ -17,10 +17,23 @@ enum Op {
         changes: Changes,
         checkpoint: Option<Checkpoint>,
     },
+    Forget {
+        p: i32,
+        store: Arc<dyn LocalStore>,
+        prefixes: Vec<String>,
+    },
     Flush {
         p: i32,
         done: mpsc::Sender<()>,
+        /// A restore's: a store of `p` whose write failed is written again from now on.
+        restore: bool,
     },
+}
+
+/// A store of a partition, as the writer tells them apart (a partition has a state store and a
+/// journal store).
+fn slot(p: i32, store: &Arc<dyn LocalStore>) -> (i32, usize) {
+    (p, Arc::as_ptr(store) as *const () as usize)
 }
 
 /// The queue of writes to the local stores, and its thread.
@@ -61,11 +74,28 @@ impl Keeper {
         }
     }
 
+    /// Queues the deletion of every key of `store` under one of `prefixes` (the journal entries of
+    /// instances deleted after their retention).
+    pub(crate) fn forget(&self, p: i32, store: Arc<dyn LocalStore>, prefixes: Vec<String>) {
+        if !prefixes.is_empty() {
+            let _ = self.tx.send(Op::Forget { p, store, prefixes });
+        }
+    }
+
     /// Waits until every write queued before for partition `p` is done; a store of `p` that could
     /// not be written is written again from now on (the restore that calls this finds it cleared).
     pub(crate) fn flush(&self, p: i32) {
+        self.wait(p, true);
+    }
+
+    /// Waits until every write queued before for partition `p` is done, for a reader of its stores.
+    pub(crate) fn sync(&self, p: i32) {
+        self.wait(p, false);
+    }
+
+    fn wait(&self, p: i32, restore: bool) {
         let (done, wait) = mpsc::channel();
-        if self.tx.send(Op::Flush { p, done }).is_ok() {
+        if self.tx.send(Op::Flush { p, done, restore }).is_ok() {
             let _ = wait.recv();
         }
     }
@@ -74,7 +104,21 @@ impl Keeper {
 fn run(rx: mpsc::Receiver<Op>) {
     // Partitions whose store failed a write: cleared, and not written again until restored (a
     // later write would make it look complete without what the failed one had).
-    let mut broken: HashSet<i32> = HashSet::new();
+    let mut broken: HashSet<(i32, usize)> = HashSet::new();
+    let write = |broken: &mut HashSet<(i32, usize)>,
+                 p: i32,
+                 store: &Arc<dyn LocalStore>,
+                 changes: &[(&str, Option<&[u8]>)],
+                 checkpoint| {
+        if broken.contains(&slot(p, store)) {
+            return;
+        }
+        if let Err(e) = store.apply(changes, checkpoint) {
+            tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared until the partition is restored");
+            let _ = store.clear();
+            broken.insert(slot(p, store));
+        }
+    };
     for op in rx {
         match op {
             Op::Keep {
@@ -83,19 +127,22 @@ fn run(rx: mpsc::Receiver<Op>) {
                 changes,
                 checkpoint,
             } => {
-                if broken.contains(&p) {
-                    continue;
-                }
                 let refs: Vec<(&str, Option<&[u8]>)> =
                     changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
-                if let Err(e) = store.apply(&refs, checkpoint) {
-                    tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared until the partition is restored");
-                    let _ = store.clear();
-                    broken.insert(p);
-                }
+                write(&mut broken, p, &store, &refs, checkpoint);
             }
-            Op::Flush { p, done } => {
-                broken.remove(&p);
+            Op::Forget { p, store, prefixes } => {
+                let mut keys = Vec::new();
+                for prefix in &prefixes {
+                    let _ = store.scan(prefix, &mut |k, _| keys.push(k.to_string()));
+                }
+                let refs: Vec<(&str, Option<&[u8]>)> = keys.iter().map(|k| (k.as_str(), None)).collect();
+                write(&mut broken, p, &store, &refs, None);
+            }
+            Op::Flush { p, done, restore } => {
+                if restore {
+                    broken.retain(|(q, _)| *q != p);
+                }
                 let _ = done.send(());
             }
         }
@@ -159,5 +206,33 @@ mod tests {
         keeper.keep(0, store.clone(), put("d", "1"), cp(5));
         keeper.flush(0);
         assert_eq!(store.get("d").unwrap(), Some(b"1".to_vec()));
+    }
+
+    #[test]
+    fn forgetting_a_prefix_deletes_its_keys_only_in_the_queues_order_and_sync_leaves_a_broken_store_alone() {
+        let keeper = Keeper::start().unwrap();
+        let stores = MemoryStores::default();
+        let store = stores.open("j-0").unwrap();
+        let put = |keys: &[&str]| keys.iter().map(|k| (k.to_string(), Some(b"v".to_vec()))).collect();
+        keeper.keep(0, store.clone(), put(&["a\u{1}1", "a\u{1}2", "ab\u{1}1"]), None);
+        keeper.forget(0, store.clone(), vec!["a\u{1}".into()]);
+        keeper.keep(0, store.clone(), put(&["a\u{1}3"]), None);
+        keeper.sync(0);
+        let mut left = Vec::new();
+        store.each(&mut |k, _| left.push(k.to_string())).unwrap();
+        assert_eq!(left, vec!["a\u{1}3", "ab\u{1}1"]);
+        // A reader's sync does not make a broken store writable again; a restore's flush does.
+        let failing: Arc<dyn LocalStore> = Arc::new(Failing {
+            inner: stores.open("s-1").unwrap(),
+        });
+        keeper.keep(1, failing.clone(), put(&["b"]), None);
+        keeper.sync(1);
+        keeper.keep(1, failing.clone(), put(&["c"]), None);
+        keeper.sync(1);
+        assert_eq!(failing.get("c").unwrap(), None);
+        keeper.flush(1);
+        keeper.keep(1, failing.clone(), put(&["c"]), None);
+        keeper.sync(1);
+        assert_eq!(failing.get("c").unwrap(), Some(b"v".to_vec()));
     }
 }

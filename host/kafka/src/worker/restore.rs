@@ -39,6 +39,8 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
     // Reading the state partition has a budget of its own (120 s), which this leaves room for.
     slow_restore_for_tests(p);
     let mut state = Latest::new(committed, clock);
+    // An earlier restore's journal catch-up ends before the stores are touched.
+    shared.journals.stop(p);
     let mut store = local_store(shared, p);
     let mut from = 0;
     if let Some((s, Some(cp))) = &store {
@@ -87,6 +89,7 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         t.store = Some(s);
         t.checkpoint = checkpoint;
     }
+    t.journal = super::journal::open(shared, p);
     let mut later = Vec::new();
     for (id, work) in calls {
         match work {
@@ -400,6 +403,7 @@ impl Latest {
             resume: committed,
             barrier,
             records: Default::default(),
+            journal: None,
         };
         let mut calls = Vec::new();
         // What earlier versions kept in the one partition record becomes a record per entry (the

@@ -161,6 +161,7 @@ fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         keeper: None,
         members: crate::members::Members::new("sim".into(), 0),
         view: Default::default(),
+        journals: Default::default(),
     }
 }
 
