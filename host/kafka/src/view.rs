@@ -58,6 +58,11 @@ impl View {
         self.read().contains_key(&p)
     }
 
+    /// The partitions held here.
+    pub(crate) fn held(&self) -> Vec<i32> {
+        self.read().keys().copied().collect()
+    }
+
     /// How many instances are held here.
     pub fn len(&self) -> usize {
         self.read().values().map(|r| r.len()).sum()

@@ -925,6 +925,14 @@ impl Worker {
         self.routers.retain(|k, _| assigned.contains(k));
         // A restore revoked before it ended: its thread ends by itself, and what it read is dropped.
         self.restoring.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
+        // What the API holds of partitions no longer assigned, also of those revoked while being
+        // restored again (after a failed batch), when they had no owner to drop.
+        for p in self.shared.view.held() {
+            if !assigned.contains(&(commands.clone(), p)) {
+                self.shared.view.release(p);
+                self.shared.journals.release(p);
+            }
+        }
         self.start_restores(&assigned);
         self.finish_restores();
         let mut new_router = false;
