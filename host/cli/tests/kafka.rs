@@ -338,8 +338,8 @@ fn worker_args(broker: &Broker, prefix: &str, partitions: i32, extra: &[&str]) -
         "--kafka-config".into(),
         "max.poll.interval.ms=10000".into(),
         // A transaction a SIGKILL cut short keeps the last stable offset of its partitions (and so
-        // every read_committed reader, the workers' API views among them) back until the broker
-        // ends it; on tansu that can take the whole transaction timeout.
+        // every read_committed reader, the restores among them) back until the broker ends it; on
+        // tansu that can take the whole transaction timeout.
         "--kafka-config".into(),
         "transaction.timeout.ms=10000".into(),
     ];
@@ -2443,7 +2443,7 @@ fn sagas_through(
         std::thread::sleep(Duration::from_millis(200));
     }
     disrupt(broker, &|| responder.budget.store(usize::MAX, Ordering::Relaxed));
-    // Each worker's API view follows the state topic on its own, so both are waited for.
+    // Each worker's listing asks the other for its share, so both are waited for.
     wait_until(
         "every saga to complete in both workers' views",
         240,
