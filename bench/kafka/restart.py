@@ -16,7 +16,10 @@ then waits two hours for a correlated `bench.paid` event:
    and how many state records it read (the rest came from the local store).
 3. cold: SIGKILL, then start it with a new, empty --state-dir: the same figures.
 
-Also the worker's RSS once it serves after each restart, and the state directory's size on disk.
+Also the worker's RSS once it serves after each restart, the state directory's size on disk, and how long
+`GET /instances/{id}/history` takes for 20 instances (p50 and max): before the kill and after the warm
+restart once the local journals caught up, and after the cold restart both at once (while the journals
+catch up, history scans the journal partition) and once caught up.
 
 Run from the repository after `source scripts/setup.sh` and `cargo build --release -p sm4c`:
     python3 bench/kafka/restart.py
@@ -180,6 +183,26 @@ def main():
             "rss_mb": round(scale.rss_bytes(p.pid) / 1e6, 1),
         }
 
+    def history_ms(what, local=False):
+        # `history` of 20 instances (p50 and max, ms); `local`: once every partition's local journal
+        # has caught up (`localJournals` in /healthz; builds without it never say so).
+        if local:
+            deadline = time.time() + 600
+            while scale.get(api, "/healthz").get("localJournals", PARTS) < PARTS:
+                if time.time() > deadline:
+                    raise scale.Fail(f"{what}: the local journals did not catch up within 600 s")
+                time.sleep(0.1)
+        ids = [i["id"] for i in scale.get(api, "/instances?limit=2000")["instances"]][::100][:20]
+        times = []
+        for i in ids:
+            t = time.time()
+            h = scale.get(api, f"/instances/{i}/history", timeout=60)
+            times.append((time.time() - t) * 1000)
+            if not h.get("entries"):
+                raise scale.Fail(f"{what}: no history for {i}: {h}")
+        times.sort()
+        return {"p50": round(times[len(times) // 2], 1), "max": round(times[-1], 1)}
+
     state = os.path.join(tmp, "state")
     try:
         p, t0, since = worker(state)
@@ -211,18 +234,22 @@ def main():
         scale.log(f"{N} instances on the state topic after {started:.1f} s")
         time.sleep(5)
         rss_before = round(scale.rss_bytes(p.pid) / 1e6, 1)
-        result = {"instances": N, "partitions": PARTS, "start_s": round(started, 1), "rss_before_kill_mb": rss_before}
+        result = {"instances": N, "partitions": PARTS, "start_s": round(started, 1), "rss_before_kill_mb": rss_before,
+                  "history_ms": history_ms("before the kill", local=True)}
 
         kill9(p)
         p, t0, since = worker(state)
         result["warm"] = serving(p, t0, since, "warm restart")
         result["warm"]["state_dir_mb"] = round(du(state) / 1e6, 1)
+        result["warm"]["history_ms"] = history_ms("warm restart", local=True)
         scale.log(f"warm: {result['warm']}")
 
         kill9(p)
         cold = os.path.join(tmp, "state-cold")
         p, t0, since = worker(cold)
         result["cold"] = serving(p, t0, since, "cold restart")
+        result["cold"]["history_ms_at_once"] = history_ms("cold restart")
+        result["cold"]["history_ms_caught_up"] = history_ms("cold restart", local=True)
         scale.log(f"cold: {result['cold']}")
         print(json.dumps(result), flush=True)
     except scale.Fail as e:

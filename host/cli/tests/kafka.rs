@@ -770,7 +770,7 @@ fn sent_ids(broker: &Broker, topic: &str, ty: &str) -> BTreeMap<String, usize> {
 }
 
 #[test]
-fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events() {
+fn three_workers_run_a_thousand_sagas_through_a_sigkill_and_restart_with_exactly_once_events() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "eo";
@@ -824,12 +824,16 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
     }
     w2.kill9();
     responder.budget.store(usize::MAX, Ordering::Relaxed);
+    // The killed worker comes back a few seconds later (with a new temporary state directory: its
+    // partitions are read from Kafka) and the group gives it a share again.
+    std::thread::sleep(Duration::from_secs(3));
+    w2.run();
 
     wait_until(
         "every saga to complete",
         240 * scale,
         || count_status(&w1, "completed") == n,
-        &[&w1, &w3],
+        &[&w1, &w2, &w3],
     );
     // Each completed with the payment its own reply carried.
     for inst in all_instances(&w3) {
@@ -855,16 +859,17 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_with_exactly_once_events
         .collect();
     assert_eq!(inputs, vec!["start", "event"], "{h}");
     drop(responder);
-    // The killed worker's record goes stale; the survivors own everything between them.
+    // The killed worker's record goes stale (it had the restarted one's URL); the three own
+    // everything between them.
     wait_until(
-        "the survivors to see two members",
+        "every worker to see three members again",
         60,
-        || [&w1, &w3].iter().all(|w| members_seen(w, &[&w1, &w3], 6)),
-        &[&w1, &w3],
+        || [&w1, &w2, &w3].iter().all(|w| members_seen(w, &[&w1, &w2, &w3], 6)),
+        &[&w1, &w2, &w3],
     );
-    // A worker that stops deletes its record: the other sees it leave at once, not after 20 s.
+    // A worker that stops deletes its record: the others see it leave at once, not after 20 s.
     w3.terminate();
-    wait_until("w1 to see w3 leave", 10, || members_seen(&w1, &[&w1], 6), &[&w1]);
+    wait_until("w1 to see w3 leave", 10, || members_seen(&w1, &[&w1, &w2], 6), &[&w1]);
     w1.kill9();
 }
 
