@@ -1364,7 +1364,7 @@ impl Worker {
             k.keep(
                 p,
                 store.clone(),
-                journal::changes(&shared, p, &b.outs),
+                journal::changes(&b),
                 shared.journals.checkpoint(p, delivered),
             );
             let deleted = b

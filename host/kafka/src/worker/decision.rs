@@ -30,6 +30,8 @@ pub(super) struct Batch {
     /// The new record of each instance the batch wrote, `None` for one it deleted: the API's
     /// [`crate::view::View`] takes them once the batch has committed.
     pub(super) records: Vec<(String, Option<crate::wire::InstanceRecord>)>,
+    /// The journal records among `outs`: their keys in the local journal, and their places.
+    pub(super) journal: Vec<(String, usize)>,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -84,6 +86,7 @@ pub(super) fn decide<'a>(
     // The new state of every instance touched, and their journals.
     let mut ended = Vec::new();
     let mut records = Vec::new();
+    let mut journal = Vec::new();
     // The touched ones only: a batch costs what it changed, not the partition's size.
     for id in std::mem::take(&mut t.dirty) {
         let Some(s) = t.slots.get_mut(&id) else { continue };
@@ -100,6 +103,7 @@ pub(super) fn decide<'a>(
                 entries: std::mem::take(&mut s.h.pending),
             };
             s.h.journal_len += r.entries.len() as i64;
+            journal.push((super::journal::key(&id, r.seq), outs.len()));
             outs.push(Out {
                 topic: shared.topics.journal.clone(),
                 partition: Some(p),
@@ -147,6 +151,7 @@ pub(super) fn decide<'a>(
         applied,
         ended,
         records,
+        journal,
     }
 }
 

@@ -11,7 +11,6 @@
 //! commit. Until the catch-up is done, or when a write to the store failed, `history` scans the
 //! partition as before. All writes go through the [`super::keeper::Keeper`]'s one ordered queue.
 
-use super::Out;
 use crate::wire::{committed, JournalRecord, Quiet};
 use crate::Shared;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -261,15 +260,11 @@ struct Seq {
     seq: i64,
 }
 
-/// The journal records of a committed transaction of partition `p`, as the journal store keeps them.
-pub(super) fn changes(shared: &Shared, p: i32, outs: &[Out]) -> super::keeper::Changes {
-    outs.iter()
-        .filter(|o| o.topic == shared.topics.journal && o.partition == Some(p))
-        .filter_map(|o| {
-            let payload = o.payload.as_ref()?;
-            let seq = serde_json::from_slice::<Seq>(payload).ok()?.seq;
-            Some((key(o.key.as_deref()?, seq), Some(payload.clone())))
-        })
+/// The journal records of a committed batch, as the journal store keeps them.
+pub(super) fn changes(b: &super::decision::Batch) -> super::keeper::Changes {
+    b.journal
+        .iter()
+        .filter_map(|(key, i)| Some((key.clone(), Some(b.outs.get(*i)?.payload.clone()?))))
         .collect()
 }
 
