@@ -689,8 +689,8 @@ impl KafkaHost {
     }
 
     /// Instance `id`'s record, when its partition is held here (owned and restored); an error that
-    /// says where it is otherwise. While this worker restores the partition, it waits for the
-    /// restore, up to [`LOCATE_WAIT`].
+    /// says where it is otherwise (the API asks [`Backend::locate`] first, which waits for a
+    /// partition being restored, up to [`LOCATE_WAIT`]).
     fn record(&self, id: &str) -> Result<Option<wire::InstanceRecord>, HostError> {
         let p = partition_of(id, self.shared.partitions);
         match self.shared.view.holds(p) {

@@ -67,10 +67,13 @@ impl Journals {
         }
     }
 
-    /// Partition `p` left this worker: its catch-up stops (without waiting).
+    /// Partition `p` left this worker: its catch-up stops (without waiting; a later restore of `p`
+    /// waits for it in [`Journals::stop`]).
     pub(crate) fn release(&self, p: i32) {
-        if let Some(s) = self.lock().remove(&p) {
+        if let Some(s) = self.lock().get_mut(&p) {
             s.cancel.store(true, Ordering::Relaxed);
+            s.ready = None;
+            s.store = None;
         }
     }
 
