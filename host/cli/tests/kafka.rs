@@ -850,13 +850,7 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_and_restart_with_exactly
     assert!(dups.is_empty(), "events sent more than once: {dups:?}");
     // A journal shows the start, the reply and the end once each.
     let some = all_instances(&w1)[0]["id"].as_str().expect("id").to_string();
-    let h = w1.get(&format!("/instances/{some}/history"));
-    let inputs: Vec<&str> = h["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .filter_map(|e| e["input"].as_str())
-        .collect();
+    let (inputs, h) = history_inputs(&w1, &some);
     assert_eq!(inputs, vec!["start", "event"], "{h}");
     drop(responder);
     // The killed worker's record goes stale (it had the restarted one's URL); the three own
@@ -891,6 +885,18 @@ fn members_seen(w: &Worker, all: &[&Worker], partitions: i64) -> bool {
         .collect();
     owned.sort_unstable();
     urls == want && owned == (0..partitions).collect::<Vec<_>>()
+}
+
+/// The inputs of an instance's journal, in order, and the page they came in.
+fn history_inputs(w: &Worker, id: &str) -> (Vec<String>, Value) {
+    let h = w.get(&format!("/instances/{id}/history"));
+    let inputs = h["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["input"].as_str().map(str::to_string))
+        .collect();
+    (inputs, h)
 }
 
 fn start(w: &Worker, definition: &str, id: &str, input: Value) {
@@ -959,16 +965,8 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     // Each partition's journal is kept locally too: history reads it there once it caught up.
     let local_journals = |w: &Worker| w.get("/healthz")["localJournals"].as_u64().unwrap_or(0);
     wait_until("the local journals", 30, || local_journals(&w) == 4, &[&w]);
-    let acked = w.get("/instances/r3/history");
-    let inputs = |h: &Value| -> Vec<String> {
-        h["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .filter_map(|e| e["input"].as_str().map(str::to_string))
-            .collect()
-    };
-    assert_eq!(inputs(&acked), vec!["start", "event"], "{acked}");
+    let (inputs, acked) = history_inputs(&w, "r3");
+    assert_eq!(inputs, vec!["start", "event"], "{acked}");
     w.kill9();
     let before_restart = std::fs::read_to_string(&w.log).expect("log").len();
     // The reminders' 8 s timers come due while no worker runs.
@@ -3137,13 +3135,7 @@ fn each_worker_holds_its_share_and_requests_about_an_instance_go_to_its_owner() 
     }
     // The journal and the inspector's page come from the owner through either worker.
     for w in both {
-        let h = w.get(&format!("/instances/{}/history", ids[3]));
-        let inputs: Vec<&str> = h["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .filter_map(|e| e["input"].as_str())
-            .collect();
+        let (inputs, h) = history_inputs(w, &ids[3]);
         assert_eq!(inputs, vec!["start", "event"], "{h}");
         let page = w.get(&format!("/ui/api/instance?id={}", ids[3]));
         assert_eq!(page["instance"]["id"], json!(ids[3]), "{page}");

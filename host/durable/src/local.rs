@@ -165,6 +165,21 @@ impl SqliteStore {
     }
 }
 
+/// The key and value of a row of `entries` (selected in that order).
+fn entry<'r>(r: &'r rusqlite::Row<'_>) -> Result<(&'r str, &'r [u8]), LocalError> {
+    let k = r
+        .get_ref(0)
+        .map_err(fail)?
+        .as_str()
+        .map_err(|e| LocalError(e.to_string()))?;
+    let v = r
+        .get_ref(1)
+        .map_err(fail)?
+        .as_blob()
+        .map_err(|e| LocalError(e.to_string()))?;
+    Ok((k, v))
+}
+
 fn fail(e: rusqlite::Error) -> LocalError {
     LocalError(format!("local store: {e}"))
 }
@@ -187,16 +202,7 @@ impl LocalStore for SqliteStore {
         let mut q = conn.prepare("SELECT key, value FROM entries").map_err(fail)?;
         let mut rows = q.query([]).map_err(fail)?;
         while let Some(r) = rows.next().map_err(fail)? {
-            let k = r
-                .get_ref(0)
-                .map_err(fail)?
-                .as_str()
-                .map_err(|e| LocalError(e.to_string()))?;
-            let v = r
-                .get_ref(1)
-                .map_err(fail)?
-                .as_blob()
-                .map_err(|e| LocalError(e.to_string()))?;
+            let (k, v) = entry(r)?;
             f(k, v);
         }
         Ok(())
@@ -209,19 +215,10 @@ impl LocalStore for SqliteStore {
             .map_err(fail)?;
         let mut rows = q.query([prefix]).map_err(fail)?;
         while let Some(r) = rows.next().map_err(fail)? {
-            let k = r
-                .get_ref(0)
-                .map_err(fail)?
-                .as_str()
-                .map_err(|e| LocalError(e.to_string()))?;
+            let (k, v) = entry(r)?;
             if !k.starts_with(prefix) {
                 break;
             }
-            let v = r
-                .get_ref(1)
-                .map_err(fail)?
-                .as_blob()
-                .map_err(|e| LocalError(e.to_string()))?;
             f(k, v);
         }
         Ok(())
