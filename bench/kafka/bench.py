@@ -38,11 +38,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SM4C = os.path.join(ROOT, "target", "release", "sm4c")
+# The bare transactional loop the worker is measured beside (host/kafka/examples/bare_loop.rs).
+BARE = os.environ.get("SM4C_BARE", os.path.join(ROOT, "target", "release", "examples", "bare_loop"))
 TANSU = os.environ.get("SM4C_TANSU")
 # Partitions of the worker's topics (commands, events, out): one worker owns them all.
 PARTS = os.environ.get("BENCH_PARTITIONS", "2")
 if not TANSU:
     sys.exit("bench.py: set SM4C_TANSU (source scripts/setup.sh)")
+if not os.path.exists(BARE):
+    sys.exit(f"bench.py: no {BARE}: cargo build --release -p sm4c-kafka --example bare_loop")
 
 
 def free_port():
@@ -183,12 +187,12 @@ def main():
         # The throughput pings batch as the raw floor's producer does (linger.ms=5).
         pb = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
 
-        def ping(i, n, flush=True, pp=pp):
+        def ping(i, n, flush=True, pp=pp, topic="bench.events"):
             ev = {"specversion": "1.0", "id": f"ping-{n}", "source": "bench", "type": "bench.ping",
                   "sm4cinstanceid": f"p{i}", "datacontenttype": "application/json", "data": {"n": n}}
             while True:
                 try:
-                    pp.produce("bench.events", json.dumps(ev).encode(), key=f"p{i}",
+                    pp.produce(topic, json.dumps(ev).encode(), key=f"p{i}",
                                headers={"content-type": "application/cloudevents+json"})
                     break
                 except BufferError:
@@ -199,67 +203,97 @@ def main():
         def pong_n(m):
             return json.loads(m.value())["n"] if m.value() else None
 
-        # Warm-up, then sequential latency.
-        for k in range(50):
-            ping(k % instances, -1 - k)
-            while True:
-                m = pongs.poll(5.0)
-                if m is not None and not m.error():
-                    break
-        lat = []
-        # Where each ping's time went, by the pong's create time (set when the worker produced it,
-        # inside its transaction; millisecond resolution, one clock): ping sent -> pong produced,
-        # and pong produced -> pong read (the rest of the transaction, then the reader's fetch).
-        split = []
-        for k in range(500):
+        def measure(topic, pongs, procs):
+            """Sequential latency (500 pings after 50 warm-up ones), then throughput (`total` pings
+            in flight) and the CPU each of `procs` (and this client) spent per pong meanwhile."""
+            for k in range(50):
+                ping(k % instances, -1 - k, topic=topic)
+                while True:
+                    m = pongs.poll(5.0)
+                    if m is not None and not m.error():
+                        break
+            lat = []
+            # Where each ping's time went, by the pong's create time (set when it was produced,
+            # inside its transaction; millisecond resolution, one clock): ping sent -> pong produced,
+            # and pong produced -> pong read (the rest of the transaction, then the reader's fetch).
+            split = []
+            for k in range(500):
+                t0 = time.perf_counter()
+                w0 = time.time()
+                ping(k % instances, k, topic=topic)
+                while True:
+                    m = pongs.poll(5.0)
+                    if m is None:
+                        sys.exit(f"bench.py: no pong on {topic} within 5 s")
+                    if not m.error() and pong_n(m) == k:
+                        break
+                lat.append((time.perf_counter() - t0) * 1000)
+                split.append((m.timestamp()[1] - w0 * 1000, time.time() * 1000 - m.timestamp()[1]))
+            print(f"{topic}: latency p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms", file=sys.stderr, flush=True)
+            total = int(os.environ.get("BENCH_TOTAL", "20000"))
+            cpu0 = [cpu_s(p.pid) for p in procs] + [time.process_time()]
             t0 = time.perf_counter()
-            w0 = time.time()
-            ping(k % instances, k)
-            while True:
-                m = pongs.poll(5.0)
-                if m is None:
-                    sys.exit("bench.py: no pong within 5 s")
-                if not m.error() and pong_n(m) == k:
-                    break
-            lat.append((time.perf_counter() - t0) * 1000)
-            split.append((m.timestamp()[1] - w0 * 1000, time.time() * 1000 - m.timestamp()[1]))
-        print(f"latency measured: p50 {statistics.median(lat):.2f} ms, p99 {pct(lat, 0.99):.2f} ms", file=sys.stderr, flush=True)
-        # Throughput: many pings in flight.
-        total = int(os.environ.get("BENCH_TOTAL", "20000"))
-        cpu0 = (cpu_s(broker.pid), cpu_s(worker.pid), time.process_time())
-        t0 = time.perf_counter()
-        for k in range(total):
-            ping(k % instances, 100_000 + k, flush=False, pp=pb)
-            if k % 1000 == 0:
-                pb.poll(0)
-        pb.flush()
-        got = 0
-        deadline = time.time() + 300
-        while got < total and time.time() < deadline:
-            for m in pongs.consume(1000, 1.0):
-                if not m.error():
-                    got += 1
-        rate = got / (time.perf_counter() - t0)
-        cpu1 = (cpu_s(broker.pid), cpu_s(worker.pid), time.process_time())
-        # CPU time each process spent per transition during the throughput run (2 shared cores).
-        cpu_us = {name: round((b - a) / max(got, 1) * 1e6) for name, a, b in zip(("broker", "worker", "client"), cpu0, cpu1)}
+            for k in range(total):
+                ping(k % instances, 100_000 + k, flush=False, pp=pb, topic=topic)
+                if k % 1000 == 0:
+                    pb.poll(0)
+            pb.flush()
+            got = 0
+            deadline = time.time() + 300
+            while got < total and time.time() < deadline:
+                for m in pongs.consume(1000, 1.0):
+                    if not m.error():
+                        got += 1
+            rate = got / (time.perf_counter() - t0)
+            cpu1 = [cpu_s(p.pid) for p in procs] + [time.process_time()]
+            return {
+                "ms": {"p50": round(statistics.median(lat), 2), "p99": round(pct(lat, 0.99), 2)},
+                "event_to_produced_ms_p50": round(statistics.median([a for a, _ in split]), 2),
+                "produced_to_read_ms_p50": round(statistics.median([b for _, b in split]), 2),
+                "per_s": round(rate),
+                "pongs": got,
+                "cpu_us": [round((b - a) / max(got, 1) * 1e6) for a, b in zip(cpu0, cpu1)],
+            }
+
+        sm = measure("bench.events", pongs, [broker, worker])
+        worker.terminate()
+        worker.wait()
+        worker = None
+        # The same pings through a bare transactional consume-transform-produce loop (rdkafka, the
+        # worker's client settings and batching), on topics of its own with as many partitions.
+        for f in admin.create_topics([NewTopic(t, int(PARTS), 1) for t in ("bare.in", "bare.out")]).values():
+            f.result()
+        bare = subprocess.Popen([BARE, bootstrap, "bare.in", "bare.out"], stdout=open(os.path.join(tmp, "bare.log"), "w"),
+                                stderr=subprocess.STDOUT)
+        try:
+            bl = measure("bare.in", consumer(bootstrap, "bare.out", int(PARTS)), [broker, bare])
+        finally:
+            bare.terminate()
+            bare.wait()
+        cpu_us = dict(zip(("broker", "worker", "client"), sm["cpu_us"]))
         out = {
             "raw_rtt_ms": {"p50": round(statistics.median(rtts), 2), "p99": round(pct(rtts, 0.99), 2)},
             "raw_msgs_per_s": round(raw_rate),
-            "event_to_sent_event_ms": {"p50": round(statistics.median(lat), 2), "p99": round(pct(lat, 0.99), 2)},
-            "event_to_produced_ms_p50": round(statistics.median([a for a, _ in split]), 2),
-            "produced_to_read_ms_p50": round(statistics.median([b for _, b in split]), 2),
-            "event_transitions_per_s": round(rate),
-            "pongs": got,
+            "event_to_sent_event_ms": sm["ms"],
+            "event_to_produced_ms_p50": sm["event_to_produced_ms_p50"],
+            "produced_to_read_ms_p50": sm["produced_to_read_ms_p50"],
+            "event_transitions_per_s": sm["per_s"],
+            "pongs": sm["pongs"],
             "cpu_us_per_transition": cpu_us,
+            "bare_loop": {"ms": bl["ms"], "event_to_produced_ms_p50": bl["event_to_produced_ms_p50"],
+                          "per_s": bl["per_s"], "pongs": bl["pongs"],
+                          "cpu_us": dict(zip(("broker", "loop", "client"), bl["cpu_us"]))},
         }
         print(json.dumps(out))
         print(
             f"raw round trip p50 {out['raw_rtt_ms']['p50']} ms, p99 {out['raw_rtt_ms']['p99']} ms; raw floor {out['raw_msgs_per_s']} msgs/s\n"
-            f"sm4c event -> transition -> sent event p50 {out['event_to_sent_event_ms']['p50']} ms, p99 {out['event_to_sent_event_ms']['p99']} ms\n"
-            f"  of which (p50): event sent -> pong produced {out['event_to_produced_ms_p50']} ms, pong produced -> read {out['produced_to_read_ms_p50']} ms\n"
-            f"sm4c event-triggered transitions {out['event_transitions_per_s']}/s through one worker "
-            f"({out['event_transitions_per_s'] / out['raw_msgs_per_s']:.2f} of the raw floor)\n"
+            f"sm4c event -> transition -> sent event p50 {sm['ms']['p50']} ms, p99 {sm['ms']['p99']} ms\n"
+            f"  of which (p50): event sent -> pong produced {sm['event_to_produced_ms_p50']} ms, pong produced -> read {sm['produced_to_read_ms_p50']} ms\n"
+            f"bare transactional loop: p50 {bl['ms']['p50']} ms, p99 {bl['ms']['p99']} ms "
+            f"(sm4c / bare: p50 {sm['ms']['p50'] / bl['ms']['p50']:.2f}x, p99 {sm['ms']['p99'] / bl['ms']['p99']:.2f}x); "
+            f"{bl['per_s']} pongs/s\n"
+            f"sm4c event-triggered transitions {sm['per_s']}/s through one worker "
+            f"({sm['per_s'] / out['raw_msgs_per_s']:.2f} of the raw floor)\n"
             f"CPU per transition: broker {cpu_us['broker']} us, worker {cpu_us['worker']} us, client {cpu_us['client']} us"
         )
     finally:
