@@ -700,6 +700,13 @@ fn order_created(i: usize) -> Value {
     })
 }
 
+/// An `order.placed` event: starts a `saga-long` instance (the saga with a two-hour timeout).
+fn order_placed(i: usize) -> Value {
+    let mut e = order_created(i);
+    e["type"] = json!("order.placed");
+    e
+}
+
 fn all_instances(w: &Worker) -> Vec<Value> {
     let mut out = Vec::new();
     let mut after = String::new();
@@ -786,7 +793,9 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_and_restart_with_exactly
         || [&w1, &w2, &w3].iter().all(|w| members_seen(w, &[&w1, &w2, &w3], 6)),
         &[&w1, &w2, &w3],
     );
-    // 1,000 by default; `SM4C_KAFKA_SAGAS=100000` for the long run (the waits grow with it).
+    // 1,000 by default; `SM4C_KAFKA_SAGAS=100000` for the long run (the waits grow with it). The
+    // sagas are `saga-long`: the unanswered half must still be waiting when the kill comes, however
+    // long the first half takes.
     let n: usize = std::env::var("SM4C_KAFKA_SAGAS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -797,7 +806,7 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_and_restart_with_exactly
     let responder = Responder::start(&broker, prefix, n / 2);
     let p = producer(&broker);
     for i in 0..n {
-        send_binary(&p, &format!("{prefix}.events"), &order_created(i));
+        send_binary(&p, &format!("{prefix}.events"), &order_placed(i));
         p.poll(Duration::ZERO);
     }
     p.flush(Duration::from_secs(30)).expect("flush");
