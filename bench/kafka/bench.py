@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SM4C = os.path.join(ROOT, "target", "release", "sm4c")
+SM4C = os.environ.get("SM4C_BIN", os.path.join(ROOT, "target", "release", "sm4c"))
 # The bare transactional loop the worker is measured beside (host/kafka/examples/bare_loop.rs).
 BARE = os.environ.get("SM4C_BARE", os.path.join(ROOT, "target", "release", "examples", "bare_loop"))
 TANSU = os.environ.get("SM4C_TANSU")
@@ -210,7 +210,7 @@ def main():
                 ping(k % instances, -1 - k, topic=topic)
                 while True:
                     m = pongs.poll(5.0)
-                    if m is not None and not m.error():
+                    if m is not None and not m.error() and pong_n(m) == -1 - k:
                         break
             lat = []
             # Where each ping's time went, by the pong's create time (set when it was produced,
