@@ -28,8 +28,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let [_, bootstrap, input, output] = args.as_slice() else {
-        eprintln!("usage: bare_loop BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC");
-        std::process::exit(2);
+        return Err("usage: bare_loop BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC".into());
     };
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
