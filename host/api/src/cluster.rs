@@ -64,7 +64,7 @@ pub(crate) async fn forwarding(State((h, fwd)): State<(Api, Arc<dyn Forward>)>, 
         auth: req.headers().get(header::AUTHORIZATION).cloned(),
         forwarded: req.headers().contains_key(FORWARDED),
     };
-    if caller.forwarded || h.peers().is_none() {
+    if caller.forwarded {
         return CALLER.scope(caller, next.run(req)).await;
     }
     let (req, id) = match about(&h, req).await {

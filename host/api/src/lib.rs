@@ -323,19 +323,14 @@ async fn list_instances(
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.seq.to_string()))
         .flatten();
+    let mut page = json!({"instances": rows, "next": next});
     if cluster::forwarded(&headers) {
         // For the worker that merges the shares: each row's place in the listing.
-        let rows: Vec<Value> = rows
-            .iter()
-            .map(|r| {
-                let mut v = json!(r);
-                v["seq"] = json!(r.seq);
-                v
-            })
-            .collect();
-        return Ok(Json(json!({"instances": rows, "next": next})));
+        for (v, r) in page["instances"].as_array_mut().into_iter().flatten().zip(&rows) {
+            v["seq"] = json!(r.seq);
+        }
     }
-    Ok(Json(json!({"instances": rows, "next": next})))
+    Ok(Json(page))
 }
 
 #[derive(Deserialize)]
