@@ -27,7 +27,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::OpenOptions;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -3229,4 +3229,142 @@ fn forwarded_requests_carry_the_callers_token() {
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["instances"].as_array().map(Vec::len), Some(12), "{v}");
     }
+}
+
+/// An event without `sm4cinstanceid` that every definition correlates by the same attribute goes
+/// to the one partition that owns its key, which hands it to the partition of the instance
+/// subscribed to the key, or keeps it until one subscribes; it no longer goes to every partition.
+#[test]
+fn correlated_events_go_to_the_partition_of_their_key_and_from_there_to_their_instance() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "keyed";
+    let args = worker_args(&broker, prefix, 4, &["--event-window", "3s"]);
+    let w1 = Worker::start(dir.path(), "w1", &args);
+    let w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 4);
+    let both = [&w1, &w2];
+    let p = producer(&broker);
+    let events = format!("{prefix}.events");
+    let pay = |i: usize| {
+        json!({"specversion": "1.0", "id": format!("pay-{i}"), "source": "payments", "type": "payment.done",
+               "orderid": format!("key-{i}"), "datacontenttype": "application/json", "data": {"paid": i}})
+    };
+    // Two replies come before their instances start: their keys' partitions keep them.
+    for i in [0, 1] {
+        send_binary(&p, &events, &pay(i));
+    }
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let n = 24;
+    for i in 0..n {
+        start(
+            both[i % 2],
+            "saga",
+            &format!("key-{i}"),
+            json!({"orderId": format!("key-{i}"), "amount": i}),
+        );
+    }
+    wait_until(
+        "every saga to wait for its payment or to be paid",
+        60,
+        || {
+            (0..n).all(|i| {
+                let s = state_of(&w1, &format!("key-{i}"));
+                s == "Request" || s == "Paid"
+            })
+        },
+        &[&w1, &w2],
+    );
+    for i in 2..n {
+        send_binary(&p, &events, &pay(i));
+    }
+    // And one for an order nobody placed: dead-lettered once its window has passed at its key's
+    // partition.
+    send_binary(
+        &p,
+        &events,
+        &json!({"specversion": "1.0", "id": "pay-nobody", "source": "payments", "type": "payment.done", "orderid": "nobody"}),
+    );
+    p.flush(Duration::from_secs(10)).expect("flush");
+    wait_until(
+        "every saga to be paid",
+        60,
+        || (0..n).all(|i| state_of(&w2, &format!("key-{i}")) == "Paid"),
+        &[&w1, &w2],
+    );
+    for i in 0..n {
+        let v = w1.get(&format!("/instances/key-{i}"));
+        assert_eq!(v["data"]["payment"], json!({"paid": i}), "{v}");
+    }
+    let dead = format!("{prefix}.events.deadletter");
+    wait_until(
+        "the reply for nobody to be dead-lettered",
+        30,
+        || dead_letter_codes(&broker, &dead).contains_key("pay-nobody"),
+        &[&w1, &w2],
+    );
+    let codes = dead_letter_codes(&broker, &dead);
+    assert_eq!(codes.len(), 1, "{codes:?}");
+    assert_eq!(codes["pay-nobody"], "noInstance");
+
+    // What went over the commands topic: each reply once from its key's partition to its
+    // instance's partition (the router's hop to the key's partition is applied at once when the
+    // same worker owns it), no reply to every partition. Each saga subscribed to its key once,
+    // and took the subscription back once it ended; an early reply whose key's partition is its
+    // saga's may be taken there in the batch that starts the saga, which then never subscribes.
+    // (tansu makes a transaction's records readable a while after it committed: the topic is read
+    // until it is complete.)
+    let commands = format!("{prefix}.commands");
+    let later: BTreeSet<String> = (2..n).map(|i| format!("key-{i}")).collect();
+    let mut subscribed: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let mut handed: BTreeMap<String, usize> = BTreeMap::new();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    let mut broadcasts = Vec::new();
+    wait_until(
+        "the commands topic to show every subscription, hand-over and unsubscription",
+        60,
+        || {
+            (subscribed, handed, kinds, broadcasts) = Default::default();
+            for (_, _, payload) in read_topic(&broker, &commands) {
+                let Ok(c) = serde_json::from_slice::<Value>(&payload) else {
+                    continue;
+                };
+                let kind = c["kind"].as_str().unwrap_or_default().to_string();
+                let id = c["id"].as_str().unwrap_or_default().to_string();
+                match kind.as_str() {
+                    "event" if c["expect"].is_number() => {
+                        let e = c["event"]["id"].as_str().unwrap_or_default().to_string();
+                        *handed.entry(e).or_insert(0) += 1;
+                    }
+                    "event" => broadcasts.push(c.clone()),
+                    "subscribe" => subscribed.entry(id).or_default().0 += 1,
+                    "unsubscribe" => subscribed.entry(id).or_default().1 += 1,
+                    _ => {}
+                }
+                *kinds.entry(kind).or_insert(0) += 1;
+            }
+            later
+                .iter()
+                .all(|id| subscribed.get(id).is_some_and(|(s, u)| *s > 0 && *u > 0))
+                && (2..n).all(|i| handed.contains_key(&format!("pay-{i}")))
+        },
+        &[&w1, &w2],
+    );
+    assert!(broadcasts.is_empty(), "replies went to every partition: {broadcasts:?}");
+    assert!(subscribed.values().all(|(s, u)| *s == 1 && *u == 1), "{subscribed:?}");
+    assert!(subscribed.len() <= n, "{subscribed:?}");
+    assert!(handed.values().all(|k| *k == 1), "{handed:?}");
+    assert!(
+        handed.len() <= n && kinds.get("keyed").is_some_and(|k| *k <= n + 1),
+        "{kinds:?}"
+    );
+    // No subscription is left on the state topic.
+    let mut subs: BTreeMap<String, bool> = BTreeMap::new();
+    for (key, _, payload) in read_topic(&broker, &format!("{prefix}.state")) {
+        if let Some(k) = key.filter(|k| k.starts_with("\u{0}sub/")) {
+            subs.insert(k, !payload.is_empty());
+        }
+    }
+    assert_eq!(subs.len(), subscribed.len(), "{subs:?}");
+    assert!(subs.values().all(|live| !live), "{subs:?}");
 }

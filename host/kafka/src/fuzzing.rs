@@ -270,6 +270,20 @@ impl Records {
                     event: event.clone(),
                     origin: origin.clone(),
                     home: Some(1),
+                    expect: None,
+                },
+                Command::Keyed {
+                    key: wire::corr_key("orderid", "o-1"),
+                    event: event.clone(),
+                    origin: origin.clone(),
+                },
+                Command::Subscribe {
+                    key: wire::corr_key("orderid", "o-1"),
+                    id: id.clone(),
+                },
+                Command::Unsubscribe {
+                    key: wire::corr_key("orderid", "o-1"),
+                    id: id.clone(),
                 },
                 Command::Cancel {
                     id: id.clone(),
@@ -285,6 +299,7 @@ impl Records {
                     key: origin.key(),
                     partition: 2,
                     event: event.clone(),
+                    expect: Some(1),
                 },
             ];
             for c in commands
@@ -334,6 +349,8 @@ impl Records {
             origin: origin.clone(),
             target: None,
             home: Some(1),
+            key: Some(wire::corr_key("orderid", "o-1")),
+            expect: Some(1),
             expires: 1_700_000_300_000,
         };
         let key = wire::parked_key(&parked);
@@ -343,6 +360,21 @@ impl Records {
             ..StateRecord::default()
         };
         put(1, Some(&key), &serde_json::to_vec(&rec).unwrap_or_default());
+        let sub = wire::Subscription {
+            key: wire::corr_key("orderid", "o-1"),
+            id: "i-1".into(),
+        };
+        let rec = StateRecord {
+            through: 5,
+            clock: Some(3),
+            subscription: Some(sub.clone()),
+            ..StateRecord::default()
+        };
+        put(
+            1,
+            Some(&wire::subscription_key(&sub.key, &sub.id)),
+            &serde_json::to_vec(&rec).unwrap_or_default(),
+        );
         let tally = StateRecord {
             through: 5,
             clock: Some(2),

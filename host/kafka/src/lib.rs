@@ -14,9 +14,13 @@
 //! - **A new owner restores** the partition from the state topic, re-arms timers and performs
 //!   calls in flight again (with the same operation id), then goes on from the committed offset.
 //! - **Events are routed** by the owner of their events partition: to the instance named by
-//!   `sm4cinstanceid`, else to every commands partition, where each owner matches its own
-//!   instances; an event no instance takes within the window is dead-lettered once every
-//!   partition has said so. A batch of an events partition rides in the transaction of one of
+//!   `sm4cinstanceid`; else, when every definition that may take it routes it by a correlation
+//!   attribute whose value it names, to the partition that owns that key (`attribute`, value),
+//!   which hands it to the partitions of the instances subscribed to the key (each instance's
+//!   owner subscribes it in the transaction that gives it the key) or parks it until one
+//!   subscribes; else to every commands partition, where each owner matches its own instances.
+//!   An event no instance takes within the window is dead-lettered once every partition it
+//!   went to has said so. A batch of an events partition rides in the transaction of one of
 //!   the worker's commands partitions: the events for that partition's instances are applied
 //!   there at once, the others become commands, and the events offsets are committed with it.
 //!   Each instance still sees the events of one events partition in order: a partition takes

@@ -65,6 +65,38 @@ pub enum Command {
         /// For broadcasts: the partition that counts the partitions it reached none on.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         home: Option<i32>,
+        /// For an event routed by its correlation key: how many partitions the key's partition
+        /// handed it to (`home` dead-letters it once that many said no instance took it; a
+        /// broadcast expects every partition).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect: Option<u32>,
+    },
+    /// An incoming event without `sm4cinstanceid` whose correlation key ([`corr_key`]) this
+    /// partition owns: handed to the partitions of the instances subscribed to the key, or
+    /// parked here until one subscribes.
+    Keyed {
+        /// The correlation key.
+        key: String,
+        /// The event, in CloudEvents JSON form.
+        event: Value,
+        /// Where it was read.
+        origin: Origin,
+    },
+    /// Instance `id` may take events carrying correlation key `key`: sent by the instance's
+    /// owner to the key's partition when the instance's key appears.
+    Subscribe {
+        /// The correlation key.
+        key: String,
+        /// Instance id.
+        id: String,
+    },
+    /// Instance `id` no longer takes events of correlation key `key` (its data changed, or it
+    /// ended).
+    Unsubscribe {
+        /// The correlation key.
+        key: String,
+        /// Instance id.
+        id: String,
     },
     /// A call or subflow the instance started has a result.
     Result {
@@ -116,6 +148,9 @@ pub enum Command {
         partition: i32,
         /// The event.
         event: Value,
+        /// How many partitions must report it (every partition when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect: Option<u32>,
     },
 }
 
@@ -123,7 +158,7 @@ impl Command {
     /// Where the incoming event this command was made of was read, if it was made of one.
     pub fn origin(&self) -> Option<&Origin> {
         match self {
-            Command::Event { origin, .. } => Some(origin),
+            Command::Event { origin, .. } | Command::Keyed { origin, .. } => Some(origin),
             Command::Start { origin, .. } => origin.as_ref(),
             Command::Answer { event, .. } => event.as_ref().map(|(_, o)| o),
             _ => None,
@@ -186,6 +221,32 @@ pub struct StateRecord {
     /// A tally entry, for a [`tally_key`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tally: Option<Tally>,
+    /// A subscription to a correlation key this partition owns, for a [`subscription_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<Subscription>,
+}
+
+/// An instance that may take the events of a correlation key: kept by the key's partition.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Subscription {
+    /// The correlation key ([`corr_key`]).
+    pub key: String,
+    /// The instance.
+    pub id: String,
+}
+
+/// See [`PARKED_PREFIX`].
+pub const SUBSCRIPTION_PREFIX: &str = "\u{0}sub/";
+
+/// The state topic key of a subscription.
+pub fn subscription_key(key: &str, id: &str) -> String {
+    format!("{SUBSCRIPTION_PREFIX}{key}\u{0}{id}")
+}
+
+/// A correlation key: the correlation attribute (lower case) and the value an event carries. The
+/// partition that owns it is `partition_of(key)`.
+pub fn corr_key(attribute: &str, value: &str) -> String {
+    format!("{attribute}\u{1}{value}")
 }
 
 /// The partitions that reported no instance for a broadcast event, the event, and when the first
@@ -295,6 +356,14 @@ pub struct Parked {
     /// The home partition of a broadcast.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<i32>,
+    /// For an event routed by key: the correlation key, while it is parked at the key's
+    /// partition (a subscription takes it from there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// For an event routed by key: how many partitions `home` waits for (see
+    /// [`Command::Event`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<u32>,
     /// When it leaves (ms).
     pub expires: i64,
 }

@@ -504,6 +504,9 @@ struct Owner {
     slots: HashMap<String, Slot>,
     /// The unended instances by what the events they may take must carry.
     corr: CorrIndex,
+    /// The correlation keys each unended instance is subscribed to at the keys' partitions, as
+    /// of the last decided batch ([`index::subscriptions`]).
+    subscribed: HashMap<String, Vec<String>>,
     /// The instances the batch being decided changed: their records are written.
     dirty: BTreeSet<String>,
     /// Ended instances, out of memory but for when they ended (ms): a start with the same id
@@ -1593,8 +1596,19 @@ fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Plan {
                 event,
                 origin,
                 home: None,
+                expect: None,
             };
             cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
+            continue;
+        }
+        if let Some(key) = index::keyed_route(&machines, &event) {
+            // Routed by its correlation key: to the one partition that owns the key.
+            let c = Command::Keyed {
+                key: key.clone(),
+                event,
+                origin,
+            };
+            cmds.push((partition_of(&key, n), Some(key), c, at, m.offset()));
             continue;
         }
         let wanted = machines.iter().any(|mach| driver::may_accept(mach, &event));
@@ -1616,6 +1630,7 @@ fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Plan {
                 event: event.clone(),
                 origin: origin.clone(),
                 home: Some(home),
+                expect: None,
             };
             cmds.push((q, None, c, at, m.offset()));
         }

@@ -11,7 +11,7 @@ use sm4c_host::driver::{self, Answering, ChildStart, Work};
 use sm4c_host::tasks::Answer;
 use sm4c_runtime::engine::event::attribute_text;
 use sm4c_runtime::{Input, Machine, Status, Timed};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// A batch decided and not committed yet: what its transaction produces and commits, and what to
@@ -92,6 +92,36 @@ pub(super) fn decide<'a>(
         let Some(s) = t.slots.get_mut(&id) else { continue };
         if s.h.inst.status().is_final() {
             ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
+        }
+        // The correlation keys it takes events of: the keys' partitions learn of each change in
+        // this transaction.
+        let keys = super::index::subscriptions(&s.h.inst);
+        let before = t.subscribed.get(&id).map(Vec::as_slice).unwrap_or_default();
+        if keys.as_slice() != before {
+            for (key, on) in before
+                .iter()
+                .filter(|k| !keys.contains(k))
+                .map(|k| (k, false))
+                .chain(keys.iter().filter(|k| !before.contains(k)).map(|k| (k, true)))
+            {
+                let c = if on {
+                    Command::Subscribe {
+                        key: key.clone(),
+                        id: id.clone(),
+                    }
+                } else {
+                    Command::Unsubscribe {
+                        key: key.clone(),
+                        id: id.clone(),
+                    }
+                };
+                outs.push(command(shared, partition_of(key, shared.partitions), Some(key), &c));
+            }
+            if keys.is_empty() {
+                t.subscribed.remove(&id);
+            } else {
+                t.subscribed.insert(id.clone(), keys);
+            }
         }
         let p = t.partition;
         if !s.h.pending.is_empty() {
@@ -245,6 +275,7 @@ impl Decision<'_> {
                 event,
                 origin,
                 home,
+                expect,
             } => {
                 let source = format!("{}/{}", origin.topic, origin.partition);
                 match target {
@@ -271,21 +302,26 @@ impl Decision<'_> {
                             origin,
                             target: Some(id),
                             home: None,
+                            key: None,
+                            expect: None,
                             expires: at + self.shared.cfg.event_window_ms,
                         }),
                     },
                     None => {
-                        // Only the instances the index says the event may reach are matched.
+                        // Only the instances the index says the event may reach are matched. An
+                        // event routed by key came the long way, through the key's partition:
+                        // events read after it may have reached the instance first, so the mark
+                        // of what was applied from its events partition does not judge it (the
+                        // event's source and id still do).
                         let mut ids: Vec<String> = self
                             .t
                             .corr
                             .candidates(&event)
                             .into_iter()
                             .filter(|id| {
-                                self.t
-                                    .slots
-                                    .get(id)
-                                    .is_some_and(|s| s.seen.get(&source).is_none_or(|o| *o < origin.offset))
+                                self.t.slots.get(id).is_some_and(|s| {
+                                    expect.is_some() || s.seen.get(&source).is_none_or(|o| *o < origin.offset)
+                                })
                             })
                             .collect();
                         ids.retain(|id| self.accepts(id, &event));
@@ -295,6 +331,8 @@ impl Decision<'_> {
                                 origin,
                                 target: None,
                                 home,
+                                key: None,
+                                expect,
                                 expires: at + self.shared.cfg.event_window_ms,
                             });
                         } else {
@@ -305,6 +343,70 @@ impl Decision<'_> {
                     }
                 }
             }
+            Command::Keyed { key, event, origin } => {
+                // This partition owns the key: the event goes to the partitions of the instances
+                // subscribed to it (each matches it as a broadcast, and reports it here if none of
+                // its instances takes it), or waits here for a subscription.
+                let me = self.t.partition;
+                let to: BTreeSet<i32> = self
+                    .t
+                    .parking
+                    .subs
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .map(|id| partition_of(id, n))
+                    .collect();
+                if to.is_empty() {
+                    self.park(Parked {
+                        event,
+                        origin,
+                        target: None,
+                        home: Some(me),
+                        key: Some(key),
+                        expect: Some(1),
+                        expires: at + self.shared.cfg.event_window_ms,
+                    });
+                    return;
+                }
+                let expect = Some(to.len() as u32);
+                for q in to {
+                    let c = Command::Event {
+                        target: None,
+                        event: event.clone(),
+                        origin: origin.clone(),
+                        home: Some(me),
+                        expect,
+                    };
+                    self.outs.push(command(self.shared, q, Some(&key), &c));
+                }
+            }
+            Command::Subscribe { key, id } => {
+                self.t.parking.subscribe(&key, &id);
+                // What waited here for the key goes to the new subscriber's partition, which
+                // reports it back if none of its instances takes it.
+                let waiting = self.t.parking.parked_for_key(&key);
+                if waiting.is_empty() {
+                    return;
+                }
+                let parked: Vec<Parked> = waiting
+                    .iter()
+                    .filter_map(|k| self.t.parking.parked.get(k).cloned())
+                    .collect();
+                self.t.parking.remove_all(&waiting);
+                let q = partition_of(&id, n);
+                for p in parked {
+                    let c = Command::Event {
+                        target: None,
+                        event: p.event,
+                        origin: p.origin,
+                        home: Some(self.t.partition),
+                        expect: Some(1),
+                    };
+                    self.outs.push(command(self.shared, q, Some(&key), &c));
+                }
+            }
+            Command::Unsubscribe { key, id } => self.t.parking.unsubscribe(&key, &id),
             Command::Result { id, op, outcome } => {
                 let driver = self.shared.driver.clone();
                 let Some(s) = self.t.slots.get_mut(&id) else { return };
@@ -398,6 +500,7 @@ impl Decision<'_> {
                                 key: p.origin.key(),
                                 partition: self.t.partition,
                                 event: p.event,
+                                expect: p.expect,
                             };
                             self.outs.push(command(self.shared, home, None, &c));
                         }
@@ -417,14 +520,19 @@ impl Decision<'_> {
                     parking.changed.insert(tally_key(&k));
                 }
             }
-            Command::Unmatched { key, partition, event } => {
+            Command::Unmatched {
+                key,
+                partition,
+                event,
+                expect,
+            } => {
                 let parking = &mut self.t.parking;
                 let entry = parking.tally.entry(key.clone()).or_insert((Vec::new(), event, at));
                 if !entry.0.contains(&partition) {
                     entry.0.push(partition);
                 }
                 parking.changed.insert(tally_key(&key));
-                if entry.0.len() as i32 >= n {
+                if entry.0.len() as i32 >= expect.map_or(n, |e| e as i32) {
                     let (_, event, _) = parking.tally.remove(&key).unwrap_or_default();
                     let why =
                         "no instance accepted it within the event window (type, source or correlation did not match)";
@@ -498,6 +606,7 @@ impl Decision<'_> {
                     key: p.origin.key(),
                     partition: self.t.partition,
                     event: p.event,
+                    expect: p.expect,
                 };
                 self.outs.push(command(self.shared, home, None, &c));
             }

@@ -2,11 +2,74 @@
 //! carry, and its parked events, each its own record on the state topic.
 
 use super::{Out, Shared};
-use crate::wire::{Parked, StateRecord, Tally, CLOCK_HEADER, TALLY_PREFIX};
+use crate::wire::{
+    corr_key, subscription_key, Parked, StateRecord, Subscription, Tally, CLOCK_HEADER, SUBSCRIPTION_PREFIX,
+    TALLY_PREFIX,
+};
 use indexmap::IndexMap;
 use serde_json::Value;
-use sm4c_runtime::engine::event::{attribute_text, correlation_key};
+use sm4c_runtime::engine::event::{attribute_text, correlation_key, kind_matches};
+use sm4c_runtime::model::EventDef;
+use sm4c_runtime::Machine;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+/// The correlation attribute an event definition is routed by: its first correlation rule's,
+/// when that rule names the value ([`contextAttributeValue`]). Every instance of such a
+/// definition knows the one value an event must carry in it to reach it (or can take none, when
+/// the value does not evaluate), so the events are routed by that value and the instances
+/// subscribe to it ([`subscriptions`]). `None` when the correlation leaves the value open.
+fn routing_attribute(def: &EventDef) -> Option<String> {
+    let rule = def.correlation.first()?;
+    rule.value.as_ref()?;
+    Some(rule.name.to_ascii_lowercase())
+}
+
+/// The partition an event without `sm4cinstanceid` goes to, as a correlation key ([`corr_key`]):
+/// `Some` when every definition of `machines` with an event definition of the event's type and
+/// source routes that definition by the same attribute, and the event carries it. Otherwise
+/// (an open correlation somewhere, definitions that disagree, a missing attribute) `None`: the
+/// event goes to every partition.
+pub(super) fn keyed_route(machines: &[Arc<Machine>], event: &serde_json::Value) -> Option<String> {
+    let mut attribute: Option<String> = None;
+    for d in machines
+        .iter()
+        .flat_map(|m| m.events.iter())
+        .filter(|d| kind_matches(d, event))
+    {
+        let a = routing_attribute(d)?;
+        match &attribute {
+            Some(x) if *x != a => return None,
+            Some(_) => {}
+            None => attribute = Some(a),
+        }
+    }
+    let a = attribute?;
+    let v = attribute_text(event, &a)?;
+    Some(corr_key(&a, &v))
+}
+
+/// The correlation keys an unended instance subscribes to: for each of its event definitions
+/// routed by key, the value its data gives the routing attribute (as [`correlation_key`] finds it).
+pub(super) fn subscriptions(inst: &sm4c_runtime::Instance) -> Vec<String> {
+    if inst.status().is_final() {
+        return Vec::new();
+    }
+    let snap = inst.snapshot();
+    let mut keys: Vec<String> = inst
+        .machine()
+        .events
+        .iter()
+        .filter_map(|d| {
+            let a = routing_attribute(d)?;
+            let (got, v) = correlation_key(d, &snap.data.0, &snap.bindings)?;
+            (got == a).then(|| corr_key(&a, &v))
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
 
 /// The unended instances of a partition indexed by what an event must carry to reach them, so
 /// that an event without `sm4cinstanceid` is matched (with jq) against those only, not against
@@ -132,6 +195,11 @@ pub(super) struct Parking {
     pub(super) by_attr: HashMap<(String, String), BTreeSet<String>>,
     /// Broadcast parked events by type.
     pub(super) by_type: HashMap<String, BTreeSet<String>>,
+    /// Events routed by key parked here, the key's partition, by correlation key: a subscription
+    /// takes them.
+    pub(super) by_key: HashMap<String, BTreeSet<String>>,
+    /// The subscriptions to the correlation keys this partition owns: key → instances.
+    pub(super) subs: HashMap<String, BTreeSet<String>>,
 }
 
 /// The attributes of an event that never carry a correlation value.
@@ -171,6 +239,12 @@ impl Parking {
                 set.insert(key.to_string());
             } else {
                 set.remove(key);
+            }
+        }
+        if let Some(k) = &p.key {
+            put(self.by_key.entry(k.clone()).or_default(), key, add);
+            if self.by_key.get(k).is_some_and(BTreeSet::is_empty) {
+                self.by_key.remove(k);
             }
         }
         if let Some(t) = &p.target {
@@ -235,12 +309,42 @@ impl Parking {
         parked.chain(tally).min()
     }
 
+    /// Instance `id` takes the events of correlation key `key` from now on.
+    pub(super) fn subscribe(&mut self, key: &str, id: &str) {
+        if self.subs.entry(key.to_string()).or_default().insert(id.to_string()) {
+            self.changed.insert(subscription_key(key, id));
+        }
+    }
+
+    /// Instance `id` no longer takes the events of correlation key `key`.
+    pub(super) fn unsubscribe(&mut self, key: &str, id: &str) {
+        let Some(set) = self.subs.get_mut(key) else { return };
+        if set.remove(id) {
+            self.changed.insert(subscription_key(key, id));
+        }
+        if set.is_empty() {
+            self.subs.remove(key);
+        }
+    }
+
+    /// The events routed by key parked here for correlation key `key`, oldest first.
+    pub(super) fn parked_for_key(&self, key: &str) -> Vec<String> {
+        let Some(set) = self.by_key.get(key) else {
+            return Vec::new();
+        };
+        let mut keys: Vec<String> = set.iter().cloned().collect();
+        keys.sort_by_key(|k| self.parked.get_index_of(k));
+        keys
+    }
+
     /// Takes in what a state record of the partition's own holds.
     pub(super) fn restore(&mut self, key: &str, r: StateRecord) {
         if let Some(p) = r.parked {
             self.insert(key.to_string(), p);
         } else if let (Some(t), Some(origin)) = (r.tally, key.strip_prefix(TALLY_PREFIX)) {
             self.tally.insert(origin.to_string(), t);
+        } else if let Some(s) = r.subscription {
+            self.subs.entry(s.key).or_default().insert(s.id);
         }
     }
 
@@ -257,8 +361,19 @@ impl Parking {
                 r.parked = Some(p.clone());
             } else if let Some(t) = key.strip_prefix(TALLY_PREFIX).and_then(|o| self.tally.get(o)) {
                 r.tally = Some(t.clone());
+            } else if let Some((k, id)) = key
+                .strip_prefix(SUBSCRIPTION_PREFIX)
+                .and_then(|s| s.rsplit_once('\u{0}'))
+            {
+                if self.subs.get(k).is_some_and(|set| set.contains(id)) {
+                    r.subscription = Some(Subscription {
+                        key: k.to_string(),
+                        id: id.to_string(),
+                    });
+                }
             }
-            let payload = (r.parked.is_some() || r.tally.is_some()).then(|| serde_json::to_vec(&r).unwrap_or_default());
+            let payload = (r.parked.is_some() || r.tally.is_some() || r.subscription.is_some())
+                .then(|| serde_json::to_vec(&r).unwrap_or_default());
             let headers = match payload {
                 Some(_) => Vec::new(),
                 None => vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())],
@@ -277,7 +392,7 @@ impl Parking {
 
 #[cfg(test)]
 mod tests {
-    use super::{CorrIndex, Parking};
+    use super::{keyed_route, subscriptions, CorrIndex, Parking};
     use crate::wire::{parked_key, Origin, Parked};
     use serde_json::json;
     use sm4c_runtime::{load, Input, LoadOptions, Timed};
@@ -377,6 +492,8 @@ mod tests {
                 origin: origin(offset),
                 target: target.map(str::to_string),
                 home: None,
+                key: None,
+                expect: None,
                 expires: 0,
             };
             parking.insert(parked_key(&p), p);
@@ -417,5 +534,171 @@ mod tests {
         parking.remove_all(&all);
         assert!(parking.parked.is_empty() && parking.by_attr.is_empty() && parking.by_type.is_empty());
         assert!(parking.by_target.is_empty() && parking.changed.len() == 5);
+    }
+
+    fn machine(events: serde_json::Value) -> Arc<sm4c_runtime::Machine> {
+        let doc = json!({
+            "id": "m", "version": "1.0", "name": "M",
+            "events": events,
+            "states": [
+                {"name": "Wait", "start": true, "transitions": [
+                    {"nextState": "Done", "eventGroups": [{"events": ["done"]}]}
+                ]},
+                {"name": "Done", "final": true}
+            ]
+        });
+        Arc::new(load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).expect("valid"))
+    }
+
+    #[test]
+    fn an_event_is_routed_by_key_only_when_every_definition_that_may_take_it_names_the_value() {
+        let keyed = machine(json!([
+            {"name": "done", "type": "payment.done", "source": "payments",
+             "correlation": [{"contextAttributeName": "orderId", "contextAttributeValue": "${ .orderId }"},
+                             {"contextAttributeName": "region"}]},
+            {"name": "other", "type": "audit"}
+        ]));
+        let same = machine(json!([
+            {"name": "done", "type": "payment.done",
+             "correlation": [{"contextAttributeName": "ORDERID", "contextAttributeValue": "x"}]}
+        ]));
+        let open = machine(json!([
+            {"name": "done", "type": "payment.done", "correlation": [{"contextAttributeName": "orderId"}]}
+        ]));
+        let other = machine(json!([
+            {"name": "done", "type": "payment.done",
+             "correlation": [{"contextAttributeName": "customer", "contextAttributeValue": "${ .c }"}]}
+        ]));
+        let pay = json!({"type": "payment.done", "source": "payments", "orderid": "o-1", "customer": "c"});
+        let key = Some(crate::wire::corr_key("orderid", "o-1"));
+        assert_eq!(keyed_route(std::slice::from_ref(&keyed), &pay), key);
+        assert_eq!(keyed_route(&[keyed.clone(), same.clone()], &pay), key);
+        // An open correlation, or definitions that route by other attributes: every partition.
+        assert_eq!(keyed_route(&[keyed.clone(), open], &pay), None);
+        assert_eq!(keyed_route(&[keyed.clone(), other], &pay), None);
+        // Without the attribute, or of a type only open definitions take: every partition.
+        assert_eq!(
+            keyed_route(
+                std::slice::from_ref(&keyed),
+                &json!({"type": "payment.done", "source": "payments"})
+            ),
+            None
+        );
+        assert_eq!(
+            keyed_route(std::slice::from_ref(&keyed), &json!({"type": "audit"})),
+            None
+        );
+        // A source the definition does not declare leaves it out.
+        assert_eq!(
+            keyed_route(
+                &[keyed.clone(), same],
+                &json!({"type": "payment.done", "source": "elsewhere", "orderid": "o-1"})
+            ),
+            key
+        );
+
+        // An instance subscribes to the value its data gives the routing attribute; an ended
+        // one, or one whose value does not evaluate, to none.
+        let driver = sm4c_host::driver::Driver::durable();
+        let mut h = driver.create(keyed.clone(), "i1");
+        driver.step(
+            &mut h,
+            Timed {
+                at: 0,
+                input: Input::Start {
+                    data: json!({"orderId": "o-1"}),
+                },
+            },
+        );
+        assert_eq!(subscriptions(&h.inst), vec![crate::wire::corr_key("orderid", "o-1")]);
+        let mut none = driver.create(keyed, "i2");
+        driver.step(
+            &mut none,
+            Timed {
+                at: 0,
+                input: Input::Start { data: json!({}) },
+            },
+        );
+        assert_eq!(
+            subscriptions(&none.inst),
+            vec![crate::wire::corr_key("orderid", "null")]
+        );
+        driver.step(
+            &mut h,
+            Timed {
+                at: 1,
+                input: Input::Event {
+                    event: json!({"specversion": "1.0", "id": "e", "type": "payment.done", "source": "payments", "orderid": "o-1", "region": "eu"}),
+                },
+            },
+        );
+        assert!(h.inst.status().is_final());
+        assert!(subscriptions(&h.inst).is_empty());
+    }
+
+    #[test]
+    fn subscriptions_are_records_of_their_own_written_and_deleted_with_their_partition() {
+        let mut parking = Parking::default();
+        let key = crate::wire::corr_key("orderid", "o-1");
+        parking.subscribe(&key, "i1");
+        parking.subscribe(&key, "i2");
+        parking.subscribe(&key, "i2");
+        assert_eq!(parking.subs[&key].len(), 2);
+        assert_eq!(parking.changed.len(), 2);
+        parking.changed.clear();
+        parking.unsubscribe(&key, "i1");
+        parking.unsubscribe(&key, "i9");
+        assert_eq!(parking.changed.len(), 1);
+        // Parked events routed by key are found by it, oldest first.
+        let park = |parking: &mut Parking, offset, key: Option<&str>| {
+            let p = Parked {
+                event: json!({"type": "payment.done", "orderid": "o-1"}),
+                origin: crate::wire::Origin {
+                    topic: "e".into(),
+                    partition: 0,
+                    offset,
+                },
+                target: None,
+                home: Some(0),
+                key: key.map(str::to_string),
+                expect: Some(1),
+                expires: 0,
+            };
+            parking.insert(parked_key(&p), p);
+        };
+        park(&mut parking, 7, Some(&key));
+        park(&mut parking, 3, Some(&key));
+        park(&mut parking, 5, None);
+        let found: Vec<i64> = parking
+            .parked_for_key(&key)
+            .iter()
+            .map(|k| parking.parked[k].origin.offset)
+            .collect();
+        assert_eq!(found, [7, 3]);
+        parking.remove_all(&parking.parked_for_key(&key));
+        assert!(parking.by_key.is_empty() && parking.parked.len() == 1);
+        // A subscription's record says what it is; one taken back is a tombstone.
+        let sub = crate::wire::subscription_key(&key, "i2");
+        let gone = crate::wire::subscription_key(&key, "i1");
+        parking.changed.clear();
+        parking.changed.insert(sub.clone());
+        parking.changed.insert(gone.clone());
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let outs = parking.records(&shared, 0, 4, 9);
+        let of = |k: &str| outs.iter().find(|o| o.key.as_deref() == Some(k)).expect("written");
+        let r: crate::wire::StateRecord =
+            serde_json::from_slice(of(&sub).payload.as_deref().expect("a record")).expect("json");
+        assert_eq!(
+            r.subscription,
+            Some(crate::wire::Subscription {
+                key: key.clone(),
+                id: "i2".into()
+            })
+        );
+        assert!(of(&gone).payload.is_none());
+        let mut back = Parking::default();
+        back.restore(&sub, r);
+        assert!(back.subs[&key].contains("i2"));
     }
 }

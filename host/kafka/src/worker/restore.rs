@@ -5,7 +5,8 @@ use super::{
     committed_of, produce, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot, RESTORE_TIMEOUT,
 };
 use crate::wire::{
-    parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, TALLY_PREFIX,
+    parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, SUBSCRIPTION_PREFIX,
+    TALLY_PREFIX,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
@@ -386,6 +387,7 @@ impl Latest {
             txn,
             slots: HashMap::new(),
             corr: CorrIndex::default(),
+            subscribed: HashMap::new(),
             dirty: BTreeSet::new(),
             ended: HashMap::new(),
             expired: Vec::new(),
@@ -433,7 +435,7 @@ impl Latest {
                 }
                 continue;
             };
-            if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) {
+            if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) || k.starts_with(SUBSCRIPTION_PREFIX) {
                 own.push((k, r));
                 continue;
             }
@@ -465,6 +467,10 @@ impl Latest {
                 }
             }
             t.corr.update(&k, &slot.h.inst);
+            let keys = super::index::subscriptions(&slot.h.inst);
+            if !keys.is_empty() {
+                t.subscribed.insert(k.clone(), keys);
+            }
             t.slots.insert(k, slot);
         }
         // Oldest first, as they were parked.

@@ -60,7 +60,10 @@ fn definition() -> Value {
         "name": "Simulated order",
         "functions": [ { "name": "charge", "operation": "http://example.org/payments.json#charge" } ],
         "events": [
-            { "name": "go", "type": "sim.go", "source": "client" },
+            {
+                "name": "go", "type": "sim.go", "source": "client",
+                "correlation": [ { "contextAttributeName": "order", "contextAttributeValue": "${ \"i\" + (.n | tostring) }" } ]
+            },
             { "name": "done", "type": "sim.done", "source": "sm4c/sim" }
         ],
         "states": [
@@ -130,7 +133,7 @@ impl Functions for NoFunctions {
     }
 }
 
-fn shared(rt: &tokio::runtime::Runtime) -> Shared {
+pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
     let mut cfg = KafkaConfig::new("");
     cfg.prefix = "sim".into();
     cfg.partitions = PARTITIONS;
@@ -520,6 +523,8 @@ struct World<'a> {
     started: BTreeSet<String>,
     /// Every `go` event record sent: (instance, its origin `topic/partition/offset`).
     gos: Vec<(String, String)>,
+    /// Per instance a go event was sent to: whether every one went by key (none named it).
+    keyed_only: BTreeMap<String, bool>,
     /// Client requests and call results that may be sent again later (a client that timed out
     /// and retried, a call answered twice): (instance, command).
     resend: Vec<(String, Command)>,
@@ -536,6 +541,9 @@ struct World<'a> {
     disk_rng: fastrand::Rng,
     /// Draws for the events sent before their instance starts, apart from `rng` likewise.
     early_rng: fastrand::Rng,
+    /// Whether a go event names its instance (`sm4cinstanceid`) or is routed by its correlation
+    /// key (`order`): a stream of its own, so the other draws of a seed stay as they were.
+    keyed_rng: fastrand::Rng,
 }
 
 impl<'a> World<'a> {
@@ -560,6 +568,7 @@ impl<'a> World<'a> {
             executed: BTreeMap::new(),
             started: BTreeSet::new(),
             gos: Vec::new(),
+            keyed_only: BTreeMap::new(),
             resend: Vec::new(),
             trace: Vec::new(),
             lossy: true,
@@ -567,6 +576,7 @@ impl<'a> World<'a> {
             disks: None,
             disk_rng: fastrand::Rng::with_seed(seed ^ 0x5eed_d15c),
             early_rng: fastrand::Rng::with_seed(seed ^ 0xea51_7e57),
+            keyed_rng: fastrand::Rng::with_seed(seed ^ 0x6e_7ed0),
         };
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
@@ -1085,6 +1095,26 @@ impl<'a> World<'a> {
             };
             self.command(&id, &c);
         }
+        // As the worker loop does: a partition whose parked events' window has passed gets a tick.
+        let window = self.shared.cfg.event_window_ms;
+        let ticks: Vec<i32> = self.workers[w]
+            .owners
+            .iter()
+            .filter(|(_, o)| o.t.parking.next_expiry(window).is_some_and(|due| due <= now))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in ticks {
+            self.note(format!("w{w} ticks p{p}"));
+            let out = super::command(self.shared, p, None, &Command::Tick);
+            self.broker.plain(&out, now);
+        }
+    }
+
+    /// Whether some owner still holds a parked event.
+    fn parked(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.owners.values().any(|o| !o.t.parking.parked.is_empty()))
     }
 
     fn finish_call(&mut self, i: usize, repeat: bool) {
@@ -1140,12 +1170,18 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Produces the `go` event for `id`; gives the command that repeats it.
+    /// Produces the `go` event for `id`, naming it or (every other time or so) carrying only its
+    /// correlation key, so that it goes through the key's partition; gives the command that
+    /// repeats it.
     fn post_go(&mut self, id: &str) -> Command {
-        let event = json!({
+        let mut event = json!({
             "specversion": "1.0", "id": format!("go-{id}"), "source": "client", "type": "sim.go",
-            "sm4cinstanceid": id
+            "order": id
         });
+        let keyed = self.keyed_rng.bool();
+        if !keyed {
+            event["sm4cinstanceid"] = json!(id);
+        }
         let topic = self.shared.topics.events[0].clone();
         let e = partition_of(id, EVENTS);
         let offset = self.broker.end(&topic, e);
@@ -1157,8 +1193,10 @@ impl<'a> World<'a> {
             headers: vec![("content-type".into(), b"application/cloudevents+json".to_vec())],
         };
         self.broker.plain(&out, self.now);
-        self.note(format!("client sends go to {id} (e{e} @{offset})"));
+        let how = if keyed { " by key" } else { "" };
+        self.note(format!("client sends go to {id}{how} (e{e} @{offset})"));
         self.gos.push((id.to_string(), format!("{topic}/{e}/{offset}")));
+        *self.keyed_only.entry(id.to_string()).or_insert(true) &= keyed;
         Command::Event {
             target: Some(id.to_string()),
             event,
@@ -1168,6 +1206,7 @@ impl<'a> World<'a> {
                 offset,
             },
             home: None,
+            expect: None,
         }
     }
 
@@ -1298,7 +1337,8 @@ impl<'a> World<'a> {
             while !self.calls.is_empty() {
                 self.finish_call(0, false);
             }
-            if self.all_ended() && self.drained() {
+            // Parked events wait for their window to pass (dead-lettered) before the checks.
+            if self.all_ended() && self.drained() && !self.parked() {
                 return Ok(());
             }
             self.now += 5_000;
@@ -1398,8 +1438,10 @@ impl<'a> World<'a> {
         })
     }
 
-    /// The checks, on what Apache Kafka's `read_committed` readers see.
-    fn check(&self) -> Result<(), String> {
+    /// The checks, on what Apache Kafka's `read_committed` readers see. Gives how many instances
+    /// took a go event that only its correlation key routed.
+    fn check(&self) -> Result<usize, String> {
+        let mut by_key = 0;
         let topics = &self.shared.topics;
         // Each owner's local store holds what its state partition holds: the latest committed
         // record of every key, and no key the partition deleted.
@@ -1440,6 +1482,24 @@ impl<'a> World<'a> {
                         ));
                     }
                 }
+            }
+        }
+        // Every instance has ended: none is subscribed to a correlation key any more.
+        for p in 0..PARTITIONS {
+            let mut subs: BTreeMap<String, bool> = BTreeMap::new();
+            for r in self.broker.truth(&topics.state, p) {
+                if let Some(k) = r
+                    .key
+                    .clone()
+                    .filter(|k| k.starts_with(crate::wire::SUBSCRIPTION_PREFIX))
+                {
+                    subs.insert(k, r.payload.is_some());
+                }
+            }
+            if let Some((k, _)) = subs.iter().find(|(_, live)| **live) {
+                return Err(format!(
+                    "p{p} still holds subscription {k:?} after every instance ended"
+                ));
             }
         }
         // Sent events: one per instance, ids unique.
@@ -1539,6 +1599,9 @@ impl<'a> World<'a> {
             }
             let how = done[0]["how"].as_str().unwrap_or_default();
             let by_event = consumed.contains_key(&format!("go-{id}"));
+            if by_event && self.keyed_only.get(id) == Some(&true) {
+                by_key += 1;
+            }
             if by_event != (how == "event") || (how == "timer") != (fired.len() == 1) {
                 return Err(format!(
                     "{id} ended by {how:?} but its journal has {} go events and {} timers",
@@ -1585,7 +1648,7 @@ impl<'a> World<'a> {
                 return Err(format!("the go event for {id} ({origin}) is not dead-lettered"));
             }
         }
-        Ok(())
+        Ok(by_key)
     }
 }
 
@@ -1610,7 +1673,7 @@ fn message(topic: &str, p: i32, r: &Rec) -> OwnedMessage {
 }
 
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
-fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<(), (String, Vec<String>)> {
+fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<usize, (String, Vec<String>)> {
     let mut w = World::new(shared, seed, verbose);
     let instances = 4 + w.rng.usize(..8);
     let steps = 100 + w.rng.usize(..200);
@@ -1649,12 +1712,22 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
+    let mut by_key = 0;
     for seed in 0..seeds {
-        if let Err((e, trace)) = run(&shared, seed, false) {
-            let tail = trace[trace.len().saturating_sub(60)..].join("\n");
-            panic!(
-                "seed {seed} fails: {e}\nthe last steps of its schedule:\n{tail}\nreplay it with SM4C_SIM_SEED={seed} cargo test -p sm4c-kafka --lib sim"
-            );
+        match run(&shared, seed, false) {
+            Ok(n) => by_key += n,
+            Err((e, trace)) => {
+                let tail = trace[trace.len().saturating_sub(60)..].join("\n");
+                panic!(
+                    "seed {seed} fails: {e}\nthe last steps of its schedule:\n{tail}\nreplay it with SM4C_SIM_SEED={seed} cargo test -p sm4c-kafka --lib sim"
+                );
+            }
         }
     }
+    // The schedules go through routing by correlation key, not only around it.
+    assert!(
+        seeds < 20 || by_key >= seeds as usize / 4,
+        "only {by_key} instances in {seeds} seeds took a go event routed by its key"
+    );
+    eprintln!("{seeds} seeds; {by_key} instances took a go event routed by its correlation key");
 }
