@@ -1258,8 +1258,8 @@ fn events_that_reach_no_instance_go_to_the_dead_letter_topic_with_the_reason() {
     assert_eq!(ticks(), before, "ticks while nothing was due");
 }
 
-/// Early replies are parked as records of their own: forty of 30 KB each (1.2 MB per partition,
-/// more than a Kafka record may hold) survive a SIGKILL and reach their instances, each parked
+/// Early replies are parked as records of their own: seventy of 30 KB each (over 1 MB on a
+/// partition, more than a Kafka record may hold) survive a SIGKILL and reach their instances, each parked
 /// record is deleted by a tombstone once delivered, and events beyond `--max-parked` are
 /// dead-lettered with that reason instead of failing the partition's transactions. All parked
 /// events used to share one record per partition: past 1 MB every transaction failed and the
@@ -1275,7 +1275,16 @@ fn parked_events_are_records_of_their_own_with_a_limit() {
     let p = producer(&broker);
     let events = format!("{prefix}.events");
     let blob = "x".repeat(30_000);
-    for i in 0..40 {
+    // Each reply is parked at the partition of its correlation key until its instance subscribes.
+    let early = 70;
+    let mut at_key: BTreeMap<i32, usize> = BTreeMap::new();
+    for i in 0..early {
+        *at_key
+            .entry(sm4c_kafka::partition_of(
+                &sm4c_kafka::corr_key("orderid", &format!("big-{i}")),
+                2,
+            ))
+            .or_default() += 1;
         send_binary(
             &p,
             &events,
@@ -1284,6 +1293,10 @@ fn parked_events_are_records_of_their_own_with_a_limit() {
         );
     }
     p.flush(Duration::from_secs(10)).expect("flush");
+    assert!(
+        at_key.values().all(|n| *n <= 45) && at_key.values().any(|n| n * 30_000 > 1_000_000),
+        "the test wants more than a Kafka record's worth parked on a partition, within the limit: {at_key:?}"
+    );
     let state = format!("{prefix}.state");
     let parked_keys = |records: &[Record]| {
         records
@@ -1294,15 +1307,15 @@ fn parked_events_are_records_of_their_own_with_a_limit() {
             .count()
     };
     wait_until(
-        "80 parked records (40 broadcast events on each of 2 partitions)",
+        "70 parked records (each event at its key's partition)",
         60,
-        || parked_keys(&read_topic(&broker, &state)) >= 80,
+        || parked_keys(&read_topic(&broker, &state)) >= early,
         &[&w],
     );
     w.kill9();
     w.run();
     wait_owned(&[&w], 2);
-    for i in 0..40 {
+    for i in 0..early {
         start(
             &w,
             "saga",
@@ -1313,7 +1326,7 @@ fn parked_events_are_records_of_their_own_with_a_limit() {
     wait_until(
         "every instance to get its early reply",
         90,
-        || (0..40).all(|i| state_of(&w, &format!("big-{i}")) == "Paid"),
+        || (0..early).all(|i| state_of(&w, &format!("big-{i}")) == "Paid"),
         &[&w],
     );
     let records = read_topic(&broker, &state);
@@ -1321,23 +1334,18 @@ fn parked_events_are_records_of_their_own_with_a_limit() {
         records.iter().all(|(_, _, payload)| payload.len() < 1_000_000),
         "a state record outgrew a Kafka record"
     );
-    // A broadcast event is parked on both partitions; the partition of its instance delivered it
-    // and deleted its record there (a tombstone: an empty payload). The other copy waits out the
-    // event window.
+    // Each event was parked once; the subscription of its instance took it, and its record was
+    // deleted (a tombstone: an empty payload).
     let parked: Vec<&Record> = records
         .iter()
         .filter(|(k, _, _)| k.as_deref().is_some_and(|k| k.starts_with("\u{0}parked/")))
         .collect();
     let kept = parked.iter().filter(|(_, _, p)| !p.is_empty()).count();
     let deleted = parked.iter().filter(|(_, _, p)| p.is_empty()).count();
-    assert_eq!((kept, deleted), (80, 40), "parked records and tombstones");
+    assert_eq!((kept, deleted), (early, early), "parked records and tombstones");
 
     // Events for instances that do not exist (yet), beyond the limit of a partition.
     let mut per_partition: BTreeMap<i32, usize> = BTreeMap::new();
-    for i in 0..40 {
-        let home = sm4c_kafka::partition_of(&format!("big-{i}"), 2);
-        *per_partition.entry(1 - home).or_default() += 1;
-    }
     for i in 0..100 {
         let id = format!("ghost-{i}");
         *per_partition.entry(sm4c_kafka::partition_of(&id, 2)).or_default() += 1;
@@ -2746,8 +2754,8 @@ fn kafka_mode_serves_metrics_of_instances_and_transactions() {
         Some(2.0),
         "{text}"
     );
-    // An early reply is parked on both partitions, and an event that names an ended instance is
-    // dead-lettered at once.
+    // An early reply is parked at the partition of its correlation key, and an event that names
+    // an ended instance is dead-lettered at once.
     post_event(
         &w,
         json!({"specversion": "1.0", "id": "early-m9", "source": "payments", "type": "payment.done", "orderid": "m9"}),
@@ -2771,9 +2779,9 @@ fn kafka_mode_serves_metrics_of_instances_and_transactions() {
             &text,
             &format!("sm4c_kafka_consumer_lag{{topic=\"{prefix}.commands\",partition=\"0\"}}"),
         );
-        // The three replies were broadcasts too: each is parked on the partition without its
-        // instance; the early reply on both.
-        if parked == 5.0 && dead == Some(1.0) && lag.is_some() {
+        // The three replies went by their correlation key to their instances' partitions only:
+        // nothing of theirs is left parked.
+        if parked == 1.0 && dead == Some(1.0) && lag.is_some() {
             break;
         }
         let kafka: Vec<&str> = text.lines().filter(|l| l.starts_with("sm4c_kafka_")).collect();

@@ -72,7 +72,7 @@ mod view;
 mod wire;
 mod worker;
 
-pub use wire::{partition_of, start_id};
+pub use wire::{corr_key, partition_of, start_id};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

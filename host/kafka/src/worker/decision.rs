@@ -789,3 +789,140 @@ fn parse_origin(key: &str) -> Origin {
         offset,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::decide;
+    use crate::wire::{corr_key, partition_of, Command, Origin};
+    use serde_json::{json, Value};
+
+    /// What a batch of `commands` at time `at` makes the owner of partition `p` produce on the
+    /// commands topic, and its dead letters' event ids.
+    fn run(
+        shared: &crate::Shared,
+        t: &mut super::Owner,
+        commands: &[Command],
+        at: i64,
+    ) -> (Vec<(i32, Value)>, Vec<String>) {
+        let payloads: Vec<Vec<u8>> = commands.iter().map(|c| serde_json::to_vec(c).expect("json")).collect();
+        let start = t.resume.max(0) + 1000 * at;
+        let records = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (start + i as i64, at, p.as_slice()));
+        let b = decide(shared, t, records, Default::default(), at);
+        let mut commands = Vec::new();
+        let mut dead = Vec::new();
+        for o in b.outs {
+            let v: Value = o
+                .payload
+                .as_deref()
+                .and_then(|p| serde_json::from_slice(p).ok())
+                .unwrap_or(Value::Null);
+            if o.topic == shared.topics.commands {
+                commands.push((o.partition.unwrap_or(-1), v));
+            } else if o.topic == shared.topics.deadletter {
+                dead.push(v["id"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        (commands, dead)
+    }
+
+    #[test]
+    fn the_partition_of_a_key_hands_its_events_to_the_subscribers_partitions_or_keeps_them_for_one() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let n = shared.partitions;
+        let key = corr_key("order", "o-1");
+        let me = partition_of(&key, n);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, me, None, None);
+        // Two instances on two other partitions.
+        let ids: Vec<String> = {
+            let mut seen = std::collections::BTreeSet::new();
+            (0..100)
+                .map(|i| format!("s{i}"))
+                .filter(|id| partition_of(id, n) != me && seen.insert(partition_of(id, n)))
+                .take(2)
+                .collect()
+        };
+        let origin = |offset| Origin {
+            topic: "sim.events".into(),
+            partition: 0,
+            offset,
+        };
+        let event =
+            |id: &str| json!({"specversion": "1.0", "id": id, "source": "client", "type": "sim.go", "order": "o-1"});
+        let keyed = |id: &str, offset| Command::Keyed {
+            key: key.clone(),
+            event: event(id),
+            origin: origin(offset),
+        };
+
+        // No subscriber: the event waits here, a parked record keyed by nothing else.
+        let (out, dead) = run(&shared, &mut t, &[keyed("e1", 1)], 1_000);
+        assert!(out.is_empty() && dead.is_empty(), "{out:?}");
+        assert_eq!(t.parking.parked_for_key(&key).len(), 1);
+        // The first subscription takes it to the subscriber's partition, which reports to this
+        // one, the home, if none of its instances takes it.
+        let sub = |id: &str| Command::Subscribe {
+            key: key.clone(),
+            id: id.to_string(),
+        };
+        let (out, _) = run(&shared, &mut t, &[sub(&ids[0])], 2_000);
+        assert_eq!(out.len(), 1, "{out:?}");
+        let (q, c) = &out[0];
+        assert_eq!(*q, partition_of(&ids[0], n));
+        assert_eq!(
+            (c["kind"].as_str(), c["home"].as_i64(), c["expect"].as_u64()),
+            (Some("event"), Some(me as i64), Some(1))
+        );
+        assert_eq!(c["event"]["id"], "e1");
+        assert!(t.parking.parked.is_empty() && t.parking.by_key.is_empty());
+        // With two subscribers on two partitions, an event goes to both, each expected to report.
+        let (out, _) = run(&shared, &mut t, &[sub(&ids[1]), keyed("e2", 2)], 3_000);
+        let mut to: Vec<i32> = out.iter().map(|(q, _)| *q).collect();
+        to.sort();
+        let mut want: Vec<i32> = ids.iter().map(|id| partition_of(id, n)).collect();
+        want.sort();
+        assert_eq!(to, want, "{out:?}");
+        assert!(
+            out.iter().all(|(_, c)| c["expect"] == 2 && c["event"]["id"] == "e2"),
+            "{out:?}"
+        );
+        // Dead-lettered once both partitions said no instance took it, not before.
+        let unmatched = |q: i32| Command::Unmatched {
+            key: origin(2).key(),
+            partition: q,
+            event: event("e2"),
+            expect: Some(2),
+        };
+        let (_, dead) = run(&shared, &mut t, &[unmatched(want[0]), unmatched(want[0])], 4_000);
+        assert!(dead.is_empty());
+        let (_, dead) = run(&shared, &mut t, &[unmatched(want[1])], 5_000);
+        assert_eq!(dead, ["e2"]);
+        // Unsubscribed, the key's events wait here again; past the window a tick reports the
+        // event to this partition itself, which dead-letters it.
+        let unsub = |id: &str| Command::Unsubscribe {
+            key: key.clone(),
+            id: id.to_string(),
+        };
+        let (out, _) = run(
+            &shared,
+            &mut t,
+            &[unsub(&ids[0]), unsub(&ids[1]), keyed("e3", 3)],
+            6_000,
+        );
+        assert!(out.is_empty(), "{out:?}");
+        assert!(t.parking.subs.is_empty());
+        let later = 6_000 + shared.cfg.event_window_ms;
+        let (out, _) = run(&shared, &mut t, &[Command::Tick], later);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(
+            (out[0].0, out[0].1["kind"].as_str(), out[0].1["expect"].as_u64()),
+            (me, Some("unmatched"), Some(1))
+        );
+        let report: Command = serde_json::from_value(out[0].1.clone()).expect("a command");
+        let (_, dead) = run(&shared, &mut t, &[report], later + 1);
+        assert_eq!(dead, ["e3"]);
+    }
+}
