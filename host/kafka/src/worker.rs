@@ -507,6 +507,10 @@ struct Owner {
     /// The correlation keys each unended instance is subscribed to at the keys' partitions, as
     /// of the last decided batch ([`index::subscriptions`]).
     subscribed: HashMap<String, Vec<String>>,
+    /// Restored instances whose subscriptions are sent again in the next batch: with
+    /// `--delivery at-least-once` a worker that died part-way through producing a batch's records
+    /// may have written an instance's state without its subscription (a `Subscribe` is idempotent).
+    resubscribe: Vec<String>,
     /// The instances the batch being decided changed: their records are written.
     dirty: BTreeSet<String>,
     /// Ended instances, out of memory but for when they ended (ms): a start with the same id

@@ -87,6 +87,20 @@ pub(super) fn decide<'a>(
     let mut ended = Vec::new();
     let mut records = Vec::new();
     let mut journal = Vec::new();
+    for id in std::mem::take(&mut t.resubscribe) {
+        let Some(s) = t.slots.get(&id) else { continue };
+        let keys = super::index::subscriptions(&s.h.inst);
+        for key in &keys {
+            let c = Command::Subscribe {
+                key: key.clone(),
+                id: id.clone(),
+            };
+            outs.push(command(shared, partition_of(key, shared.partitions), Some(key), &c));
+        }
+        if !keys.is_empty() {
+            t.subscribed.insert(id, keys);
+        }
+    }
     // The touched ones only: a batch costs what it changed, not the partition's size.
     for id in std::mem::take(&mut t.dirty) {
         let Some(s) = t.slots.get_mut(&id) else { continue };

@@ -388,6 +388,7 @@ impl Latest {
             slots: HashMap::new(),
             corr: CorrIndex::default(),
             subscribed: HashMap::new(),
+            resubscribe: Vec::new(),
             dirty: BTreeSet::new(),
             ended: HashMap::new(),
             expired: Vec::new(),
@@ -469,7 +470,11 @@ impl Latest {
             t.corr.update(&k, &slot.h.inst);
             let keys = super::index::subscriptions(&slot.h.inst);
             if !keys.is_empty() {
-                t.subscribed.insert(k.clone(), keys);
+                if shared.cfg.exactly_once {
+                    t.subscribed.insert(k.clone(), keys);
+                } else {
+                    t.resubscribe.push(k.clone());
+                }
             }
             t.slots.insert(k, slot);
         }
