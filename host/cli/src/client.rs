@@ -525,6 +525,26 @@ fn explain_text(v: &Value) -> String {
         s(&ev["type"]),
         s(&ev["source"])
     ));
+    // Kafka mode: which partitions it goes to.
+    let route = &v["route"];
+    match route["via"].as_str() {
+        Some("instance") => out.push_str(&format!(
+            "goes to partition {}, the partition of instance {}\n",
+            s(&route["partition"]),
+            s(&route["instance"])
+        )),
+        Some("key") => out.push_str(&format!(
+            "goes to partition {}, the partition of its correlation key {}={}\n",
+            s(&route["partition"]),
+            s(&route["attribute"]),
+            s(&route["value"])
+        )),
+        Some("every partition") => out.push_str(&format!(
+            "goes to every partition ({}): not every definition that may take it routes it by one correlation attribute it carries\n",
+            s(&route["partitions"])
+        )),
+        _ => {}
+    }
     let list = |k: &str| v[k].as_array().cloned().unwrap_or_default();
     for d in list("starts") {
         out.push_str(&format!(

@@ -1451,6 +1451,15 @@ fn start_events_start_one_instance_per_event_and_explain_event_says_why_others_t
         text.contains(&format!("turned away by {id}")) && text.contains("\"orderid\" is \"o8\", expected \"o7\""),
         "{text}"
     );
+    // And it says where the router sends it: to the partition of its correlation key.
+    let key_partition = |v: &str| sm4c_kafka::partition_of(&sm4c_kafka::corr_key("orderid", v), 2);
+    assert!(
+        text.contains(&format!(
+            "goes to partition {}, the partition of its correlation key orderid=o8",
+            key_partition("o8")
+        )),
+        "{text}"
+    );
     // The right one reaches it, and nothing is delivered by explaining.
     std::fs::write(
         &file,
@@ -1470,7 +1479,33 @@ fn start_events_start_one_instance_per_event_and_explain_event_says_why_others_t
         .expect("sm4c explain-event");
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["reached"][0]["instance"], json!(id), "{v}");
+    assert_eq!(
+        v["route"],
+        json!({"via": "key", "attribute": "orderid", "value": "o7", "partition": key_partition("o7")}),
+        "{v}"
+    );
     assert_eq!(state_of(&w, &id), "Request");
+    // An event that names its instance goes to the instance's partition; one no definition
+    // routes by key, to every partition.
+    for (event, route) in [
+        (
+            json!({"specversion": "1.0", "id": "x3", "source": "payments", "type": "payment.done", "sm4cinstanceid": id}),
+            json!({"via": "instance", "instance": id, "partition": sm4c_kafka::partition_of(&id, 2)}),
+        ),
+        (
+            json!({"specversion": "1.0", "id": "x4", "source": "payments", "type": "payment.done"}),
+            json!({"via": "every partition", "partitions": 2}),
+        ),
+    ] {
+        let r = http()
+            .post(format!("{}/events/explain", w.base))
+            .header("content-type", "application/cloudevents+json")
+            .body(event.to_string())
+            .send()
+            .expect("POST /events/explain");
+        let v: Value = r.json().expect("JSON");
+        assert_eq!(v["route"], route, "{v}");
+    }
 }
 
 #[test]

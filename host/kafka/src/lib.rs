@@ -1165,7 +1165,11 @@ impl Backend for KafkaHost {
 
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
         let snaps = self.shared.view.snapshots();
-        let r = sm4c_host::explain::explain(&self.shared.machines(), snaps.iter(), &event);
+        let mut r = sm4c_host::explain::explain(&self.shared.machines(), snaps.iter(), &event);
+        // Which partitions the event goes to, as the router would send it.
+        if let Some(o) = r.as_object_mut() {
+            o.insert("route".into(), worker::route_of(&self.shared, &event));
+        }
         Box::pin(async move { Ok(r) })
     }
 }

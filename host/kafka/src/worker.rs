@@ -1742,6 +1742,27 @@ fn committed_offset(c: &TopicPartitionList, topic: &str, p: i32) -> Result<i64, 
     }
 }
 
+/// Where the router sends an event without reading it from a topic (for `POST /events/explain`):
+/// to the partition of the instance it names, to the partition of its correlation key, to every
+/// partition, or nowhere (no definition declares it; only a start event may take it).
+pub(crate) fn route_of(shared: &Shared, event: &Value) -> Value {
+    let n = shared.partitions;
+    if let Some(id) = attribute_text(event, "sm4cinstanceid") {
+        return serde_json::json!({"via": "instance", "instance": id, "partition": partition_of(&id, n)});
+    }
+    let machines = shared.machines();
+    if let Some(key) = index::keyed_route(&machines, event) {
+        let (attribute, value) = key.split_once('\u{1}').unwrap_or((key.as_str(), ""));
+        return serde_json::json!({
+            "via": "key", "attribute": attribute, "value": value, "partition": partition_of(&key, n)
+        });
+    }
+    if machines.iter().any(|m| driver::may_accept(m, event)) {
+        return serde_json::json!({"via": "every partition", "partitions": n});
+    }
+    serde_json::json!({"via": "none"})
+}
+
 /// What POST /events answers in Kafka mode.
 pub(crate) fn queued(topic: &str, partition: i32, offset: i64) -> Delivery {
     Delivery {
