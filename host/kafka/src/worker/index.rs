@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// The correlation attribute an event definition is routed by: its first correlation rule's,
-/// when that rule names the value ([`contextAttributeValue`]). Every instance of such a
+/// when that rule names the value (`contextAttributeValue`). Every instance of such a
 /// definition knows the one value an event must carry in it to reach it (or can take none, when
 /// the value does not evaluate), so the events are routed by that value and the instances
 /// subscribe to it ([`subscriptions`]). `None` when the correlation leaves the value open.
