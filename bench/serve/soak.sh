@@ -50,6 +50,11 @@ wrk_json() { # seconds rate run
 }
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 rss_kib() { awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status"; }
+# The store's block device as /proc/diskstats counts it (sectors written, ms writing, writes, flushes,
+# ms flushing), so that each window says what the disk did beside what the server did; empty when the
+# store is not on a device listed there.
+device=$(basename "$(df --output=source "$work" | tail -n 1)")
+disk_stats() { awk -v d="$device" '$3 == d {print $10, $11, $8, $19, $20}' /proc/diskstats; }
 
 max=$(wrk_json 15 0 max)
 max_rate=$(python3 -c "import json,sys; r=json.loads(sys.argv[1]); print(round(r['requests'] / r['seconds']))" "$max")
@@ -58,11 +63,13 @@ windows=$((total / window))
 echo "# $(nproc) cores; maximum $max_rate workflows/s at $clients clients (15 s); soak at $percent%: $rate/s,"
 echo "# $windows windows of $window s; three durable steps per workflow; SQLite WAL synchronous=FULL"
 echo
-echo "| window | ends at | workflows/s | p50 ms | p99 ms | max ms | RSS MiB | store MiB |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| window | ends at | workflows/s | p50 ms | p99 ms | max ms | RSS MiB | store MiB | disk MB/s written | ms per write | flushes/s | ms per flush |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 first_rss=
 for w in $(seq "$windows"); do
+  before=$(disk_stats)
   r=$(wrk_json "$window" "$rate" "w$w")
+  after=$(disk_stats)
   non2xx=$(field "$r" non2xx)
   errors=$(field "$r" socketErrors)
   if [ "$non2xx" != 0 ] || [ "$errors" != 0 ]; then
@@ -73,12 +80,19 @@ for w in $(seq "$windows"); do
   rss=$(rss_kib)
   [ -n "$first_rss" ] || first_rss=$rss
   db=$(du -k "$work"/soak.db* | awk '{s += $1} END {print s}')
-  python3 - "$w" "$((w * window))" "$r" "$rss" "$db" <<'EOF'
+  python3 - "$w" "$((w * window))" "$r" "$rss" "$db" "$window" "$before" "$after" <<'EOF'
 import json, sys
-w, at, r, rss, db = sys.argv[1:]
+w, at, r, rss, db, window, before, after = sys.argv[1:]
 r = json.loads(r)
+disk = "| - | - | - | - |"
+if before.split() and after.split():
+    # sectors written, ms writing, writes completed, flushes completed, ms flushing
+    sectors, wms, writes, flushes, fms = (int(b) - int(a) for a, b in zip(before.split(), after.split()))
+    s = int(window)
+    disk = (f"| {sectors * 512 / 1e6 / s:.1f} | {wms / max(writes, 1):.2f} | {flushes / s:,.0f} | "
+            f"{fms / max(flushes, 1):.2f} |")
 print(f"| {w} | {at} s | {r['requests'] / r['seconds']:,.0f} | {r['p50ms']:.2f} | {r['p99ms']:.2f} | "
-      f"{r['maxms']:.1f} | {int(rss) / 1024:.1f} | {int(db) / 1024:.0f} |")
+      f"{r['maxms']:.1f} | {int(rss) / 1024:.1f} | {int(db) / 1024:.0f} {disk}")
 EOF
 done
 left=$(curl -sf "http://127.0.0.1:$port/instances?status=running&limit=1")

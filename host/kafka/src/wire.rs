@@ -5,7 +5,8 @@ use serde_json::Value;
 use sm4c_runtime::{Entry, ErrorInfo, Snapshot};
 use std::collections::HashMap;
 
-/// A message on the commands topic, keyed by instance id (or by nothing for broadcasts).
+/// A message on the commands topic, keyed by instance id (by the correlation key for events routed
+/// by key and for subscriptions, by nothing for broadcasts).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
 pub enum Command {
