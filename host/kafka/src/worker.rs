@@ -3,7 +3,7 @@
 //! time, each batch in one Kafka transaction with its input offsets.
 
 use super::wire::Quiet;
-use super::wire::{partition_of, start_id, Command, InstanceRecord, Origin, Outcome};
+use super::wire::{corr_key, partition_of, start_id, Command, InstanceRecord, Origin, Outcome};
 use super::{Delivery, Shared};
 mod decision;
 mod index;
@@ -505,7 +505,7 @@ struct Owner {
     /// The unended instances by what the events they may take must carry.
     corr: CorrIndex,
     /// The correlation keys each unended instance is subscribed to at the keys' partitions, as
-    /// of the last decided batch ([`index::subscriptions`]).
+    /// of the last decided batch (`CorrIndex::routed`).
     subscribed: HashMap<String, Vec<String>>,
     /// Restored instances whose subscriptions are sent again in the next batch: with
     /// `--delivery at-least-once` a worker that died part-way through producing a batch's records
@@ -1594,38 +1594,41 @@ fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>) -> Plan {
             cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
             starts += 1;
         }
-        if let Some(target) = attribute_text(&event, "sm4cinstanceid") {
-            let c = Command::Event {
-                target: Some(target.clone()),
-                event,
-                origin,
-                home: None,
-                expect: None,
-            };
-            cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
-            continue;
-        }
-        if let Some(key) = index::keyed_route(&machines, &event) {
-            // Routed by its correlation key: to the one partition that owns the key.
-            let c = Command::Keyed {
-                key: key.clone(),
-                event,
-                origin,
-            };
-            cmds.push((partition_of(&key, n), Some(key), c, at, m.offset()));
-            continue;
-        }
-        let wanted = machines.iter().any(|mach| driver::may_accept(mach, &event));
-        if !wanted {
-            if starts == 0 {
-                let why = format!(
-                    "no registered definition declares an event of type {:?} and source {:?}",
-                    attribute_text(&event, "type").unwrap_or_default(),
-                    attribute_text(&event, "source").unwrap_or_default()
-                );
-                outs.push(dead_message(shared, m, &origin, "noDefinition", &why));
+        match route(&machines, &event) {
+            Route::Instance(target) => {
+                let c = Command::Event {
+                    target: Some(target.clone()),
+                    event,
+                    origin,
+                    home: None,
+                    expect: None,
+                };
+                cmds.push((partition_of(&target, n), Some(target), c, at, m.offset()));
+                continue;
             }
-            continue;
+            Route::Key { attribute, value } => {
+                // Routed by its correlation key: to the one partition that owns the key.
+                let key = corr_key(&attribute, &value);
+                let c = Command::Keyed {
+                    key: key.clone(),
+                    event,
+                    origin,
+                };
+                cmds.push((partition_of(&key, n), Some(key), c, at, m.offset()));
+                continue;
+            }
+            Route::None => {
+                if starts == 0 {
+                    let why = format!(
+                        "no registered definition declares an event of type {:?} and source {:?}",
+                        attribute_text(&event, "type").unwrap_or_default(),
+                        attribute_text(&event, "source").unwrap_or_default()
+                    );
+                    outs.push(dead_message(shared, m, &origin, "noDefinition", &why));
+                }
+                continue;
+            }
+            Route::Every => {}
         }
         let home = partition_of(&origin.key(), n);
         for q in 0..n {
@@ -1742,25 +1745,47 @@ fn committed_offset(c: &TopicPartitionList, topic: &str, p: i32) -> Result<i64, 
     }
 }
 
-/// Where the router sends an event without reading it from a topic (for `POST /events/explain`):
-/// to the partition of the instance it names, to the partition of its correlation key, to every
-/// partition, or nowhere (no definition declares it; only a start event may take it).
-pub(crate) fn route_of(shared: &Shared, event: &Value) -> Value {
-    let n = shared.partitions;
+/// Where the router sends an event (start events aside).
+enum Route {
+    /// To the partition of the instance it names (`sm4cinstanceid`).
+    Instance(String),
+    /// To the partition of its correlation key ([`index::keyed_route`]).
+    Key { attribute: String, value: String },
+    /// To every partition.
+    Every,
+    /// Nowhere: no registered definition declares it.
+    None,
+}
+
+fn route(machines: &[Arc<Machine>], event: &Value) -> Route {
     if let Some(id) = attribute_text(event, "sm4cinstanceid") {
-        return serde_json::json!({"via": "instance", "instance": id, "partition": partition_of(&id, n)});
+        return Route::Instance(id);
     }
-    let machines = shared.machines();
-    if let Some(key) = index::keyed_route(&machines, event) {
-        let (attribute, value) = key.split_once('\u{1}').unwrap_or((key.as_str(), ""));
-        return serde_json::json!({
-            "via": "key", "attribute": attribute, "value": value, "partition": partition_of(&key, n)
-        });
+    if let Some((attribute, value)) = index::keyed_route(machines, event) {
+        return Route::Key { attribute, value };
     }
     if machines.iter().any(|m| driver::may_accept(m, event)) {
-        return serde_json::json!({"via": "every partition", "partitions": n});
+        return Route::Every;
     }
-    serde_json::json!({"via": "none"})
+    Route::None
+}
+
+/// Where the router sends an event, as `POST /events/explain` says it: to the partition of the
+/// instance it names, to the partition of its correlation key, to every partition, or nowhere (no
+/// definition declares it; only a start event may take it).
+pub(crate) fn route_of(shared: &Shared, event: &Value) -> Value {
+    let n = shared.partitions;
+    match route(&shared.machines(), event) {
+        Route::Instance(id) => {
+            serde_json::json!({"via": "instance", "partition": partition_of(&id, n), "instance": id})
+        }
+        Route::Key { attribute, value } => {
+            let partition = partition_of(&corr_key(&attribute, &value), n);
+            serde_json::json!({"via": "key", "attribute": attribute, "value": value, "partition": partition})
+        }
+        Route::Every => serde_json::json!({"via": "every partition", "partitions": n}),
+        Route::None => serde_json::json!({"via": "none"}),
+    }
 }
 
 /// What POST /events answers in Kafka mode.

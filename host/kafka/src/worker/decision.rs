@@ -88,8 +88,7 @@ pub(super) fn decide<'a>(
     let mut records = Vec::new();
     let mut journal = Vec::new();
     for id in std::mem::take(&mut t.resubscribe) {
-        let Some(s) = t.slots.get(&id) else { continue };
-        let keys = super::index::subscriptions(&s.h.inst);
+        let keys = t.corr.routed(&id).to_vec();
         for key in &keys {
             let c = Command::Subscribe {
                 key: key.clone(),
@@ -107,9 +106,9 @@ pub(super) fn decide<'a>(
         if s.h.inst.status().is_final() {
             ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
         }
-        // The correlation keys it takes events of: the keys' partitions learn of each change in
-        // this transaction.
-        let keys = super::index::subscriptions(&s.h.inst);
+        // The correlation keys it takes events of (as its last step indexed them): the keys'
+        // partitions learn of each change in this transaction.
+        let keys = t.corr.routed(&id).to_vec();
         let before = t.subscribed.get(&id).map(Vec::as_slice).unwrap_or_default();
         if keys.as_slice() != before {
             for (key, on) in before

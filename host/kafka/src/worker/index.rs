@@ -18,19 +18,19 @@ use std::sync::Arc;
 /// when that rule names the value (`contextAttributeValue`). Every instance of such a
 /// definition knows the one value an event must carry in it to reach it (or can take none, when
 /// the value does not evaluate), so the events are routed by that value and the instances
-/// subscribe to it ([`subscriptions`]). `None` when the correlation leaves the value open.
+/// subscribe to it (`IndexEntries::routed`). `None` when the correlation leaves the value open.
 fn routing_attribute(def: &EventDef) -> Option<String> {
     let rule = def.correlation.first()?;
     rule.value.as_ref()?;
     Some(rule.name.to_ascii_lowercase())
 }
 
-/// The partition an event without `sm4cinstanceid` goes to, as a correlation key ([`corr_key`]):
-/// `Some` when every definition of `machines` with an event definition of the event's type and
+/// The correlation key (attribute, value; its partition is that of [`corr_key`]) an event without
+/// `sm4cinstanceid` is routed by: `Some` when every definition of `machines` with an event definition of the event's type and
 /// source routes that definition by the same attribute, and the event carries it. Otherwise
 /// (an open correlation somewhere, definitions that disagree, a missing attribute) `None`: the
 /// event goes to every partition.
-pub(super) fn keyed_route(machines: &[Arc<Machine>], event: &serde_json::Value) -> Option<String> {
+pub(super) fn keyed_route(machines: &[Arc<Machine>], event: &serde_json::Value) -> Option<(String, String)> {
     let mut attribute: Option<String> = None;
     for d in machines
         .iter()
@@ -46,29 +46,7 @@ pub(super) fn keyed_route(machines: &[Arc<Machine>], event: &serde_json::Value) 
     }
     let a = attribute?;
     let v = attribute_text(event, &a)?;
-    Some(corr_key(&a, &v))
-}
-
-/// The correlation keys an unended instance subscribes to: for each of its event definitions
-/// routed by key, the value its data gives the routing attribute (as [`correlation_key`] finds it).
-pub(super) fn subscriptions(inst: &sm4c_runtime::Instance) -> Vec<String> {
-    if inst.status().is_final() {
-        return Vec::new();
-    }
-    let snap = inst.snapshot();
-    let mut keys: Vec<String> = inst
-        .machine()
-        .events
-        .iter()
-        .filter_map(|d| {
-            let a = routing_attribute(d)?;
-            let (got, v) = correlation_key(d, &snap.data.0, &snap.bindings)?;
-            (got == a).then(|| corr_key(&a, &v))
-        })
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
+    Some((a, v))
 }
 
 /// The unended instances of a partition indexed by what an event must carry to reach them, so
@@ -88,47 +66,76 @@ pub(super) struct CorrIndex {
     pub(super) entries: HashMap<String, IndexEntries>,
 }
 
-/// An instance's entries in a [`CorrIndex`]: its keys and its open types.
-type IndexEntries = (Vec<(String, String)>, Vec<Option<String>>);
+/// An instance's entries in a [`CorrIndex`], each correlation value evaluated once per step.
+#[derive(Default)]
+pub(super) struct IndexEntries {
+    /// The correlation key of each event definition that has one.
+    keys: Vec<(String, String)>,
+    /// The types of the definitions whose correlation is open.
+    open: Vec<Option<String>>,
+    /// The keys it subscribes to at their partitions ([`corr_key`]): for each of its event
+    /// definitions routed by key, the value its data gives the routing attribute.
+    routed: Vec<String>,
+}
 
-impl CorrIndex {
-    /// Indexes an instance as it is now (an ended one leaves the index).
-    pub(super) fn update(&mut self, id: &str, inst: &sm4c_runtime::Instance) {
-        self.remove(id);
+impl IndexEntries {
+    /// The entries of an instance as it is now (none for an ended one).
+    fn of(inst: &sm4c_runtime::Instance) -> IndexEntries {
+        let mut e = IndexEntries::default();
         if inst.status().is_final() {
-            return;
+            return e;
         }
         let snap = inst.snapshot();
-        let (mut keys, mut open) = (Vec::new(), Vec::new());
         for d in &inst.machine().events {
             match correlation_key(d, &snap.data.0, &snap.bindings) {
-                Some(k) => keys.push(k),
-                None => open.push(match (&d.event_type, &d.source) {
+                Some(k) => {
+                    if routing_attribute(d).is_some_and(|a| a == k.0) {
+                        e.routed.push(corr_key(&k.0, &k.1));
+                    }
+                    e.keys.push(k);
+                }
+                None => e.open.push(match (&d.event_type, &d.source) {
                     (Some(t), _) => Some(t.clone()),
                     (None, None) => Some(d.name.clone()),
                     (None, Some(_)) => None,
                 }),
             }
         }
-        keys.sort();
-        keys.dedup();
-        open.sort();
-        open.dedup();
-        for k in &keys {
+        e.routed.sort();
+        e.routed.dedup();
+        e.keys.sort();
+        e.keys.dedup();
+        e.open.sort();
+        e.open.dedup();
+        e
+    }
+}
+
+impl CorrIndex {
+    /// Indexes an instance as it is now (an ended one leaves the index).
+    pub(super) fn update(&mut self, id: &str, inst: &sm4c_runtime::Instance) {
+        self.remove(id);
+        let e = IndexEntries::of(inst);
+        for k in &e.keys {
             if self.by_key.entry(k.clone()).or_default().insert(id.to_string()) {
                 *self.attrs.entry(k.0.clone()).or_default() += 1;
             }
         }
-        for t in &open {
+        for t in &e.open {
             self.open.entry(t.clone()).or_default().insert(id.to_string());
         }
-        if !keys.is_empty() || !open.is_empty() {
-            self.entries.insert(id.to_string(), (keys, open));
+        if !e.keys.is_empty() || !e.open.is_empty() {
+            self.entries.insert(id.to_string(), e);
         }
     }
 
+    /// The correlation keys instance `id` subscribes to, as it was last indexed.
+    pub(super) fn routed(&self, id: &str) -> &[String] {
+        self.entries.get(id).map(|e| e.routed.as_slice()).unwrap_or_default()
+    }
+
     pub(super) fn remove(&mut self, id: &str) {
-        let Some((keys, open)) = self.entries.remove(id) else {
+        let Some(IndexEntries { keys, open, .. }) = self.entries.remove(id) else {
             return;
         };
         for k in keys {
@@ -283,7 +290,10 @@ impl Parking {
     /// open definitions declare.
     pub(super) fn candidates(&self, id: &str, corr: &CorrIndex) -> BTreeSet<String> {
         let mut keys: BTreeSet<String> = self.by_target.get(id).cloned().unwrap_or_default();
-        let Some((corr_keys, open)) = corr.entries.get(id) else {
+        let Some(IndexEntries {
+            keys: corr_keys, open, ..
+        }) = corr.entries.get(id)
+        else {
             return keys;
         };
         for k in corr_keys {
@@ -392,7 +402,7 @@ impl Parking {
 
 #[cfg(test)]
 mod tests {
-    use super::{keyed_route, subscriptions, CorrIndex, Parking};
+    use super::{keyed_route, CorrIndex, IndexEntries, Parking};
     use crate::wire::{parked_key, Origin, Parked};
     use serde_json::json;
     use sm4c_runtime::{load, Input, LoadOptions, Timed};
@@ -536,6 +546,11 @@ mod tests {
         assert!(parking.by_target.is_empty() && parking.changed.len() == 5);
     }
 
+    /// The correlation keys an instance subscribes to, as its index entries hold them.
+    fn subscriptions(inst: &sm4c_runtime::Instance) -> Vec<String> {
+        IndexEntries::of(inst).routed
+    }
+
     fn machine(events: serde_json::Value) -> Arc<sm4c_runtime::Machine> {
         let doc = json!({
             "id": "m", "version": "1.0", "name": "M",
@@ -570,7 +585,7 @@ mod tests {
              "correlation": [{"contextAttributeName": "customer", "contextAttributeValue": "${ .c }"}]}
         ]));
         let pay = json!({"type": "payment.done", "source": "payments", "orderid": "o-1", "customer": "c"});
-        let key = Some(crate::wire::corr_key("orderid", "o-1"));
+        let key = Some(("orderid".to_string(), "o-1".to_string()));
         assert_eq!(keyed_route(std::slice::from_ref(&keyed), &pay), key);
         assert_eq!(keyed_route(&[keyed.clone(), same.clone()], &pay), key);
         // An open correlation, or definitions that route by other attributes: every partition.

@@ -468,7 +468,7 @@ impl Latest {
                 }
             }
             t.corr.update(&k, &slot.h.inst);
-            let keys = super::index::subscriptions(&slot.h.inst);
+            let keys = t.corr.routed(&k).to_vec();
             if !keys.is_empty() {
                 if shared.cfg.exactly_once {
                     t.subscribed.insert(k.clone(), keys);
