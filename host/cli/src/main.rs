@@ -127,6 +127,10 @@ struct KafkaArgs {
     /// Events a commands partition keeps parked at most (more are dead-lettered, `parkedLimit`).
     #[arg(long, default_value_t = 100_000, requires = "kafka")]
     max_parked: usize,
+    /// How many unended instances a worker keeps in memory; the others wait in its local store
+    /// and are read from there when a command, an event or a timer comes for them.
+    #[arg(long, default_value_t = 10_000, requires = "kafka")]
+    cached_instances: usize,
     /// How long an ended instance stays on the state topic and in the API (then it is deleted).
     #[arg(long, default_value = "7d", requires = "kafka")]
     retention: String,
@@ -754,6 +758,7 @@ fn serve_kafka(
     config.partitions = args.kafka.partitions;
     config.event_window_ms = park_ms as i64;
     config.max_parked = args.kafka.max_parked;
+    config.cached_instances = args.kafka.cached_instances;
     config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {
         Ok(ms) => ms as i64,
         Err(e) => {

@@ -3093,6 +3093,14 @@ fn each_worker_holds_its_share_and_requests_about_an_instance_go_to_its_owner() 
     let (h1, h2) = (held(&w1), held(&w2));
     assert_eq!(h1 + h2, 40, "held: {h1} + {h2}");
     assert!(h1 > 0 && h2 > 0, "held: {h1} + {h2}");
+    // The API reads the records from the local stores: once written there, none stays in memory
+    // (what follows is answered from the stores).
+    wait_until(
+        "the workers' records to leave memory for their local stores",
+        30,
+        || both.iter().all(|w| w.get("/healthz")["recordsInMemory"] == json!(0)),
+        &both,
+    );
     // Either worker answers for every instance: one worker itself, the other from it.
     let mut forwarded = [0, 0];
     for id in &ids {
@@ -3410,4 +3418,94 @@ fn correlated_events_go_to_the_partition_of_their_key_and_from_there_to_their_in
     }
     assert_eq!(subs.len(), subscribed.len(), "{subs:?}");
     assert!(subs.values().all(|live| !live), "{subs:?}");
+}
+
+/// With no room in memory (`--cached-instances 0`) every waiting instance is let go of once its
+/// record is in the worker's local store, and read back from there by what comes for it: a
+/// correlated event routed by key, a timer, a cancel, a start that names it again.
+#[test]
+fn instances_let_go_of_from_memory_are_read_back_from_the_local_store_by_what_comes_for_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "cache";
+    let args = worker_args(&broker, prefix, 4, &["--cached-instances", "0"]);
+    let w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 4);
+    let n = 12;
+    for i in 0..n {
+        start(&w, "reminder", &format!("r{i}"), json!({"subject": format!("s{i}")}));
+        start(
+            &w,
+            "saga",
+            &format!("key-{i}"),
+            json!({"orderId": format!("key-{i}"), "amount": i}),
+        );
+    }
+    let health = |w: &Worker, k: &str| w.get("/healthz")[k].as_u64().unwrap_or(u64::MAX);
+    wait_until(
+        "every instance to wait in the local store only",
+        30,
+        || health(&w, "instances") == 2 * n as u64 && health(&w, "instancesInMemory") == 0,
+        &[&w],
+    );
+    // A start naming an instance the owner let go of starts nothing.
+    let (status, v) = w.post(
+        "/instances",
+        json!({"definition": "saga", "id": "key-0", "input": {"orderId": "key-0", "amount": 0}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    // A cancel reads its instance back.
+    let r = http()
+        .post(format!("{}/instances/key-{}/cancel", w.base, n - 1))
+        .send()
+        .expect("cancel");
+    assert!(r.status().is_success(), "{:?}", r.text());
+    // Correlated events routed by key reach theirs.
+    let p = producer(&broker);
+    let events = format!("{prefix}.events");
+    for i in 0..n - 1 {
+        send_binary(
+            &p,
+            &events,
+            &json!({"specversion": "1.0", "id": format!("pay-{i}"), "source": "payments", "type": "payment.done",
+                    "orderid": format!("key-{i}"), "datacontenttype": "application/json", "data": {"paid": i}}),
+        );
+    }
+    for i in 0..n / 2 {
+        send_binary(
+            &p,
+            &events,
+            &json!({"specversion": "1.0", "id": format!("ack-{i}"), "source": "people", "type": "reminder.ack",
+                    "subject": format!("s{i}")}),
+        );
+    }
+    p.flush(Duration::from_secs(10)).expect("flush");
+    // The other reminders' 8 s timers fire while they are out of memory.
+    wait_until(
+        "every saga paid or cancelled and every reminder acknowledged or reminded",
+        60,
+        || {
+            (0..n).all(|i| {
+                let saga = w.get(&format!("/instances/key-{i}"));
+                let done = if i == n - 1 {
+                    saga["status"] == "cancelled"
+                } else {
+                    saga["state"] == "Paid" && saga["data"]["payment"] == json!({"paid": i})
+                };
+                let reminder = state_of(&w, &format!("r{i}"));
+                done && reminder == if i < n / 2 { "Acknowledged" } else { "Reminded" }
+            })
+        },
+        &[&w],
+    );
+    // Each took one start and its one input: nothing was applied twice or started again.
+    for i in 0..n - 1 {
+        let (inputs, h) = history_inputs(&w, &format!("key-{i}"));
+        assert_eq!(inputs, vec!["start", "event"], "{h}");
+    }
+    for i in 0..n {
+        let (inputs, h) = history_inputs(&w, &format!("r{i}"));
+        let second = if i < n / 2 { "event" } else { "timerFired" };
+        assert_eq!(inputs, vec!["start", second], "{h}");
+    }
 }

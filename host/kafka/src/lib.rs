@@ -135,6 +135,10 @@ pub struct KafkaConfig {
     pub retention_ms: i64,
     /// Limits of every jq evaluation (fuel, sizes) of the definitions the workers load.
     pub expression: sm4c_runtime::Limits,
+    /// How many unended instances a worker keeps in memory, over all its partitions, when it
+    /// keeps local stores (default 10,000): the least recently used beyond that are read from the
+    /// partition's store when a command, an event or a timer comes for them.
+    pub cached_instances: usize,
 }
 
 impl KafkaConfig {
@@ -155,6 +159,7 @@ impl KafkaConfig {
             offsets_refresh_ms: 24 * 3_600_000,
             retention_ms: 7 * 24 * 3_600_000,
             expression: sm4c_runtime::Limits::default(),
+            cached_instances: 10_000,
         }
     }
 
@@ -262,6 +267,8 @@ pub(crate) struct Shared {
     pub plain: ThreadedProducer<Quiet>,
     pub stop: AtomicBool,
     pub owned: AtomicUsize,
+    /// How many unended instances the owners keep in memory ([`KafkaConfig::cached_instances`]).
+    pub cached: AtomicUsize,
     pub failure: Mutex<Option<String>>,
     /// How instances run: the same driver as every host's.
     pub driver: sm4c_host::driver::Driver,
@@ -521,6 +528,7 @@ impl KafkaHost {
             plain,
             stop: AtomicBool::new(false),
             owned: AtomicUsize::new(0),
+            cached: AtomicUsize::new(0),
             failure: Mutex::new(None),
             breakpoints: sm4c_host::driver::Breakpoints::default(),
             keeper: match &local {
@@ -785,17 +793,8 @@ impl Backend for KafkaHost {
                     lists.entry(l.to_string()).or_default();
                 }
             }
-            for r in self.shared.view.records() {
-                if r.snapshot.status.is_final() {
-                    continue;
-                }
-                for (_, e) in &r.calls {
-                    if let sm4c_runtime::Effect::InvokeFunction { operation, .. } = e {
-                        if sm4c_host::driver::is_task(e) {
-                            *lists.entry(operation.clone()).or_default() += 1;
-                        }
-                    }
-                }
+            for (list, open) in self.shared.view.open_tasks() {
+                *lists.entry(list.to_string()).or_default() += open;
             }
             Ok(lists
                 .into_iter()
@@ -1139,6 +1138,8 @@ impl Backend for KafkaHost {
             "group": self.shared.cfg.group,
             "ownedPartitions": self.owned_partitions(),
             "instances": self.shared.view.len(),
+            "recordsInMemory": self.shared.view.in_memory(),
+            "instancesInMemory": self.shared.cached.load(Ordering::Relaxed),
             "localJournals": self.shared.journals.ready_count(),
             "partitions": self.shared.partitions,
             "error": failure,
@@ -1164,7 +1165,8 @@ impl Backend for KafkaHost {
     }
 
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
-        let snaps = self.shared.view.snapshots();
+        let target = sm4c_runtime::engine::event::attribute_text(&event, "sm4cinstanceid");
+        let snaps = self.shared.view.to_explain(target.as_deref());
         let mut r = sm4c_host::explain::explain(&self.shared.machines(), snaps.iter(), &event);
         // Which partitions the event goes to, as the router would send it.
         if let Some(o) = r.as_object_mut() {

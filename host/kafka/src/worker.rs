@@ -448,6 +448,11 @@ struct Slot {
     answered: Vec<(String, String)>,
     /// The latest events taken: (source, id).
     recent: Vec<(String, String)>,
+    /// The keeper's ticket of the last write of its record to the local store (0: the store had
+    /// it when the partition was restored): once written, the owner may let it go from memory.
+    ticket: u64,
+    /// When it was last used ([`Owner::used`]), to let go of the least recently used first.
+    used: u64,
 }
 
 impl Slot {
@@ -463,6 +468,8 @@ impl Slot {
             request: rec.request,
             answered: rec.answered,
             recent: rec.recent,
+            ticket: 0,
+            used: 0,
         }
     }
 
@@ -501,7 +508,18 @@ struct Owner {
     /// take the last record of each sequence number. Found by the simulation (`sim.rs`).
     repair: Vec<Out>,
     txn: Option<ThreadedProducer<Quiet>>,
+    /// The unended instances in memory: all of them without a local store; with one, those used
+    /// lately (the others are read from the store when a command, an event or a timer comes for
+    /// them: [`Owner::slot`]).
     slots: HashMap<String, Slot>,
+    /// Counts uses of `slots`, for [`Slot::used`].
+    used: u64,
+    /// Whether an instance was let go of since the restore: until then an instance not in
+    /// `slots` does not exist, and the store is not asked.
+    evicted: bool,
+    /// Why reading an instance from the local store failed during the batch being decided: the
+    /// batch must not commit (it may have taken a stored instance for a missing one).
+    unreadable: Option<String>,
     /// The unended instances by what the events they may take must carry.
     corr: CorrIndex,
     /// The correlation keys each unended instance is subscribed to at the keys' partitions, as
@@ -559,6 +577,76 @@ struct Owner {
 }
 
 impl Owner {
+    /// Unended instance `id`, read from the local store when the owner let go of it. `None`: no
+    /// such unended instance (or the store failed, which [`Owner::unreadable`] records).
+    fn slot(&mut self, shared: &Shared, id: &str) -> Option<&mut Slot> {
+        if !self.slots.contains_key(id) {
+            let loaded = self.load(shared, id)?;
+            self.slots.insert(id.to_string(), loaded);
+        }
+        self.used += 1;
+        let s = self.slots.get_mut(id)?;
+        s.used = self.used;
+        Some(s)
+    }
+
+    fn load(&mut self, shared: &Shared, id: &str) -> Option<Slot> {
+        if !self.evicted || self.ended.contains_key(id) {
+            return None;
+        }
+        let store = self.store.as_ref()?;
+        let bytes = match store.get(id) {
+            Ok(b) => b?,
+            Err(e) => {
+                self.unreadable = Some(format!("instance {id:?} cannot be read from the local store: {e}"));
+                return None;
+            }
+        };
+        let rec = match serde_json::from_slice::<crate::wire::StateRecord>(&bytes) {
+            Ok(r) => r.instance?,
+            Err(e) => {
+                self.unreadable = Some(format!("instance {id:?} in the local store does not read: {e}"));
+                return None;
+            }
+        };
+        if rec.snapshot.status.is_final() {
+            return None;
+        }
+        let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
+            tracing::error!(
+                instance = id,
+                "the definition of this instance is not registered; it stays as it is"
+            );
+            return None;
+        };
+        Some(Slot::from_record(shared, m, rec))
+    }
+
+    /// Lets go of the least recently used instances beyond `keep`, among those whose latest
+    /// record the local store has (the keeper's tickets up to `written` are done): they are read
+    /// from the store again when needed. Only with a store.
+    fn evict(&mut self, keep: usize, written: u64) {
+        if self.store.is_none() || self.slots.len() <= keep {
+            return;
+        }
+        let mut old: Vec<(u64, &String)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.ticket <= written)
+            .map(|(id, s)| (s.used, id))
+            .collect();
+        let n = (self.slots.len() - keep).min(old.len());
+        if n == 0 {
+            return;
+        }
+        old.select_nth_unstable(n - 1);
+        let gone: Vec<String> = old[..n].iter().map(|(_, id)| (*id).clone()).collect();
+        for id in gone {
+            self.slots.remove(&id);
+        }
+        self.evicted = true;
+    }
+
     /// Keeps the timers an instance armed or cancelled (in a committed decision).
     fn track(&mut self, id: &str, work: Work) {
         match work {
@@ -595,7 +683,7 @@ impl Owner {
     ///
     /// Found by the simulation (`sim.rs`): a call result the broker did not take left its
     /// instance waiting until the partition was restored.
-    fn due(&mut self, now: i64) -> Vec<Command> {
+    fn due(&mut self, shared: &Shared, now: i64) -> Vec<Command> {
         let mut due_now = Vec::new();
         while let Some(first) = self.timers.first().cloned() {
             if first.0 > now {
@@ -605,8 +693,7 @@ impl Owner {
             let (due, id, timer) = first;
             // Still armed at this due time? (The id may have been armed again since.)
             let armed = self
-                .slots
-                .get(&id)
+                .slot(shared, &id)
                 .is_some_and(|s| !s.h.inst.status().is_final() && s.h.inst.snapshot().timers.get(&timer) == Some(&due));
             if !armed {
                 continue;
@@ -627,20 +714,25 @@ impl Owner {
             self.timers.insert((due, id, timer));
         }
         let mut gone = Vec::new();
-        for ((id, op), (at, outcome)) in &mut self.answers {
-            if *at > now {
+        let asked: Vec<(String, String)> = self
+            .answers
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (id, op) in asked {
+            if self.slot(shared, &id).is_none_or(|s| s.h.open_op(&op).is_none()) {
+                gone.push((id, op));
                 continue;
             }
-            if self.slots.get(id).is_none_or(|s| s.h.open_op(op).is_none()) {
-                gone.push((id.clone(), op.clone()));
-                continue;
+            if let Some((at, outcome)) = self.answers.get_mut(&(id.clone(), op.clone())) {
+                *at = now + TIMER_RETRY_MS;
+                due_now.push(Command::Result {
+                    id,
+                    op,
+                    outcome: outcome.clone(),
+                });
             }
-            *at = now + TIMER_RETRY_MS;
-            due_now.push(Command::Result {
-                id: id.clone(),
-                op: op.clone(),
-                outcome: outcome.clone(),
-            });
         }
         for k in gone {
             self.answers.remove(&k);
@@ -835,6 +927,9 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             w.tick();
         }
         shared.owned.store(w.owners.len(), Ordering::Relaxed);
+        shared
+            .cached
+            .store(w.owners.values().map(|t| t.slots.len()).sum(), Ordering::Relaxed);
         let mut owned: Vec<i32> = w.owners.keys().copied().collect();
         owned.sort_unstable();
         if owned != last_owned {
@@ -1083,7 +1178,15 @@ impl Worker {
                         let known = t.records.keys().cloned().collect();
                         journal::catch_up(&self.shared, p, store.clone(), *from, (t.resume, t.clock), known);
                     }
-                    self.shared.view.take(p, std::mem::take(&mut t.records));
+                    let backing =
+                        t.store
+                            .clone()
+                            .zip(self.shared.keeper.as_ref())
+                            .map(|(store, k)| crate::view::Backing {
+                                store,
+                                progress: k.progress(),
+                            });
+                    self.shared.view.take(p, std::mem::take(&mut t.records), backing);
                     self.owners.insert(p, t);
                 }
                 Err(e) => {
@@ -1338,6 +1441,16 @@ impl Worker {
             (m.offset(), at, m.payload().unwrap_or_default())
         });
         let mut b = decision::decide(&shared, t, records, hosted, now_ms());
+        // An instance read from the local store while it was failing may have been taken for
+        // one that does not exist: such a batch is not committed, and the partition is restored.
+        if let Some(why) = t.unreadable.take() {
+            return Err(why);
+        }
+        if let (Some(store), Some(k)) = (&t.store, &shared.keeper) {
+            if t.evicted && k.progress().broken(t.partition, store) {
+                return Err("the local store could not be written, and instances are read from it".into());
+            }
+        }
         let mut offsets = TopicPartitionList::new();
         for (topic, p, o) in &b.offsets {
             offsets
@@ -1351,11 +1464,14 @@ impl Worker {
             "decided"
         );
         commit(&shared, &self.consumer, t.txn.as_ref(), &b.outs, &offsets)?;
+        // The keeper's ticket of this transaction's state write: the API reads its records from
+        // memory until the store has them.
+        let mut ticket = 0;
         if let Some(store) = &t.store {
             let delivered = crate::wire::delivered(&shared.topics.state, t.partition).filter(|d| *d >= t.checkpoint);
             let (changes, checkpoint) = local_changes(&shared, t.partition, &b.outs, delivered);
             if let Some(k) = &shared.keeper {
-                k.keep(t.partition, store.clone(), changes, checkpoint);
+                ticket = k.keep(t.partition, store.clone(), changes, checkpoint);
             }
             if let Some(d) = delivered {
                 t.checkpoint = t.checkpoint.max(d + 1);
@@ -1381,7 +1497,14 @@ impl Worker {
                 .map(|(id, _)| journal::prefix(id));
             k.forget(p, store.clone(), deleted.collect());
         }
-        self.shared.view.apply(t.partition, std::mem::take(&mut b.records));
+        for (id, _) in &b.records {
+            if let Some(s) = t.slots.get_mut(id) {
+                s.ticket = ticket;
+            }
+        }
+        self.shared
+            .view
+            .apply(t.partition, std::mem::take(&mut b.records), ticket);
         let (after, applied) = t.committed(b);
         // Committed: now act.
         for (id, work) in after {
@@ -1390,12 +1513,39 @@ impl Worker {
         Ok(applied)
     }
 
+    /// Restores again each owned partition whose local store could not be written: the writer
+    /// cleared the store, and the API reads the partition's records there. The restore rebuilds
+    /// the store from the state partition; the API answers for the partition again once it ends.
+    fn restore_broken_stores(&mut self) {
+        let Some(progress) = self.shared.keeper.as_ref().map(|k| k.progress()) else {
+            return;
+        };
+        let broken: Vec<i32> = self
+            .owners
+            .values()
+            .filter(|t| t.store.as_ref().is_some_and(|s| progress.broken(t.partition, s)))
+            .map(|t| t.partition)
+            .collect();
+        for p in broken {
+            tracing::warn!(
+                partition = p,
+                "the partition's local store could not be written; the partition is restored again"
+            );
+            if let Some(t) = self.owners.remove(&p) {
+                for (_, h) in t.in_flight {
+                    h.abort();
+                }
+            }
+        }
+    }
+
     /// Proposes a timer command for each timer that came due ([`Owner::due_timers`]).
     fn fire_timers(&mut self) {
         let now = now_ms();
         let n = self.shared.partitions;
+        let shared = self.shared.clone();
         for t in self.owners.values_mut() {
-            for c in t.due(now) {
+            for c in t.due(&shared, now) {
                 let (Command::Timer { id, .. } | Command::Result { id, .. }) = &c else {
                     continue;
                 };
@@ -1442,6 +1592,14 @@ impl Worker {
     /// `offsets.retention.minutes` after the last commit even while the group lives (KIP-211), and
     /// a partition restored without its clock's offset would set all its state aside.
     fn tick(&mut self) {
+        self.restore_broken_stores();
+        self.shared.view.prune();
+        if let Some(k) = &self.shared.keeper {
+            let keep = self.shared.cfg.cached_instances / self.owners.len().max(1);
+            for t in self.owners.values_mut() {
+                t.evict(keep, k.progress().written(t.partition));
+            }
+        }
         let now = now_ms();
         for t in self.owners.values_mut() {
             if t.checkpoint_at.elapsed() < LOCAL_REFRESH || t.checkpoint <= 0 {

@@ -222,7 +222,7 @@ impl Decision<'_> {
                 traceparent,
                 ..
             } => {
-                if self.t.slots.contains_key(&id) || self.t.ended.contains_key(&id) {
+                if self.t.ended.contains_key(&id) || self.t.slot(self.shared, &id).is_some() {
                     return;
                 }
                 let m = self.shared.machine_or_latest(&definition, version.as_deref());
@@ -263,21 +263,26 @@ impl Decision<'_> {
                         request,
                         answered: Vec::new(),
                         recent: Vec::new(),
+                        ticket: 0,
+                        used: 0,
                     },
                 );
                 self.t.dirty.insert(id.clone());
                 self.handle(&id, Input::Start { data: input }, at);
             }
             Command::Cancel { id, reason } => {
-                if self.t.slots.get(&id).is_some_and(|s| !s.h.inst.status().is_final()) {
+                if self
+                    .t
+                    .slot(self.shared, &id)
+                    .is_some_and(|s| !s.h.inst.status().is_final())
+                {
                     self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
                 }
             }
             Command::Resume { id, step } => {
                 if self
                     .t
-                    .slots
-                    .get(&id)
+                    .slot(self.shared, &id)
                     .is_some_and(|s| s.h.inst.status() == Status::Paused)
                 {
                     self.handle(&id, Input::Resume { step }, at);
@@ -296,6 +301,16 @@ impl Decision<'_> {
                         let why = format!("instance {id:?} named by sm4cinstanceid has ended");
                         self.dead(&event, &origin, "instanceEnded", &why);
                     }
+                    // Read from the local store first when the owner let go of it.
+                    Some(id) if self.t.slot(self.shared, &id).is_none() => self.park(Parked {
+                        event,
+                        origin,
+                        target: Some(id),
+                        home: None,
+                        key: None,
+                        expect: None,
+                        expires: at + self.shared.cfg.event_window_ms,
+                    }),
                     Some(id) => match self.t.slots.get(&id) {
                         Some(s) if s.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
                             tracing::debug!(
@@ -309,7 +324,7 @@ impl Decision<'_> {
                             let why = format!("instance {id:?} named by sm4cinstanceid has ended");
                             self.dead(&event, &origin, "instanceEnded", &why);
                         }
-                        Some(_) if self.accepts(&id, &event) => self.deliver(&id, event, &origin, at),
+                        Some(s) if driver::accepts(&s.h.inst, &event) => self.deliver(&id, event, &origin, at),
                         _ => self.park(Parked {
                             event,
                             origin,
@@ -326,17 +341,15 @@ impl Decision<'_> {
                         // events read after it may have reached the instance first, so the mark
                         // of what was applied from its events partition does not judge it (the
                         // event's source and id still do).
-                        let mut ids: Vec<String> = self
-                            .t
-                            .corr
-                            .candidates(&event)
-                            .into_iter()
-                            .filter(|id| {
-                                self.t.slots.get(id).is_some_and(|s| {
-                                    expect.is_some() || s.seen.get(&source).is_none_or(|o| *o < origin.offset)
-                                })
-                            })
-                            .collect();
+                        let mut ids: Vec<String> = Vec::new();
+                        for id in self.t.corr.candidates(&event) {
+                            let fresh = self.t.slot(self.shared, &id).is_some_and(|s| {
+                                expect.is_some() || s.seen.get(&source).is_none_or(|o| *o < origin.offset)
+                            });
+                            if fresh {
+                                ids.push(id);
+                            }
+                        }
                         ids.retain(|id| self.accepts(id, &event));
                         if ids.is_empty() {
                             self.park(Parked {
@@ -422,6 +435,9 @@ impl Decision<'_> {
             Command::Unsubscribe { key, id } => self.t.parking.unsubscribe(&key, &id),
             Command::Result { id, op, outcome } => {
                 let driver = self.shared.driver.clone();
+                if self.t.slot(self.shared, &id).is_none() {
+                    return;
+                }
                 let Some(s) = self.t.slots.get_mut(&id) else { return };
                 if s.h.open_op(&op).is_none() {
                     return;
@@ -444,7 +460,7 @@ impl Decision<'_> {
             } => {
                 let driver = self.shared.driver.clone();
                 let heartbeat = matches!(answer, Answer::Heartbeat(_));
-                let answering = match self.t.slots.get_mut(&id) {
+                let answering = match self.t.slot(self.shared, &id) {
                     Some(s) => driver.answer(&mut s.h, &op, answer),
                     None => Answering::Closed,
                 };
@@ -481,8 +497,7 @@ impl Decision<'_> {
             Command::Timer { id, timer } => {
                 if self
                     .t
-                    .slots
-                    .get(&id)
+                    .slot(self.shared, &id)
                     .is_some_and(|s| s.h.inst.snapshot().timers.contains_key(&timer))
                 {
                     self.handle(&id, Input::TimerFired { timer }, at);
@@ -626,8 +641,10 @@ impl Decision<'_> {
         }
     }
 
-    fn accepts(&self, id: &str, event: &Value) -> bool {
-        self.t.slots.get(id).is_some_and(|s| driver::accepts(&s.h.inst, event))
+    fn accepts(&mut self, id: &str, event: &Value) -> bool {
+        self.t
+            .slot(self.shared, id)
+            .is_some_and(|s| driver::accepts(&s.h.inst, event))
     }
 
     /// Sends an input to another instance, through its commands partition.
@@ -649,7 +666,7 @@ impl Decision<'_> {
             attribute_text(&event, "source").unwrap_or_default(),
             attribute_text(&event, "id").unwrap_or_default(),
         );
-        if let Some(s) = self.t.slots.get_mut(id) {
+        if let Some(s) = self.t.slot(self.shared, id) {
             if s.recent.contains(&pair) {
                 tracing::debug!(
                     instance = id,
@@ -728,6 +745,9 @@ impl Decision<'_> {
 
     fn handle(&mut self, id: &str, input: Input, at: i64) {
         let shared = self.shared;
+        if self.t.slot(shared, id).is_none() {
+            return;
+        }
         let Some(slot) = self.t.slots.get_mut(id) else { return };
         if slot.h.inst.status().is_final() {
             return;

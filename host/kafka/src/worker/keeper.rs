@@ -2,10 +2,13 @@
 //! own, so that the SQLite writes are not on a batch's path (they cost a worker about a fifth of its
 //! event throughput when they were). The writes of all partitions go through one queue, in order;
 //! a restore waits for the writes queued before it ([`Keeper::flush`]) before it reads the store.
+//! Each write of a partition has a ticket, and [`Progress`] says which tickets are written: the
+//! worker's API reads an instance from the store once the write that holds its record is done, and
+//! from memory until then.
 
 use sm4c_host::local::{Checkpoint, LocalStore};
-use std::collections::HashSet;
-use std::sync::{mpsc, Arc};
+use std::collections::{HashMap, HashSet};
+use std::sync::{mpsc, Arc, Mutex};
 
 /// The changes of one transaction: keys and their values (`None` deletes).
 pub(crate) type Changes = Vec<(String, Option<Vec<u8>>)>;
@@ -16,6 +19,7 @@ enum Op {
         store: Arc<dyn LocalStore>,
         changes: Changes,
         checkpoint: Option<Checkpoint>,
+        ticket: u64,
     },
     Forget {
         p: i32,
@@ -39,6 +43,44 @@ fn slot(p: i32, store: &Arc<dyn LocalStore>) -> (i32, usize) {
 /// The queue of writes to the local stores, and its thread.
 pub(crate) struct Keeper {
     tx: mpsc::SyncSender<Op>,
+    /// The last ticket given to a write of each partition. Held while the write is queued, so a
+    /// partition's tickets are in the queue's order (the owner and a journal catch-up both queue
+    /// writes of a partition).
+    tickets: Mutex<HashMap<i32, u64>>,
+    progress: Arc<Progress>,
+}
+
+/// What the writer has done, for readers of the stores.
+#[derive(Default)]
+pub(crate) struct Progress {
+    marks: Mutex<Marks>,
+}
+
+#[derive(Default)]
+struct Marks {
+    /// The last ticket of each partition whose write is done (applied, or dropped as the store
+    /// is broken).
+    written: HashMap<i32, u64>,
+    /// The stores whose write failed: cleared, and not written again until their partition is
+    /// restored (a later write would make one look complete without what the failed one had).
+    broken: HashSet<(i32, usize)>,
+}
+
+impl Progress {
+    fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {
+        self.marks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last ticket of partition `p` whose write is done.
+    pub(crate) fn written(&self, p: i32) -> u64 {
+        self.marks().written.get(&p).copied().unwrap_or(0)
+    }
+
+    /// Whether a write to `store` (of partition `p`) failed since the partition was restored: it
+    /// is cleared, so it holds none of the partition's records.
+    pub(crate) fn broken(&self, p: i32, store: &Arc<dyn LocalStore>) -> bool {
+        self.marks().broken.contains(&slot(p, store))
+    }
 }
 
 /// How many transactions' writes may wait; a batch that would queue more waits for the thread.
@@ -48,23 +90,46 @@ impl Keeper {
     /// Starts the thread; it ends once the keeper is dropped and the queue is empty.
     pub(crate) fn start() -> Result<Keeper, String> {
         let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let progress = Arc::new(Progress::default());
+        let marks = progress.clone();
         std::thread::Builder::new()
             .name("sm4c-local-stores".into())
-            .spawn(move || run(rx))
+            .spawn(move || run(rx, &marks))
             .map_err(|e| format!("cannot start the local stores' writer: {e}"))?;
-        Ok(Keeper { tx })
+        Ok(Keeper {
+            tx,
+            tickets: Mutex::default(),
+            progress,
+        })
+    }
+
+    /// What the writer has done.
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     /// Queues the changes of a committed transaction of partition `p`, and its new checkpoint.
-    pub(crate) fn keep(&self, p: i32, store: Arc<dyn LocalStore>, changes: Changes, checkpoint: Option<Checkpoint>) {
+    /// Gives the partition's last ticket: once [`Progress::written`] reaches it, these changes are
+    /// in the store (or the store is [broken](Progress::broken)).
+    pub(crate) fn keep(
+        &self,
+        p: i32,
+        store: Arc<dyn LocalStore>,
+        changes: Changes,
+        checkpoint: Option<Checkpoint>,
+    ) -> u64 {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let last = tickets.entry(p).or_default();
         if changes.is_empty() && checkpoint.is_none() {
-            return;
+            return *last;
         }
+        *last += 1;
         let op = Op::Keep {
             p,
             store,
             changes,
             checkpoint,
+            ticket: *last,
         };
         if self.tx.send(op).is_err() {
             tracing::warn!(
@@ -72,6 +137,7 @@ impl Keeper {
                 "the local stores' writer has stopped; the store is not written"
             );
         }
+        *last
     }
 
     /// Queues the deletion of every key of `store` under one of `prefixes` (the journal entries of
@@ -101,22 +167,16 @@ impl Keeper {
     }
 }
 
-fn run(rx: mpsc::Receiver<Op>) {
-    // Partitions whose store failed a write: cleared, and not written again until restored (a
-    // later write would make it look complete without what the failed one had).
-    let mut broken: HashSet<(i32, usize)> = HashSet::new();
-    let write = |broken: &mut HashSet<(i32, usize)>,
-                 p: i32,
-                 store: &Arc<dyn LocalStore>,
-                 changes: &[(&str, Option<&[u8]>)],
-                 checkpoint| {
-        if broken.contains(&slot(p, store)) {
+fn run(rx: mpsc::Receiver<Op>, progress: &Progress) {
+    let write = |p: i32, store: &Arc<dyn LocalStore>, changes: &[(&str, Option<&[u8]>)], checkpoint| {
+        if progress.broken(p, store) {
             return;
         }
         if let Err(e) = store.apply(changes, checkpoint) {
             tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared until the partition is restored");
+            // Broken before it is cleared: whoever reads the store empty can tell afterwards.
+            progress.marks().broken.insert(slot(p, store));
             let _ = store.clear();
-            broken.insert(slot(p, store));
         }
     };
     for op in rx {
@@ -126,10 +186,12 @@ fn run(rx: mpsc::Receiver<Op>) {
                 store,
                 changes,
                 checkpoint,
+                ticket,
             } => {
                 let refs: Vec<(&str, Option<&[u8]>)> =
                     changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
-                write(&mut broken, p, &store, &refs, checkpoint);
+                write(p, &store, &refs, checkpoint);
+                progress.marks().written.insert(p, ticket);
             }
             Op::Forget { p, store, prefixes } => {
                 let mut keys = Vec::new();
@@ -137,11 +199,11 @@ fn run(rx: mpsc::Receiver<Op>) {
                     let _ = store.scan(prefix, &mut |k, _| keys.push(k.to_string()));
                 }
                 let refs: Vec<(&str, Option<&[u8]>)> = keys.iter().map(|k| (k.as_str(), None)).collect();
-                write(&mut broken, p, &store, &refs, None);
+                write(p, &store, &refs, None);
             }
             Op::Flush { p, done, restore } => {
                 if restore {
-                    broken.retain(|(q, _)| *q != p);
+                    progress.marks().broken.retain(|(q, _)| *q != p);
                 }
                 let _ = done.send(());
             }
@@ -189,23 +251,35 @@ mod tests {
         });
         let cp = |offset| Some(Checkpoint { offset, written_ms: 0 });
         let put = |k: &str, v: &str| vec![(k.to_string(), Some(v.as_bytes().to_vec()))];
-        keeper.keep(0, store.clone(), put("a", "1"), cp(1));
-        keeper.keep(0, store.clone(), put("a", "2"), cp(2));
+        let progress = keeper.progress();
+        let dyn_store: Arc<dyn LocalStore> = store.clone();
+        assert_eq!(keeper.keep(0, store.clone(), put("a", "1"), cp(1)), 1);
+        assert_eq!(keeper.keep(0, store.clone(), put("a", "2"), cp(2)), 2);
+        // Nothing to write: no new ticket. Another partition counts its own.
+        assert_eq!(keeper.keep(0, store.clone(), Vec::new(), None), 2);
+        assert_eq!(keeper.keep(1, store.clone(), put("x", "1"), None), 1);
         keeper.flush(0);
         assert_eq!(store.get("a").unwrap(), Some(b"2".to_vec()));
         assert_eq!(store.checkpoint().unwrap(), cp(2));
+        assert_eq!(progress.written(0), 2);
+        assert!(!progress.broken(0, &dyn_store));
         // A failed write clears the store; the writes after it are not applied (the store would
         // look complete without the failed one's key).
         keeper.keep(0, store.clone(), put("b", "1"), cp(3));
         keeper.keep(0, store.clone(), put("c", "1"), cp(4));
-        keeper.flush(0);
+        keeper.sync(0);
         assert_eq!(store.checkpoint().unwrap(), None);
         assert_eq!(store.get("a").unwrap(), None);
         assert_eq!(store.get("c").unwrap(), None);
+        // Its tickets are done all the same, and readers learn that the store is broken.
+        assert_eq!(progress.written(0), 4);
+        assert!(progress.broken(0, &dyn_store));
         // Once restored (flushed), the partition's store is written again.
+        keeper.flush(0);
         keeper.keep(0, store.clone(), put("d", "1"), cp(5));
         keeper.flush(0);
         assert_eq!(store.get("d").unwrap(), Some(b"1".to_vec()));
+        assert!(!progress.broken(0, &dyn_store));
     }
 
     #[test]

@@ -90,6 +90,7 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         t.store = Some(s);
         t.checkpoint = checkpoint;
     }
+    let cached = t.slots.len();
     t.journal = super::journal::open(shared, p);
     let mut later = Vec::new();
     for (id, work) in calls {
@@ -105,9 +106,14 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
             work => later.push((id, work)),
         }
     }
+    // The store holds every record read: beyond the worker's share of the cache, instances are
+    // read from it when needed.
+    let keep = shared.cfg.cached_instances / shared.owned.load(std::sync::atomic::Ordering::Relaxed).max(1);
+    t.evict(keep, u64::MAX);
     tracing::info!(
         partition = p,
-        instances = t.slots.len(),
+        instances = cached,
+        in_memory = t.slots.len(),
         records = read,
         from,
         known,
@@ -386,6 +392,9 @@ impl Latest {
             repair,
             txn,
             slots: HashMap::new(),
+            used: 0,
+            evicted: false,
+            unreadable: None,
             corr: CorrIndex::default(),
             subscribed: HashMap::new(),
             resubscribe: Vec::new(),

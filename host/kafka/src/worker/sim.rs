@@ -157,6 +157,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         plain,
         stop: AtomicBool::new(false),
         owned: AtomicUsize::new(0),
+        cached: AtomicUsize::new(0),
         failure: Mutex::new(None),
         driver: Driver::durable(),
         breakpoints: Default::default(),
@@ -544,6 +545,10 @@ struct World<'a> {
     /// Whether a go event names its instance (`sm4cinstanceid`) or is routed by its correlation
     /// key (`order`): a stream of its own, so the other draws of a seed stay as they were.
     keyed_rng: fastrand::Rng,
+    /// How many unended instances each owner keeps in memory once its batch committed, with local
+    /// stores (the others are read back from the store by what comes for them): none, one, a few,
+    /// or all, drawn for the seed apart from `rng` likewise.
+    cache: usize,
 }
 
 impl<'a> World<'a> {
@@ -577,6 +582,7 @@ impl<'a> World<'a> {
             disk_rng: fastrand::Rng::with_seed(seed ^ 0x5eed_d15c),
             early_rng: fastrand::Rng::with_seed(seed ^ 0xea51_7e57),
             keyed_rng: fastrand::Rng::with_seed(seed ^ 0x6e_7ed0),
+            cache: [0, 1, 3, usize::MAX][fastrand::Rng::with_seed(seed ^ 0xca_c4e).usize(..4)],
         };
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
@@ -777,6 +783,8 @@ impl<'a> World<'a> {
             t.checkpoint = checkpoint;
         }
         let n = t.slots.len();
+        // The store holds every record it read (it writes at once, so every ticket is done).
+        t.evict(self.cache, u64::MAX);
         let mut calls: Vec<(String, Work)> = calls;
         calls.sort_by(|a, b| a.0.cmp(&b.0));
         self.workers[w].owners.insert(
@@ -947,6 +955,7 @@ impl<'a> World<'a> {
                         }
                     }
                     let (after, applied) = o.t.committed(b);
+                    o.t.evict(self.cache, u64::MAX);
                     note_committed(&mut self.workers[w].outstanding, p, applied, forwarded);
                     self.workers[w].owners.insert(p, o);
                     for (id, work) in after {
@@ -1079,7 +1088,7 @@ impl<'a> World<'a> {
         let now = self.now;
         let mut due = Vec::new();
         for o in self.workers[w].owners.values_mut() {
-            due.extend(o.t.due(now));
+            due.extend(o.t.due(self.shared, now));
         }
         for c in due {
             let id = match &c {
