@@ -10,7 +10,8 @@ CloudEvents, then waiting two hours for a correlated event). Once every partitio
 1. BENCH_INSTANCES `bench.order` events are produced to `<prefix>.events` as fast as the client goes;
    the script waits until the state topic holds them all and the workers are idle (10 s);
 2. each worker's RSS (VmRSS), idle (before step 1) and after, and `instances` from its `GET /healthz`
-   (what its API holds); the cluster's bytes per instance beyond the idle RSS (sum over workers of the
+   (what its API holds), with `instancesInMemory` (what its owners keep in memory to decide) and
+   `recordsInMemory` (the API's records its local stores do not have yet); the cluster's bytes per instance beyond the idle RSS (sum over workers of the
    growth, divided by BENCH_INSTANCES) and each worker's growth per instance of the cluster;
 3. through worker 0: `GET /instances/{id}` of 200 instances spread over all partitions (p50/p99 ms,
    and how many another worker answered: `sm4c-answered-by`), and a listing of every instance in pages
@@ -106,7 +107,8 @@ def run_k(k, tmp):
     started_s = time.time() - t0
     time.sleep(10)
     rss = [scale.rss_bytes(p.pid) for p, _ in workers]
-    held = [scale.get(api, "/healthz").get("instances") for _, api in workers]
+    health = [scale.get(api, "/healthz") for _, api in workers]
+    held = [h.get("instances") for h in health]
     # Reads through worker 0.
     api0 = workers[0][1]
     listed, after, t = [], None, time.time()
@@ -131,6 +133,10 @@ def run_k(k, tmp):
         "instances": N,
         "start_s": round(started_s, 1),
         "held": held,
+        # What the owners keep in memory for deciding, and the API's records not yet in the local
+        # stores (absent from builds before the bounded cache).
+        "instances_in_memory": [h.get("instancesInMemory") for h in health],
+        "records_in_memory": [h.get("recordsInMemory") for h in health],
         "rss_mb": {"idle": [round(x / 2**20, 1) for x in rss_idle], "waiting": [round(x / 2**20, 1) for x in rss]},
         "bytes_per_instance": {"cluster": round(sum(grow) / N), "per_worker": [round(g / N) for g in grow]},
         "get_ms": {"p50": round(times[len(times) // 2], 2), "p99": round(times[int(len(times) * 0.99)], 2),

@@ -77,6 +77,28 @@ pub fn seq(r: &InstanceRecord, p: i32) -> i64 {
     (at.clamp(0, (1 << 43) - 1) << 20) | (((p as i64) & 0x3ff) << 10) | (offset & 0x3ff)
 }
 
+/// What of an instance's `order` its [`seq`] keeps, in the same order.
+pub fn order_key((at, offset): (i64, i64)) -> (i64, i64) {
+    (at.clamp(0, (1 << 43) - 1), offset & 0x3ff)
+}
+
+/// The place in listings of an instance that starts at `at` from the input at `offset`, given the
+/// latest place `last` taken on its partition: `(at, offset)` when it comes after `last` in
+/// [`seq`]'s order, else the next place after `last`. So no two instances of a partition share a
+/// [`seq`], which a listing's cursor needs (a page that ends between two with the same one would
+/// skip the second): starts applied from different events partitions in one millisecond have
+/// offsets that can agree modulo 1,024.
+pub fn next_order(last: (i64, i64), at: i64, offset: i64) -> (i64, i64) {
+    let (last_at, last_off) = order_key(last);
+    if order_key((at, offset)) > (last_at, last_off) {
+        (at, offset)
+    } else if last_off < 0x3ff {
+        (last_at, last_off + 1)
+    } else {
+        (last_at + 1, 0)
+    }
+}
+
 /// Where one record is: in memory, or in a store.
 enum Found {
     Here(Box<InstanceRecord>),
@@ -237,7 +259,8 @@ impl View {
     /// deleted (past its retention); `ticket` is the writer's ticket of the transaction's write to
     /// the partition's store.
     pub(crate) fn apply(&self, p: i32, changes: Vec<(String, Option<InstanceRecord>)>, ticket: u64) {
-        let rows: Vec<(Box<str>, Option<(Row, InstanceRecord)>)> = changes
+        type Change = (Box<str>, Option<(Row, InstanceRecord)>);
+        let rows: Vec<Change> = changes
             .into_iter()
             .map(|(id, r)| (id.into_boxed_str(), r.map(|r| (self.row(&r, p), r))))
             .collect();
@@ -320,9 +343,9 @@ impl View {
     pub fn list(&self, status: Option<&str>, definition: Option<&str>, after: i64, limit: usize) -> Vec<Summary> {
         let page: Vec<(i64, Box<str>, Found)> = {
             let all = self.read();
-            let mut rows: Vec<(i64, &Box<str>, &Part)> = all
+            let mut rows: Vec<(i64, &str, &Part)> = all
                 .values()
-                .flat_map(|part| part.rows.iter().map(move |(id, r)| (r, id, part)))
+                .flat_map(|part| part.rows.iter().map(move |(id, r)| (r, &**id, part)))
                 .filter(|(r, _, _)| {
                     r.seq > after
                         && status.is_none_or(|s| r.status.as_str() == s)
@@ -331,14 +354,14 @@ impl View {
                 .map(|(r, id, part)| (r.seq, id, part))
                 .collect();
             // The first `limit` only: a page costs one pass over the rows, not a sort of them all.
-            let order = |a: &(i64, &Box<str>, &Part), b: &(i64, &Box<str>, &Part)| (a.0, a.1).cmp(&(b.0, b.1));
+            let order = |a: &(i64, &str, &Part), b: &(i64, &str, &Part)| (a.0, a.1).cmp(&(b.0, b.1));
             if rows.len() > limit && limit > 0 {
                 rows.select_nth_unstable_by(limit - 1, order);
             }
             rows.truncate(limit);
             rows.sort_unstable_by(order);
             rows.into_iter()
-                .filter_map(|(seq, id, part)| Some((seq, id.clone(), part.find(id)?)))
+                .filter_map(|(seq, id, part)| Some((seq, id.into(), part.find(id)?)))
                 .collect()
         };
         page.into_iter()
@@ -577,6 +600,23 @@ mod tests {
         // The records stay in memory: a failed store's tickets are done, yet nothing is dropped.
         view.apply(0, Vec::new(), ticket);
         assert_eq!(view.in_memory(), 1);
+    }
+
+    #[test]
+    fn starts_of_one_partition_get_distinct_places_in_listings() {
+        let mut last = (0, 0);
+        let mut seqs = Vec::new();
+        // Offsets that agree modulo 1,024 in one millisecond, an earlier one, and the end of a
+        // millisecond's places.
+        for (at, offset) in [(10, 5), (10, 1029), (10, 2053), (9, 7), (10, 1023), (10, 3), (11, 0)] {
+            last = next_order(last, at, offset);
+            let mut r = record("x", "order", Status::Waiting, 0);
+            r.order = last;
+            seqs.push(seq(&r, 3));
+        }
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+        assert_eq!(next_order((10, 5), 10, 6), (10, 6), "a later start keeps its own place");
+        assert_eq!(next_order((10, 1023), 10, 2), (11, 0));
     }
 
     #[test]

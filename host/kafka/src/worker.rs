@@ -514,6 +514,8 @@ struct Owner {
     slots: HashMap<String, Slot>,
     /// Counts uses of `slots`, for [`Slot::used`].
     used: u64,
+    /// The latest place in listings given to an instance of the partition ([`Owner::place`]).
+    last_order: (i64, i64),
     /// Whether an instance was let go of since the restore: until then an instance not in
     /// `slots` does not exist, and the store is not asked.
     evicted: bool,
@@ -577,6 +579,13 @@ struct Owner {
 }
 
 impl Owner {
+    /// The place in listings of an instance that starts now ([`crate::view::next_order`]): after
+    /// every other instance of the partition.
+    fn place(&mut self, at: i64, offset: i64) -> (i64, i64) {
+        self.last_order = crate::view::next_order(self.last_order, at, offset);
+        self.last_order
+    }
+
     /// Unended instance `id`, read from the local store when the owner let go of it. `None`: no
     /// such unended instance (or the store failed, which [`Owner::unreadable`] records).
     fn slot(&mut self, shared: &Shared, id: &str) -> Option<&mut Slot> {

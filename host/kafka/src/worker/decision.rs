@@ -254,12 +254,13 @@ impl Decision<'_> {
                     },
                 };
                 h.origin = traceparent;
+                let order = self.t.place(at, offset);
                 self.t.slots.insert(
                     id.clone(),
                     Slot {
                         h,
                         seen: Default::default(),
-                        order: (at, offset),
+                        order,
                         request,
                         answered: Vec::new(),
                         recent: Vec::new(),

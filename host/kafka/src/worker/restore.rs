@@ -393,6 +393,7 @@ impl Latest {
             txn,
             slots: HashMap::new(),
             used: 0,
+            last_order: (0, 0),
             evicted: false,
             unreadable: None,
             corr: CorrIndex::default(),
@@ -450,6 +451,9 @@ impl Latest {
                 continue;
             }
             let Some(rec) = r.instance else { continue };
+            if crate::view::order_key(rec.order) > crate::view::order_key(t.last_order) {
+                t.last_order = rec.order;
+            }
             if rec.snapshot.status.is_final() {
                 t.ended.insert(k.clone(), rec.snapshot.ended_at.unwrap_or(0));
                 t.records.insert(k, rec);
