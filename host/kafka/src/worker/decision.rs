@@ -303,16 +303,7 @@ impl Decision<'_> {
                         self.dead(&event, &origin, "instanceEnded", &why);
                     }
                     // Read from the local store first when the owner let go of it.
-                    Some(id) if self.t.slot(self.shared, &id).is_none() => self.park(Parked {
-                        event,
-                        origin,
-                        target: Some(id),
-                        home: None,
-                        key: None,
-                        expect: None,
-                        expires: at + self.shared.cfg.event_window_ms,
-                    }),
-                    Some(id) => match self.t.slots.get(&id) {
+                    Some(id) => match self.t.slot(self.shared, &id) {
                         Some(s) if s.seen.get(&source).is_some_and(|o| *o >= origin.offset) => {
                             tracing::debug!(
                                 instance = id,
