@@ -318,11 +318,15 @@ impl View {
             let all = self.read();
             match target {
                 Some(t) => all
-                    .values()
+                    .iter()
+                    .filter(|(p, part)| part.usable(**p))
+                    .map(|(_, part)| part)
                     .filter_map(|part| Some((t.into(), part.find(t)?)))
                     .collect(),
                 None => all
-                    .values()
+                    .iter()
+                    .filter(|(p, part)| part.usable(**p))
+                    .map(|(_, part)| part)
                     .flat_map(|part| {
                         part.rows
                             .iter()
@@ -343,8 +347,11 @@ impl View {
     pub fn list(&self, status: Option<&str>, definition: Option<&str>, after: i64, limit: usize) -> Vec<Summary> {
         let page: Vec<(i64, Box<str>, Found)> = {
             let all = self.read();
+            // A partition whose store broke is left out, as one being restored is.
             let mut rows: Vec<(i64, &str, &Part)> = all
-                .values()
+                .iter()
+                .filter(|(p, part)| part.usable(**p))
+                .map(|(_, part)| part)
                 .flat_map(|part| part.rows.iter().map(move |(id, r)| (r, &**id, part)))
                 .filter(|(r, _, _)| {
                     r.seq > after
@@ -597,6 +604,11 @@ mod tests {
             !view.holds(0),
             "the store is cleared: the partition is restored again first"
         );
+        assert!(
+            view.list(None, None, 0, 10).is_empty(),
+            "listed as a partition being restored"
+        );
+        assert!(view.to_explain(None).is_empty() && view.to_explain(Some("a")).is_empty());
         // The records stay in memory: a failed store's tickets are done, yet nothing is dropped.
         view.apply(0, Vec::new(), ticket);
         assert_eq!(view.in_memory(), 1);

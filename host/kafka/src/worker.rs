@@ -9,7 +9,7 @@ mod decision;
 mod index;
 pub(crate) mod journal;
 pub(crate) mod keeper;
-mod restore;
+pub(crate) mod restore;
 #[cfg(test)]
 mod sim;
 use decision::tally_expiry;
@@ -25,7 +25,7 @@ use sm4c_host::local::{Checkpoint, LocalStore};
 use sm4c_runtime::engine::event::attribute_text;
 use sm4c_runtime::{ErrorInfo, Machine};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,8 @@ const RESTORE_RETRY: Duration = Duration::from_secs(1);
 
 /// A commands partition being restored.
 enum Restoring {
-    /// The restore's thread.
-    Running(std::thread::JoinHandle<Restored>),
+    /// The restore's thread, and what tells it the partition was revoked meanwhile.
+    Running(std::thread::JoinHandle<Restored>, Arc<AtomicBool>),
     /// The last restore failed then.
     Failed(Instant),
 }
@@ -1034,8 +1034,15 @@ impl Worker {
             self.shared.journals.release(p);
         }
         self.routers.retain(|k, _| assigned.contains(k));
-        // A restore revoked before it ended: its thread ends by itself, and what it read is dropped.
-        self.restoring.retain(|p, _| assigned.contains(&(commands.clone(), *p)));
+        // A restore revoked before it ended: its thread ends by itself without writing the
+        // partition's local store, and what it read is dropped.
+        self.restoring.retain(|p, r| {
+            let keep = assigned.contains(&(commands.clone(), *p));
+            if let (false, Restoring::Running(_, revoked)) = (keep, r) {
+                revoked.store(true, Ordering::Relaxed);
+            }
+            keep
+        });
         // What the API holds of partitions no longer assigned, also of those revoked while being
         // restored again (after a failed batch), when they had no owner to drop.
         for p in self.shared.view.held() {
@@ -1112,7 +1119,7 @@ impl Worker {
             .map(|(_, p)| *p)
             .filter(|p| match self.restoring.get(p) {
                 None => true,
-                Some(Restoring::Running(_)) => false,
+                Some(Restoring::Running(..)) => false,
                 Some(Restoring::Failed(at)) => at.elapsed() >= RESTORE_RETRY,
             })
             .collect();
@@ -1124,12 +1131,14 @@ impl Worker {
                 tracing::warn!(partition = p, error = %e, "cannot pause the partition while it is restored");
             }
             let (shared, offsets) = (self.shared.clone(), self.offsets.clone());
+            let revoked = Arc::new(AtomicBool::new(false));
+            let flag = revoked.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("sm4c-restore-{p}"))
-                .spawn(move || restore(&shared, &offsets, p));
+                .spawn(move || restore(&shared, &offsets, p, &flag));
             match spawned {
                 Ok(h) => {
-                    self.restoring.insert(p, Restoring::Running(h));
+                    self.restoring.insert(p, Restoring::Running(h, revoked));
                 }
                 Err(e) => {
                     tracing::error!(partition = p, error = %e, "cannot start a restore; trying again");
@@ -1147,11 +1156,11 @@ impl Worker {
         let ended: Vec<i32> = self
             .restoring
             .iter()
-            .filter(|(_, r)| matches!(r, Restoring::Running(h) if h.is_finished()))
+            .filter(|(_, r)| matches!(r, Restoring::Running(h, _) if h.is_finished()))
             .map(|(p, _)| *p)
             .collect();
         for p in ended {
-            let Some(Restoring::Running(h)) = self.restoring.remove(&p) else {
+            let Some(Restoring::Running(h, _)) = self.restoring.remove(&p) else {
                 continue;
             };
             match h.join().unwrap_or_else(|_| Err("the restore panicked".into())) {
@@ -1397,6 +1406,8 @@ impl Worker {
                     for (_, h) in t.in_flight.drain() {
                         h.abort();
                     }
+                    // The restore may clear the local store the API reads this partition from.
+                    self.shared.view.release(p);
                     self.rewind(&commands, p);
                     for ((topic, e), _) in hosted_by.iter().filter(|(_, host)| *host == p) {
                         self.rewind(topic, *e);
@@ -1522,30 +1533,42 @@ impl Worker {
         Ok(applied)
     }
 
-    /// Restores again each owned partition whose local store could not be written: the writer
-    /// cleared the store, and the API reads the partition's records there. The restore rebuilds
-    /// the store from the state partition; the API answers for the partition again once it ends.
+    /// Restores again each owned partition whose local store could not be written (the writer
+    /// cleared it, and the API and the owner read the partition's records there) or read (an
+    /// instance the owner let go of, or a timer's check of one, could not be read back). The
+    /// restore rebuilds the store from the state partition; the API answers for the partition
+    /// again once it ends.
     fn restore_broken_stores(&mut self) {
         let Some(progress) = self.shared.keeper.as_ref().map(|k| k.progress()) else {
             return;
         };
-        let broken: Vec<i32> = self
+        let broken: Vec<(i32, String)> = self
             .owners
             .values()
-            .filter(|t| t.store.as_ref().is_some_and(|s| progress.broken(t.partition, s)))
-            .map(|t| t.partition)
+            .filter_map(|t| match &t.unreadable {
+                Some(why) => Some((t.partition, why.clone())),
+                None => t
+                    .store
+                    .as_ref()
+                    .filter(|s| progress.broken(t.partition, s))
+                    .map(|_| (t.partition, "the local store could not be written".to_string())),
+            })
             .collect();
-        for p in broken {
-            tracing::warn!(
-                partition = p,
-                "the partition's local store could not be written; the partition is restored again"
-            );
-            if let Some(t) = self.owners.remove(&p) {
-                for (_, h) in t.in_flight {
-                    h.abort();
-                }
+        for (p, why) in broken {
+            tracing::warn!(partition = p, why, "the partition is restored again");
+            self.drop_owner(p);
+        }
+    }
+
+    /// Drops the owner of partition `p` (its partition is restored again at the next assignment
+    /// check), and what the API holds of it: the restore may clear the local store the API reads.
+    fn drop_owner(&mut self, p: i32) {
+        if let Some(t) = self.owners.remove(&p) {
+            for (_, h) in t.in_flight {
+                h.abort();
             }
         }
+        self.shared.view.release(p);
     }
 
     /// Proposes a timer command for each timer that came due ([`Owner::due_timers`]).

@@ -15,8 +15,24 @@ use sm4c_host::clock::wall_ms as now_ms;
 use sm4c_host::driver::Work;
 use sm4c_host::local::{Checkpoint, LocalStore};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// The partitions being restored in this process, one restore each at a time ([`restore`]).
+#[derive(Default)]
+pub(crate) struct Exclusive(Mutex<HashMap<i32, Arc<Mutex<()>>>>);
+
+impl Exclusive {
+    fn of(&self, p: i32) -> Arc<Mutex<()>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(p)
+            .or_default()
+            .clone()
+    }
+}
 
 /// What a restore gives: the partition's owner and the calls in flight to perform again.
 pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
@@ -24,7 +40,20 @@ pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
 /// Takes over a commands partition: fences its previous owner, reads its committed offsets (with
 /// `offsets`, a client of the group that never joins it) and its state, and re-arms timers; returns
 /// the owner and the calls in flight to perform again.
-pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) -> Restored {
+pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, revoked: &AtomicBool) -> Restored {
+    // One restore of a partition at a time: one revoked before it ended runs on (its thread is not
+    // stopped), and must be done with the partition's local store before the next one touches it,
+    // or its older records would land over those of the owner the next restore makes.
+    let one = shared.restores.of(p);
+    let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+    let gone = || {
+        revoked
+            .load(Ordering::Relaxed)
+            .then(|| format!("partition {p} was revoked while it was restored"))
+    };
+    if let Some(why) = gone() {
+        return Err(why);
+    }
     let started = Instant::now();
     let left = || RESTORE_TIMEOUT.saturating_sub(started.elapsed());
     let txn = if shared.cfg.exactly_once {
@@ -83,6 +112,9 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32) ->
         state.record(key, payload, at);
     })?;
     let (read, uncommitted) = (state.read, state.uncommitted);
+    if let Some(why) = gone() {
+        return Err(why);
+    }
     let kept = store.and_then(|(s, _)| Some((state.save(s.as_ref(), p, from, end)?, s)));
     // The loop puts the partition's barrier when it takes the restored owner in.
     let (mut t, calls) = state.owner(shared, p, txn, None);
@@ -200,7 +232,10 @@ fn local_store(shared: &Shared, p: i32) -> Option<(Arc<dyn LocalStore>, Option<C
         }
         why.is_none()
     });
-    if cp.is_some() && usable.is_none() {
+    // A store without a usable checkpoint is rebuilt from nothing: one that has records but no
+    // checkpoint (a restore that wrote them died before its partition's first transaction) may
+    // hold keys the partition deleted since.
+    if usable.is_none() {
         if let Err(e) = store.clear() {
             tracing::warn!(partition = p, error = %e, "the local store cannot be cleared; it is not used");
             return None;

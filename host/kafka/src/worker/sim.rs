@@ -166,6 +166,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         members: crate::members::Members::new("sim".into(), 0),
         view: Default::default(),
         journals: Default::default(),
+        restores: Default::default(),
     }
 }
 
@@ -783,8 +784,6 @@ impl<'a> World<'a> {
             t.checkpoint = checkpoint;
         }
         let n = t.slots.len();
-        // The store holds every record it read (it writes at once, so every ticket is done).
-        t.evict(self.cache, u64::MAX);
         let mut calls: Vec<(String, Work)> = calls;
         calls.sort_by(|a, b| a.0.cmp(&b.0));
         self.workers[w].owners.insert(
@@ -797,6 +796,11 @@ impl<'a> World<'a> {
         );
         for (id, work) in calls {
             self.after(w, p, &id, work);
+        }
+        // The store holds every record it read (it writes at once, so every ticket is done); the
+        // calls in flight were sent again first, as the worker does.
+        if let Some(o) = self.workers[w].owners.get_mut(&p) {
+            o.t.evict(self.cache, u64::MAX);
         }
         self.note(format!(
             "w{w} restores p{p}: epoch {epoch}, committed {committed}, clock {clock}, {n} instances, state read from {from}"
