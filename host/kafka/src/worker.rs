@@ -540,6 +540,9 @@ struct Owner {
     /// Ended instances whose retention has passed: their state records are deleted (tombstones)
     /// in the next transaction.
     expired: Vec<String>,
+    /// When `ended` is looked through for expired instances next (ms): not on every tick, which
+    /// would cost a pass over every ended instance twice a second.
+    next_expiry: i64,
     parking: Parking,
     timers: BTreeSet<(i64, String, String)>,
     /// When the last transaction committed (or the partition was restored).
@@ -767,6 +770,9 @@ impl Owner {
         (b.after, b.applied)
     }
 }
+
+/// How many ended instances past their retention one transaction deletes at most.
+const EXPIRED_PER_TRANSACTION: usize = 1000;
 
 /// How often a quiet partition's local store has its checkpoint written again (its time only).
 const LOCAL_REFRESH: Duration = Duration::from_secs(3600);
@@ -1651,17 +1657,24 @@ impl Worker {
         let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);
         let retention = self.shared.cfg.retention_ms;
         for t in self.owners.values_mut() {
-            if t.expired.is_empty() {
+            if t.expired.is_empty() && now >= t.next_expiry {
                 let old: Vec<String> = t
                     .ended
                     .iter()
                     .filter(|(_, at)| **at + retention <= now)
                     .map(|(id, _)| id.clone())
-                    .take(1000)
+                    .take(EXPIRED_PER_TRANSACTION)
                     .collect();
                 for id in &old {
                     t.ended.remove(id);
                 }
+                // Next when the earliest left expires, or a retention from now: what ends from now
+                // on expires no earlier (but for the lag of its inputs, by which it is deleted
+                // late, never early); at once when this pass stopped at its bound.
+                t.next_expiry = match old.len() == EXPIRED_PER_TRANSACTION {
+                    true => now,
+                    false => t.ended.values().copied().min().map_or(now, |at| at.min(now)) + retention,
+                };
                 t.expired = old;
             }
             let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty();

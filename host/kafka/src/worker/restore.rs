@@ -437,6 +437,7 @@ impl Latest {
             dirty: BTreeSet::new(),
             ended: HashMap::new(),
             expired: Vec::new(),
+            next_expiry: i64::MIN,
             parking: Parking::default(),
             timers: BTreeSet::new(),
             retries: BTreeMap::new(),
