@@ -114,22 +114,26 @@ impl Found {
     }
 }
 
-/// An instance's record as the local store keeps it (the state topic's record).
+/// Instance `id`'s record as a partition's local store keeps it (the state topic's record);
+/// `Err` says why it cannot be read.
+pub(crate) fn stored(store: &dyn LocalStore, id: &str) -> Result<Option<InstanceRecord>, String> {
+    let Some(bytes) = store
+        .get(id)
+        .map_err(|e| format!("instance {id:?} cannot be read from the local store: {e}"))?
+    else {
+        return Ok(None);
+    };
+    serde_json::from_slice::<StateRecord>(&bytes)
+        .map(|r| r.instance)
+        .map_err(|e| format!("instance {id:?} in the local store does not read: {e}"))
+}
+
+/// [`stored`], for the API: a record that cannot be read is logged and answered as missing.
 fn decode(store: &dyn LocalStore, id: &str) -> Option<InstanceRecord> {
-    match store.get(id) {
-        Ok(Some(bytes)) => match serde_json::from_slice::<StateRecord>(&bytes) {
-            Ok(r) => r.instance,
-            Err(e) => {
-                tracing::warn!(instance = id, error = %e, "an instance record in the local store does not read");
-                None
-            }
-        },
-        Ok(None) => None,
-        Err(e) => {
-            tracing::warn!(instance = id, error = %e, "the local store cannot be read");
-            None
-        }
-    }
+    stored(store, id).unwrap_or_else(|why| {
+        tracing::warn!(why, "an instance record is not answered");
+        None
+    })
 }
 
 impl Part {
@@ -513,7 +517,7 @@ mod tests {
             .collect();
         let backing = Backing {
             store: store.clone(),
-            progress: keeper.progress(),
+            progress: keeper.progress().clone(),
         };
         view.take(0, records, Some(backing));
         assert_eq!((view.len(), view.in_memory()), (3, 0));
@@ -592,7 +596,7 @@ mod tests {
         let view = View::default();
         let backing = Backing {
             store: store.clone(),
-            progress: keeper.progress(),
+            progress: keeper.progress().clone(),
         };
         view.take(0, Records::new(), Some(backing));
         assert!(view.holds(0));

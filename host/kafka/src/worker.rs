@@ -606,18 +606,10 @@ impl Owner {
         if !self.evicted || self.ended.contains_key(id) {
             return None;
         }
-        let store = self.store.as_ref()?;
-        let bytes = match store.get(id) {
-            Ok(b) => b?,
-            Err(e) => {
-                self.unreadable = Some(format!("instance {id:?} cannot be read from the local store: {e}"));
-                return None;
-            }
-        };
-        let rec = match serde_json::from_slice::<crate::wire::StateRecord>(&bytes) {
-            Ok(r) => r.instance?,
-            Err(e) => {
-                self.unreadable = Some(format!("instance {id:?} in the local store does not read: {e}"));
+        let rec = match crate::view::stored(self.store.as_deref()?, id) {
+            Ok(rec) => rec?,
+            Err(why) => {
+                self.unreadable = Some(why);
                 return None;
             }
         };
@@ -1031,12 +1023,7 @@ impl Worker {
             if let Some(o) = sm4c_host::metrics::observer() {
                 o.kafka_parked(p, 0);
             }
-            if let Some(t) = self.owners.remove(&p) {
-                for (_, h) in t.in_flight {
-                    h.abort();
-                }
-            }
-            self.shared.view.release(p);
+            self.drop_owner(p);
             self.shared.journals.release(p);
         }
         self.routers.retain(|k, _| assigned.contains(k));
@@ -1208,7 +1195,7 @@ impl Worker {
                             .zip(self.shared.keeper.as_ref())
                             .map(|(store, k)| crate::view::Backing {
                                 store,
-                                progress: k.progress(),
+                                progress: k.progress().clone(),
                             });
                     self.shared.view.take(p, std::mem::take(&mut t.records), backing);
                     self.owners.insert(p, t);
@@ -1545,7 +1532,7 @@ impl Worker {
     /// restore rebuilds the store from the state partition; the API answers for the partition
     /// again once it ends.
     fn restore_broken_stores(&mut self) {
-        let Some(progress) = self.shared.keeper.as_ref().map(|k| k.progress()) else {
+        let Some(progress) = self.shared.keeper.as_ref().map(|k| k.progress().clone()) else {
             return;
         };
         let broken: Vec<(i32, String)> = self
@@ -1566,8 +1553,8 @@ impl Worker {
         }
     }
 
-    /// Drops the owner of partition `p` (its partition is restored again at the next assignment
-    /// check), and what the API holds of it: the restore may clear the local store the API reads.
+    /// Drops the owner of partition `p` and what the API holds of it: revoked, or restored again
+    /// at the next assignment check (which may clear the local store the API reads).
     fn drop_owner(&mut self, p: i32) {
         if let Some(t) = self.owners.remove(&p) {
             for (_, h) in t.in_flight {

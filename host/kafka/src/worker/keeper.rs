@@ -104,8 +104,8 @@ impl Keeper {
     }
 
     /// What the writer has done.
-    pub(crate) fn progress(&self) -> Arc<Progress> {
-        self.progress.clone()
+    pub(crate) fn progress(&self) -> &Arc<Progress> {
+        &self.progress
     }
 
     /// Queues the changes of a committed transaction of partition `p`, and its new checkpoint.
