@@ -286,8 +286,6 @@ pub(crate) struct Shared {
     pub view: view::View,
     /// The local journals of the partitions this worker owns.
     pub(crate) journals: worker::journal::Journals,
-    /// One restore of a partition at a time.
-    pub(crate) restores: worker::restore::Exclusive,
 }
 
 impl Shared {
@@ -541,7 +539,6 @@ impl KafkaHost {
             members: members::Members::new(sm4c_host::service::new_id("worker"), sm4c_host::clock::wall_ms()),
             view: view::View::default(),
             journals: Default::default(),
-            restores: Default::default(),
         });
         let mut threads = Vec::new();
         {

@@ -9,7 +9,7 @@ mod decision;
 mod index;
 pub(crate) mod journal;
 pub(crate) mod keeper;
-pub(crate) mod restore;
+mod restore;
 #[cfg(test)]
 mod sim;
 use decision::tally_expiry;

@@ -16,23 +16,8 @@ use sm4c_host::driver::Work;
 use sm4c_host::local::{Checkpoint, LocalStore};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
-
-/// The partitions being restored in this process, one restore each at a time ([`restore`]).
-#[derive(Default)]
-pub(crate) struct Exclusive(Mutex<HashMap<i32, Arc<Mutex<()>>>>);
-
-impl Exclusive {
-    fn of(&self, p: i32) -> Arc<Mutex<()>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(p)
-            .or_default()
-            .clone()
-    }
-}
 
 /// What a restore gives: the partition's owner and the calls in flight to perform again.
 pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
@@ -41,11 +26,10 @@ pub(super) type Restored = Result<(Owner, Vec<(String, Work)>), String>;
 /// `offsets`, a client of the group that never joins it) and its state, and re-arms timers; returns
 /// the owner and the calls in flight to perform again.
 pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, revoked: &AtomicBool) -> Restored {
-    // One restore of a partition at a time: one revoked before it ended runs on (its thread is not
-    // stopped), and must be done with the partition's local store before the next one touches it,
-    // or its older records would land over those of the owner the next restore makes.
-    let one = shared.restores.of(p);
-    let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+    // A restore revoked before it ended runs on (its thread is not stopped): it must leave the
+    // partition's local store alone from then on, or its older records could land over those of
+    // the owner a later restore makes. It looks before each use of the store. (Not a lock: a
+    // later restore must not wait for this one's calls to a broker that may be away.)
     let gone = || {
         revoked
             .load(Ordering::Relaxed)
@@ -69,6 +53,9 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
     // Reading the state partition has a budget of its own (120 s), which this leaves room for.
     slow_restore_for_tests(p);
     let mut state = Latest::new(committed, clock);
+    if let Some(why) = gone() {
+        return Err(why);
+    }
     // An earlier restore's journal catch-up ends before the stores are touched.
     shared.journals.stop(p);
     let mut store = local_store(shared, p);

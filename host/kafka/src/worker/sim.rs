@@ -166,7 +166,6 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         members: crate::members::Members::new("sim".into(), 0),
         view: Default::default(),
         journals: Default::default(),
-        restores: Default::default(),
     }
 }
 
