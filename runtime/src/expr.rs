@@ -669,7 +669,17 @@ fn natives() -> Vec<Fun<Data>> {
             Err(code) => box_once(Err(Exn::halt(code))),
         }
     }));
-    admitted_natives(jaq_natives())
+    // Which of jaq's natives are admitted is decided once (by position: `jaq_natives` yields them in
+    // the same order every time); the natives themselves are made anew, as jaq cannot clone them.
+    static ADMITTED: OnceLock<Vec<bool>> = OnceLock::new();
+    let admitted = ADMITTED.get_or_init(|| {
+        jaq_natives()
+            .map(|(name, args, _)| admitted(name, args.len()))
+            .collect()
+    });
+    jaq_natives()
+        .zip(admitted)
+        .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([tick, getp, setp, add, mul, div, item, check, sized, regex])
         .collect()
@@ -696,10 +706,14 @@ const RENAMED: &[(&str, &str)] = &[
 
 /// The natives the sandbox takes from `natives`: those on [`ALLOWED`] that [`OUR_DEFS`] does not
 /// replace, and `__fromjson`.
+#[cfg(test)]
 fn admitted_natives(natives: impl Iterator<Item = Fun<Data>>) -> impl Iterator<Item = Fun<Data>> {
-    natives.filter(|(name, args, _)| {
-        RENAMED.iter().any(|(_, ours)| ours == name) || (allowed(name, args.len()) && !ours(name, args.len()))
-    })
+    natives.filter(|(name, args, _)| admitted(name, args.len()))
+}
+
+/// True when the sandbox takes jaq's native `name/arity` (see [`admitted_natives`]).
+fn admitted(name: &str, arity: usize) -> bool {
+    RENAMED.iter().any(|(_, ours)| *ours == name) || (allowed(name, arity) && !ours(name, arity))
 }
 
 /// Our definitions, parsed once.
@@ -735,6 +749,152 @@ fn jaq_defs() -> impl Iterator<Item = Def<&'static str>> {
 fn prelude() -> &'static [Def<&'static str>] {
     static PRELUDE: OnceLock<Vec<Def<&'static str>>> = OnceLock::new();
     PRELUDE.get_or_init(|| admitted_defs(jaq_defs()).into_iter().map(fuel_def).collect())
+}
+
+/// Which prelude definitions each prelude definition may call, built once with the prelude.
+struct PreludeIndex {
+    /// For the prelude definition at each index, the indices of the prelude definitions named in its
+    /// body.
+    deps: Vec<Vec<usize>>,
+    /// The indices of the prelude definitions of each name (all arities).
+    by_name: std::collections::HashMap<&'static str, Vec<usize>>,
+}
+
+fn prelude_index() -> &'static PreludeIndex {
+    static INDEX: OnceLock<PreludeIndex> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        let mut by_name: std::collections::HashMap<&'static str, Vec<usize>> = std::collections::HashMap::new();
+        for (i, d) in prelude().iter().enumerate() {
+            by_name.entry(d.name).or_default().push(i);
+        }
+        let deps = prelude()
+            .iter()
+            .map(|d| {
+                let mut names = Vec::new();
+                calls(&d.body, &mut names);
+                let mut deps: Vec<usize> = names.iter().filter_map(|n| by_name.get(n)).flatten().copied().collect();
+                deps.sort_unstable();
+                deps.dedup();
+                deps
+            })
+            .collect();
+        PreludeIndex { deps, by_name }
+    })
+}
+
+/// The prelude definitions that code calling `names` can reach, as indices into [`prelude`] in
+/// their order: every definition of each name, and transitively every definition of each name
+/// those call. Compiling only these instead of all ~200 is what makes [`Expr::compile`] cheap, and
+/// changes nothing else: jaq resolves a call to the last definition before it with the same name and
+/// arity (else to a native), and every definition with a name that is called is kept, in the same
+/// order, so each call resolves to the same definition or native as with the whole prelude.
+fn reachable<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<usize> {
+    let index = prelude_index();
+    let mut kept = vec![false; index.deps.len()];
+    let mut todo: Vec<usize> = names
+        .into_iter()
+        .filter_map(|n| index.by_name.get(n))
+        .flatten()
+        .copied()
+        .collect();
+    while let Some(i) = todo.pop() {
+        if !std::mem::replace(&mut kept[i], true) {
+            todo.extend(index.deps[i].iter().copied().filter(|&j| !kept[j]));
+        }
+    }
+    (0..kept.len()).filter(|&i| kept[i]).collect()
+}
+
+/// Appends every name `t` calls to `out`: filters (`map`, `__tick`, a `def`'s own name) and string
+/// formats (`@base64 "..."`, which jaq compiles as a call), in nested definitions too. A superset of
+/// what the compiler resolves against the prelude: names bound locally are included.
+fn calls<'a>(t: &Term<&'a str>, out: &mut Vec<&'a str>) {
+    use jaq_core::load::lex::StrPart;
+    match t {
+        Term::Id | Term::Recurse | Term::Num(_) | Term::Var(_) | Term::Break(_) | Term::Arr(None) => {}
+        Term::Str(fmt, parts) => {
+            out.extend(fmt.iter().copied());
+            for p in parts {
+                match p {
+                    StrPart::Term(t) => calls(t, out),
+                    StrPart::Str(_) | StrPart::Char(_) => {}
+                }
+            }
+        }
+        Term::Arr(Some(x)) | Term::Neg(x) | Term::Label(_, x) => calls(x, out),
+        Term::Obj(kvs) => {
+            for (k, v) in kvs {
+                calls(k, out);
+                if let Some(v) = v {
+                    calls(v, out);
+                }
+            }
+        }
+        Term::BinOp(l, op, r) => {
+            calls(l, out);
+            if let BinaryOp::Pipe(Some(p)) = op {
+                pattern_calls(p, out);
+            }
+            calls(r, out);
+        }
+        Term::Fold(_, x, pat, args) => {
+            calls(x, out);
+            pattern_calls(pat, out);
+            args.iter().for_each(|a| calls(a, out));
+        }
+        Term::TryCatch(t, c) => {
+            calls(t, out);
+            if let Some(c) = c {
+                calls(c, out);
+            }
+        }
+        Term::IfThenElse(branches, els) => {
+            for (c, t) in branches {
+                calls(c, out);
+                calls(t, out);
+            }
+            if let Some(e) = els {
+                calls(e, out);
+            }
+        }
+        Term::Def(defs, body) => {
+            defs.iter().for_each(|d| calls(&d.body, out));
+            calls(body, out);
+        }
+        Term::Call(name, args) => {
+            out.push(name);
+            args.iter().for_each(|a| calls(a, out));
+        }
+        Term::Path(x, Path(parts)) => {
+            calls(x, out);
+            for (part, _) in parts {
+                match part {
+                    Part::Index(i) => calls(i, out),
+                    Part::Range(f, t) => {
+                        if let Some(f) = f {
+                            calls(f, out);
+                        }
+                        if let Some(t) = t {
+                            calls(t, out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn pattern_calls<'a>(p: &Pattern<&'a str>, out: &mut Vec<&'a str>) {
+    match p {
+        Pattern::Var(_) => {}
+        Pattern::Arr(ps) => ps.iter().for_each(|p| pattern_calls(p, out)),
+        Pattern::Obj(kps) => {
+            for (k, p) in kps {
+                calls(k, out);
+                pattern_calls(p, out);
+            }
+        }
+    }
 }
 
 /// The definitions the sandbox takes from `standard`: those on [`ALLOWED`] that [`OUR_DEFS`] does
@@ -1015,6 +1175,17 @@ pub struct EvalError {
 impl Expr {
     /// Compiles an expression (with or without `${ }`), resolving `fn:name` against `functions`.
     pub fn compile(text: &str, functions: &[ExprFunction], limits: Limits) -> Result<Expr, String> {
+        Self::compile_with(text, functions, limits, false)
+    }
+
+    /// [`Expr::compile`], given the whole prelude instead of what the expression reaches when
+    /// `whole_prelude` (for the test that shows both compile to the same).
+    fn compile_with(
+        text: &str,
+        functions: &[ExprFunction],
+        limits: Limits,
+        whole_prelude: bool,
+    ) -> Result<Expr, String> {
         let code = strip(text);
         let (code, used) = rewrite_fn_calls(code, functions)?;
         let order = fn_order(&used, functions)?;
@@ -1028,9 +1199,10 @@ impl Expr {
             .collect::<Result<_, _>>()?;
         let names: Vec<String> = order.iter().map(|i| format!("__fn_{i}")).collect();
 
-        // First load the code as written, for faithful parse errors.
+        // First load the code as written, for faithful parse errors. They concern the code alone (the
+        // prelude is parsed already), so it is loaded without the prelude.
         let arena = Arena::default();
-        let loader = Loader::new(prelude().iter().cloned());
+        let loader = Loader::new(std::iter::empty());
         if let Err(errs) = loader.load(&arena, File { code: &code, path: () }) {
             return Err(describe_load_errors(&code, errs));
         }
@@ -1065,7 +1237,15 @@ impl Expr {
             });
             "__main($value)"
         };
-        let loader = Loader::new(prelude().iter().cloned().chain(extra));
+        let mut names = Vec::new();
+        calls(&main, &mut names);
+        extra.iter().for_each(|d| calls(&d.body, &mut names));
+        let defs: Vec<usize> = if whole_prelude {
+            (0..prelude().len()).collect()
+        } else {
+            reachable(names)
+        };
+        let loader = Loader::new(defs.into_iter().map(|i| prelude()[i].clone()).chain(extra));
         let modules = loader
             .load(
                 &arena,
@@ -1658,6 +1838,119 @@ mod tests {
                 .map(|d| (d.name, d.args.len()))
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// `Expr::compile` compiles only the prelude definitions an expression reaches. Every allowed
+    /// function, called, and a set of expressions that combine them (nested definitions, formats,
+    /// patterns, paths, folds, labels, expression functions, errors) compile to the same filter as
+    /// against the whole prelude: the same error, or the same outputs and errors on every input.
+    #[test]
+    fn the_reachable_prelude_compiles_like_the_whole_prelude() {
+        let mut codes: Vec<String> = ALLOWED
+            .iter()
+            .map(|(name, arity)| match (name.starts_with('@'), arity) {
+                (true, _) => format!("{name}, {name} \"<\\(.)>\""),
+                (false, 0) => (*name).to_string(),
+                (false, n) => format!("{name}({})", vec!["."; *n].join("; ")),
+            })
+            .collect();
+        codes.extend(
+            [
+                "[range(0; 10; 3)], [range(5; 0; -2)], [limit(3; repeat(1))]",
+                "def f(g): def h: g | g; [.[]? | h]; f(. + 1)",
+                "def inc: . + 1; [paths], [paths(type == \"number\")], (.. |= (numbers |= inc))",
+                "to_entries | from_entries | with_entries(.value |= tostring)",
+                "walk(if type == \"number\" then . + 1 else . end)",
+                ".a |= . + 1, .b += 2, .c //= 3, .d.e = 4, del(.a), pick(.b)",
+                "reduce .[]? as [$x, {a: $y}] (0; . + 1), (. as {(\"a\" | ascii_upcase): $z} | $z)",
+                "label $out | foreach (.[]?) as $x (0; . + 1; if . > 2 then ., break $out else . end)",
+                "[.[]?[1:]?], .[\"a\"]?, .[(\"a\" | ascii_downcase)]?, try error(\"x\") catch .",
+                "@base64 \"\\(.)\" | @base64d, @json \"x\\(tojson | fromjson)\", @text, @sh \"\\(tostring)\"",
+                "tostring | test(\"A\"; \"i\"), [splits(\", *\")], sub(\"a\"; \"b\"; \"g\"), gsub(\"\\\\d\"; \"#\")",
+                "tostring | capture(\"(?<x>[0-9])\"), [scan(\"[a-z]\")], [match(\"a\"; \"g\") | .offset]",
+                "[.[]?] | (sort_by(tostring), group_by(type), unique_by(length?), min_by(tostring), combinations?)",
+                "first(range(10)), last(range(10)), nth(2; range(10)), isempty(empty), [skip(1; range(5))]",
+                "1 | until(. > 100; . * 2), [while(. < 100; . * 2)], (0 | todate | fromdate), strftime(\"%Y\")?",
+                "fn:twice(.)",
+                "{a: 1, (\"b\" + \"c\"): [1, 2] | add, \"d\\(1)\": null} | keys, to_entries[0]",
+                "getpath([\"a\"]), setpath([\"a\"]; 1), delpaths([[\"a\"]]), ltrimstr(\"a\"), splits(\"a\")",
+                "input",
+                "nosuchfn",
+                "map(.; .)",
+                "$__loc__",
+                "halt_error(1)",
+                "[.[]? | select(. > 1)",
+                "include \"x\"; .",
+                "other::map(.)",
+                "def f: f; f",
+                "[recurse(if . < 3 then . + 1 else empty end)] | length, ([1, [2]] | flatten), tojson",
+            ]
+            .map(String::from),
+        );
+        let functions = [ExprFunction {
+            name: "twice".into(),
+            body: "${ [., .] | map(tostring) | join(\",\") }".into(),
+        }];
+        let inputs = [
+            json!(null),
+            json!(2.5),
+            json!("a, b"),
+            json!([3, 1, [2], "x", {"a": 1}]),
+            json!({"a": 1, "b": [1, 2], "s": "2024-01-01T00:00:00Z"}),
+        ];
+        let limits = Limits {
+            fuel: 10_000,
+            ..Limits::default()
+        };
+        let mut compiled = 0;
+        for code in &codes {
+            let reached = Expr::compile_with(code, &functions, limits, false);
+            let whole = Expr::compile_with(code, &functions, limits, true);
+            let (reached, whole) = match (reached, whole) {
+                (Ok(r), Ok(w)) => (r, w),
+                (r, w) => {
+                    assert_eq!(r.map(|_| ()), w.map(|_| ()), "{code}");
+                    continue;
+                }
+            };
+            compiled += 1;
+            for input in &inputs {
+                // Compared as text: NaN is an output too.
+                assert_eq!(
+                    format!("{:?}", reached.outputs(to_val(input), Val::Null, 100)),
+                    format!("{:?}", whole.outputs(to_val(input), Val::Null, 100)),
+                    "{code} on {input}"
+                );
+            }
+        }
+        assert!(compiled > ALLOWED.len(), "{compiled} of {} compiled", codes.len());
+    }
+
+    /// What `reachable` keeps: nothing for code that calls no definition, the definitions a call
+    /// needs, transitively, and not the rest.
+    #[test]
+    fn only_the_reachable_prelude_is_compiled() {
+        let names = |called: &[&str]| -> Vec<(&str, usize)> {
+            reachable(called.iter().copied())
+                .into_iter()
+                .map(|i| (prelude()[i].name, prelude()[i].args.len()))
+                .collect()
+        };
+        assert_eq!(names(&[]), []);
+        assert_eq!(names(&["__tick", "length", "nosuchfn"]), []);
+        assert_eq!(names(&["map"]), [("map", 1)]);
+        let range = names(&["range"]);
+        assert!(
+            range.contains(&("range", 1)) && range.contains(&("range", 2)) && range.contains(&("range", 3)),
+            "{range:?}"
+        );
+        let walk = names(&["walk"]);
+        assert!(walk.contains(&("walk", 1)), "{walk:?}");
+        assert!(!walk.contains(&("sort_by", 1)), "{walk:?}");
+        // Through the definitions a definition calls.
+        let base64 = names(&["@base64"]);
+        assert!(base64.contains(&("tostring", 0)), "{base64:?}");
+        assert!(names(&["walk", "map"]).len() < prelude().len() / 4);
     }
 
     #[test]
