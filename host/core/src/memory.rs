@@ -512,8 +512,17 @@ impl Loop {
                 self.seq += 1;
                 self.timers.insert((due, self.seq, id.to_string(), timer));
             }
-            Work::CancelTimer { timer } => {
-                self.timers.retain(|(_, _, i, t)| !(i == id && *t == timer));
+            Work::CancelTimer { timer, due } => {
+                let matches = |(_, _, i, t): &&(Millis, u64, String, String)| i == id && *t == timer;
+                match due {
+                    Some(due) => {
+                        let at = (due, 0, String::new(), String::new())..(due, u64::MAX, String::new(), String::new());
+                        if let Some(k) = self.timers.range(at).find(matches).cloned() {
+                            self.timers.remove(&k);
+                        }
+                    }
+                    None => self.timers.retain(|k| !matches(&k)),
+                }
             }
             Work::Stop { op, child } => {
                 if let Some(task) = self.in_flight.remove(&(id.to_string(), op)) {

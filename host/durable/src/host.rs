@@ -921,9 +921,12 @@ impl Loop {
             Work::ArmTimer { timer, due } => {
                 self.timers.insert((due, id.to_string(), timer));
             }
-            Work::CancelTimer { timer } => {
-                self.timers.retain(|(_, i, t)| !(i == id && *t == timer));
-            }
+            Work::CancelTimer { timer, due } => match due {
+                Some(due) => {
+                    self.timers.remove(&(due, id.to_string(), timer));
+                }
+                None => self.timers.retain(|(_, i, t)| !(i == id && *t == timer)),
+            },
             Work::Stop { op, child } => {
                 if let Some(task) = self.in_flight.remove(&(id.to_string(), op.clone())) {
                     task.abort();

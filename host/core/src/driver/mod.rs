@@ -313,6 +313,9 @@ pub enum Work {
     CancelTimer {
         /// Timer id.
         timer: String,
+        /// When it was due, when the driver knows it (the step that cancelled it saw it armed):
+        /// a host finds it among its timers by it rather than looking through all of them.
+        due: Option<Millis>,
     },
     /// Operation `op` is no longer wanted: stop its call, withdraw its task, and cancel its
     /// subflow `child` if one runs.
@@ -501,6 +504,8 @@ impl Driver {
     /// Runs the engine on the instance through `engine` (a seam for tests that need the engine to
     /// panic) and turns its output into a step.
     fn run_engine(&self, h: &mut Hosted, engine: impl FnOnce(&mut Instance) -> sm4c_runtime::Output) -> Step {
+        // The timers armed before the step: a timer the step cancels is named with its due time.
+        let mut armed = h.inst.snapshot().timers.clone();
         let inst = &mut h.inst;
         let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine(inst))) {
             Ok(out) => out,
@@ -531,7 +536,22 @@ impl Driver {
                 }
                 _ => {}
             }
-            work.push(self.work(&id, h.inst.machine(), h.depth, effect));
+            let mut w = self.work(&id, h.inst.machine(), h.depth, effect);
+            match &mut w {
+                Work::ArmTimer { timer, due } => {
+                    // Armed again under the same id (a heartbeat's timer, pushed back): the host
+                    // lets go of the earlier due time, which would otherwise fire the timer early.
+                    if let Some(old) = armed.insert(timer.clone(), *due).filter(|old| old != due) {
+                        work.push(Work::CancelTimer {
+                            timer: timer.clone(),
+                            due: Some(old),
+                        });
+                    }
+                }
+                Work::CancelTimer { timer, due } => *due = armed.remove(timer.as_str()),
+                _ => {}
+            }
+            work.push(w);
         }
         let finished = h.inst.status().is_final();
         if finished {
@@ -635,7 +655,7 @@ impl Driver {
             }),
             Effect::SendEvent { op, event } => Work::Send { op, event, hop: None },
             Effect::StartTimer { timer, due } => Work::ArmTimer { timer, due },
-            Effect::CancelTimer { timer } => Work::CancelTimer { timer },
+            Effect::CancelTimer { timer } => Work::CancelTimer { timer, due: None },
             Effect::CancelOperation { op } => Work::Stop {
                 child: child_id(id, &op),
                 op,

@@ -517,3 +517,69 @@ fn a_traceparent_is_taken_only_in_the_form_of_version_00() {
         assert_eq!(super::traceparent(bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn a_cancelled_timer_is_named_with_its_due_time_and_one_armed_again_lets_go_of_the_earlier() {
+    let mut d = Driver::durable();
+    let m = machine(json!({"sm4c:id": "beat", "StartAt": "Work", "States": {
+        "Work": {"Type": "Task", "Resource": "arn:work", "HeartbeatSeconds": 10, "End": true}}}));
+    let bindings = [("arn:work", "work")].map(|(r, l)| (r.to_string(), l.to_string()));
+    d.task_lists = Some(Arc::new(TaskListBindings::from(bindings)));
+    let mut h = d.create(m, "b-1");
+    let Work::Task { task, .. } = &start(&d, &mut h, json!({})).work[0] else {
+        panic!("a task")
+    };
+    let op = task.op.clone();
+    let step = d.step(
+        &mut h,
+        at(
+            T0 + 1_000,
+            Input::TaskStarted {
+                op: op.clone(),
+                worker: None,
+            },
+        ),
+    );
+    let beat = step
+        .work
+        .iter()
+        .find_map(|w| match w {
+            Work::ArmTimer { timer, due } if timer.starts_with("heartbeat") => Some((timer.clone(), *due)),
+            _ => None,
+        })
+        .expect("the heartbeat timer is armed when the worker takes the task");
+    assert_eq!(beat.1, T0 + 11_000);
+    // A heartbeat pushes the timer back: the earlier due time is let go of, so a host does not
+    // fire the timer at it (the engine would take that as the missed heartbeat).
+    let step = d.step(
+        &mut h,
+        at(
+            T0 + 5_000,
+            Input::TaskHeartbeat {
+                op: op.clone(),
+                details: None,
+            },
+        ),
+    );
+    match step.work.as_slice() {
+        [Work::CancelTimer { timer, due: Some(old) }, Work::ArmTimer { timer: again, due }] => {
+            assert_eq!((timer, *old), (&beat.0, T0 + 11_000));
+            assert_eq!((again, *due), (&beat.0, T0 + 15_000));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The answer cancels the timer, named with the due time it had.
+    let done = Answer::Complete(json!({"ok": true}));
+    let Answering::Open { input: Some(input) } = d.answer(&mut h, &op, done) else {
+        panic!("the task is open")
+    };
+    let step = d.step(&mut h, at(T0 + 6_000, input));
+    assert!(
+        step.work.iter().any(
+            |w| matches!(w, Work::CancelTimer { timer, due: Some(due) } if *timer == beat.0 && *due == T0 + 15_000)
+        ),
+        "{:?}",
+        step.work
+    );
+    assert_eq!(h.inst.status(), Status::Completed);
+}
