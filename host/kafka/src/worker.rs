@@ -511,7 +511,8 @@ struct Owner {
     /// The unended instances in memory: all of them without a local store; with one, those used
     /// lately (the others are read from the store when a command, an event or a timer comes for
     /// them: [`Owner::slot`]).
-    slots: HashMap<String, Slot>,
+    /// Boxed: a slot is large, and the table keeps room for the most it held since the restore.
+    slots: HashMap<String, Box<Slot>>,
     /// Counts uses of `slots`, for [`Slot::used`].
     used: u64,
     /// The latest place in listings given to an instance of the partition ([`Owner::place`]).
@@ -526,7 +527,7 @@ struct Owner {
     corr: CorrIndex,
     /// The correlation keys each unended instance is subscribed to at the keys' partitions, as
     /// of the last decided batch (`CorrIndex::routed`).
-    subscribed: HashMap<String, Vec<String>>,
+    subscribed: HashMap<String, Box<[String]>>,
     /// Restored instances whose subscriptions are sent again in the next batch: with
     /// `--delivery at-least-once` a worker that died part-way through producing a batch's records
     /// may have written an instance's state without its subscription (a `Subscribe` is idempotent).
@@ -594,7 +595,7 @@ impl Owner {
     fn slot(&mut self, shared: &Shared, id: &str) -> Option<&mut Slot> {
         if !self.slots.contains_key(id) {
             let loaded = self.load(shared, id)?;
-            self.slots.insert(id.to_string(), loaded);
+            self.slots.insert(id.to_string(), Box::new(loaded));
         }
         self.used += 1;
         let s = self.slots.get_mut(id)?;
@@ -648,6 +649,10 @@ impl Owner {
         for id in gone {
             self.slots.remove(&id);
         }
+        // The table keeps room for the most it held (a burst of starts): give it back.
+        if self.slots.capacity() > 2 * keep.max(self.slots.len()) + 64 {
+            self.slots.shrink_to(keep.max(self.slots.len()));
+        }
         self.evicted = true;
     }
 
@@ -657,9 +662,12 @@ impl Owner {
             Work::ArmTimer { timer, due } => {
                 self.timers.insert((due, id.to_string(), timer));
             }
-            Work::CancelTimer { timer } => {
-                self.timers.retain(|(_, i, tm)| !(i == id && *tm == timer));
-            }
+            Work::CancelTimer { timer, due } => match due {
+                Some(due) => {
+                    self.timers.remove(&(due, id.to_string(), timer));
+                }
+                None => self.timers.retain(|(_, i, tm)| !(i == id && *tm == timer)),
+            },
             _ => {}
         }
     }

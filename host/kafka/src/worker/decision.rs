@@ -97,7 +97,7 @@ pub(super) fn decide<'a>(
             outs.push(command(shared, partition_of(key, shared.partitions), Some(key), &c));
         }
         if !keys.is_empty() {
-            t.subscribed.insert(id, keys);
+            t.subscribed.insert(id, keys.into_boxed_slice());
         }
     }
     // The touched ones only: a batch costs what it changed, not the partition's size.
@@ -109,7 +109,7 @@ pub(super) fn decide<'a>(
         // The correlation keys it takes events of (as its last step indexed them): the keys'
         // partitions learn of each change in this transaction.
         let keys = t.corr.routed(&id).to_vec();
-        let before = t.subscribed.get(&id).map(Vec::as_slice).unwrap_or_default();
+        let before = t.subscribed.get(&id).map(|k| &**k).unwrap_or_default();
         if keys.as_slice() != before {
             for (key, on) in before
                 .iter()
@@ -133,7 +133,7 @@ pub(super) fn decide<'a>(
             if keys.is_empty() {
                 t.subscribed.remove(&id);
             } else {
-                t.subscribed.insert(id.clone(), keys);
+                t.subscribed.insert(id.clone(), keys.into_boxed_slice());
             }
         }
         let p = t.partition;
@@ -257,7 +257,7 @@ impl Decision<'_> {
                 let order = self.t.place(at, offset);
                 self.t.slots.insert(
                     id.clone(),
-                    Slot {
+                    Box::new(Slot {
                         h,
                         seen: Default::default(),
                         order,
@@ -266,7 +266,7 @@ impl Decision<'_> {
                         recent: Vec::new(),
                         ticket: 0,
                         used: 0,
-                    },
+                    }),
                 );
                 self.t.dirty.insert(id.clone());
                 self.handle(&id, Input::Start { data: input }, at);

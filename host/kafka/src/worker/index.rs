@@ -155,44 +155,51 @@ pub(super) struct CorrIndex {
 #[derive(Default)]
 pub(super) struct IndexEntries {
     /// The correlation key of each event definition that has one.
-    keys: Vec<(String, String)>,
+    keys: Box<[(String, String)]>,
     /// The types of the definitions whose correlation is open.
-    open: Vec<Option<String>>,
+    open: Box<[Option<String>]>,
     /// The keys it subscribes to at their partitions ([`corr_key`]): for each of its event
     /// definitions routed by key, the value its data gives the routing attribute.
-    routed: Vec<String>,
+    routed: Box<[String]>,
 }
 
 impl IndexEntries {
     /// The entries of an instance as it is now (none for an ended one).
+    ///
+    /// Boxed slices, not vectors: an entry is kept for every waiting instance of the partition,
+    /// and a vector grown by one push keeps room for four.
     fn of(inst: &sm4c_runtime::Instance) -> IndexEntries {
-        let mut e = IndexEntries::default();
+        let (mut keys, mut open, mut routed) = (Vec::new(), Vec::new(), Vec::new());
         if inst.status().is_final() {
-            return e;
+            return IndexEntries::default();
         }
         let snap = inst.snapshot();
         for d in &inst.machine().events {
             match correlation_key(d, &snap.data.0, &snap.bindings) {
                 Some(k) => {
                     if routing_attribute(d).is_some_and(|a| a == k.0) {
-                        e.routed.push(corr_key(&k.0, &k.1));
+                        routed.push(corr_key(&k.0, &k.1));
                     }
-                    e.keys.push(k);
+                    keys.push(k);
                 }
-                None => e.open.push(match (&d.event_type, &d.source) {
+                None => open.push(match (&d.event_type, &d.source) {
                     (Some(t), _) => Some(t.clone()),
                     (None, None) => Some(d.name.clone()),
                     (None, Some(_)) => None,
                 }),
             }
         }
-        e.routed.sort();
-        e.routed.dedup();
-        e.keys.sort();
-        e.keys.dedup();
-        e.open.sort();
-        e.open.dedup();
-        e
+        routed.sort();
+        routed.dedup();
+        keys.sort();
+        keys.dedup();
+        open.sort();
+        open.dedup();
+        IndexEntries {
+            keys: keys.into_boxed_slice(),
+            open: open.into_boxed_slice(),
+            routed: routed.into_boxed_slice(),
+        }
     }
 }
 
@@ -216,7 +223,7 @@ impl CorrIndex {
 
     /// The correlation keys instance `id` subscribes to, as it was last indexed.
     pub(super) fn routed(&self, id: &str) -> &[String] {
-        self.entries.get(id).map(|e| e.routed.as_slice()).unwrap_or_default()
+        self.entries.get(id).map(|e| &*e.routed).unwrap_or_default()
     }
 
     pub(super) fn remove(&mut self, id: &str) {
@@ -649,7 +656,7 @@ mod tests {
 
     /// The correlation keys an instance subscribes to, as its index entries hold them.
     fn subscriptions(inst: &sm4c_runtime::Instance) -> Vec<String> {
-        IndexEntries::of(inst).routed
+        IndexEntries::of(inst).routed.into_vec()
     }
 
     fn machine(events: serde_json::Value) -> Arc<sm4c_runtime::Machine> {

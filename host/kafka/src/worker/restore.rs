@@ -507,12 +507,12 @@ impl Latest {
             let keys = t.corr.routed(&k).to_vec();
             if !keys.is_empty() {
                 if shared.cfg.exactly_once {
-                    t.subscribed.insert(k.clone(), keys);
+                    t.subscribed.insert(k.clone(), keys.into_boxed_slice());
                 } else {
                     t.resubscribe.push(k.clone());
                 }
             }
-            t.slots.insert(k, slot);
+            t.slots.insert(k, Box::new(slot));
         }
         // Oldest first, as they were parked.
         own.sort_by(|(a, x), (b, y)| {
