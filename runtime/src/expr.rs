@@ -13,7 +13,9 @@
 //! Every evaluation gets a budget of *fuel* ([`Limits::fuel`], default one million). Each call of a
 //! jq definition (`map`, `select`, `until`, `range`, a user's own `def`) burns one unit, and that is
 //! the only way jq can loop, because every recursive or iterating standard filter is a definition here
-//! (`range/3` is redefined recursively for this reason). When the fuel runs out the evaluation stops
+//! (`range/3` is redefined recursively for this reason). Each value of `l, r`, of `..` and of an
+//! iteration (`.[]`) burns one unit too: without loops, their products (`$a[] + $a[] + $a[]`) yield a
+//! number of values exponential in the length of the expression. When the fuel runs out the evaluation stops
 //! with an error that `try` cannot catch. Fuel is deterministic: the same expression on the same
 //! input stops at the same point on every machine and in every replay, unlike a wall-clock limit.
 
@@ -33,7 +35,8 @@ use std::sync::{Arc, OnceLock};
 /// Limits applied to every evaluation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Definition calls one evaluation may make before it is stopped.
+    /// Steps one evaluation may take before it is stopped: definition calls, and values of `l, r`,
+    /// `..` and iterations (`.[]`).
     pub fuel: u64,
     /// Stack one evaluation may use for nested definition calls, in bytes.
     pub stack_bytes: usize,
@@ -983,6 +986,7 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 BinaryOp::Pipe(None),
                 Box::new(Term::Call("__sized", Vec::new())),
             ),
+            (_, BinaryOp::Comma) => Term::BinOp(Box::new(comma_left(*l)), BinaryOp::Comma, b(r)),
             (_, op) => Term::BinOp(b(l), fuel_op(op), b(r)),
         },
         Term::Label(l, x) => Term::Label(l, b(x)),
@@ -1005,22 +1009,54 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 call
             }
         }
-        Term::Path(x, Path(parts)) => Term::Path(
-            b(x),
-            Path(
-                parts
-                    .into_iter()
-                    .map(|(part, opt)| {
-                        let part = match part {
-                            Part::Index(i) => Part::Index(fuel_term(i)),
-                            Part::Range(f, t) => Part::Range(f.map(fuel_term), t.map(fuel_term)),
-                        };
-                        (part, opt)
-                    })
-                    .collect(),
-            ),
-        ),
+        Term::Path(x, Path(parts)) => {
+            let iterates = parts.iter().any(|(part, _)| matches!(part, Part::Range(None, None)));
+            let path = Term::Path(
+                b(x),
+                Path(
+                    parts
+                        .into_iter()
+                        .map(|(part, opt)| {
+                            let part = match part {
+                                Part::Index(i) => Part::Index(fuel_term(i)),
+                                Part::Range(f, t) => Part::Range(f.map(fuel_term), t.map(fuel_term)),
+                            };
+                            (part, opt)
+                        })
+                        .collect(),
+                ),
+            );
+            if iterates {
+                ticked(path)
+            } else {
+                path
+            }
+        }
+        Term::Recurse => ticked(Term::Recurse),
         other => other,
+    }
+}
+
+/// `t | __tick`: every output of `t` burns a unit of fuel. For the terms that yield several values
+/// without calling a definition (`l, r`, `..` and iterations such as `.[]`): their products
+/// (`$a[] + $a[] + $a[]`, `.[paths][paths]`, `(1, 2) * (3, 4)`) would otherwise yield a number of
+/// values exponential in the length of the expression for a few units of fuel.
+fn ticked(t: Term<&str>) -> Term<&str> {
+    Term::BinOp(Box::new(t), BinaryOp::Pipe(None), Box::new(tick()))
+}
+
+/// The left operand of `l, r`, every value of it burning a unit (of `a, b, c`, parsed `(a, b), c`, `a`
+/// and `b` each once). The right operand is not ticked: it stays a tail call, so a recursion such as
+/// `range/3`'s `., (. + $by | up)` runs in constant stack. Of a product of commas, at least one value in
+/// two is ticked.
+fn comma_left(l: Term<&str>) -> Term<&str> {
+    match l {
+        Term::BinOp(ll, BinaryOp::Comma, lr) => Term::BinOp(
+            Box::new(comma_left(*ll)),
+            BinaryOp::Comma,
+            Box::new(ticked(fuel_term(*lr))),
+        ),
+        t => ticked(fuel_term(t)),
     }
 }
 
@@ -1350,7 +1386,7 @@ impl Expr {
                         limits.memory
                     ),
                     _ => format!(
-                        "expression stopped after {} definition calls without finishing (in {source}); see the expression limits in the README",
+                        "expression stopped after {} steps (definition calls and values iterated) without finishing (in {source}); see the expression limits in the README",
                         limits.fuel
                     ),
                 };

@@ -99,3 +99,43 @@ fn timespan_humantime_fraction_carry_overflow() {
         assert!(timespan::parse(s).is_err(), "{s} accepted: {:?}", timespan::parse(s));
     }
 }
+
+/// The input the jq_expression fuzz target evaluates its expressions on.
+fn jq_target_input() -> Value {
+    json!({
+        "a": 1, "b": "two", "c": [1, 2.5, "x", null, true, {"d": [3, 4]}],
+        "o": {"k": {"k2": "v"}}, "n": null, "t": true, "f": -0.5, "s": "2024-01-01T00:00:00Z"
+    })
+}
+
+/// fuzz target jq_expression, timeouts (`[paths[paths][paths[paths][paths]]][paths[paths][paths]]`, 8 s
+/// in a release build under the default limits, and mutations of it): products of streams were free.
+/// Fuel counted only definition calls, but `A[B]`, `A + B`, `A, B` and the like yield every
+/// combination of their operands' values without calling one: `[range(100)] as $a | last($a[] + $a[] +
+/// $a[] + $a[])` took 50 s for about 100 units of fuel, and each more `+ $a[]` a hundred times longer.
+/// Every value of `l, r`, `..` and an iteration (`.[]`) now burns a unit, so these stop at the fuel
+/// limit. Here, 6,859 paths (19 paths, indexed by 19, indexed by 19) must not be built for 5,000 units.
+#[test]
+fn jq_products_of_streams_burn_fuel() {
+    use sm4c_runtime::{Expr, Limits};
+    let limits = Limits {
+        fuel: 5_000,
+        ..Limits::default()
+    };
+    let input = jq_target_input();
+    // What the fuzzer found: the values of the index products, built or discarded.
+    for code in [
+        "[paths[paths][paths]] | length",
+        "last(paths[paths][paths])",
+        "[range(30)] as $a | last($a[] + $a[] + $a[])",
+        "last((0, 1, 2, 3, 4, 5, 6, 7, 8, 9) * (0, 1, 2, 3, 4, 5, 6, 7, 8, 9) * (0, 1, 2, 3, 4, 5, 6, 7, 8, 9) * (0, 1, 2, 3, 4, 5, 6, 7, 8, 9))",
+        "last(.. as $a | .. as $b | .. as $c | 0)",
+    ] {
+        let expr = Expr::compile(code, &[], limits).unwrap();
+        let err = expr.eval_json(&input).unwrap_err();
+        assert!(err.out_of_fuel && err.message.contains("5000 steps"), "{code}: {err:?}");
+    }
+    // Ordinary work still fits: 19 paths, each indexed by 19, is 361 values.
+    let expr = Expr::compile("[paths[paths]] | length", &[], limits).unwrap();
+    assert_eq!(expr.eval_json(&input).unwrap(), json!(361));
+}
