@@ -5,7 +5,7 @@
 //! jsonata-rs panics on some inputs; the runtime catches those with `catch_unwind` and reports a
 //! `States.QueryEvaluationError`. libFuzzer's panic hook would abort on them all the same, so this
 //! target lets a panic whose location is inside jsonata-rs unwind to that `catch_unwind` (see
-//! `tolerate_jsonata_panics`). Every other panic aborts as usual.
+//! `jsonata_panics.rs`). Every other panic aborts as usual.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -15,7 +15,7 @@ use sm4c_runtime::asl::jsonata::Query;
 use sm4c_runtime::asl::path::Path;
 use sm4c_runtime::asl::Env;
 use std::cell::Cell;
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 
 struct Fixture {
     input: Value,
@@ -45,18 +45,9 @@ fn fixture() -> &'static Fixture {
     })
 }
 
-fn tolerate_jsonata_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let aborting = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let in_jsonata = info.location().is_some_and(|l| l.file().contains("jsonata"));
-            if !in_jsonata {
-                aborting(info);
-            }
-        }));
-    });
-}
+#[path = "jsonata_panics.rs"]
+mod jsonata_panics;
+use jsonata_panics::tolerate_jsonata_panics;
 
 fuzz_target!(|data: &[u8]| {
     tolerate_jsonata_panics();
