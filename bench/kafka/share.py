@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from datetime import datetime
 
 from confluent_kafka import Producer
 
@@ -39,6 +40,7 @@ from restart import WAITER, state_records  # noqa: E402
 N = int(os.environ.get("BENCH_INSTANCES", "100000"))
 PARTS = int(os.environ.get("BENCH_PARTITIONS", "6"))
 KS = [int(k) for k in os.environ.get("BENCH_WORKERS", "1,2,3").split(",")]
+EVENTS = os.environ.get("BENCH_EVENTS", "1") == "1"
 
 
 def timed_get(port, path):
@@ -128,6 +130,7 @@ def run_k(k, tmp):
         forwarded += by is not None
     times.sort()
     grow = [b - a for a, b in zip(rss_idle, rss)]
+    paid = pay_all(k, bootstrap, prefix, producer, api0) if EVENTS else None
     return {
         "workers": k,
         "instances": N,
@@ -142,7 +145,54 @@ def run_k(k, tmp):
         "get_ms": {"p50": round(times[len(times) // 2], 2), "p99": round(times[int(len(times) * 0.99)], 2),
                    "answered_by_another": forwarded, "of": len(times)},
         "list_all_s": round(list_s, 2),
+        "paid": paid,
     }
+
+
+def pay_all(k, bootstrap, prefix, producer, api0):
+    """Step 4: a `bench.paid` event for every waiting instance, correlated by its `orderid` attribute
+    (binary mode, no sm4cinstanceid), produced as fast as the client goes; then waits until no instance
+    waits (`GET /instances?status=waiting&limit=1` on worker 0, every 0.25 s) and reads every instance
+    once: each must be in state Paid. Two rates, as scale.py's: "decided", to the latest `endedAt` (set
+    when an owner decided the transition, on this machine's clock), and "seen", to the poll that saw
+    none waiting."""
+    t0 = time.time()
+    for i in range(N):
+        headers = [("ce_specversion", b"1.0"), ("ce_id", f"p{i}".encode()), ("ce_source", b"bench"),
+                   ("ce_type", b"bench.paid"), ("ce_orderid", f"order-{i}".encode()),
+                   ("content-type", b"application/json")]
+        while True:
+            try:
+                producer.produce(f"{prefix}.events", value=b"{}", key=f"order-{i}".encode(), headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    produced_s = time.time() - t0
+    deadline = time.time() + 1800
+    while True:
+        _, _, page = timed_get(api0, "/instances?status=waiting&limit=1")
+        if not page["instances"]:
+            break
+        if time.time() > deadline:
+            raise scale.Fail(f"K={k}: instances still wait 30 minutes after their events")
+        time.sleep(0.25)
+    seen_s = time.time() - t0
+    ended, states, after = [], {}, None
+    while True:
+        _, _, page = timed_get(api0, "/instances?limit=1000" + (f"&after={after}" if after else ""))
+        for i in page["instances"]:
+            states[i.get("state")] = states.get(i.get("state"), 0) + 1
+            if i.get("endedAt"):
+                ended.append(datetime.fromisoformat(i["endedAt"].replace("Z", "+00:00")).timestamp())
+        after = page.get("next")
+        if not after:
+            break
+    if states.get("Paid") != N:
+        raise scale.Fail(f"K={k}: after the events the instances are in states {states}, not {N} Paid")
+    decided_s = max(ended) - t0
+    return {"produced_s": round(produced_s, 1), "decided_per_s": round(N / decided_s),
+            "seen_per_s": round(N / seen_s)}
 
 
 def main():
