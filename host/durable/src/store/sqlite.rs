@@ -168,7 +168,9 @@ impl Store for SqliteStore {
         // Cached: every start asks whether its id is taken, and parsing the query each time was
         // about 6% of the server's CPU at one client.
         let row: Option<Row> = conn
-            .prepare_cached("SELECT snapshot, parent, parent_op, parent_waits, journal_len FROM instances WHERE id = ?1")?
+            .prepare_cached(
+                "SELECT snapshot, parent, parent_op, parent_waits, journal_len FROM instances WHERE id = ?1",
+            )?
             .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
             .optional()?;
         row.map(|(snap, parent, op, waits, journal_len)| {
@@ -385,7 +387,8 @@ impl Store for SqliteStore {
 
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError> {
         let conn = self.conn();
-        conn.prepare_cached("DELETE FROM parked WHERE expires <= ?1")?.execute([now])?;
+        conn.prepare_cached("DELETE FROM parked WHERE expires <= ?1")?
+            .execute([now])?;
         let mut stmt = conn.prepare_cached("SELECT seq, event FROM parked ORDER BY seq")?;
         let rows: Vec<(i64, String)> = stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
