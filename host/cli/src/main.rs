@@ -189,7 +189,7 @@ struct RunArgs {
 /// The limits of every jq evaluation.
 #[derive(clap::Args, Clone, Copy)]
 struct ExpressionArgs {
-    /// Definition calls one jq evaluation may make (its fuel).
+    /// Steps one jq evaluation may take (its fuel): definition calls, and values of `l, r`, `..` and `.[]`.
     #[arg(long, default_value_t = Limits::default().fuel)]
     expression_fuel: u64,
     /// Longest string one jq evaluation may build, in bytes.
