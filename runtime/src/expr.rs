@@ -417,6 +417,32 @@ fn shallow_size(v: &Val) -> u64 {
     }
 }
 
+/// The size of `v` as the JSON it stands for, counted as [`Limits::memory`] counts what is built
+/// (string bytes, [`VAL_BYTES`] an array element, [`ENTRY_BYTES`] and the key an object entry, at
+/// least a byte a value), or `None` once it passes `budget`. jq shares values rather than copying
+/// them, so `[., .]` or `.a = .` build almost nothing while the value they yield, written out,
+/// doubles: repeated, a few bytes of jq stand for more JSON than the host has memory. Each share is
+/// counted as often as it appears; the walk stops at the budget, so it costs at most that much.
+fn expanded_size(v: &Val, budget: u64) -> Option<u64> {
+    let mut left = budget;
+    let mut todo: Vec<&Val> = Vec::new();
+    let mut next = Some(v);
+    while let Some(v) = next.take().or_else(|| todo.pop()) {
+        left = left.checked_sub(shallow_size(v).max(1))?;
+        match v {
+            Val::Arr(a) => todo.extend(a.iter()),
+            Val::Obj(o) => {
+                for (k, x) in o.iter() {
+                    left = left.checked_sub(shallow_size(k))?;
+                    todo.push(x);
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(budget - left)
+}
+
 /// Checks a value against the size limits (not charging it).
 fn check_size(env: &Env, v: &Val) -> Result<(), i32> {
     match v {
@@ -1334,7 +1360,7 @@ impl Expr {
         let mut out = Vec::new();
         for item in self.0.filter.id.run((ctx, input)) {
             match item {
-                Ok(v) => out.push(v),
+                Ok(v) => out.push(self.bounded(v)?),
                 Err(exn) => return Err(self.exn_error(exn)),
             }
             if out.len() >= max {
@@ -1344,12 +1370,38 @@ impl Expr {
         Ok(out)
     }
 
+    /// A value the expression yields, if it stays within [`Limits::memory`] written out (see
+    /// [`expanded_size`]); else the error of an evaluation that would build too much.
+    fn bounded(&self, v: Val) -> Result<Val, EvalError> {
+        if matches!(v, Val::Arr(_) | Val::Obj(_)) && expanded_size(&v, self.0.limits.memory).is_none() {
+            return Err(self.too_large());
+        }
+        Ok(v)
+    }
+
+    fn too_large(&self) -> EvalError {
+        EvalError {
+            message: format!(
+                "expression stopped: it would build more than {} bytes in one evaluation (in {}); see the expression limits in the README",
+                self.0.limits.memory, self.0.source
+            ),
+            value: None,
+            out_of_fuel: true,
+            expression: self.0.source.clone(),
+        }
+    }
+
     fn exn_error<'a>(&self, exn: Exn<'a, Val>) -> EvalError {
         match exn.get_err() {
             Ok(err) => {
                 // The message is the error's own text, so handlers can match `error("x")` as "x";
                 // the expression goes with it in `value` for diagnosis.
                 let payload = err.into_val();
+                // A payload that shares its parts (`error([., .] ...)`) is written out whole in
+                // the message and the value: bounded like any value an expression yields.
+                if let Err(e) = self.bounded(payload.clone()) {
+                    return e;
+                }
                 match &payload {
                     Val::TStr(_) | Val::BStr(_) => EvalError {
                         message: crate::json::as_str(&payload).unwrap_or_default(),
@@ -1403,7 +1455,8 @@ impl Expr {
     /// Runs the expression where exactly one output is needed.
     pub fn eval(&self, input: Val, value: Val) -> Result<Val, EvalError> {
         if let Some(v) = self.0.fast.as_ref().and_then(|f| f.eval(&input, &value)) {
-            return Ok(v);
+            // `.a = .` shares its input too.
+            return self.bounded(v);
         }
         self.eval_jaq(input, value)
     }

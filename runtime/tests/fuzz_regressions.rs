@@ -139,3 +139,51 @@ fn jq_products_of_streams_burn_fuel() {
     let expr = Expr::compile("[paths[paths]] | length", &[], limits).unwrap();
     assert_eq!(expr.eval_json(&input).unwrap(), json!(361));
 }
+
+/// fuzz target jq_expression, out of memory (`.k.x = .f = .f | .e = .f = .f | ...`, 16 GB of RSS and
+/// 22 s in a release build, for 852 MB of JSON, within the fuel): jq shares values instead of copying
+/// them, so `.a = .` and `[., .]` build next to nothing while the value they yield, written out,
+/// doubles. Only what was built counted against the memory limit; the shared result then grew without
+/// bound where the host turned it into JSON (an instance's data, an error's payload). Every value an
+/// expression yields, and an error's payload, now counts in full, shares as often as they appear.
+#[test]
+fn jq_shared_values_count_in_full_in_what_an_expression_yields() {
+    use sm4c_runtime::{Expr, Limits};
+    let limits = Limits {
+        fuel: 100_000,
+        ..Limits::default()
+    };
+    let input = jq_target_input();
+    // Each pair of assignments (the direct evaluator's `.a.b = r`) nearly doubles the input.
+    let doubled = |n: usize| vec![".a = . | .b = ."; n].join(" | ");
+    for code in [
+        // What the fuzzer found.
+        ".k.deccAQQcceccrceccredi0=.f=.fredi4=.f=.frexpc4k|.e__tick4=.f=.fredi4=.f=.frexpc4k|.decedi4=.oeccecrceccredi0=.f=.fredi4=.f=.frexpc4k|.eccredi4=.f=.fredi4=.f=.frexpzexpc4k|.e__tick4=.f=.fredi4=.f=.frexpc4k|.deredi4QQQQQQQQQQQQQQQQQQQQQQQQQQQQAQQcceccrceccredi0=.f=.fredi4=.f=.frexpc4k|.e__tick4=.f=.fredi4=.f=.frexpc4k|.decedi4=.oeccecrceccredi0=.f=.fredi4=.f=.frexpc4k|.eccredi4=.f=.fredi4=.f=.frexpzexpc4k|.e__tick4=.f=.fredi4=.f=.frexpc4k|.decedi4=.oeccecrceccredi0=.f=.fredi4=.reexp0",
+        &doubled(30),
+        "reduce range(40) as $i ([1]; [., .])",
+        "reduce range(40) as $i ({}; {a: ., b: .})",
+        "[limit(2; repeat(reduce range(40) as $i ([1]; [., .])))]",
+        "error(reduce range(40) as $i ([1]; [., .]))",
+    ] {
+        let expr = Expr::compile(code, &[], limits).unwrap();
+        let err = match expr.eval_json(&input) {
+            Ok(v) => panic!("{code}: yielded {} bytes of JSON", v.to_string().len()),
+            Err(e) => e,
+        };
+        assert!(
+            err.out_of_fuel && err.message.contains("more than 67108864 bytes"),
+            "{code}: {err:?}"
+        );
+    }
+    // What fits still runs, shared or not (4,408 paths, as jq 1.7 counts them).
+    for (code, want) in [
+        ("reduce range(10) as $i ([1]; [., .]) | flatten | length", json!(1024)),
+        ("try error(reduce range(40) as $i ([1]; [., .])) catch length", json!(2)),
+        (&format!("{} | [paths] | length", doubled(5)) as &str, json!(4_408)),
+    ] {
+        let expr = Expr::compile(code, &[], limits).unwrap();
+        assert_eq!(expr.eval_json(&input).unwrap(), want, "{code}");
+    }
+    let expr = Expr::compile(&doubled(5), &[], limits).unwrap();
+    assert!(expr.eval_json(&input).unwrap()["b"]["a"]["b"]["a"]["o"]["k"]["k2"] == json!("v"));
+}

@@ -560,6 +560,19 @@ fn tostring_and_tojson_of_a_wide_value_are_stopped() {
     );
 }
 
+/// fuzz target jq_expression: a value shared with itself (`[., .]`, `.a = .`) is cheap to build and
+/// written out doubles at every step; as an instance's data it took 16 GB before it was refused.
+#[test]
+fn values_that_share_themselves_into_huge_data_are_stopped() {
+    assert_expression_stopped(
+        "${ reduce range(40) as $i ([1]; [., .]) }",
+        &[],
+        "more than 67108864 bytes",
+    );
+    let pairs = vec![".a = . | .b = ."; 30].join(" | ");
+    assert_expression_stopped(&format!("${{ {pairs} }}"), &[], "more than 67108864 bytes");
+}
+
 #[test]
 fn string_concatenation_in_reduce_is_stopped() {
     assert_expression_stopped(

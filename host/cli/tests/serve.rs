@@ -1164,6 +1164,8 @@ fn expressions_that_build_too_much_fail_their_instance_only() {
             "${ \"x\" * 2000000 | gsub(\"x\"; \"y\") | length }",
             "more than 67108864 bytes",
         ),
+        // Shared with itself at each step: 2^40 elements written out, in the instance's data.
+        ("${ reduce range(40) as $i ([1]; [., .]) }", "more than 67108864 bytes"),
     ];
     // The fuel is raised so that the array of `range` is stopped by its size, not by its steps.
     let s = serve(&["--expression-fuel", "100000000"]);
