@@ -187,3 +187,95 @@ fn jq_shared_values_count_in_full_in_what_an_expression_yields() {
     let expr = Expr::compile(&doubled(5), &[], limits).unwrap();
     assert!(expr.eval_json(&input).unwrap()["b"]["a"]["b"]["a"]["o"]["k"]["k2"] == json!("v"));
 }
+
+/// fuzz target asl_execution (non-sanitized build, twice: 2 minutes into a run and after 1.3 million
+/// executions): a stack overflow (SIGSEGV, no report) in jsonata-rs, which walks an expression's
+/// syntax tree recursively after parsing it. Brackets and runs of prefix operators were bounded
+/// (64 levels), but not chains of binary operators: `1+1+...+1` with 2,000 `+` (4 KB of text) is a
+/// tree 2,000 deep and overflowed the main thread's 8 MiB; 600 overflowed a 2 MiB thread, the
+/// default of a thread an application spawns. Chains of more than 200 operators (the crate stops
+/// evaluating at a depth of 200 anyway) are now refused
+/// when the definition is loaded and when the expression is evaluated; refusing them takes no stack
+/// (checked here on a 2 MiB thread).
+#[test]
+fn jsonata_operator_chains_are_refused_before_they_exhaust_the_stack() {
+    let refusals = || {
+        let refused = |chain: String| {
+            let def = json!({
+                "QueryLanguage": "JSONata", "StartAt": "S",
+                "States": {"S": {"Type": "Pass", "Output": format!("{{% {chain} %}}"), "End": true}}
+            });
+            let mut no_files = |name: &str| Err(format!("no file {name}"));
+            let errs = match sm4c_runtime::load(&def, &mut no_files, sm4c_runtime::LoadOptions::default()) {
+                Ok(_) => panic!("loaded: {}", &chain[..40]),
+                Err(e) => e,
+            };
+            let text = format!("{errs:?}");
+            assert!(
+                text.contains("chains more than 200 operators"),
+                "{}: {text}",
+                &chain[..40]
+            );
+            let context = json!({});
+            let env = Env {
+                input: &Value::Null,
+                context: &context,
+                vars: &Map::new(),
+                rng: &Cell::new(1),
+            };
+            let err = eval_expression(&chain, &json!({}), &env).expect_err("refused");
+            assert!(format!("{err:?}").contains("chains more than 200"), "{err:?}");
+        };
+        for (unit, last) in [
+            ("1+", "1"),
+            ("a.", "a"),
+            ("1 and ", "1"),
+            ("1 in ", "[1]"),
+            ("1?1:", "1"),
+            ("$a:=", "1"),
+            ("'a'&", "'a'"),
+            ("1~>", "$string()"),
+            ("(1)+", "1"),
+        ] {
+            refused(format!("{}{last}", unit.repeat(2_000)));
+        }
+    };
+    // Refused before the crate parses them: nothing of the stack is used.
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(refusals)
+        .expect("thread")
+        .join()
+        .expect("no panic");
+    // 150 chained operators, and paths and conditions of ordinary size, still run (on 16 MiB: this
+    // test's debug build takes several times the stack per level of the release build).
+    let accepted = || {
+        let context = json!({});
+        let env = Env {
+            input: &Value::Null,
+            context: &context,
+            vars: &Map::new(),
+            rng: &Cell::new(1),
+        };
+        let states = json!({"input": {"a": {"b": [1, 2, 3]}, "c": -2}});
+        for (expr, want) in [
+            (format!("{}1", "1+".repeat(150)), json!(151)),
+            (
+                "$states.input.a.b[1] * 2 + ($states.input.c > -3 ? 10 : 20) - -1".to_string(),
+                json!(15),
+            ),
+            (
+                "$states.input.a.b[$ >= 2] ~> $count() = 2 and 'x' in ['x', 'y']".to_string(),
+                json!(true),
+            ),
+        ] {
+            assert_eq!(eval_expression(&expr, &states, &env).expect(&expr), want, "{expr}");
+        }
+    };
+    std::thread::Builder::new()
+        .stack_size(16 << 20)
+        .spawn(accepted)
+        .expect("thread")
+        .join()
+        .expect("no panic");
+}
