@@ -443,6 +443,16 @@ fn expanded_size(v: &Val, budget: u64) -> Option<u64> {
     Some(budget - left)
 }
 
+/// A sink for text that fails once more than its bytes would be written.
+struct BoundedText(usize);
+
+impl std::fmt::Write for BoundedText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0 = self.0.checked_sub(s.len()).ok_or(std::fmt::Error)?;
+        Ok(())
+    }
+}
+
 /// Checks a value against the size limits (not charging it).
 fn check_size(env: &Env, v: &Val) -> Result<(), i32> {
     match v {
@@ -1394,6 +1404,21 @@ impl Expr {
     fn exn_error<'a>(&self, exn: Exn<'a, Val>) -> EvalError {
         match exn.get_err() {
             Ok(err) => {
+                // jaq writes the values an error names into its message (`cannot index {..} with
+                // ..`); a value that shares its parts can stand for more text than the host has
+                // memory, and writing it took minutes. Write it with a bound first.
+                let mut text = BoundedText(self.0.limits.max_string);
+                if std::fmt::write(&mut text, format_args!("{err}")).is_err() {
+                    return EvalError {
+                        message: format!(
+                            "expression stopped: its error message would be longer than {} bytes (in {}); see the expression limits in the README",
+                            self.0.limits.max_string, self.0.source
+                        ),
+                        value: None,
+                        out_of_fuel: true,
+                        expression: self.0.source.clone(),
+                    };
+                }
                 // The message is the error's own text, so handlers can match `error("x")` as "x";
                 // the expression goes with it in `value` for diagnosis.
                 let payload = err.into_val();
