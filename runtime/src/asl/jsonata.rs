@@ -185,7 +185,12 @@ fn eval_value(v: &Value, states: &Value, env: &Env) -> Result<Value, AslError> {
 /// would make the crate's recursive parser exhaust the stack, and text that chains more than
 /// [`MAX_OPERATORS`] binary operators, whose syntax tree the crate processes recursively. Operators
 /// are counted by their characters (`<=` counts twice, the `.` of a path step once, `and`, `or` and
-/// `in` once), more than the parser sees, never fewer.
+/// `in` once), more than the parser sees, never fewer. What the crate's tokenizer skips is skipped
+/// exactly as it does: strings (`"`, `'`, with `\` escapes), names in backticks (no escapes),
+/// comments (`/* */`, which the tokenizer ends only at a `*` directly followed by `/`) and regular
+/// expressions (`/.../`, where a `/` may begin one: after nothing, `(`, `[`, `{`, `,`, `~>`, `:=`,
+/// `and`, `or`, `=`, `!=`, `<`, `>`, `<=` or `>=`). Brackets in any of them do not nest; brackets
+/// outside them always count, so nothing can hide nesting from this check.
 fn check_nesting(expr: &str) -> Result<(), String> {
     let mut depth = 0usize;
     let mut max = 0usize;
@@ -194,32 +199,85 @@ fn check_nesting(expr: &str) -> Result<(), String> {
     let mut chained: Vec<usize> = vec![0];
     let mut on_path = 0usize;
     let mut most_chained = 0usize;
-    let mut quote: Option<char> = None;
+    // Whether a `/` here begins a regular expression (the tokenizer's previous token allows one).
+    let mut regex_may_start = true;
     let mut word = String::new();
-    let mut chars = expr.chars();
-    while let Some(c) = chars.next() {
-        if let Some(q) = quote {
-            if c == '\\' {
-                chars.next();
-            } else if c == q {
-                quote = None;
-            }
-            continue;
+    let mut chars = expr.chars().peekable();
+    let chain = |on_path: &mut usize, chained: &mut Vec<usize>, most: &mut usize| {
+        *on_path += 1;
+        *most = (*most).max(*on_path);
+        if let Some(n) = chained.last_mut() {
+            *n += 1;
         }
+    };
+    while let Some(c) = chars.next() {
         if c.is_alphanumeric() || c == '_' || c == '$' {
             word.push(c);
             prefix_run = 0;
+            regex_may_start = false;
             continue;
         }
-        if matches!(word.as_str(), "and" | "or" | "in") {
-            on_path += 1;
-            if let Some(n) = chained.last_mut() {
-                *n += 1;
+        if !word.is_empty() {
+            if matches!(word.as_str(), "and" | "or" | "in") {
+                chain(&mut on_path, &mut chained, &mut most_chained);
             }
+            regex_may_start = matches!(word.as_str(), "and" | "or");
+            word.clear();
         }
-        word.clear();
+        if c.is_whitespace() {
+            continue;
+        }
         match c {
-            '"' | '\'' | '`' => quote = Some(c),
+            '"' | '\'' => {
+                while let Some(x) = chars.next() {
+                    if x == '\\' {
+                        chars.next();
+                    } else if x == c {
+                        break;
+                    }
+                }
+                regex_may_start = false;
+                prefix_run = 0;
+                continue;
+            }
+            '`' => {
+                for x in chars.by_ref() {
+                    if x == '`' {
+                        break;
+                    }
+                }
+                regex_may_start = false;
+                prefix_run = 0;
+                continue;
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                loop {
+                    for x in chars.by_ref() {
+                        if x == '*' {
+                            break;
+                        }
+                    }
+                    match chars.next() {
+                        Some('/') | None => break,
+                        Some(_) => {}
+                    }
+                }
+                continue;
+            }
+            '/' if regex_may_start => {
+                let mut escaped = false;
+                for x in chars.by_ref() {
+                    match x {
+                        '\\' => escaped = true,
+                        '/' if !escaped => break,
+                        _ => escaped = false,
+                    }
+                }
+                regex_may_start = false;
+                prefix_run = 0;
+                continue;
+            }
             '(' | '[' | '{' => {
                 depth += 1;
                 max = max.max(depth + prefix_run);
@@ -232,18 +290,21 @@ fn check_nesting(expr: &str) -> Result<(), String> {
                 }
             }
             '+' | '-' | '*' | '/' | '%' | '&' | '=' | '<' | '>' | '!' | '.' | '~' | ':' | '?' | '@' | '#' | '^' => {
-                on_path += 1;
-                if let Some(n) = chained.last_mut() {
-                    *n += 1;
-                }
+                chain(&mut on_path, &mut chained, &mut most_chained);
             }
             _ => {}
         }
-        most_chained = most_chained.max(on_path);
+        regex_may_start = match c {
+            '(' | '[' | '{' | ',' | '=' | '<' => true,
+            // `~>`, `:=`, `!=` and `>=` end in these; `>` alone too.
+            '>' => true,
+            ':' | '!' => chars.peek() == Some(&'='),
+            _ => false,
+        };
         if c == '-' || c == '?' || c == ':' || c == '~' || c == '>' {
             prefix_run += 1;
             max = max.max(depth + prefix_run);
-        } else if !c.is_whitespace() {
+        } else {
             prefix_run = 0;
         }
     }
