@@ -24,6 +24,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// Opening brackets, and operator characters, an expression may have in all when it has quotes,
+/// backticks or slashes (see [`check_nesting`]): each is at most a level of the parser's recursion
+/// or of the syntax tree, so these bound the stack whatever the text hides.
+const MAX_HIDDEN_NESTING: usize = 256;
+const MAX_HIDDEN_OPERATORS: usize = 600;
+
 /// The deepest evaluation (nested calls of the crate's evaluator) allowed before an expression
 /// fails with a stack overflow error instead of exhausting the thread's stack.
 const MAX_EVAL_DEPTH: usize = 200;
@@ -310,6 +316,24 @@ fn check_nesting(expr: &str) -> Result<(), String> {
     }
     if matches!(word.as_str(), "and" | "or" | "in") {
         most_chained = most_chained.max(on_path + 1);
+    }
+    // Where the text has a quote, a backtick or a slash, the scan above depends on reading them as
+    // the tokenizer does (the fuzzer found two ways it did not: brackets after a quote in a comment,
+    // or in a name, were hidden). There, also bound what no reading can hide: all the opening
+    // brackets and operator characters of the text, whatever they are inside.
+    if expr.contains(['"', '\'', '`', '/']) {
+        let openers = expr.chars().filter(|c| matches!(c, '(' | '[' | '{')).count();
+        let operators = expr.chars().filter(|c| "+-*/%&=<>!.~:?@#^".contains(*c)).count();
+        if openers > MAX_HIDDEN_NESTING {
+            return Err(format!(
+                "the JSONata expression has more than {MAX_HIDDEN_NESTING} opening brackets besides quotes or slashes"
+            ));
+        }
+        if operators > MAX_HIDDEN_OPERATORS {
+            return Err(format!(
+                "the JSONata expression has more than {MAX_HIDDEN_OPERATORS} operator characters besides quotes or slashes"
+            ));
+        }
     }
     if max > MAX_NESTING {
         Err(format!(
