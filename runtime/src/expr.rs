@@ -1390,11 +1390,16 @@ impl Expr {
     }
 
     fn too_large(&self) -> EvalError {
+        self.stopped(format!(
+            "expression stopped: it would build more than {} bytes in one evaluation (in {}); see the expression limits in the README",
+            self.0.limits.memory, self.0.source
+        ))
+    }
+
+    /// An evaluation stopped by a limit: `try` cannot catch it, like running out of fuel.
+    fn stopped(&self, message: String) -> EvalError {
         EvalError {
-            message: format!(
-                "expression stopped: it would build more than {} bytes in one evaluation (in {}); see the expression limits in the README",
-                self.0.limits.memory, self.0.source
-            ),
+            message,
             value: None,
             out_of_fuel: true,
             expression: self.0.source.clone(),
@@ -1409,15 +1414,10 @@ impl Expr {
                 // memory, and writing it took minutes. Write it with a bound first.
                 let mut text = BoundedText(self.0.limits.max_string);
                 if std::fmt::write(&mut text, format_args!("{err}")).is_err() {
-                    return EvalError {
-                        message: format!(
-                            "expression stopped: its error message would be longer than {} bytes (in {}); see the expression limits in the README",
-                            self.0.limits.max_string, self.0.source
-                        ),
-                        value: None,
-                        out_of_fuel: true,
-                        expression: self.0.source.clone(),
-                    };
+                    return self.stopped(format!(
+                        "expression stopped: its error message would be longer than {} bytes (in {}); see the expression limits in the README",
+                        self.0.limits.max_string, self.0.source
+                    ));
                 }
                 // The message is the error's own text, so handlers can match `error("x")` as "x";
                 // the expression goes with it in `value` for diagnosis.
@@ -1467,12 +1467,7 @@ impl Expr {
                         limits.fuel
                     ),
                 };
-                EvalError {
-                    message,
-                    value: None,
-                    out_of_fuel: true,
-                    expression: self.0.source.clone(),
-                }
+                self.stopped(message)
             }
         }
     }
