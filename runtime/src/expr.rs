@@ -353,6 +353,11 @@ impl DataT for Data {
 pub struct Env<'a> {
     lut: &'a jaq_core::Lut<Data>,
     fuel: &'a Cell<u64>,
+    /// The first limit that stopped the evaluation. jaq drops the halt of a value paired with
+    /// nothing (`l - r`, `l == r`, `{(k): v}`, `"\(a)\(b)"` and `.[i][j]`, where `r`, `v`, `b` or `j`
+    /// yields no value), and would go on evaluating; the halt is remembered here, `__gate` raises it
+    /// again before each such `r` runs, and the evaluation ends with it however it ends.
+    halted: &'a Cell<Option<i32>>,
     /// Bytes the evaluation may still build, and the limits.
     memory: &'a Cell<u64>,
     limits: &'a Limits,
@@ -601,6 +606,19 @@ fn json_nesting(text: &str) -> usize {
     max
 }
 
+/// The halt of a limit, remembered (see [`Env::halted`]).
+fn halt<'a>(env: &Env, code: i32) -> Exn<'a, Val> {
+    if env.halted.get().is_none() {
+        env.halted.set(Some(code));
+    }
+    Exn::halt(code)
+}
+
+/// The halt code of the limit that stopped the evaluation, if one did.
+fn halted(env: &Env) -> Option<i32> {
+    env.halted.get()
+}
+
 /// Burns one unit of fuel; the halt code when fuel or stack is exhausted.
 fn burn(env: &Env) -> Result<(), i32> {
     if stack_address().abs_diff(env.base) > env.stack_bytes {
@@ -623,17 +641,48 @@ fn natives() -> Vec<Fun<Data>> {
         v(0),
         jaq_core::Native::new(|cv| match burn(cv.0.data()) {
             Ok(()) => bome(Ok(cv.1)),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         })
         .with_paths(|cv| match burn(cv.0.data()) {
             Ok(()) => box_once(Ok(cv.1)),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         })
         .with_update(|cv, f| match burn(cv.0.data()) {
             Ok(()) => f(cv.1),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         }),
     );
+    // `__gate` passes its input through until a limit has stopped the evaluation, then raises that
+    // halt again. It goes before the right operand of the pairs jaq makes (see `gated`), so that
+    // after a limit each pair has a halt on its right and passes it on.
+    let gate: Fun<Data> = (
+        "__gate",
+        v(0),
+        jaq_core::Native::new(|cv| match halted(cv.0.data()) {
+            None => bome(Ok(cv.1)),
+            Some(code) => box_once(Err(Exn::halt(code))),
+        })
+        .with_paths(|cv| match halted(cv.0.data()) {
+            None => box_once(Ok(cv.1)),
+            Some(code) => box_once(Err(Exn::halt(code))),
+        })
+        .with_update(|cv, f| match halted(cv.0.data()) {
+            None => f(cv.1),
+            Some(code) => box_once(Err(Exn::halt(code))),
+        }),
+    );
+    fn caught(env: &Env, error: &Val) -> Result<(), i32> {
+        burn(env)?;
+        charge(env, str_len(error).map_or(VAL_BYTES, |n| n as u64))
+    }
+    let caught_: Fun<Data> = run(("__caught", v(0), |cv| match caught(cv.0.data(), &cv.1) {
+        Ok(()) => bome(Ok(cv.1)),
+        Err(code) => box_once(Err(halt(cv.0.data(), code))),
+    }));
+    let dropped: Fun<Data> = run(("__dropped", v(0), |cv| match caught(cv.0.data(), &cv.1) {
+        Ok(()) => Box::new(std::iter::empty()),
+        Err(code) => box_once(Err(halt(cv.0.data(), code))),
+    }));
     let getp: Fun<Data> = run(("__getp", v(1), |mut cv| {
         let path = cv.0.pop_var();
         bome(crate::fast::get_path(&cv.1, &path).map_err(jaq_core::Error::str))
@@ -648,7 +697,7 @@ fn natives() -> Vec<Fun<Data>> {
     let depth: Fun<Data> = run(("__json_depth", v(0), |cv| {
         let len = str_len(&cv.1).unwrap_or(0) as u64;
         if let Err(code) = charge(cv.0.data(), len.saturating_mul(JSON_FACTOR)) {
-            return box_once(Err(Exn::halt(code)));
+            return box_once(Err(halt(cv.0.data(), code)));
         }
         let deep = crate::json::as_str(&cv.1).is_some_and(|s| json_nesting(&s) > MAX_JSON_DEPTH);
         if deep {
@@ -663,7 +712,7 @@ fn natives() -> Vec<Fun<Data>> {
         let r = cv.0.pop_var();
         match checked_math(cv.0.data(), op, cv.1, r) {
             Ok(out) => bome(out),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         }
     }
     let add: Fun<Data> = run(("__add", v(1), |cv| math(cv, Math::Add)));
@@ -672,7 +721,7 @@ fn natives() -> Vec<Fun<Data>> {
     // `[f]` collects `f | __item`: every element counts before the array holds it.
     let item: Fun<Data> = run(("__item", v(0), |cv| match charge(cv.0.data(), VAL_BYTES) {
         Ok(()) => bome(Ok(cv.1)),
-        Err(code) => box_once(Err(Exn::halt(code))),
+        Err(code) => box_once(Err(halt(cv.0.data(), code))),
     }));
     // `__check` passes a new value through (also as a path and under updates, like `__tick`),
     // checking its size and charging it.
@@ -681,21 +730,21 @@ fn natives() -> Vec<Fun<Data>> {
         v(0),
         jaq_core::Native::new(|cv| match check_new(cv.0.data(), &cv.1) {
             Ok(()) => bome(Ok(cv.1)),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         })
         .with_paths(|cv| match check_new(cv.0.data(), &cv.1 .0) {
             Ok(()) => box_once(Ok(cv.1)),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         })
         .with_update(|cv, f| match check_new(cv.0.data(), &cv.1) {
             Ok(()) => f(cv.1),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         }),
     );
     // `__sized` checks the size of a value without charging it (assignments to computed paths).
     let sized: Fun<Data> = run(("__sized", v(0), |cv| match check_size(cv.0.data(), &cv.1) {
         Ok(()) => bome(Ok(cv.1)),
-        Err(code) => box_once(Err(Exn::halt(code))),
+        Err(code) => box_once(Err(halt(cv.0.data(), code))),
     }));
     // A global regex function can turn every character of its input into a match: it is charged
     // for that before it runs.
@@ -705,7 +754,7 @@ fn natives() -> Vec<Fun<Data>> {
         let len = str_len(&cv.1).unwrap_or(0) as u64;
         match charge(cv.0.data(), if global { (len + 1) * MATCH_BYTES } else { 0 }) {
             Ok(()) => bome(Ok(cv.1)),
-            Err(code) => box_once(Err(Exn::halt(code))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
         }
     }));
     // Which of jaq's natives are admitted is decided once (by position: `jaq_natives` yields them in
@@ -720,7 +769,9 @@ fn natives() -> Vec<Fun<Data>> {
         .zip(admitted)
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
-        .chain([tick, getp, setp, add, mul, div, item, check, sized, regex])
+        .chain([
+            tick, gate, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex,
+        ])
         .collect()
 }
 
@@ -982,7 +1033,9 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 parts
                     .into_iter()
                     .map(|p| match p {
-                        jaq_core::load::lex::StrPart::Term(t) => jaq_core::load::lex::StrPart::Term(fuel_term(t)),
+                        jaq_core::load::lex::StrPart::Term(t) => {
+                            jaq_core::load::lex::StrPart::Term(gated(fuel_term(t)))
+                        }
                         other => other,
                     })
                     .collect(),
@@ -998,7 +1051,18 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
             BinaryOp::Pipe(None),
             Box::new(Term::Call("__item", Vec::new())),
         ))))),
-        Term::Obj(kvs) => Term::Obj(kvs.into_iter().map(|(k, v)| (fuel_term(k), v.map(fuel_term))).collect()),
+        Term::Obj(kvs) => Term::Obj(
+            kvs.into_iter()
+                .map(|(k, v)| {
+                    // `{$x}` and `{a}` stay as written: jaq reads the value from such a key.
+                    let k = match k {
+                        k @ (Term::Var(_) | Term::Str(..)) if v.is_none() => k,
+                        k => gated(fuel_term(k)),
+                    };
+                    (k, v.map(|v| gated(fuel_term(v))))
+                })
+                .collect(),
+        ),
         Term::Neg(x) => Term::Neg(b(x)),
         Term::BinOp(l, op, r) => match (crate::fast::simple_path(&l), op) {
             (
@@ -1023,13 +1087,24 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 Box::new(Term::Call("__sized", Vec::new())),
             ),
             (_, BinaryOp::Comma) => Term::BinOp(Box::new(comma_left(*l)), BinaryOp::Comma, b(r)),
+            (_, BinaryOp::Cmp(c)) => Term::BinOp(b(l), BinaryOp::Cmp(c), Box::new(gated(fuel_term(*r)))),
             (_, op) => Term::BinOp(b(l), fuel_op(op), b(r)),
         },
         Term::Label(l, x) => Term::Label(l, b(x)),
         Term::Fold(f, x, pat, args) => {
             Term::Fold(f, b(x), fuel_pattern(pat), args.into_iter().map(fuel_term).collect())
         }
-        Term::TryCatch(t, c) => Term::TryCatch(b(t), c.map(b)),
+        // jaq writes an error it catches into a string (`cannot index {..} with ..`) before the
+        // handler runs: `__caught` charges that string and a step, so that catching errors over
+        // and over (`.. - (try error(.))`) cannot go on past the limits.
+        Term::TryCatch(t, c) => {
+            let caught = |name| Box::new(Term::Call(name, Vec::new()));
+            let handler = match c {
+                Some(c) => Term::BinOp(caught("__caught"), BinaryOp::Pipe(None), b(c)),
+                None => *caught("__dropped"),
+            };
+            Term::TryCatch(b(t), Some(Box::new(handler)))
+        }
         Term::IfThenElse(branches, els) => Term::IfThenElse(
             branches
                 .into_iter()
@@ -1054,8 +1129,10 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                         .into_iter()
                         .map(|(part, opt)| {
                             let part = match part {
-                                Part::Index(i) => Part::Index(fuel_term(i)),
-                                Part::Range(f, t) => Part::Range(f.map(fuel_term), t.map(fuel_term)),
+                                Part::Index(i) => Part::Index(gated(fuel_term(i))),
+                                Part::Range(f, t) => {
+                                    Part::Range(f.map(|f| gated(fuel_term(f))), t.map(|t| gated(fuel_term(t))))
+                                }
                             };
                             (part, opt)
                         })
@@ -1096,6 +1173,32 @@ fn comma_left(l: Term<&str>) -> Term<&str> {
     }
 }
 
+/// `__gate | t`, for a term that jaq pairs with every value of another (`r` in `l - r`, `l == r`,
+/// `{(l): r}`, and the parts of string interpolations and of `.[i][j]`). Where `t` yields no value,
+/// jaq drops the value it would pair with, and with it a halt: the fuel ran out in `..` of
+/// `.. - (try error)`, yet `..` went on, as did every such product around it, each re-running its
+/// `r` for every value, for minutes. `__gate` gives `t` the halt to yield once a limit has stopped
+/// the evaluation. A term that yields exactly one value, without error, needs no gate.
+fn gated(t: Term<&str>) -> Term<&str> {
+    let single = match &t {
+        Term::Id | Term::Num(_) | Term::Var(_) => true,
+        Term::Str(_, parts) => parts
+            .iter()
+            .all(|p| !matches!(p, jaq_core::load::lex::StrPart::Term(_))),
+        Term::Call(name, args) => args.is_empty() && matches!(*name, "true" | "false" | "null"),
+        _ => false,
+    };
+    if single {
+        t
+    } else {
+        Term::BinOp(
+            Box::new(Term::Call("__gate", Vec::new())),
+            BinaryOp::Pipe(None),
+            Box::new(t),
+        )
+    }
+}
+
 /// `t | __check`: the size of what `t` built is checked and charged.
 fn checked(t: Term<&str>) -> Term<&str> {
     Term::BinOp(
@@ -1115,7 +1218,7 @@ fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
         Math::Add => "__add",
         Math::Mul => "__mul",
         Math::Div => "__div",
-        Math::Sub | Math::Rem => return Term::BinOp(Box::new(l), BinaryOp::Math(m), Box::new(r)),
+        Math::Sub | Math::Rem => return Term::BinOp(Box::new(l), BinaryOp::Math(m), Box::new(gated(r))),
     };
     let pipe = |a: Term<&'a str>, pat, b: Term<&'a str>| Term::BinOp(Box::new(a), BinaryOp::Pipe(pat), Box::new(b));
     if closed(&r) {
@@ -1358,9 +1461,11 @@ impl Expr {
     fn outputs(&self, input: Val, value: Val, max: usize) -> Result<Vec<Val>, EvalError> {
         let fuel = Cell::new(self.0.limits.fuel);
         let memory = Cell::new(self.0.limits.memory);
+        let halted = Cell::new(None);
         let env = Env {
             lut: &self.0.filter.lut,
             fuel: &fuel,
+            halted: &halted,
             memory: &memory,
             limits: &self.0.limits,
             base: stack_address(),
@@ -1368,16 +1473,28 @@ impl Expr {
         };
         let ctx = Ctx::<Data>::new(env, Vars::new([value]));
         let mut out = Vec::new();
+        let mut failed = None;
         for item in self.0.filter.id.run((ctx, input)) {
             match item {
                 Ok(v) => out.push(self.bounded(v)?),
-                Err(exn) => return Err(self.exn_error(exn)),
+                Err(exn) => {
+                    failed = Some(exn);
+                    break;
+                }
             }
-            if out.len() >= max {
+            if out.len() >= max || halted.get().is_some() {
                 break;
             }
         }
-        Ok(out)
+        // A limit whose halt jaq dropped on the way (see `Env::halted`) still ends the evaluation:
+        // what it yielded after that is incomplete.
+        if let Some(code) = halted.get() {
+            return Err(self.halt_error(code));
+        }
+        match failed {
+            Some(exn) => Err(self.exn_error(exn)),
+            None => Ok(out),
+        }
     }
 
     /// A value the expression yields, if it stays within [`Limits::memory`] written out (see
@@ -1442,23 +1559,28 @@ impl Expr {
                     },
                 }
             }
-            Err(exn) => {
-                let limits = &self.0.limits;
-                let source = &self.0.source;
-                let message = match exn.get_halt().ok() {
-                    Some(OUT_OF_STACK) => format!(
+            Err(exn) => self.halt_error(exn.get_halt().unwrap_or(OUT_OF_FUEL)),
+        }
+    }
+
+    /// The error of an evaluation a limit stopped, by the limit's halt code.
+    fn halt_error(&self, code: i32) -> EvalError {
+        let limits = &self.0.limits;
+        let source = &self.0.source;
+        let message = match code {
+                    OUT_OF_STACK => format!(
                         "expression recursed too deeply (more than {} KiB of stack) (in {source})",
                         limits.stack_bytes / 1024,
                     ),
-                    Some(STRING_TOO_LONG) => format!(
+                    STRING_TOO_LONG => format!(
                         "expression stopped: it would build a string longer than {} bytes (in {source}); see the expression limits in the README",
                         limits.max_string
                     ),
-                    Some(TOO_MANY_ITEMS) => format!(
+                    TOO_MANY_ITEMS => format!(
                         "expression stopped: it would build an array or object of more than {} entries (in {source}); see the expression limits in the README",
                         limits.max_items
                     ),
-                    Some(OUT_OF_MEMORY) => format!(
+                    OUT_OF_MEMORY => format!(
                         "expression stopped: it would build more than {} bytes in one evaluation (in {source}); see the expression limits in the README",
                         limits.memory
                     ),
@@ -1467,9 +1589,7 @@ impl Expr {
                         limits.fuel
                     ),
                 };
-                self.stopped(message)
-            }
-        }
+        self.stopped(message)
     }
 
     /// Runs the expression where exactly one output is needed.
@@ -1862,7 +1982,7 @@ mod tests {
         assert_eq!(callable, ALLOWED, "every allowed function is built, and nothing else");
         assert_eq!(
             text(&internal),
-            "__add/1 __check/0 __div/1 __fromjson/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
+            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __fromjson/0 __gate/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
              __regex_guard/1 __setp/2 __sized/0 __split_/2 __split_matches/2 __tick/0",
             "our own helpers (assignments, fuel, fromjson's depth check, checked sizes)"
         );

@@ -316,6 +316,103 @@ fn jq_errors_naming_shared_values_are_written_with_a_bound() {
     assert_eq!(err.message, "cannot index [1,[2]] with \"x\"");
 }
 
+/// fuzz target jq_expression, a timeout (non-sanitized build of e6bc75a, 1.3 million executions in;
+/// past 120 s alone, and past 20 s with fuel 10): `..-00000%try..-00%try..-00%try...`. jaq pairs every
+/// value of `l` in `l - r` with every value of `r`, and where `r` yields nothing it drops `l`'s value
+/// unseen, a halt among them: the fuel ran out in the `..` of `.. - (try .a.b)`, yet `..` went on, and
+/// so did every such product around it, each running its `r` again for every value; nothing stopped
+/// the evaluation. `l % r`, `l == r`, `{(k): v}`, `"\(a)\(b)"` and `.[i][j]` pair values the same way.
+/// A halt is now remembered, raised again before each such `r` runs (`__gate`), and ends the
+/// evaluation however it ends. And every error a `try` catches, which jaq writes out as text first, is
+/// charged a step and its length, so catching errors over and over stops at the limits too.
+#[test]
+fn jq_halts_are_not_lost_where_jaq_pairs_values_with_none() {
+    use sm4c_runtime::{Expr, Limits};
+    let input = jq_target_input();
+    let limits = Limits {
+        fuel: 10,
+        ..Limits::default()
+    };
+    for code in [
+        ".. - (try .a.b)",
+        ".. % (try .a.b)",
+        ".. == (try .a.b)",
+        ".. < (try .a.b)",
+        "{(.. | tostring): (try .a.b)}",
+        "{a: (.. | 1), b: (try .a.b)}",
+        "\"\\(..)\\(try .a.b)\"",
+        ".[.. | \"a\"][try .a.b]",
+        ".[.. | 0:try .a.b]",
+        ".. - (.. - (.. - (try .a.b)))",
+    ] {
+        let expr = Expr::compile(code, &[], limits).unwrap();
+        let err = expr.eval_json(&input).expect_err(code);
+        assert!(
+            err.out_of_fuel && err.message.contains("after 10 steps"),
+            "{code}: {err:?}"
+        );
+    }
+    // What the fuzzer found ends at the fuel of the target.
+    let found = "..-00000%try..-00%try..-00%try..-00000%00000%try..-00%try..-00%try..-00000%try--try----exp.pac0# --)";
+    let limits = Limits {
+        fuel: 100_000,
+        ..Limits::default()
+    };
+    let err = Expr::compile(found, &[], limits)
+        .unwrap()
+        .eval_json(&input)
+        .unwrap_err();
+    assert!(err.out_of_fuel, "{err:?}");
+    // 100,000 caught errors of 1 KB each are charged: more than the 64 MiB an evaluation may build.
+    let limits = Limits {
+        fuel: 10_000_000,
+        ..Limits::default()
+    };
+    for code in [
+        "(\"x\" * 1000) as $s | [range(100000) | try ($s | .a)] | length",
+        "(\"x\" * 1000) as $s | [range(100000) | try ($s | .a) catch 0] | length",
+        "(\"x\" * 1000) as $s | [range(100000) | ($s | .a)?] | length",
+    ] {
+        let err = Expr::compile(code, &[], limits)
+            .unwrap()
+            .eval_json(&input)
+            .expect_err(code);
+        assert!(
+            err.out_of_fuel && err.message.contains("more than 67108864 bytes"),
+            "{code}: {err:?}"
+        );
+    }
+    // What fits still works, with jq's results.
+    for (code, want) in [
+        ("[.c[] | try (. - 1)]", json!([0, 1.5])),
+        (
+            "[.c[] | try (. - 1) catch \"no\"]",
+            json!([0, 1.5, "no", "no", "no", "no"]),
+        ),
+        ("[.c[] | (. - 1)?]", json!([0, 1.5])),
+        (
+            "[.a - (1, 2)] + [(.a, 2) == (1, 2)]",
+            json!([0, -1, true, false, false, true]),
+        ),
+        (
+            "[{a: .a, (.b): (1, 2)}]",
+            json!([{"a": 1, "two": 1}, {"a": 1, "two": 2}]),
+        ),
+        ("[\"\\(.a)-\\(.b, .a)\"]", json!(["1-two", "1-1"])),
+        ("[.c[1, 0][]?]", json!([])),
+        ("[.c[0:(2, 3)]]", json!([[1, 2.5], [1, 2.5, "x"]])),
+        ("{a: (try error(\"x\") catch .)}", json!({"a": "x"})),
+        (
+            ".b as $x | {$x, a, \"b\", \"\\(\"o\")\"}",
+            json!({"x": "two", "a": 1, "b": "two", "o": {"k": {"k2": "v"}}}),
+        ),
+    ] {
+        let expr = Expr::compile(code, &[], Limits::default()).unwrap();
+        let got = expr.eval_json(&input);
+        assert_eq!(got.as_ref().ok(), Some(&want), "{code}: {got:?}");
+    }
+}
+
 /// fuzz target asl_execution (non-sanitized build of e6bc75a, 52,000 executions in; caught under gdb
 /// 528,000 into a second run): a stack overflow in jsonata-rs's parser, 2,070 objects nested
 /// (`parse_object`). The nesting check skipped strings its own way, and the crate's tokenizer skips
