@@ -1,10 +1,11 @@
-//! jq in the sandbox: the text is compiled as an expression under the default limits, but a tenth of
-//! the default fuel (100,000 steps), and evaluated against a small JSON input, through both the direct
-//! evaluator and jaq. It must compile or say why, and evaluate or say why (a limit stops it), never
-//! panic, hang or exhaust memory. A step can cost several microseconds (a value of a product of
-//! `paths` indexes: the default million took 6.7 s in the non-sanitized build, longer under ASan, near
-//! libFuzzer's 10 s timeout on a busy machine); the target shows that evaluation stops, and a tenth
-//! of the fuel leaves time for more inputs.
+//! jq in the sandbox: the text is compiled as an expression under limits smaller than the defaults
+//! (fuel 10,000 steps, 4 MiB built in all, strings of 1 MiB, 65,536 entries), and evaluated against a
+//! small JSON input, through both the direct evaluator and jaq. It must compile or say why, and
+//! evaluate or say why (a limit stops it), never panic, hang or exhaust memory. A step can cost several
+//! microseconds (a value of a product of `paths` indexes: the default million took 6.7 s in the
+//! non-sanitized build, longer under ASan, near libFuzzer's 10 s timeout on a busy machine). The target
+//! shows that evaluation stops at its limits, whatever they are; smaller ones let the inputs that reach
+//! them end sooner, which leaves time for more inputs (10 million executions in one run).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -27,7 +28,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let limits = Limits {
-        fuel: 100_000,
+        fuel: 10_000,
+        memory: 4 << 20,
+        max_string: 1 << 20,
+        max_items: 1 << 16,
         ..Limits::default()
     };
     let Ok(expr) = Expr::compile(text, &[], limits) else {
