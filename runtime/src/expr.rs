@@ -458,6 +458,19 @@ impl std::fmt::Write for BoundedText {
     }
 }
 
+/// Checks that the JSON text of an array or object fits the string limit, writing it into a sink
+/// that stops at the limit (strings and numbers are bounded already).
+fn text_fits(env: &Env, v: &Val) -> Result<(), i32> {
+    if !matches!(v, Val::Arr(_) | Val::Obj(_)) {
+        return Ok(());
+    }
+    let mut sink = BoundedText(env.limits.max_string);
+    match std::fmt::write(&mut sink, format_args!("{v}")) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(STRING_TOO_LONG),
+    }
+}
+
 /// Checks a value against the size limits (not charging it).
 fn check_size(env: &Env, v: &Val) -> Result<(), i32> {
     match v {
@@ -671,6 +684,14 @@ fn natives() -> Vec<Fun<Data>> {
             Some(code) => box_once(Err(Exn::halt(code))),
         }),
     );
+    // `__fits` passes a value on only if its JSON text fits the string limit: it goes before what
+    // writes a value out as text (`tojson`, and string interpolation, so `tostring`), which jaq
+    // would otherwise write whole before its length is checked (a value sharing its parts can
+    // stand for more text than the host has memory).
+    let fits: Fun<Data> = run(("__fits", v(0), |cv| match text_fits(cv.0.data(), &cv.1) {
+        Ok(()) => bome(Ok(cv.1)),
+        Err(code) => box_once(Err(halt(cv.0.data(), code))),
+    }));
     fn caught(env: &Env, error: &Val) -> Result<(), i32> {
         burn(env)?;
         charge(env, str_len(error).map_or(VAL_BYTES, |n| n as u64))
@@ -770,7 +791,7 @@ fn natives() -> Vec<Fun<Data>> {
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([
-            tick, gate, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex,
+            tick, gate, fits, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex,
         ])
         .collect()
 }
@@ -1033,9 +1054,11 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 parts
                     .into_iter()
                     .map(|p| match p {
-                        jaq_core::load::lex::StrPart::Term(t) => {
-                            jaq_core::load::lex::StrPart::Term(gated(fuel_term(t)))
-                        }
+                        jaq_core::load::lex::StrPart::Term(t) => jaq_core::load::lex::StrPart::Term(Term::BinOp(
+                            Box::new(gated(fuel_term(t))),
+                            BinaryOp::Pipe(None),
+                            Box::new(Term::Call("__fits", Vec::new())),
+                        )),
                         other => other,
                     })
                     .collect(),
@@ -1114,6 +1137,16 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         ),
         Term::Call(f, args) => {
             let call = Term::Call(f, args.into_iter().map(fuel_term).collect());
+            // `tojson` writes its input out whole: only if that fits the string limit.
+            let call = if f == "tojson" {
+                Term::BinOp(
+                    Box::new(Term::Call("__fits", Vec::new())),
+                    BinaryOp::Pipe(None),
+                    Box::new(call),
+                )
+            } else {
+                call
+            };
             if SIZED.contains(&f) {
                 checked(call)
             } else {
@@ -1982,7 +2015,7 @@ mod tests {
         assert_eq!(callable, ALLOWED, "every allowed function is built, and nothing else");
         assert_eq!(
             text(&internal),
-            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __fromjson/0 __gate/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
+            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __fits/0 __fromjson/0 __gate/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
              __regex_guard/1 __setp/2 __sized/0 __split_/2 __split_matches/2 __tick/0",
             "our own helpers (assignments, fuel, fromjson's depth check, checked sizes)"
         );

@@ -413,6 +413,52 @@ fn jq_halts_are_not_lost_where_jaq_pairs_values_with_none() {
     }
 }
 
+/// fuzz target jq_expression (the 10-million run on 52db039, a timeout after about 3 million
+/// executions; 10.6 s alone in a release build under the default limits): `... .f=.f ... @uri ...`.
+/// A value that shares its parts stands for far more text than it takes; `tostring` (string
+/// interpolation) and `tojson` had jaq write it out whole, and only then was its length checked.
+/// What writes a value out as text now checks first that its text fits the string limit, writing
+/// it into a sink that stops there (`__fits`). The input now stops in 0.14 s.
+#[test]
+fn jq_values_sharing_their_parts_are_not_written_out_past_the_string_limit() {
+    use sm4c_runtime::{Expr, Limits};
+    let input = jq_target_input();
+    let shared = "reduce range(40) as $i ([1]; [., .])";
+    for tail in [
+        "tostring",
+        "tojson",
+        "@json",
+        "@text",
+        "@uri",
+        "@base64",
+        "@html",
+        "\"x\\(.)\"",
+        "@base64 \"x\\(.)\"",
+        "[.] | map(tostring) | .[0]",
+        "{a: .} | tostring",
+    ] {
+        let code = format!("{shared} | {tail} | length");
+        let limits = Limits {
+            max_string: 1 << 20,
+            ..Limits::default()
+        };
+        let expr = Expr::compile(&code, &[], limits).unwrap();
+        let err = expr.eval_json(&input).expect_err(&code);
+        assert!(
+            err.out_of_fuel && err.message.contains("a string longer than 1048576 bytes"),
+            "{code}: {err:?}"
+        );
+    }
+    // Text that fits is written as before.
+    let expr = Expr::compile(
+        "reduce range(3) as $i ([1]; [., .]) | [tostring, tojson, @uri] | map(length)",
+        &[],
+        Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(expr.eval_json(&input).unwrap(), json!([45, 45, 119]));
+}
+
 /// fuzz target asl_execution (non-sanitized build of e6bc75a, 52,000 executions in; caught under gdb
 /// 528,000 into a second run): a stack overflow in jsonata-rs's parser, 2,070 objects nested
 /// (`parse_object`). The nesting check skipped strings its own way, and the crate's tokenizer skips
