@@ -692,6 +692,21 @@ fn natives() -> Vec<Fun<Data>> {
         Ok(()) => bome(Ok(cv.1)),
         Err(code) => box_once(Err(halt(cv.0.data(), code))),
     }));
+    // `__epoch` passes on what `gmtime` and `strftime` may read as seconds since the epoch: jaq-std
+    // multiplies an integer by a million in `i64` first, which overflows past 9.2e12 (a panic where
+    // overflow is checked, a wrong time where it is not). Seconds well past the years jiff knows
+    // (-9999 to 9999) are an error here, as jiff's own are nearer them.
+    let epoch: Fun<Data> = run(("__epoch", v(0), |cv| {
+        // jiff's range: -377705023201 to 253402207200 seconds.
+        const MAX_SECONDS: isize = 377_705_023_201;
+        match jaq_std::ValT::as_isize(&cv.1) {
+            Some(i) if i.unsigned_abs() > MAX_SECONDS as usize => bome(Err(jaq_core::Error::str(format!(
+                "cannot convert {} to time: it is outside the years -9999 to 9999",
+                cv.1
+            )))),
+            _ => bome(Ok(cv.1)),
+        }
+    }));
     fn caught(env: &Env, error: &Val) -> Result<(), i32> {
         burn(env)?;
         charge(env, str_len(error).map_or(VAL_BYTES, |n| n as u64))
@@ -791,7 +806,7 @@ fn natives() -> Vec<Fun<Data>> {
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([
-            tick, gate, fits, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex,
+            tick, gate, fits, epoch, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex,
         ])
         .collect()
 }
@@ -1137,15 +1152,20 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         ),
         Term::Call(f, args) => {
             let call = Term::Call(f, args.into_iter().map(fuel_term).collect());
-            // `tojson` writes its input out whole: only if that fits the string limit.
-            let call = if f == "tojson" {
-                Term::BinOp(
-                    Box::new(Term::Call("__fits", Vec::new())),
+            // `tojson` writes its input out whole: only if that fits the string limit. `gmtime` and
+            // `strftime` take seconds only where jaq-std can multiply them.
+            let guard = match f {
+                "tojson" => Some("__fits"),
+                "gmtime" | "strftime" => Some("__epoch"),
+                _ => None,
+            };
+            let call = match guard {
+                Some(g) => Term::BinOp(
+                    Box::new(Term::Call(g, Vec::new())),
                     BinaryOp::Pipe(None),
                     Box::new(call),
-                )
-            } else {
-                call
+                ),
+                None => call,
             };
             if SIZED.contains(&f) {
                 checked(call)
@@ -2015,7 +2035,7 @@ mod tests {
         assert_eq!(callable, ALLOWED, "every allowed function is built, and nothing else");
         assert_eq!(
             text(&internal),
-            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __fits/0 __fromjson/0 __gate/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
+            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __epoch/0 __fits/0 __fromjson/0 __gate/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
              __regex_guard/1 __setp/2 __sized/0 __split_/2 __split_matches/2 __tick/0",
             "our own helpers (assignments, fuel, fromjson's depth check, checked sizes)"
         );

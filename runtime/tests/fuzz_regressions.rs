@@ -459,6 +459,40 @@ fn jq_values_sharing_their_parts_are_not_written_out_past_the_string_limit() {
     assert_eq!(expr.eval_json(&input).unwrap(), json!([45, 45, 119]));
 }
 
+/// fuzz target jq_expression (the 10-million run on 52db039, a crash after about 5.7 million
+/// executions): `... 122222222*2222222222222221011111101121110111010 ... | gmtime`. jaq-std turns
+/// seconds since the epoch into microseconds by multiplying an integer by a million in `i64`, which
+/// overflows past 9.2e12: a panic where overflow is checked (debug builds, the fuzz build), a wrong
+/// time where it is not. `gmtime` and `strftime` now refuse seconds outside the years -9999 to 9999
+/// with an error a handler can catch.
+#[test]
+fn jq_gmtime_of_seconds_past_the_year_9999_is_an_error_not_an_overflow() {
+    use sm4c_runtime::{Expr, Limits};
+    let input = jq_target_input();
+    for code in [
+        "10000000000000 | gmtime",
+        "-10000000000000 | gmtime",
+        "9223372036854775807 | gmtime",
+        "10000000000000 | strftime(\"%Y\")",
+        "400000000000 | gmtime",
+    ] {
+        let expr = Expr::compile(code, &[], Limits::default()).unwrap();
+        let err = expr.eval_json(&input).expect_err(code);
+        assert!(!err.out_of_fuel && err.message.contains("to time"), "{code}: {err:?}");
+    }
+    for (code, want) in [
+        ("try (10000000000000 | gmtime) catch \"caught\"", json!("caught")),
+        ("0 | gmtime", json!([1970, 0, 1, 0, 0, 0, 4, 0])),
+        ("253402207200 | strftime(\"%Y\")", json!("9999")),
+        // A float takes jaq-std's other way, which saturates, and jiff refuses it.
+        ("try (1e13 | gmtime) catch \"refused\"", json!("refused")),
+    ] {
+        let expr = Expr::compile(code, &[], Limits::default()).unwrap();
+        let got = expr.eval_json(&input);
+        assert_eq!(got.as_ref().ok(), Some(&want), "{code}: {got:?}");
+    }
+}
+
 /// fuzz target asl_execution (non-sanitized build of e6bc75a, 52,000 executions in; caught under gdb
 /// 528,000 into a second run): a stack overflow in jsonata-rs's parser, 2,070 objects nested
 /// (`parse_object`). The nesting check skipped strings its own way, and the crate's tokenizer skips
