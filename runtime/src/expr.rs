@@ -326,8 +326,11 @@ fn allowed(name: &str, arity: usize) -> bool {
 }
 
 /// Definitions we add: sandboxed replacements, and `range/3` as a recursion that burns fuel.
+/// jaq-json's `fromjson` yields the values of a text and then, after the first error, errors
+/// without end (`"x" | fromjson` never ends where its errors are dropped, as in `l - r` with an `r`
+/// that yields nothing): `try` ends the stream at the first error, raised again.
 const OUR_DEFS: &str = r#"
-def fromjson: __json_depth | __fromjson;
+def fromjson: __json_depth | try __fromjson catch error(.);
 def matches(re; flags): __regex_guard(flags) | __matches(re; flags);
 def split_matches(re; flags): __regex_guard(flags) | __split_matches(re; flags);
 def split_(re; flags): __regex_guard(flags) | __split_(re; flags);

@@ -493,6 +493,50 @@ fn jq_gmtime_of_seconds_past_the_year_9999_is_an_error_not_an_overflow() {
     }
 }
 
+/// fuzz target jq_expression (the 10-million run on 023a346, a timeout after about 2.7 million
+/// executions; past 60 s alone): `map(... tonumber - ... 3333333333333333?%.a333...?%333...)`.
+/// jaq-json's `fromjson` (so `tonumber` of a string) yields a text's values and then, after the first
+/// error, errors without end. Where its errors are dropped (`l - r` with an `r` that yields nothing
+/// and burns no fuel, here `.a3?` of a string), the evaluation never ended. `fromjson` now ends at
+/// its first error, raised again.
+#[test]
+fn jq_fromjson_ends_at_its_first_error() {
+    use sm4c_runtime::{Expr, Limits};
+    let input = jq_target_input();
+    let limits = Limits {
+        fuel: 10_000,
+        ..Limits::default()
+    };
+    for (code, want) in [
+        (".b | tonumber - (.a3? % 3)", None),
+        ("\"x\" | fromjson - (.a3? % 3)", None),
+        ("\"1 2 x\" | [fromjson?]", Some(json!([1, 2]))),
+        // jaq's `fromjson` reads a text as a sequence of values: "2024-01-01T..." is 2024, -0, 1, ...
+        // up to its first error, as before.
+        ("[.[] | tonumber?]", Some(json!([1, -0.5, 2024, 0, 1, 0, 1]))),
+    ] {
+        let expr = Expr::compile(code, &[], limits).unwrap();
+        let got = expr.eval_json(&input);
+        match want {
+            Some(want) => assert_eq!(got.as_ref().ok(), Some(&want), "{code}: {got:?}"),
+            None => assert!(
+                got.as_ref().is_err_and(|e| e.message.contains("yielded no value")),
+                "{code}: {got:?}"
+            ),
+        }
+    }
+    let err = Expr::compile("\"1 x\" | fromjson", &[], limits)
+        .unwrap()
+        .eval_json(&input)
+        .unwrap_err();
+    assert!(err.message.contains("byte offset 2: value expected"), "{err:?}");
+    let err = Expr::compile("\"x\" | fromjson", &[], limits)
+        .unwrap()
+        .eval_json(&input)
+        .unwrap_err();
+    assert_eq!(err.message, "cannot parse \"x\" as JSON: byte offset 0: value expected");
+}
+
 /// fuzz target asl_execution (non-sanitized build of e6bc75a, 52,000 executions in; caught under gdb
 /// 528,000 into a second run): a stack overflow in jsonata-rs's parser, 2,070 objects nested
 /// (`parse_object`). The nesting check skipped strings its own way, and the crate's tokenizer skips
