@@ -1095,9 +1095,9 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         Term::Obj(kvs) => Term::Obj(
             kvs.into_iter()
                 .map(|(k, v)| {
-                    // `{$x}` and `{a}` stay as written: jaq reads the value from such a key.
+                    // `{$x}` stays as written: jaq names the entry after the variable.
                     let k = match k {
-                        k @ (Term::Var(_) | Term::Str(..)) if v.is_none() => k,
+                        k @ Term::Var(_) if v.is_none() => k,
                         k => gated(fuel_term(k)),
                     };
                     (k, v.map(|v| gated(fuel_term(v))))
