@@ -24,7 +24,7 @@ use jaq_core::box_iter::box_once;
 use jaq_core::load::parse::{BinaryOp, Def, Pattern, Term};
 use jaq_core::load::{Arena, File, Loader};
 use jaq_core::native::{bome, run, v, Fun};
-use jaq_core::ops::Math;
+use jaq_core::ops::{Cmp, Math};
 use jaq_core::path::{Part, Path};
 use jaq_core::{Ctx, DataT, Exn, Vars};
 use jaq_json::Val;
@@ -501,6 +501,44 @@ fn check_new(env: &Env, v: &Val) -> Result<(), i32> {
     charge(env, shallow_size(v))
 }
 
+/// Charges what comparing `l` with `r` may walk. Values share their parts (`.a = .`, `[., .]`), so
+/// two arrays or objects built in a few steps can stand for more JSON than the host has memory, and
+/// comparing them walks all of it: an equality walks at most the smaller, an ordering may walk both
+/// (it sorts each object's keys). That is charged against [`Limits::memory`] as if it were built,
+/// each walk stopping at what is left, so that comparisons cannot take longer than building would.
+/// Scalars, and values of different kinds, compare at once and cost nothing.
+fn charge_compare(env: &Env, op: Cmp, l: &Val, r: &Val) -> Result<(), i32> {
+    let containers = matches!((l, r), (Val::Arr(_), Val::Arr(_)) | (Val::Obj(_), Val::Obj(_)));
+    if !containers {
+        return Ok(());
+    }
+    let left = env.memory.get();
+    let cost = match op {
+        Cmp::Eq | Cmp::Ne => {
+            let sl = expanded_size(l, left);
+            match (sl, expanded_size(r, sl.unwrap_or(left))) {
+                (_, Some(b)) => b,
+                (Some(a), None) => a,
+                (None, None) => return Err(OUT_OF_MEMORY),
+            }
+        }
+        _ => {
+            let sl = expanded_size(l, left).ok_or(OUT_OF_MEMORY)?;
+            sl + expanded_size(r, left - sl).ok_or(OUT_OF_MEMORY)?
+        }
+    };
+    charge(env, cost)
+}
+
+/// Charges the size of an array or object that is about to be sorted or compared as a whole.
+fn charge_walk(env: &Env, v: &Val) -> Result<(), i32> {
+    if !matches!(v, Val::Arr(_) | Val::Obj(_)) {
+        return Ok(());
+    }
+    let size = expanded_size(v, env.memory.get()).ok_or(OUT_OF_MEMORY)?;
+    charge(env, size)
+}
+
 fn str_len(v: &Val) -> Option<usize> {
     match v {
         Val::TStr(s) | Val::BStr(s) => Some(s.len()),
@@ -754,6 +792,25 @@ fn natives() -> Vec<Fun<Data>> {
             Err(code) => box_once(Err(halt(cv.0.data(), code))),
         }
     }
+    fn compare(mut cv: jaq_core::Cv<Data>, op: Cmp) -> jaq_core::ValXs<Val> {
+        let r = cv.0.pop_var();
+        match charge_compare(cv.0.data(), op, &cv.1, &r) {
+            Ok(()) => bome(Ok(Val::from(op.run(&cv.1, &r)))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
+        }
+    }
+    let eq: Fun<Data> = run(("__eq", v(1), |cv| compare(cv, Cmp::Eq)));
+    let ne: Fun<Data> = run(("__ne", v(1), |cv| compare(cv, Cmp::Ne)));
+    let lt: Fun<Data> = run(("__lt", v(1), |cv| compare(cv, Cmp::Lt)));
+    let le: Fun<Data> = run(("__le", v(1), |cv| compare(cv, Cmp::Le)));
+    let gt: Fun<Data> = run(("__gt", v(1), |cv| compare(cv, Cmp::Gt)));
+    let ge: Fun<Data> = run(("__ge", v(1), |cv| compare(cv, Cmp::Ge)));
+    // `__sorted` goes before what sorts or groups its input, and after the keys of `sort_by(f)` and
+    // its kin: each is charged its size, as comparing it may walk all of it (see `compare_cost`).
+    let sorted: Fun<Data> = run(("__sorted", v(0), |cv| match charge_walk(cv.0.data(), &cv.1) {
+        Ok(()) => bome(Ok(cv.1)),
+        Err(code) => box_once(Err(halt(cv.0.data(), code))),
+    }));
     let add: Fun<Data> = run(("__add", v(1), |cv| math(cv, Math::Add)));
     let mul: Fun<Data> = run(("__mul", v(1), |cv| math(cv, Math::Mul)));
     let div: Fun<Data> = run(("__div", v(1), |cv| math(cv, Math::Div)));
@@ -809,7 +866,8 @@ fn natives() -> Vec<Fun<Data>> {
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([
-            tick, gate, fits, epoch, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex,
+            tick, gate, fits, epoch, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex, eq, ne,
+            lt, le, gt, ge, sorted,
         ])
         .collect()
 }
@@ -1128,7 +1186,7 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 Box::new(Term::Call("__sized", Vec::new())),
             ),
             (_, BinaryOp::Comma) => Term::BinOp(Box::new(comma_left(*l)), BinaryOp::Comma, b(r)),
-            (_, BinaryOp::Cmp(c)) => Term::BinOp(b(l), BinaryOp::Cmp(c), Box::new(gated(fuel_term(*r)))),
+            (_, BinaryOp::Cmp(c)) => cmp_term(fuel_term(*l), c, fuel_term(*r)),
             (_, op) => Term::BinOp(b(l), fuel_op(op), b(r)),
         },
         Term::Label(l, x) => Term::Label(l, b(x)),
@@ -1154,12 +1212,35 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
             els.map(b),
         ),
         Term::Call(f, args) => {
-            let call = Term::Call(f, args.into_iter().map(fuel_term).collect());
+            // What `sort_by(f)` and its kin compare is what `f` yields; `contains` and `indices`
+            // compare their argument with their input (see `charge_compare`).
+            let compares = matches!(
+                (f, args.len()),
+                (
+                    "sort_by" | "group_by" | "min_by_or_empty" | "max_by_or_empty" | "contains" | "indices",
+                    1
+                )
+            );
+            let args = args.into_iter().map(fuel_term);
+            let call = if compares {
+                let sorted = |a| {
+                    Term::BinOp(
+                        Box::new(a),
+                        BinaryOp::Pipe(None),
+                        Box::new(Term::Call("__sorted", Vec::new())),
+                    )
+                };
+                Term::Call(f, args.map(sorted).collect())
+            } else {
+                Term::Call(f, args.collect())
+            };
             // `tojson` writes its input out whole: only if that fits the string limit. `gmtime` and
-            // `strftime` take seconds only where jaq-std can multiply them.
+            // `strftime` take seconds only where jaq-std can multiply them. `sort`, `contains` and
+            // `indices` may walk their input whole.
             let guard = match f {
                 "tojson" => Some("__fits"),
                 "gmtime" | "strftime" => Some("__epoch"),
+                "sort" | "contains" | "indices" => Some("__sorted"),
                 _ => None,
             };
             let call = match guard {
@@ -1281,6 +1362,30 @@ fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
         pipe(l, None, Term::Call(name, vec![r]))
     } else {
         let r = pipe(Term::Var("$__in"), None, r);
+        pipe(
+            Term::Id,
+            Some(Pattern::Var("$__in")),
+            pipe(l, None, Term::Call(name, vec![r])),
+        )
+    }
+}
+
+/// `l cmp r` through our natives (`__eq(r)` and so on, built as [`math_term`] builds `l + r`), which
+/// charge what comparing two arrays or two objects walks before they compare (see [`compare_cost`]).
+fn cmp_term<'a>(l: Term<&'a str>, c: Cmp, r: Term<&'a str>) -> Term<&'a str> {
+    let name = match c {
+        Cmp::Eq => "__eq",
+        Cmp::Ne => "__ne",
+        Cmp::Lt => "__lt",
+        Cmp::Le => "__le",
+        Cmp::Gt => "__gt",
+        Cmp::Ge => "__ge",
+    };
+    let pipe = |a: Term<&'a str>, pat, b: Term<&'a str>| Term::BinOp(Box::new(a), BinaryOp::Pipe(pat), Box::new(b));
+    if closed(&r) {
+        pipe(l, None, Term::Call(name, vec![gated(r)]))
+    } else {
+        let r = gated(pipe(Term::Var("$__in"), None, r));
         pipe(
             Term::Id,
             Some(Pattern::Var("$__in")),
@@ -2038,8 +2143,9 @@ mod tests {
         assert_eq!(callable, ALLOWED, "every allowed function is built, and nothing else");
         assert_eq!(
             text(&internal),
-            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __epoch/0 __fits/0 __fromjson/0 __gate/0 __getp/1 __item/0 __json_depth/0 __matches/2 __mul/1 \
-             __regex_guard/1 __setp/2 __sized/0 __split_/2 __split_matches/2 __tick/0",
+            "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __epoch/0 __eq/1 __fits/0 __fromjson/0 __gate/0 __ge/1 \
+             __getp/1 __gt/1 __item/0 __json_depth/0 __le/1 __lt/1 __matches/2 __mul/1 __ne/1 __regex_guard/1 __setp/2 \
+             __sized/0 __sorted/0 __split_/2 __split_matches/2 __tick/0",
             "our own helpers (assignments, fuel, fromjson's depth check, checked sizes)"
         );
         assert!(

@@ -604,3 +604,70 @@ fn jsonata_nesting_cannot_hide_in_comments_regexes_or_backticks() {
         assert_eq!(eval_expression(expr, &states, &env).expect(expr), want, "{expr}");
     }
 }
+
+/// fuzz target jq_expression (non-sanitized build of 023a346, fork mode, two timeouts among 6.2
+/// million executions): `... .f=.f ... .+.+. > ..+.+. ...` took 11.6 s at the target's 4 MiB and
+/// 23.7 s at the default 64 MiB to stop. Values share their parts, so an array or object built in a
+/// few steps can stand for more JSON than the host has memory, and comparing two of them (`==`, `<`,
+/// and the sorts, groupings, `contains` and `indices`, which compare) walked all of it within one
+/// step of fuel. Such a walk is now charged against the memory limit before it runs.
+#[test]
+fn jq_comparisons_of_values_sharing_their_parts_are_charged_before_they_walk_them() {
+    use sm4c_runtime::{Expr, Limits};
+    let input = jq_target_input();
+    let limits = Limits {
+        fuel: 10_000,
+        memory: 4 << 20,
+        ..Limits::default()
+    };
+    // Each `big` is 2^40 ones written out, built in 40 steps; two of them are distinct but equal,
+    // so no comparison can stop early.
+    let big = "def big: reduce range(40) as $i ([1]; [., .]); def obj: reduce range(40) as $i ({}; {a: ., b: .}); ";
+    for code in [
+        "big == big",
+        "big != big",
+        "big < big",
+        "big >= big",
+        "obj == obj",
+        "obj <= obj",
+        "{x: big} == {x: big}",
+        "[big, big] | sort | length",
+        "[1, 2] | sort_by(big) | length",
+        "[1, 2] | group_by(big) | length",
+        "[1, 2] | unique_by(big) | length",
+        "[1, 2] | min_by(big)",
+        "[big, big] | max",
+        "[big, big] | unique | length",
+        "[big] | contains([big])",
+        "[big] | inside([big])",
+        "[big] | indices([big])",
+        "[big] | index([big])",
+        "[big, 1] | any(. == big)",
+        "[big] | all(. == big)",
+    ] {
+        let expr = Expr::compile(&format!("{big}{code}"), &[], limits).unwrap();
+        let err = expr.eval_json(&input).unwrap_err();
+        assert!(err.message.contains("would build more than"), "{code}: {err:?}");
+    }
+    // Comparisons of ordinary values keep jq's results, and jaq's order of a product's pairs.
+    for (code, want) in [
+        ("[(1, 2) < (2, 3)]", json!([true, true, false, true])),
+        (
+            "[.a == 1, .b != \"two\", .c < .c, .o >= .o, .c[5] == {d: [3, 4]}]",
+            json!([true, false, false, true, true]),
+        ),
+        ("[.c[] | select(. == 1 or . == \"x\")]", json!([1, "x"])),
+        ("[[3, 1], [2], [1, 5]] | sort", json!([[1, 5], [2], [3, 1]])),
+        ("[{k: 2}, {k: 1}] | sort_by(.k) | map(.k)", json!([1, 2])),
+        ("[1, 2, 1, 3] | group_by(. % 2)", json!([[2], [1, 1, 3]])),
+        ("[3, 1, 3] | unique", json!([1, 3])),
+        ("[{a: 1, b: [1, 2]}] | contains([{b: [2]}])", json!(true)),
+        ("[1, 2, 1, 2] | indices([1, 2])", json!([0, 2])),
+        (".c | index(\"x\")", json!(2)),
+        ("[.c | min, max]", json!([null, {"d": [3, 4]}])),
+        ("{a: 1} < {a: 1, b: 2}", json!(true)),
+    ] {
+        let expr = Expr::compile(code, &[], limits).unwrap();
+        assert_eq!(expr.eval_json(&input).ok(), Some(want), "{code}");
+    }
+}
