@@ -144,11 +144,6 @@ struct KafkaArgs {
     /// host name).
     #[arg(long, value_name = "URL", requires = "kafka")]
     advertise: Option<String>,
-    /// This worker's name in the group (Kafka's static membership, `group.instance.id`): restarted
-    /// under the same name within `session.timeout.ms`, it gets its partitions back (and reads
-    /// them from its --state-dir) while the other workers keep theirs. Unique per worker.
-    #[arg(long, value_name = "NAME", requires = "kafka")]
-    worker_name: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -764,11 +759,6 @@ fn serve_kafka(
     config.event_window_ms = park_ms as i64;
     config.max_parked = args.kafka.max_parked;
     config.cached_instances = args.kafka.cached_instances;
-    config.worker_name = args.kafka.worker_name.clone();
-    if config.worker_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
-        eprintln!("sm4c: --worker-name: a worker's name cannot be empty");
-        return Ok(ExitCode::from(2));
-    }
     config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {
         Ok(ms) => ms as i64,
         Err(e) => {

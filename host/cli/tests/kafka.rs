@@ -1015,7 +1015,27 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
         .filter(|l| l.contains("partition restored"))
         .collect();
     assert_eq!(restores.len(), 4, "{restores:#?}");
-    let field = log_field;
+    let field = |l: &str, name: &str| -> i64 {
+        // Without the log's colours: ESC [ ... m.
+        let mut plain = String::new();
+        let mut chars = l.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                plain.push(c);
+            }
+        }
+        plain
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {l}"))
+    };
     for l in &restores {
         assert!(field(l, "from") > 0, "not read from a checkpoint: {l}");
         assert!(field(l, "known") > 0, "nothing kept locally: {l}");
@@ -1070,146 +1090,6 @@ fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due()
     );
     assert_eq!(ids.len(), 15, "{ids:?}");
     assert!(ids.values().all(|c| *c == 1), "{ids:?}");
-}
-
-/// The value of `name=` in a worker's log line (its colours taken out).
-fn log_field(l: &str, name: &str) -> i64 {
-    // Without the log's colours: ESC [ ... m.
-    let mut plain = String::new();
-    let mut chars = l.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
-    plain
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {l}"))
-}
-
-/// The partitions a worker restored, from byte `from` of its log on.
-fn restored_partitions(w: &Worker, from: usize) -> Vec<i64> {
-    let log = std::fs::read_to_string(&w.log).expect("log");
-    let mut ps: Vec<i64> = log[from..]
-        .lines()
-        .filter(|l| l.contains("partition restored"))
-        .map(|l| log_field(l, "partition"))
-        .collect();
-    ps.sort_unstable();
-    ps
-}
-
-/// The partitions each worker owns, as its membership record says.
-fn member_partitions(w: &Worker) -> BTreeMap<String, Vec<i64>> {
-    let h = w.get("/members");
-    h["members"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .map(|m| {
-                    let mut ps: Vec<i64> = m["partitions"]
-                        .as_array()
-                        .map(|a| a.iter().filter_map(Value::as_i64).collect())
-                        .unwrap_or_default();
-                    ps.sort_unstable();
-                    (m["url"].as_str().unwrap_or_default().to_string(), ps)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Static membership (`--worker-name`, Kafka's `group.instance.id`): a worker SIGKILLed and
-/// restarted under its name gets its own partitions back and reads them from its local store's
-/// checkpoint, each time. Without a name it joins as a new member with a new random member id,
-/// and the range assignor, which orders members by id, gives it either half. (Apache Kafka also
-/// spares the other workers a rebalance, KIP-345; tansu compares a returning member's metadata
-/// bytes, which carry the partitions it owned, and rebalances the group, so the others restore
-/// theirs again: the same ones.)
-#[test]
-fn a_named_worker_restarted_after_sigkill_gets_its_own_partitions_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let broker = Broker::start(dir.path());
-    let prefix = "named";
-    let args = |name: &str| {
-        let state = dir.path().join(format!("state-{name}")).display().to_string();
-        worker_args(&broker, prefix, 4, &["--state-dir", &state])
-    };
-    let mut a = Worker::start(dir.path(), "a", &args("a"));
-    let b = Worker::start(dir.path(), "b", &args("b"));
-    wait_until(
-        "each worker to own two partitions",
-        90,
-        || a.owned() == 2 && b.owned() == 2 && members_seen(&a, &[&a, &b], 4),
-        &[&a, &b],
-    );
-    for i in 0..12 {
-        start(&a, "reminder", &format!("n{i}"), json!({"subject": format!("s{i}")}));
-    }
-    // A reminder waits 8 s for its acknowledgement, then is reminded.
-    let known = |w: &Worker, i: usize| matches!(state_of(w, &format!("n{i}")).as_str(), "Waiting" | "Reminded");
-    wait_until(
-        "the reminders to start",
-        60,
-        || (0..12).all(|i| known(&a, i)),
-        &[&a, &b],
-    );
-    let before = member_partitions(&a);
-    let (a_parts, b_parts) = (before[&a.base].clone(), before[&b.base].clone());
-    assert_eq!(a_parts.len(), 2, "{before:?}");
-    for round in 0..3 {
-        let b_log = std::fs::read_to_string(&b.log).expect("log").len();
-        a.kill9();
-        let a_log = std::fs::read_to_string(&a.log).expect("log").len();
-        a.run();
-        wait_until(
-            "the restarted worker to own two partitions again",
-            60,
-            || a.owned() == 2 && b.owned() == 2 && restored_partitions(&a, a_log).len() >= 2,
-            &[&a, &b],
-        );
-        // The same partitions, read on from the local store's checkpoint.
-        assert_eq!(restored_partitions(&a, a_log), a_parts, "round {round}");
-        let log = std::fs::read_to_string(&a.log).expect("log");
-        for l in log[a_log..].lines().filter(|l| l.contains("partition restored")) {
-            assert!(
-                log_field(l, "from") > 0,
-                "round {round}: not read from a checkpoint: {l}"
-            );
-        }
-        // The other worker has its own partitions, whatever it restored meanwhile.
-        let b_again = restored_partitions(&b, b_log);
-        assert!(b_again.is_empty() || b_again == b_parts, "round {round}: {b_again:?}");
-        assert_eq!(member_partitions(&b).get(&b.base), Some(&b_parts), "round {round}");
-    }
-    // Every instance is served, wherever it lives.
-    wait_until(
-        "every reminder to be reminded",
-        60,
-        || (0..12).all(|i| state_of(&b, &format!("n{i}")) == "Reminded"),
-        &[&a, &b],
-    );
-    // A name must not be empty.
-    let empty = Command::new(BIN)
-        .arg("serve")
-        .args(worker_args(&broker, prefix, 4, &["--worker-name", " "]))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .output()
-        .expect("run a worker with an empty name");
-    assert_eq!(empty.status.code(), Some(2), "{empty:?}");
-    assert!(
-        String::from_utf8_lossy(&empty.stderr).contains("--worker-name"),
-        "{empty:?}"
-    );
 }
 
 #[test]

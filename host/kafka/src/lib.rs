@@ -139,12 +139,6 @@ pub struct KafkaConfig {
     /// keeps local stores (default 10,000): the least recently used beyond that are read from the
     /// partition's store when a command, an event or a timer comes for them.
     pub cached_instances: usize,
-    /// This worker's name in the group (`group.instance.id`, static membership), or `None`. A
-    /// worker restarted under the same name within the group's `session.timeout.ms` gets its
-    /// partitions back without a rebalance: the other workers keep theirs, and its local stores
-    /// still hold what it owned. A worker that does not come back keeps its partitions until the
-    /// session times out. Each worker of a group needs its own name.
-    pub worker_name: Option<String>,
 }
 
 impl KafkaConfig {
@@ -166,7 +160,6 @@ impl KafkaConfig {
             retention_ms: 7 * 24 * 3_600_000,
             expression: sm4c_runtime::Limits::default(),
             cached_instances: 10_000,
-            worker_name: None,
         }
     }
 

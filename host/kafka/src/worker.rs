@@ -845,10 +845,6 @@ const MAX_BATCH: usize = 5_000;
 
 pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
     let mut config = shared.consumer_config(&shared.cfg.group);
-    // Static membership: only the consumer that joins the group has the worker's name.
-    if let Some(name) = &shared.cfg.worker_name {
-        config.set("group.instance.id", name);
-    }
     // librdkafka's statistics carry each partition's consumer lag, for the metrics (see Quiet).
     if config.get("statistics.interval.ms").is_none() {
         config.set("statistics.interval.ms", "5000");
