@@ -806,7 +806,7 @@ fn natives() -> Vec<Fun<Data>> {
     let gt: Fun<Data> = run(("__gt", v(1), |cv| compare(cv, Cmp::Gt)));
     let ge: Fun<Data> = run(("__ge", v(1), |cv| compare(cv, Cmp::Ge)));
     // `__sorted` goes before what sorts or groups its input, and after the keys of `sort_by(f)` and
-    // its kin: each is charged its size, as comparing it may walk all of it (see `compare_cost`).
+    // its kin: each is charged its size, as comparing it may walk all of it (see `charge_compare`).
     let sorted: Fun<Data> = run(("__sorted", v(0), |cv| match charge_walk(cv.0.data(), &cv.1) {
         Ok(()) => bome(Ok(cv.1)),
         Err(code) => box_once(Err(halt(cv.0.data(), code))),
@@ -1345,11 +1345,9 @@ fn checked(t: Term<&str>) -> Term<&str> {
     )
 }
 
-/// `l op r`, through our checked natives for the operations that can make values bigger. The
-/// native takes `l`'s output as its input, so that a value built up in `reduce` (`. + $x`) stays
-/// unshared and grows in place as with jaq's own operator; outputs come in jaq's order (each of
-/// `l`, then each of `r`). `r` runs on the original input: when it may read it, that input is
-/// bound first (`. as $__in | l | __add($__in | r)`).
+/// `l op r`, through our checked natives for the operations that can make values bigger (see
+/// [`native_pair`]): the native takes `l`'s output as its input, so that a value built up in
+/// `reduce` (`. + $x`) stays unshared and grows in place as with jaq's own operator.
 fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
     let name = match m {
         Math::Add => "__add",
@@ -1357,11 +1355,23 @@ fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
         Math::Div => "__div",
         Math::Sub | Math::Rem => return Term::BinOp(Box::new(l), BinaryOp::Math(m), Box::new(gated(r))),
     };
+    native_pair(l, name, r, |r| r)
+}
+
+/// `l | name(r)`: every value of `l` paired with every value of `r` through a native, in jaq's order
+/// (each of `l`, then each of `r`). `r` runs on the original input: when it may read it, that input
+/// is bound first (`. as $__in | l | name($__in | r)`). `arg` wraps what the native is given as `r`.
+fn native_pair<'a>(
+    l: Term<&'a str>,
+    name: &'a str,
+    r: Term<&'a str>,
+    arg: impl Fn(Term<&'a str>) -> Term<&'a str>,
+) -> Term<&'a str> {
     let pipe = |a: Term<&'a str>, pat, b: Term<&'a str>| Term::BinOp(Box::new(a), BinaryOp::Pipe(pat), Box::new(b));
     if closed(&r) {
-        pipe(l, None, Term::Call(name, vec![r]))
+        pipe(l, None, Term::Call(name, vec![arg(r)]))
     } else {
-        let r = pipe(Term::Var("$__in"), None, r);
+        let r = arg(pipe(Term::Var("$__in"), None, r));
         pipe(
             Term::Id,
             Some(Pattern::Var("$__in")),
@@ -1370,8 +1380,9 @@ fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
     }
 }
 
-/// `l cmp r` through our natives (`__eq(r)` and so on, built as [`math_term`] builds `l + r`), which
-/// charge what comparing two arrays or two objects walks before they compare (see [`compare_cost`]).
+/// `l cmp r` through our natives (`__eq(r)` and so on, paired as [`native_pair`] pairs them), which
+/// charge what comparing two arrays or two objects walks before they compare (see
+/// [`charge_compare`]). `r` is gated, as jaq's own comparison's was.
 fn cmp_term<'a>(l: Term<&'a str>, c: Cmp, r: Term<&'a str>) -> Term<&'a str> {
     let name = match c {
         Cmp::Eq => "__eq",
@@ -1381,17 +1392,7 @@ fn cmp_term<'a>(l: Term<&'a str>, c: Cmp, r: Term<&'a str>) -> Term<&'a str> {
         Cmp::Gt => "__gt",
         Cmp::Ge => "__ge",
     };
-    let pipe = |a: Term<&'a str>, pat, b: Term<&'a str>| Term::BinOp(Box::new(a), BinaryOp::Pipe(pat), Box::new(b));
-    if closed(&r) {
-        pipe(l, None, Term::Call(name, vec![gated(r)]))
-    } else {
-        let r = gated(pipe(Term::Var("$__in"), None, r));
-        pipe(
-            Term::Id,
-            Some(Pattern::Var("$__in")),
-            pipe(l, None, Term::Call(name, vec![r])),
-        )
-    }
+    native_pair(l, name, r, gated)
 }
 
 /// True when a term does not read its input (variables, literals, and what is built of them).
