@@ -326,11 +326,8 @@ fn allowed(name: &str, arity: usize) -> bool {
 }
 
 /// Definitions we add: sandboxed replacements, and `range/3` as a recursion that burns fuel.
-/// jaq-json's `fromjson` yields the values of a text and then, after the first error, errors
-/// without end (`"x" | fromjson` never ends where its errors are dropped, as in `l - r` with an `r`
-/// that yields nothing): `try` ends the stream at the first error, raised again.
 const OUR_DEFS: &str = r#"
-def fromjson: __json_depth | try __fromjson catch error(.);
+def fromjson: __json_depth | __fromjson;
 def matches(re; flags): __regex_guard(flags) | __matches(re; flags);
 def split_matches(re; flags): __regex_guard(flags) | __split_matches(re; flags);
 def split_(re; flags): __regex_guard(flags) | __split_(re; flags);
@@ -471,6 +468,41 @@ fn text_fits(env: &Env, v: &Val) -> Result<(), i32> {
     match std::fmt::write(&mut sink, format_args!("{v}")) {
         Ok(()) => Ok(()),
         Err(_) => Err(STRING_TOO_LONG),
+    }
+}
+
+/// An error `try` is about to catch, with a text (an error that is not a value) written within the
+/// string limit first; a longer text stops the evaluation.
+fn caught_text<'a>(env: &Env, exn: Exn<'a, Val>) -> Exn<'a, Val> {
+    let err = match exn.get_err() {
+        Ok(err) => err,
+        Err(other) => return other,
+    };
+    // jaq keeps an error made from a value (`error(v)`) as that value and the others as parts of a
+    // text; only its `Debug` tells them apart, and the start of it says which.
+    let mut start = TextStart(String::new());
+    let _ = std::fmt::write(&mut start, format_args!("{err:?}"));
+    if start.0.starts_with("Error(Val(") {
+        return Exn::from(err);
+    }
+    let mut sink = BoundedText(env.limits.max_string);
+    if std::fmt::write(&mut sink, format_args!("{err}")).is_err() {
+        return halt(env, STRING_TOO_LONG);
+    }
+    Exn::from(jaq_core::Error::new(Val::from(err.to_string())))
+}
+
+/// The first few bytes of a text, then a failure that ends the writing.
+struct TextStart(String);
+
+impl std::fmt::Write for TextStart {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = 16usize.saturating_sub(self.0.len());
+        self.0.extend(s.chars().take(room));
+        if self.0.len() >= 16 {
+            return Err(std::fmt::Error);
+        }
+        Ok(())
     }
 }
 
@@ -760,6 +792,36 @@ fn natives() -> Vec<Fun<Data>> {
         Ok(()) => Box::new(std::iter::empty()),
         Err(code) => box_once(Err(halt(cv.0.data(), code))),
     }));
+    // `__guard(f)` is `f`, with each error that is not a value (`cannot index [..] with "a"`) turned
+    // into its text before `try` catches it: jaq writes that text whole before a handler runs, and
+    // a value that shares its parts can stand for more text than the host has memory. Here it is
+    // written with the string limit as its bound first.
+    let guard: Fun<Data> = (
+        "__guard",
+        [jaq_core::Bind::Fun(())].into(),
+        jaq_core::Native::<Data>::new(|mut cv| {
+            let (f, fc) = cv.0.pop_fun();
+            let env: Env = cv.0.data().clone();
+            Box::new(f.run((fc, cv.1)).map(move |y| y.map_err(|e| caught_text(&env, e))))
+        })
+        .with_paths(|mut cv| {
+            let (f, fc) = cv.0.pop_fun();
+            let env: Env = fc.data().clone();
+            Box::new(f.paths((fc, cv.1)).map(move |y| y.map_err(|e| caught_text(&env, e))))
+        }),
+    );
+    // jq's `fromjson` reads one JSON value from a text, and errors on anything after it (so
+    // `"2024-01-01" | tonumber` is an error); jaq-json's reads a sequence of values.
+    let fromjson: Fun<Data> = run(("__fromjson", v(0), |cv| {
+        let bytes = match cv.1.try_as_utf8_bytes_owned() {
+            Ok(bytes) => bytes,
+            Err(e) => return bome(Err(e)),
+        };
+        bome(
+            jaq_json::read::parse_single(&bytes)
+                .map_err(|e| jaq_core::Error::str(format_args!("cannot parse {} as JSON: {e}", cv.1))),
+        )
+    }));
     let getp: Fun<Data> = run(("__getp", v(1), |mut cv| {
         let path = cv.0.pop_var();
         bome(crate::fast::get_path(&cv.1, &path).map_err(jaq_core::Error::str))
@@ -866,13 +928,13 @@ fn natives() -> Vec<Fun<Data>> {
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([
-            tick, gate, fits, epoch, caught_, dropped, getp, setp, add, mul, div, item, check, sized, regex, eq, ne,
-            lt, le, gt, ge, sorted,
+            tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, add, mul, div, item, check, sized,
+            regex, eq, ne, lt, le, gt, ge, sorted,
         ])
         .collect()
 }
 
-/// Every native jaq provides, jaq-json's `fromjson` renamed `__fromjson` (our `fromjson` wraps it).
+/// Every native jaq provides, `matches` and the like renamed (our definitions wrap them).
 fn jaq_natives() -> impl Iterator<Item = Fun<Data>> {
     jaq_core::funs::<Data>()
         .chain(jaq_std::funs::<Data>())
@@ -885,14 +947,13 @@ fn jaq_natives() -> impl Iterator<Item = Fun<Data>> {
 
 /// jaq natives our definitions wrap, under the names the wrappers call.
 const RENAMED: &[(&str, &str)] = &[
-    ("fromjson", "__fromjson"),
     ("matches", "__matches"),
     ("split_matches", "__split_matches"),
     ("split_", "__split_"),
 ];
 
 /// The natives the sandbox takes from `natives`: those on [`ALLOWED`] that [`OUR_DEFS`] does not
-/// replace, and `__fromjson`.
+/// replace, and the ones [`RENAMED`] names.
 #[cfg(test)]
 fn admitted_natives(natives: impl Iterator<Item = Fun<Data>>) -> impl Iterator<Item = Fun<Data>> {
     natives.filter(|(name, args, _)| admitted(name, args.len()))
@@ -1202,7 +1263,10 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                 Some(c) => Term::BinOp(caught("__caught"), BinaryOp::Pipe(None), b(c)),
                 None => *caught("__dropped"),
             };
-            Term::TryCatch(b(t), Some(Box::new(handler)))
+            Term::TryCatch(
+                Box::new(Term::Call("__guard", vec![fuel_term(*t)])),
+                Some(Box::new(handler)),
+            )
         }
         Term::IfThenElse(branches, els) => Term::IfThenElse(
             branches
@@ -1266,7 +1330,13 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
                         .into_iter()
                         .map(|(part, opt)| {
                             let part = match part {
-                                Part::Index(i) => Part::Index(gated(fuel_term(i))),
+                                // An array key (`.[[1, 2]]`) finds where it occurs, comparing
+                                // its elements like `indices`: charged like its argument.
+                                Part::Index(i) => Part::Index(Term::BinOp(
+                                    Box::new(gated(fuel_term(i))),
+                                    BinaryOp::Pipe(None),
+                                    Box::new(Term::Call("__sorted", Vec::new())),
+                                )),
                                 Part::Range(f, t) => {
                                     Part::Range(f.map(|f| gated(fuel_term(f))), t.map(|t| gated(fuel_term(t))))
                                 }
@@ -2145,9 +2215,9 @@ mod tests {
         assert_eq!(
             text(&internal),
             "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __epoch/0 __eq/1 __fits/0 __fromjson/0 __gate/0 __ge/1 \
-             __getp/1 __gt/1 __item/0 __json_depth/0 __le/1 __lt/1 __matches/2 __mul/1 __ne/1 __regex_guard/1 __setp/2 \
+             __getp/1 __gt/1 __guard/1 __item/0 __json_depth/0 __le/1 __lt/1 __matches/2 __mul/1 __ne/1 __regex_guard/1 __setp/2 \
              __sized/0 __sorted/0 __split_/2 __split_matches/2 __tick/0",
-            "our own helpers (assignments, fuel, fromjson's depth check, checked sizes)"
+            "our own helpers (assignments, fuel, fromjson and its depth check, caught errors, checked sizes)"
         );
         assert!(
             ALLOWED.windows(2).all(|w| w[0] < w[1]),
