@@ -531,8 +531,15 @@ fn read_topic(broker: &Broker, topic: &str) -> Vec<Record> {
     let (c, n) = from_beginning(broker, topic, "read_committed");
     let mut out = Vec::new();
     let mut eof = std::collections::HashSet::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while eof.len() < n && Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while eof.len() < n {
+        // A read cut short would look like lost records to the test that asked.
+        assert!(
+            Instant::now() < deadline,
+            "reading {topic}: {} of {n} partitions reached their end in 120 s ({} records read)",
+            eof.len(),
+            out.len()
+        );
         match c.poll(Duration::from_millis(500)) {
             Some(Ok(m)) => {
                 let mut h = HashMap::new();
