@@ -873,6 +873,19 @@ fn natives() -> Vec<Fun<Data>> {
         Ok(()) => bome(Ok(cv.1)),
         Err(code) => box_once(Err(halt(cv.0.data(), code))),
     }));
+    // `__keyed(k)` is `k`, with its input and `k` charged like `indices`' when `k` is an array: an
+    // array key (`has([1, 2])`, `.[[1, 2]]`) finds where it occurs in its input, comparing element by
+    // element; any other key passes free.
+    let keyed: Fun<Data> = run(("__keyed", v(1), |mut cv| {
+        let key = cv.0.pop_var();
+        if matches!(key, Val::Arr(_)) {
+            let charged = charge_walk(cv.0.data(), &cv.1).and_then(|()| charge_walk(cv.0.data(), &key));
+            if let Err(code) = charged {
+                return box_once(Err(halt(cv.0.data(), code)));
+            }
+        }
+        bome(Ok(key))
+    }));
     let add: Fun<Data> = run(("__add", v(1), |cv| math(cv, Math::Add)));
     let mul: Fun<Data> = run(("__mul", v(1), |cv| math(cv, Math::Mul)));
     let div: Fun<Data> = run(("__div", v(1), |cv| math(cv, Math::Div)));
@@ -928,8 +941,8 @@ fn natives() -> Vec<Fun<Data>> {
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([
-            tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, add, mul, div, item, check, sized,
-            regex, eq, ne, lt, le, gt, ge, sorted,
+            tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, keyed, add, mul, div, item, check,
+            sized, regex, eq, ne, lt, le, gt, ge, sorted,
         ])
         .collect()
 }
@@ -1276,17 +1289,20 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
             els.map(b),
         ),
         Term::Call(f, args) => {
-            // What `sort_by(f)` and its kin compare is what `f` yields; `contains` and `indices`
-            // compare their argument with their input (see `charge_compare`).
+            // What `sort_by(f)` and its kin compare is what `f` yields; `contains`, `indices` and
+            // `bsearch` compare their argument with their input (see `charge_compare`); `has` only
+            // when its key is an array.
             let compares = matches!(
                 (f, args.len()),
                 (
-                    "sort_by" | "group_by" | "min_by_or_empty" | "max_by_or_empty" | "contains" | "indices",
+                    "sort_by" | "group_by" | "min_by_or_empty" | "max_by_or_empty" | "contains" | "indices" | "bsearch",
                     1
                 )
             );
             let args = args.into_iter().map(fuel_term);
-            let call = if compares {
+            let call = if (f, args.len()) == ("has", 1) {
+                Term::Call(f, args.map(|k| Term::Call("__keyed", vec![k])).collect())
+            } else if compares {
                 let sorted = |a| {
                     Term::BinOp(
                         Box::new(a),
@@ -1323,15 +1339,21 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         }
         Term::Path(x, Path(parts)) => {
             let iterates = parts.iter().any(|(part, _)| matches!(part, Part::Range(None, None)));
+            // An array key (`.[[1, 2]]`) finds where it occurs, comparing element by element like
+            // `indices`: the key is charged, and so is the indexed value where the key sees it
+            // (`.[k]`: the key's input is the value indexed; in `x[k]` it is not).
+            let first_on_input = matches!(*x, Term::Id);
             let path = Term::Path(
                 b(x),
                 Path(
                     parts
                         .into_iter()
-                        .map(|(part, opt)| {
+                        .enumerate()
+                        .map(|(n, (part, opt))| {
                             let part = match part {
-                                // An array key (`.[[1, 2]]`) finds where it occurs, comparing
-                                // its elements like `indices`: charged like its argument.
+                                Part::Index(i) if n == 0 && first_on_input => {
+                                    Part::Index(Term::Call("__keyed", vec![gated(fuel_term(i))]))
+                                }
                                 Part::Index(i) => Part::Index(Term::BinOp(
                                     Box::new(gated(fuel_term(i))),
                                     BinaryOp::Pipe(None),
@@ -2215,7 +2237,7 @@ mod tests {
         assert_eq!(
             text(&internal),
             "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __epoch/0 __eq/1 __fits/0 __fromjson/0 __gate/0 __ge/1 \
-             __getp/1 __gt/1 __guard/1 __item/0 __json_depth/0 __le/1 __lt/1 __matches/2 __mul/1 __ne/1 __regex_guard/1 __setp/2 \
+             __getp/1 __gt/1 __guard/1 __item/0 __json_depth/0 __keyed/1 __le/1 __lt/1 __matches/2 __mul/1 __ne/1 __regex_guard/1 __setp/2 \
              __sized/0 __sorted/0 __split_/2 __split_matches/2 __tick/0",
             "our own helpers (assignments, fuel, fromjson and its depth check, caught errors, checked sizes)"
         );

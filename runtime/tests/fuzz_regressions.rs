@@ -647,6 +647,12 @@ fn jq_comparisons_of_values_sharing_their_parts_are_charged_before_they_walk_the
         "[big, 1] | any(. == big)",
         "[big] | all(. == big)",
         "big | .[big]",
+        "big | .[[big[0]]]",
+        "big | has(big)",
+        "big | bsearch(big[0])",
+        // The key is small and the input is not: 4,096 copies of a 65,536-element value.
+        "(reduce range(16) as $i ([1]; [., .])) as $x | [range(4096) | $x] | .[[$x]]",
+        "(reduce range(16) as $i ([1]; [., .])) as $x | [range(4096) | $x] | has([$x])",
     ] {
         let expr = Expr::compile(&format!("{big}{code}"), &[], limits).unwrap();
         let err = expr.eval_json(&input).unwrap_err();
@@ -670,6 +676,12 @@ fn jq_comparisons_of_values_sharing_their_parts_are_charged_before_they_walk_the
         ("[.c | min, max]", json!([null, {"d": [3, 4]}])),
         ("{a: 1} < {a: 1, b: 2}", json!(true)),
         ("[1, 2, 1, 2] | .[[1, 2]]", json!([0, 2])),
+        ("{x: [1, 2, 1]} | .x[[1]]", json!([0, 2])),
+        (
+            "[has(\"a\"), has(\"z\"), (.c | has(5), has(6))]",
+            json!([true, false, true, false]),
+        ),
+        ("[1, 2, 3] | [bsearch(2, 4)]", json!([1, -4])),
     ] {
         let expr = Expr::compile(code, &[], limits).unwrap();
         assert_eq!(expr.eval_json(&input).ok(), Some(want), "{code}");
