@@ -612,6 +612,12 @@ fn checked_math(env: &Env, op: Math, l: Val, r: Val) -> Result<Result<Val, jaq_c
             charge(env, total)?;
             return Ok(op.run(l, r));
         }
+        // `l * r` of two objects merges them deeply, down every key where both hold an object: it
+        // walks at most the smaller, and builds anew what it walks. `l - r` of two arrays compares
+        // every element of `l` with those of `r`. Both are charged like comparisons first: values
+        // that share their parts stand for more than the host has memory.
+        (Math::Mul, Val::Obj(_), Val::Obj(_)) => charge_compare(env, Cmp::Eq, &l, &r)?,
+        (Math::Sub, Val::Arr(_), Val::Arr(_)) => charge_compare(env, Cmp::Lt, &l, &r)?,
         (Math::Div, Val::TStr(a), Val::TStr(b)) | (Math::Div, Val::BStr(a), Val::BStr(b)) => {
             let pieces = split_count(a, b) as u64;
             if pieces > limits.max_items as u64 {
@@ -626,7 +632,7 @@ fn checked_math(env: &Env, op: Math, l: Val, r: Val) -> Result<Result<Val, jaq_c
     if let Ok(v) = &out {
         check_size(env, v)?;
         let grown = match op {
-            Math::Add => shallow_size(v).saturating_sub(before),
+            Math::Add | Math::Sub => shallow_size(v).saturating_sub(before),
             _ => shallow_size(v),
         };
         charge(env, grown)?;
@@ -889,6 +895,7 @@ fn natives() -> Vec<Fun<Data>> {
     let add: Fun<Data> = run(("__add", v(1), |cv| math(cv, Math::Add)));
     let mul: Fun<Data> = run(("__mul", v(1), |cv| math(cv, Math::Mul)));
     let div: Fun<Data> = run(("__div", v(1), |cv| math(cv, Math::Div)));
+    let sub: Fun<Data> = run(("__sub", v(1), |cv| math(cv, Math::Sub)));
     // `[f]` collects `f | __item`: every element counts before the array holds it.
     let item: Fun<Data> = run(("__item", v(0), |cv| match charge(cv.0.data(), VAL_BYTES) {
         Ok(()) => bome(Ok(cv.1)),
@@ -941,8 +948,8 @@ fn natives() -> Vec<Fun<Data>> {
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .chain([depth])
         .chain([
-            tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, keyed, add, mul, div, item, check,
-            sized, regex, eq, ne, lt, le, gt, ge, sorted,
+            tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, keyed, add, mul, div, sub, item,
+            check, sized, regex, eq, ne, lt, le, gt, ge, sorted,
         ])
         .collect()
 }
@@ -1445,7 +1452,8 @@ fn math_term<'a>(l: Term<&'a str>, m: Math, r: Term<&'a str>) -> Term<&'a str> {
         Math::Add => "__add",
         Math::Mul => "__mul",
         Math::Div => "__div",
-        Math::Sub | Math::Rem => return Term::BinOp(Box::new(l), BinaryOp::Math(m), Box::new(gated(r))),
+        Math::Sub => "__sub",
+        Math::Rem => return Term::BinOp(Box::new(l), BinaryOp::Math(m), Box::new(gated(r))),
     };
     native_pair(l, name, r, |r| r)
 }
@@ -2238,7 +2246,7 @@ mod tests {
             text(&internal),
             "__add/1 __caught/0 __check/0 __div/1 __dropped/0 __epoch/0 __eq/1 __fits/0 __fromjson/0 __gate/0 __ge/1 \
              __getp/1 __gt/1 __guard/1 __item/0 __json_depth/0 __keyed/1 __le/1 __lt/1 __matches/2 __mul/1 __ne/1 __regex_guard/1 __setp/2 \
-             __sized/0 __sorted/0 __split_/2 __split_matches/2 __tick/0",
+             __sized/0 __sorted/0 __split_/2 __split_matches/2 __sub/1 __tick/0",
             "our own helpers (assignments, fuel, fromjson and its depth check, caught errors, checked sizes)"
         );
         assert!(
