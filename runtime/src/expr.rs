@@ -882,13 +882,16 @@ fn natives() -> Vec<Fun<Data>> {
     // `__keyed(k)` is `k`, with its input and `k` charged like `indices`' when `k` is an array: an
     // array key (`has([1, 2])`, `.[[1, 2]]`) finds where it occurs in its input, comparing element by
     // element; any other key passes free.
+    // An object key is charged too, as every key was before `__keyed`: jaq names it in the error it
+    // raises, and a fuzz input (`... .[..] ...`) looped without end on object keys that were free.
     let keyed: Fun<Data> = run(("__keyed", v(1), |mut cv| {
         let key = cv.0.pop_var();
-        if matches!(key, Val::Arr(_)) {
-            let charged = charge_walk(cv.0.data(), &cv.1).and_then(|()| charge_walk(cv.0.data(), &key));
-            if let Err(code) = charged {
-                return box_once(Err(halt(cv.0.data(), code)));
-            }
+        let input = match key {
+            Val::Arr(_) => charge_walk(cv.0.data(), &cv.1),
+            _ => Ok(()),
+        };
+        if let Err(code) = input.and_then(|()| charge_walk(cv.0.data(), &key)) {
+            return box_once(Err(halt(cv.0.data(), code)));
         }
         bome(Ok(key))
     }));
