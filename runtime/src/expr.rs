@@ -485,11 +485,22 @@ fn caught_text<'a>(env: &Env, exn: Exn<'a, Val>) -> Exn<'a, Val> {
     if start.0.starts_with("Error(Val(") {
         return Exn::from(err);
     }
-    let mut sink = BoundedText(env.limits.max_string);
-    if std::fmt::write(&mut sink, format_args!("{err}")).is_err() {
+    let mut text = CappedText(String::new(), env.limits.max_string);
+    if std::fmt::write(&mut text, format_args!("{err}")).is_err() {
         return halt(env, STRING_TOO_LONG);
     }
-    Exn::from(jaq_core::Error::new(Val::from(err.to_string())))
+    Exn::from(jaq_core::Error::new(Val::from(text.0)))
+}
+
+/// A text written once, failing once more than its bytes would be written.
+struct CappedText(String, usize);
+
+impl std::fmt::Write for CappedText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.1 = self.1.checked_sub(s.len()).ok_or(std::fmt::Error)?;
+        self.0.push_str(s);
+        Ok(())
+    }
 }
 
 /// The first few bytes of a text, then a failure that ends the writing.
