@@ -153,7 +153,11 @@ async function instancesPage(r, seq) {
   $("#f-definition").addEventListener("change", apply);
 
   let pages = 1;
+  // Reads overlap (a refresh on reconnecting, the live stream's changes): only the latest one
+  // started may render, or a slow older read would put back a list without the newest rows.
+  let loads = 0;
   const load = async (flash = new Set()) => {
+    const mine = ++loads;
     let rows = [], next = null, before = "", scanned = 0;
     for (let i = 0; i < pages; i++) {
       const p = new URLSearchParams(scan ? {} : { limit: "100" });
@@ -167,7 +171,7 @@ async function instancesPage(r, seq) {
       if (!next) break;
       before = next;
     }
-    if (seq !== renderSeq) return;
+    if (seq !== renderSeq || mine !== loads) return;
     const box = $("#rows");
     const more = next ? ` · <button id="more" type="button">${scan ? "Search further (older)" : "Load 100 older"}</button>` : "";
     const filtered = FILTERS.some(k => f[k]);
@@ -204,9 +208,15 @@ async function instancesPage(r, seq) {
 
 async function instancePage(r, seq) {
   const id = r.rest;
+  // Whether the cancel confirmation is showing: a refresh (the live stream, the periodic re-read)
+  // re-renders the page and must not take the question away while the user answers it.
+  let confirming = false;
+  // As on the list: only the latest read started may render.
+  let reads = 0;
   const render = async () => {
+    const mine = ++reads;
     const v = await api("/ui/api/instance?id=" + encodeURIComponent(id));
-    if (seq !== renderSeq) return;
+    if (seq !== renderSeq || mine !== reads) return;
     const i = v.instance;
     const open = !FINAL.has(i.status);
     current.ended = !open && v.children.every(c => FINAL.has(c.status));
@@ -248,8 +258,11 @@ async function instancePage(r, seq) {
         </div>
       </div>`;
     for (const d of view.querySelectorAll("details[data-key]")) if (openDetails.has(d.dataset.key)) d.open = true;
+    const answered = () => { confirming = false; return render(); };
     const cancel = $("#cancel");
-    if (cancel) cancel.addEventListener("click", () => confirmCancel(i.id, render));
+    if (cancel && confirming) confirmCancel(i.id, answered, false);
+    else if (cancel) cancel.addEventListener("click", () => { confirming = true; confirmCancel(i.id, answered, true); });
+    if (!cancel) confirming = false;
     for (const how of ["resume", "step"]) {
       const b = $("#" + how);
       if (b) b.addEventListener("click", async () => {
@@ -272,7 +285,7 @@ async function instancePage(r, seq) {
   };
 }
 
-function confirmCancel(id, after) {
+function confirmCancel(id, after, focus) {
   const box = $("#cancel-box");
   box.innerHTML = `Cancel ${esc(id)}? <button type="button" id="cancel-yes" class="danger">Yes, cancel it</button> <button type="button" id="cancel-no">No</button>`;
   $("#cancel-no").addEventListener("click", () => after());
@@ -283,7 +296,7 @@ function confirmCancel(id, after) {
       await after();
     } catch (e) { banner(explainError(e)); }
   });
-  $("#cancel-no").focus();
+  if (focus) $("#cancel-no").focus();
 }
 
 function waitingPanel(i, w) {

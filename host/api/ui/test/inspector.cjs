@@ -273,6 +273,10 @@ async function main() {
     await page.waitForSelector('h1 .badge[data-status="waiting"]', { timeout: LIVE });
     ok(true, "an instance started from the page is shown, waiting");
     await page.click("#cancel");
+    await page.waitForSelector("#cancel-yes");
+    // A refresh (the live stream, the 10 s re-read) re-renders the page: the question must stay.
+    await page.evaluate(() => current.refresh());
+    ok(await page.isVisible("#cancel-yes"), "the cancel question stays on the page through a refresh");
     await page.click("#cancel-yes");
     await page.waitForSelector('h1 .badge[data-status="cancelled"]', { timeout: LIVE });
     ok((await call(s, "GET", "/instances/o-4")).status === "cancelled", "cancel from the page cancels the instance");
