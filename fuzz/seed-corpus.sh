@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds each fuzz target's seed corpus in fuzz/corpus/<target>/ (not committed; see .gitignore) from the
 # repository's own definitions and tests: samples/, bench/counter/, host/cli/tests/data/ and the strings of
-# runtime/tests/*.rs; kafka_records and store_records also from the records their built targets write. When the shared conformance and reference definitions sit beside the repository
+# runtime/tests/*.rs; kafka_records and store_records (and store_reads, which reads the same input) also from the records their
+# built targets write. When the shared conformance and reference definitions sit beside the repository
 # (../shared/conformance/asl, ../shared/reference/sm4c), they are read too, at run time only.
 # Usage: fuzz/seed-corpus.sh [corpus-dir]   (default fuzz/corpus)
 set -euo pipefail
@@ -13,7 +14,7 @@ import glob, hashlib, json, os, re, sys
 
 root, out = sys.argv[1], sys.argv[2]
 targets = ["load_definition", "asl_execution", "asl_paths_intrinsics", "jq_expression", "timespan", "cloudevent_http",
-           "kafka_records", "store_records"]
+           "kafka_records", "store_records", "store_reads"]
 for t in targets:
     os.makedirs(os.path.join(out, t), exist_ok=True)
 counts = dict.fromkeys(targets, 0)
@@ -155,6 +156,7 @@ put("kafka_records", b"\x02\x00tally/events/0/7")
 # The store (store_records: NUL-separated row texts): the repository's definitions as the definition row.
 for f, doc, raw in definitions:
     put("store_records", raw.replace(b"\0", b"") + b"\0\0\0\0[]")
+    put("store_reads", raw.replace(b"\0", b"") + b"\0\0\0\0[]")
 
 for t in targets:
     print(f"{t}: {counts[t]} new seeds, {len(os.listdir(os.path.join(out, t)))} in {os.path.join(out, t)}")
@@ -177,3 +179,5 @@ for t in kafka_records store_records; do
   fi
 done
 rm -f "$one"
+# store_reads reads the same input as store_records: it starts from the same seeds.
+cp -n "$out"/store_records/* "$out/store_reads/" 2>/dev/null || true
