@@ -16,8 +16,11 @@
 //! (`range/3` is redefined recursively for this reason). Each value of `l, r`, of `..` and of an
 //! iteration (`.[]`) burns one unit too: without loops, their products (`$a[] + $a[] + $a[]`) yield a
 //! number of values exponential in the length of the expression. When the fuel runs out the evaluation stops
-//! with an error that `try` cannot catch. Fuel is deterministic: the same expression on the same
+//! with an error that `try` cannot catch. `contains` and `indices`, whose comparisons grow with the
+//! product of their operands' sizes, burn one unit for every 64 they make (`metered`). Fuel is deterministic: the same expression on the same
 //! input stops at the same point on every machine and in every replay, unlike a wall-clock limit.
+
+mod metered;
 
 use crate::json::{from_val, to_val};
 use jaq_core::box_iter::box_once;
@@ -722,6 +725,20 @@ fn halted(env: &Env) -> Option<i32> {
     env.halted.get()
 }
 
+/// Burns `n` units of fuel at once (all that is left when that is fewer, then the halt code).
+fn burn_n(env: &Env, n: u64) -> Result<(), i32> {
+    match env.fuel.get().checked_sub(n) {
+        Some(left) => {
+            env.fuel.set(left);
+            Ok(())
+        }
+        None => {
+            env.fuel.set(0);
+            Err(OUT_OF_FUEL)
+        }
+    }
+}
+
 /// Burns one unit of fuel; the halt code when fuel or stack is exhausted.
 fn burn(env: &Env) -> Result<(), i32> {
     if stack_address().abs_diff(env.base) > env.stack_bytes {
@@ -906,6 +923,22 @@ fn natives() -> Vec<Fun<Data>> {
         }
         bome(Ok(key))
     }));
+    // `contains` and `indices` pay fuel for the comparisons they make (see `metered`).
+    let contains: Fun<Data> = run(("contains", v(1), |mut cv| {
+        let r = cv.0.pop_var();
+        match metered::contains(cv.0.data(), &cv.1, &r) {
+            Ok(b) => bome(Ok(Val::from(b))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
+        }
+    }));
+    let indices: Fun<Data> = run(("indices", v(1), |mut cv| {
+        let y = cv.0.pop_var();
+        match metered::indices(cv.0.data(), &cv.1, &y) {
+            Ok(Some(found)) => bome(Ok(found.into_iter().map(|i| Val::from(i as isize)).collect())),
+            Ok(None) => bome(Err(jaq_core::Error::index(cv.1, y))),
+            Err(code) => box_once(Err(halt(cv.0.data(), code))),
+        }
+    }));
     let add: Fun<Data> = run(("__add", v(1), |cv| math(cv, Math::Add)));
     let mul: Fun<Data> = run(("__mul", v(1), |cv| math(cv, Math::Mul)));
     let div: Fun<Data> = run(("__div", v(1), |cv| math(cv, Math::Div)));
@@ -960,10 +993,11 @@ fn natives() -> Vec<Fun<Data>> {
     jaq_natives()
         .zip(admitted)
         .filter_map(|(f, &admitted)| admitted.then_some(f))
+        .filter(|(name, args, _)| !METERED.contains(&(*name, args.len())))
         .chain([depth])
         .chain([
             tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, keyed, add, mul, div, sub, item,
-            check, sized, regex, eq, ne, lt, le, gt, ge, sorted,
+            check, sized, regex, eq, ne, lt, le, gt, ge, sorted, contains, indices,
         ])
         .collect()
 }
@@ -978,6 +1012,9 @@ fn jaq_natives() -> impl Iterator<Item = Fun<Data>> {
             None => (name, args, f),
         })
 }
+
+/// jaq natives replaced by our own (`metered`), which give the same results and pay for their work.
+const METERED: &[(&str, usize)] = &[("contains", 1), ("indices", 1)];
 
 /// jaq natives our definitions wrap, under the names the wrappers call.
 const RENAMED: &[(&str, &str)] = &[
@@ -2495,6 +2532,72 @@ mod tests {
             let err = e.eval_json(&json!(0)).unwrap_err();
             assert!(err.out_of_fuel, "{code}: {err:?}");
         }
+    }
+
+    /// `contains` and `indices` compare the pairs of their operands' parts: jaq's took 4 s for
+    /// `[range(30000)] | contains(reverse)` at the default limits, inside one call that burnt no
+    /// fuel (and the host's deciding loop waited). Ours pay for their comparisons and keep jq's
+    /// results.
+    #[test]
+    fn contains_and_indices_pay_for_their_comparisons() {
+        let limits = Limits {
+            fuel: 100_000,
+            ..Limits::default()
+        };
+        for code in [
+            "[range(5000)] | contains(reverse)",
+            "[range(5000)] | inside(reverse)",
+            "[[range(5000)]] | contains([[range(5000)] | reverse])",
+            "{a: [range(5000)]} | contains({a: ([range(5000)] | reverse)})",
+            "(\"a\" * 200000) | indices(\"a\" * 100000)",
+            "(\"a\" * 200000) | index(\"a\" * 100000)",
+            "(\"a\" * 200000 | tobytes) | indices(\"a\" * 100000 | tobytes)",
+            "[range(20000) | 0] as $a | $a | indices($a[:10000])",
+        ] {
+            let e = Expr::compile(code, &[], limits).unwrap();
+            match e.eval_json(&json!(null)) {
+                Err(err) => assert!(err.out_of_fuel, "{code}: {err:?}"),
+                Ok(_) => panic!("{code}: a value, not the end of the fuel"),
+            }
+        }
+        // Every index found is charged before the array holds it.
+        let e = Expr::compile("(\"a\" * 5000000) | indices(\"a\") | length", &[], limits).unwrap();
+        let err = e.eval_json(&json!(null)).unwrap_err();
+        assert!(err.message.contains("would build more than"), "{err:?}");
+        // jq's results (the examples of jq's manual among them), for text, bytes, arrays, objects
+        // and scalars, in jaq's order; and the same work at a smaller size fits.
+        for (code, want) in [
+            ("\"foobar\" | contains(\"bar\")", json!(true)),
+            ("[\"foobar\", \"foobaz\", \"blarp\"] | contains([\"baz\", \"bar\"])", json!(true)),
+            ("[\"foobar\", \"foobaz\", \"blarp\"] | contains([\"bazzzzz\", \"bar\"])", json!(false)),
+            (
+                "{foo: 12, bar: [1, 2, {barp: 12, blip: 13}]} | [contains({foo: 12, bar: [{barp: 12}]}), contains({foo: 12, bar: [{barp: 15}]})]",
+                json!([true, false]),
+            ),
+            ("[1 | contains(1), contains(\"1\"), contains(null)]", json!([true, false, false])),
+            ("[{} | contains({}), ([] | contains([])), ([1] | contains([]))]", json!([true, true, true])),
+            ("[\"bar\" | inside(\"foobar\"), inside(\"baz\")]", json!([true, false])),
+            ("\"a,b, cd, efg\" | indices(\", \")", json!([3, 7])),
+            ("[0, 1, 2, 1, 3, 1, 4] | indices(1)", json!([1, 3, 5])),
+            ("[0, 1, 2, 3, 1, 4, 2, 5, 1, 2, 6, 7] | indices([1, 2])", json!([1, 8])),
+            ("\"aaa\" | indices(\"aa\")", json!([0, 1])),
+            // Characters of text, bytes of a byte string.
+            ("\"\u{e9}o\u{f6}o\" | indices(\"o\")", json!([1, 3])),
+            ("\"\u{e9}o\u{f6}o\" | tobytes | indices(\"o\" | tobytes)", json!([2, 5])),
+            ("[\"x\" | indices(\"\"), ([1] | indices([])), (\"ab\" | indices(\"abc\"))]", json!([[], [], []])),
+            ("\"a,b, cd, efg\" | [index(\", \"), rindex(\", \")]", json!([3, 7])),
+            ("[range(2000)] | contains([range(2000)])", json!(true)),
+            ("(\"ab\" * 1000) | indices(\"ab\" * 999)", json!([0, 2])),
+            ("[range(300) | 0] | indices([range(100) | 0]) | length", json!(201)),
+            ("\"abc\" | tobytes | indices(\"bc\" | tobytes)", json!([1])),
+        ] {
+            let e = Expr::compile(code, &[], Limits::default()).unwrap();
+            assert_eq!(e.eval_json(&json!(null)).unwrap(), want, "{code}");
+        }
+        // What is not text, bytes or an array is jaq's error.
+        let e = Expr::compile("{} | indices(1)", &[], Limits::default()).unwrap();
+        let err = e.eval_json(&json!(null)).unwrap_err();
+        assert!(err.message.contains("cannot index"), "{err:?}");
     }
 
     /// Builds too big for the limits stop the evaluation, before they allocate where they can,
