@@ -17,8 +17,9 @@
 //! iteration (`.[]`) burns one unit too: without loops, their products (`$a[] + $a[] + $a[]`) yield a
 //! number of values exponential in the length of the expression. When the fuel runs out the evaluation stops
 //! with an error that `try` cannot catch. `contains` and `indices`, whose comparisons grow with the
-//! product of their operands' sizes, burn one unit for every 64 they make (`metered`). Fuel is deterministic: the same expression on the same
-//! input stops at the same point on every machine and in every replay, unlike a wall-clock limit.
+//! product of their operands' sizes, burn one unit for every 64 they make (`metered`). Fuel is
+//! deterministic: the same expression on the same input stops at the same point on every machine
+//! and in every replay, unlike a wall-clock limit.
 
 mod metered;
 
