@@ -908,18 +908,23 @@ fn natives() -> Vec<Fun<Data>> {
         Ok(()) => bome(Ok(cv.1)),
         Err(code) => box_once(Err(halt(cv.0.data(), code))),
     }));
-    // `__keyed(k)` is `k`, with its input and `k` charged like `indices`' when `k` is an array: an
-    // array key (`has([1, 2])`, `.[[1, 2]]`) finds where it occurs in its input, comparing element by
-    // element; any other key passes free.
+    // `__keyed(k)` is `k`, given the value it indexes (see `keyed_path`), and `k` is charged its size;
+    // with an array key, so is the input. An array key in an array (`.[[1, 2]]`, `x[k]`) finds where
+    // it occurs, comparing element by element: those comparisons are made here first, paying fuel as
+    // `indices` does, so jaq's own search after it costs at most as much again and never runs unpaid.
     // An object key is charged too, as every key was before `__keyed`: jaq names it in the error it
     // raises, and a fuzz input (`... .[..] ...`) looped without end on object keys that were free.
     let keyed: Fun<Data> = run(("__keyed", v(1), |mut cv| {
         let key = cv.0.pop_var();
-        let input = match key {
-            Val::Arr(_) => charge_walk(cv.0.data(), &cv.1),
+        let data = cv.0.data();
+        let paid = charge_walk(data, &key).and_then(|()| match (&cv.1, &key) {
+            (Val::Arr(_), Val::Arr(_)) => {
+                charge_walk(data, &cv.1).and_then(|()| metered::indices(data, &cv.1, &key).map(drop))
+            }
+            (_, Val::Arr(_)) => charge_walk(data, &cv.1),
             _ => Ok(()),
-        };
-        if let Err(code) = input.and_then(|()| charge_walk(cv.0.data(), &key)) {
+        });
+        if let Err(code) = paid {
             return box_once(Err(halt(cv.0.data(), code)));
         }
         bome(Ok(key))
@@ -1398,35 +1403,7 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         }
         Term::Path(x, Path(parts)) => {
             let iterates = parts.iter().any(|(part, _)| matches!(part, Part::Range(None, None)));
-            // An array key (`.[[1, 2]]`) finds where it occurs, comparing element by element like
-            // `indices`: the key is charged, and so is the indexed value where the key sees it
-            // (`.[k]`: the key's input is the value indexed; in `x[k]` it is not).
-            let first_on_input = matches!(*x, Term::Id);
-            let path = Term::Path(
-                b(x),
-                Path(
-                    parts
-                        .into_iter()
-                        .enumerate()
-                        .map(|(n, (part, opt))| {
-                            let part = match part {
-                                Part::Index(i) if n == 0 && first_on_input => {
-                                    Part::Index(Term::Call("__keyed", vec![gated(fuel_term(i))]))
-                                }
-                                Part::Index(i) => Part::Index(Term::BinOp(
-                                    Box::new(gated(fuel_term(i))),
-                                    BinaryOp::Pipe(None),
-                                    Box::new(Term::Call("__sorted", Vec::new())),
-                                )),
-                                Part::Range(f, t) => {
-                                    Part::Range(f.map(|f| gated(fuel_term(f))), t.map(|t| gated(fuel_term(t))))
-                                }
-                            };
-                            (part, opt)
-                        })
-                        .collect(),
-                ),
-            );
+            let path = keyed_path(*x, parts);
             if iterates {
                 ticked(path)
             } else {
@@ -1435,6 +1412,47 @@ fn fuel_term<'a>(t: Term<&'a str>) -> Term<&'a str> {
         }
         Term::Recurse => ticked(Term::Recurse),
         other => other,
+    }
+}
+
+/// `x[k1][k2]` as jaq runs it, but with every key given the value it indexes, so that `__keyed`
+/// can charge what an array key costs (it finds where it occurs, comparing element by element like
+/// `indices`). Each part indexes on its own: `x | .[k1] | .[k2]`, the order jaq yields them in
+/// (each value of `x`, then each key of the first part, and so on), in values, paths and updates.
+/// A key still runs on the original input: when it may read it, that input is bound first
+/// (`. as $__p | x | .[$__p | k1] | ...`). `.[k]` alone needs neither.
+fn keyed_path<'a>(x: Term<&'a str>, parts: Vec<(Part<Term<&'a str>>, jaq_core::path::Opt)>) -> Term<&'a str> {
+    let on_input = matches!(x, Term::Id);
+    let mut bound = false;
+    let mut key = |n: usize, k: Term<&'a str>| {
+        let free = closed(&k) || (n == 0 && on_input);
+        let k = gated(fuel_term(k));
+        if free {
+            k
+        } else {
+            bound = true;
+            Term::BinOp(Box::new(Term::Var("$__p")), BinaryOp::Pipe(None), Box::new(k))
+        }
+    };
+    let mut chain: Vec<Term<&'a str>> = Vec::new();
+    for (n, (part, opt)) in parts.into_iter().enumerate() {
+        let part = match part {
+            Part::Index(k) => Part::Index(Term::Call("__keyed", vec![key(n, k)])),
+            Part::Range(f, t) => Part::Range(f.map(|f| key(n, f)), t.map(|t| key(n, t))),
+        };
+        chain.push(Term::Path(Box::new(Term::Id), Path(vec![(part, opt)])));
+    }
+    let pipe = |l: Term<&'a str>, pat, r: Term<&'a str>| Term::BinOp(Box::new(l), BinaryOp::Pipe(pat), Box::new(r));
+    let first = if on_input && !chain.is_empty() {
+        chain.remove(0)
+    } else {
+        fuel_term(x)
+    };
+    let body = chain.into_iter().fold(first, |l, r| pipe(l, None, r));
+    if bound {
+        pipe(Term::Id, Some(Pattern::Var("$__p")), body)
+    } else {
+        body
     }
 }
 
@@ -2554,6 +2572,8 @@ mod tests {
             "(\"a\" * 200000) | index(\"a\" * 100000)",
             "(\"a\" * 200000 | tobytes) | indices(\"a\" * 100000 | tobytes)",
             "[range(20000) | 0] as $a | $a | indices($a[:10000])",
+            // Elements that are arrays: each comparison of two of them walks both.
+            "[range(300)] as $a | [range(600) | $a | .[0] = 0] as $x | $x | indices($x[:300])",
         ] {
             let e = Expr::compile(code, &[], limits).unwrap();
             match e.eval_json(&json!(null)) {
@@ -2599,6 +2619,62 @@ mod tests {
         let e = Expr::compile("{} | indices(1)", &[], Limits::default()).unwrap();
         let err = e.eval_json(&json!(null)).unwrap_err();
         assert!(err.message.contains("cannot index"), "{err:?}");
+    }
+
+    /// An array key (`.[[1, 2]]`) finds where it occurs in an array, comparing element by element
+    /// like `indices`; jaq made those comparisons unpaid, and `x[k]` and the later parts of a path
+    /// paid only for the key. Every part now pays for them, and paths keep jaq's results.
+    #[test]
+    fn array_keys_pay_for_their_comparisons() {
+        let limits = Limits {
+            fuel: 200_000,
+            ..Limits::default()
+        };
+        for code in [
+            "[range(20000) | 0] | .[.[:10000]]",
+            "[range(20000) | 0] as $a | $a[$a[:10000]]",
+            "[range(20000) | 0] as $a | [$a] | .[0][$a[:10000]]",
+            "{a: [range(20000) | 0]} | .a[.a[:10000]]",
+            "{a: [range(20000) | 0]} | path(.a[.a[:10000]])",
+            "[[range(20000) | 0]] | .[0][[range(10000) | 0]]",
+            "[range(300)] as $a | [range(600) | $a | .[0] = 0] as $x | $x | .[$x[:300]]",
+        ] {
+            let e = Expr::compile(code, &[], limits).unwrap();
+            match e.eval_json(&json!(null)) {
+                Err(err) => assert!(err.out_of_fuel, "{code}: {err:?}"),
+                Ok(_) => panic!("{code}: a value, not the end of the fuel"),
+            }
+        }
+        for (code, want) in [
+            ("[[1, 2], [3, 4]] | [.[0, 1][0, 1]]", json!([1, 2, 3, 4])),
+            ("{a: [0, 1, 2, 1, 2], k: [1, 2]} | .a[.k]", json!([1, 3])),
+            ("[0, 1, 2, 1, 2] as $x | {k: [1, 2]} | $x[.k]", json!([1, 3])),
+            ("{a: {b: [5, 6, 7]}, i: 1} | .a.b[.i]", json!(6)),
+            (
+                "{a: [5, 6, 7], i: 1} | [path(.a[.i], .a[.i:], .a[:.i], .a[]?)]",
+                json!([["a", 1], ["a", {"start": 1}], ["a", {"end": 1}], ["a", 0], ["a", 1], ["a", 2]]),
+            ),
+            (
+                "{a: [5, 6, 7], i: 1} | .a[.i] |= . + 10",
+                json!({"a": [5, 16, 7], "i": 1}),
+            ),
+            ("{a: [5, 6, 7], i: 1} | .a[.i:] |= [0]", json!({"a": [5, 0], "i": 1})),
+            (
+                "{a: [[1, 2], [3, 4]], i: 1} | del(.a[.i][0])",
+                json!({"a": [[1, 2], [4]], "i": 1}),
+            ),
+            ("{a: [[1, 2], [3, 4]]} | [.a[.a[0][0]][.a[0][0]]]", json!([4])),
+            (
+                "{a: [1, 2, 3]} | [.a[range(2)], (.a[1, 2] as $v | $v)]",
+                json!([1, 2, 2, 3]),
+            ),
+            ("[[0, 1, 0, 1]] | .[0][[0, 1]]", json!([0, 2])),
+            ("{a: [1], b: \"x\"} | [.a[.b]?]", json!([])),
+            ("[range(300) | 0] as $a | $a[$a[:100]] | length", json!(201)),
+        ] {
+            let e = Expr::compile(code, &[], Limits::default()).unwrap();
+            assert_eq!(e.eval_json(&json!(null)).unwrap(), want, "{code}");
+        }
     }
 
     /// Builds too big for the limits stop the evaluation, before they allocate where they can,

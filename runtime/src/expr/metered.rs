@@ -13,8 +13,9 @@ use super::{burn_n, charge, Env, VAL_BYTES};
 use bstr::ByteSlice;
 use jaq_json::Val;
 
-/// How many comparisons (of two values, or of two 64-byte pieces of strings) one unit of fuel pays
-/// for: a step of a jq evaluation costs about as much as this many.
+/// How many comparisons (of two values, each value inside two arrays or objects compared counting as
+/// one, or of two 64-byte pieces of strings) one unit of fuel pays for: a step of a jq evaluation
+/// costs about as much as this many.
 const COMPARISONS_PER_STEP: u64 = 64;
 
 /// Counts comparisons, paying for them in fuel as they add up.
@@ -74,6 +75,47 @@ fn contains_in(m: &mut Meter, l: &Val, r: &Val) -> Result<bool, i32> {
     })
 }
 
+/// `a == b` as jaq-json's `Val` compares, every value compared paid for: jaq's own `==` of two arrays
+/// or objects walks both within one comparison, and two values built in a few steps can share their
+/// parts and stand for more JSON than the host has memory. Arrays and objects that are one value
+/// are equal at once, as the standard library's `Rc` and `Arc` equality makes them.
+fn same(m: &mut Meter, a: &Val, b: &Val) -> Result<bool, i32> {
+    m.pay()?;
+    Ok(match (a, b) {
+        (Val::Arr(x), Val::Arr(y)) => {
+            if core::ptr::eq(&**x, &**y) {
+                return Ok(true);
+            }
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (a, b) in x.iter().zip(y.iter()) {
+                if !same(m, a, b)? {
+                    return Ok(false);
+                }
+            }
+            true
+        }
+        (Val::Obj(x), Val::Obj(y)) => {
+            if core::ptr::eq(&**x, &**y) {
+                return Ok(true);
+            }
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (k, a) in x.iter() {
+                match y.get(k) {
+                    Some(b) if same(m, a, b)? => {}
+                    _ => return Ok(false),
+                }
+            }
+            true
+        }
+        (Val::BStr(x) | Val::TStr(x), Val::BStr(y) | Val::TStr(y)) => x.len() == y.len() && same_bytes(m, x, y)?,
+        _ => a == b,
+    })
+}
+
 /// Whether `window` equals `key`, compared in pieces of 64 bytes, each one paid for.
 fn same_bytes(m: &mut Meter, window: &[u8], key: &[u8]) -> Result<bool, i32> {
     for (a, b) in window.chunks(64).zip(key.chunks(64)) {
@@ -119,23 +161,21 @@ pub(super) fn indices(env: &Env, x: &Val, y: &Val) -> Result<Option<Vec<usize>>,
         (Val::Arr(_), Val::Arr(y)) if y.is_empty() => {}
         (Val::Arr(x), Val::Arr(y)) => {
             for (i, window) in x.windows(y.len()).enumerate() {
-                let mut same = true;
+                let mut whole = true;
                 for (a, b) in window.iter().zip(y.iter()) {
-                    m.pay()?;
-                    if a != b {
-                        same = false;
+                    if !same(m, a, b)? {
+                        whole = false;
                         break;
                     }
                 }
-                if same {
+                if whole {
                     found(i)?;
                 }
             }
         }
         (Val::Arr(x), y) => {
             for (i, a) in x.iter().enumerate() {
-                m.pay()?;
-                if a == y {
+                if same(m, a, y)? {
                     found(i)?;
                 }
             }
