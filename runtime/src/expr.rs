@@ -1222,6 +1222,83 @@ fn pattern_calls<'a>(p: &Pattern<&'a str>, out: &mut Vec<&'a str>) {
     }
 }
 
+/// The first name in `t` that would capture one of ours: a definition, a filter argument or a
+/// variable (bound or read) whose name starts with `__` (`$__`). The rewrites call our natives
+/// (`__keyed`, `__eq`, `__tick`, ...) and bind our variables (`$__in`, `$__p`, ...) inside the
+/// user's code, where jq's lexical scope would hand them the user's namesakes instead: a user's
+/// `def __keyed(k): k;` ran an array key's search unpaid. `$__loc__` is left to [`REFUSED`].
+fn reserved_name<'a>(t: &Term<&'a str>) -> Option<&'a str> {
+    use jaq_core::load::lex::StrPart;
+    let ours = |n: &&'a str| (n.starts_with("__") || n.starts_with("$__")) && *n != "$__loc__";
+    let pattern = |p: &Pattern<&'a str>| reserved_in_pattern(p, &ours);
+    match t {
+        Term::Id | Term::Recurse | Term::Num(_) | Term::Break(_) | Term::Arr(None) => None,
+        Term::Call(_, args) => args.iter().find_map(reserved_name),
+        Term::Var(v) => Some(*v).filter(ours),
+        Term::Str(_, parts) => parts.iter().find_map(|p| match p {
+            StrPart::Term(t) => reserved_name(t),
+            StrPart::Str(_) | StrPart::Char(_) => None,
+        }),
+        Term::Arr(Some(x)) | Term::Neg(x) | Term::Label(_, x) => reserved_name(x),
+        Term::Obj(kvs) => kvs
+            .iter()
+            .find_map(|(k, v)| reserved_name(k).or_else(|| v.as_ref().and_then(reserved_name))),
+        Term::BinOp(l, op, r) => reserved_name(l)
+            .or_else(|| match op {
+                BinaryOp::Pipe(Some(p)) => pattern(p),
+                _ => None,
+            })
+            .or_else(|| reserved_name(r)),
+        Term::Fold(_, x, pat, args) => reserved_name(x)
+            .or_else(|| pattern(pat))
+            .or_else(|| args.iter().find_map(reserved_name)),
+        Term::TryCatch(t, c) => reserved_name(t).or_else(|| c.as_ref().and_then(|c| reserved_name(c))),
+        Term::IfThenElse(branches, els) => branches
+            .iter()
+            .find_map(|(c, t)| reserved_name(c).or_else(|| reserved_name(t)))
+            .or_else(|| els.as_ref().and_then(|e| reserved_name(e))),
+        Term::Def(defs, body) => defs
+            .iter()
+            .find_map(|d| {
+                std::iter::once(&d.name)
+                    .chain(&d.args)
+                    .copied()
+                    .find(|n| ours(n))
+                    .or_else(|| reserved_name(&d.body))
+            })
+            .or_else(|| reserved_name(body)),
+        Term::Path(x, Path(parts)) => reserved_name(x).or_else(|| {
+            parts.iter().find_map(|(part, _)| match part {
+                Part::Index(i) => reserved_name(i),
+                Part::Range(f, t) => f
+                    .as_ref()
+                    .and_then(reserved_name)
+                    .or_else(|| t.as_ref().and_then(reserved_name)),
+            })
+        }),
+    }
+}
+
+/// The error for code that names one of ours (see [`reserved_name`]).
+fn refuse_reserved(t: &Term<&str>) -> Result<(), String> {
+    match reserved_name(t) {
+        Some(name) => Err(format!(
+            "`{name}` is reserved: names that start with `__` belong to sm4c's own jq helpers; rename it"
+        )),
+        None => Ok(()),
+    }
+}
+
+fn reserved_in_pattern<'a>(p: &Pattern<&'a str>, ours: &impl Fn(&&'a str) -> bool) -> Option<&'a str> {
+    match p {
+        Pattern::Var(v) => Some(*v).filter(ours),
+        Pattern::Arr(ps) => ps.iter().find_map(|p| reserved_in_pattern(p, ours)),
+        Pattern::Obj(kps) => kps
+            .iter()
+            .find_map(|(k, p)| reserved_name(k).or_else(|| reserved_in_pattern(p, ours))),
+    }
+}
+
 /// The definitions the sandbox takes from `standard`: those on [`ALLOWED`] that [`OUR_DEFS`] does
 /// not replace, and ours.
 fn admitted_defs(standard: impl Iterator<Item = Def<&'static str>>) -> Vec<Def<&'static str>> {
@@ -1717,6 +1794,7 @@ impl Expr {
         for ((_, body), name) in fn_bodies.iter().zip(&names) {
             let term = jaq_core::load::parse(body, |p| p.term())
                 .ok_or_else(|| format!("expression function body {body:?} does not parse"))?;
+            refuse_reserved(&term)?;
             extra.push(fuel_def(Def {
                 name: name.as_str(),
                 args: Vec::new(),
@@ -1725,6 +1803,7 @@ impl Expr {
         }
         let main =
             jaq_core::load::parse(&code, |p| p.term()).ok_or_else(|| format!("{code:?} is not a single jq filter"))?;
+        refuse_reserved(&main)?;
         // Code that defines nothing cannot recurse by itself: compile it as written (cheaper to run).
         // Code with its own `def`s is wrapped so that those definitions burn fuel too.
         let rewritten = fuel_term(main.clone());
@@ -2671,6 +2750,44 @@ mod tests {
             ("[[0, 1, 0, 1]] | .[0][[0, 1]]", json!([0, 2])),
             ("{a: [1], b: \"x\"} | [.a[.b]?]", json!([])),
             ("[range(300) | 0] as $a | $a[$a[:100]] | length", json!(201)),
+        ] {
+            let e = Expr::compile(code, &[], Limits::default()).unwrap();
+            assert_eq!(e.eval_json(&json!(null)).unwrap(), want, "{code}");
+        }
+    }
+
+    /// Our rewrites call our natives and bind our variables inside the user's code, where a user's
+    /// namesake would capture them: `def __keyed(k): k;` ran an array key's search unpaid (15 s).
+    /// Names that start with `__` are refused wherever the user's code could bind or read them.
+    #[test]
+    fn names_of_our_helpers_are_refused() {
+        for (code, name) in [
+            ("def __keyed(k): k; [range(10) | 0] as $a | $a[$a[:5]]", "__keyed"),
+            ("def __tick: .; [.[]]", "__tick"),
+            ("def f(__sorted): [3, 1] | sort; f(.)", "__sorted"),
+            ("def f($__p): $__p; f(1)", "$__p"),
+            ("1 as $__in | 2 | . + (. + $__in)", "$__in"),
+            ("{a: 1} as {a: $__v} | $__v", "$__v"),
+            ("[1] as [$__u] | $__u", "$__u"),
+            ("reduce range(3) as $__x (0; . + $__x)", "$__x"),
+            ("{k: 0, v: [7, 8]} | .v[.k + $__p]", "$__p"),
+            ("\"\\($__z)\"", "$__z"),
+        ] {
+            let err = Expr::compile(code, &[], Limits::default()).unwrap_err();
+            assert!(err.contains(&format!("`{name}` is reserved")), "{code}: {err}");
+        }
+        // In an expression function's body too.
+        let functions = [ExprFunction {
+            name: "f".into(),
+            body: "${ def __eq(x): true; . == 1 }".into(),
+        }];
+        let err = Expr::compile("fn:f", &functions, Limits::default()).unwrap_err();
+        assert!(err.contains("`__eq` is reserved"), "{err}");
+        // A string, a key or a field may say `__` (they bind nothing), and jq's own names still work.
+        for (code, want) in [
+            ("{__a: \"$__b\"} | .__a", json!("$__b")),
+            ("{a: 1} as {a: $x_} | $x_", json!(1)),
+            ("def f__: 2; f__", json!(2)),
         ] {
             let e = Expr::compile(code, &[], Limits::default()).unwrap();
             assert_eq!(e.eval_json(&json!(null)).unwrap(), want, "{code}");
