@@ -16,7 +16,7 @@
 //! - evaluation depth is bounded, so is the nesting of an expression's text, and a panic in the
 //!   crate is caught and reported as an evaluation error.
 
-use super::{AslError, Env};
+use super::{jsonata_regex, AslError, Env};
 use bumpalo::Bump;
 use jsonata_rs::{ArrayFlags, FunctionContext, JsonAta, Value as JValue};
 use serde_json::{Map, Number, Value};
@@ -65,13 +65,19 @@ pub fn check_expression(expr: &str) -> Result<(), String> {
     if expr.trim().is_empty() {
         return Err("the JSONata expression is empty".into());
     }
-    check_nesting(expr)?;
+    let mut regexes = Vec::new();
+    check_nesting(expr, &mut regexes)?;
     let arena = Bump::new();
     match catch_unwind(AssertUnwindSafe(|| JsonAta::new(expr, &arena).map(|_| ()))) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("invalid JSONata expression '{expr}': {e}")),
-        Err(_) => Err(format!("invalid JSONata expression '{expr}'")),
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(format!("invalid JSONata expression '{expr}': {e}")),
+        Err(_) => return Err(format!("invalid JSONata expression '{expr}'")),
     }
+    for (pattern, flags) in regexes {
+        jsonata_regex::check_literal(&pattern, &flags)
+            .map_err(|e| format!("invalid JSONata expression '{expr}': {e}"))?;
+    }
+    Ok(())
 }
 
 /// Evaluates one expression (the text inside `{% %}`) with `$states` bound to `states` and the
@@ -196,8 +202,9 @@ fn eval_value(v: &Value, states: &Value, env: &Env) -> Result<Value, AslError> {
 /// comments (`/* */`, which the tokenizer ends only at a `*` directly followed by `/`) and regular
 /// expressions (`/.../`, where a `/` may begin one: after nothing, `(`, `[`, `{`, `,`, `~>`, `:=`,
 /// `and`, `or`, `=`, `!=`, `<`, `>`, `<=` or `>=`). Brackets in any of them do not nest; brackets
-/// outside them always count, so nothing can hide nesting from this check.
-fn check_nesting(expr: &str) -> Result<(), String> {
+/// outside them always count, so nothing can hide nesting from this check. The regular expressions
+/// it reads are added to `regexes` (pattern, flags).
+fn check_nesting(expr: &str, regexes: &mut Vec<(String, String)>) -> Result<(), String> {
     let mut depth = 0usize;
     let mut max = 0usize;
     let mut prefix_run = 0usize;
@@ -273,13 +280,20 @@ fn check_nesting(expr: &str) -> Result<(), String> {
             }
             '/' if regex_may_start => {
                 let mut escaped = false;
+                let mut pattern = String::new();
                 for x in chars.by_ref() {
                     match x {
                         '\\' => escaped = true,
                         '/' if !escaped => break,
                         _ => escaped = false,
                     }
+                    pattern.push(x);
                 }
+                let mut flags = String::new();
+                while let Some(f) = chars.next_if(|f| matches!(f, 'i' | 'm')) {
+                    flags.push(f);
+                }
+                regexes.push((pattern, flags));
                 regex_may_start = false;
                 prefix_run = 0;
                 continue;
@@ -395,6 +409,8 @@ fn unit(bits: u64) -> f64 {
 /// What Step Functions redefines, bound in a block around the expression (the crate binds its
 /// own natives last, over anything bound before evaluation).
 const PRELUDE: &str = "($random := $__sm4c_random; $uuid := $__sm4c_uuid; \
+$contains := $__sm4c_contains; $split := $__sm4c_split; $match := $__sm4c_match; \
+$replace := $__sm4c_replace; \
 $millis := function() { $toMillis($__sm4c_now) }; \
 $now := function($p, $tz) { $exists($tz) ? $fromMillis($millis(), $p, $tz) \
 : $exists($p) ? $fromMillis($millis(), $p) : $fromMillis($millis()) }; (\n";
@@ -403,7 +419,9 @@ $now := function($p, $tz) { $exists($tz) ? $fromMillis($millis(), $p, $tz) \
 /// jsonata-rs keeps a lambda's cloned syntax tree in its arena, which never frees it, so each
 /// lambda defined leaks it (about 16 KB an evaluation for the two; found by the fuzz target
 /// asl_execution under LeakSanitizer).
-const PRELUDE_NO_CLOCK: &str = "($random := $__sm4c_random; $uuid := $__sm4c_uuid; (\n";
+const PRELUDE_NO_CLOCK: &str = "($random := $__sm4c_random; $uuid := $__sm4c_uuid; \
+$contains := $__sm4c_contains; $split := $__sm4c_split; $match := $__sm4c_match; \
+$replace := $__sm4c_replace; (\n";
 
 /// The prelude `expr` needs.
 fn prelude(expr: &str) -> &'static str {
@@ -444,6 +462,11 @@ fn evaluate(expr: &str, states: &Value, env: &Env, time: Option<String>) -> Resu
     jsonata.register_function("type", 1, fn_type);
     jsonata.register_function("average", 1, fn_average);
     jsonata.register_function("hash", 2, fn_hash);
+    // Searched in bounded time (see the module `jsonata_regex`), not by the crate's backtracking.
+    jsonata.register_function("__sm4c_contains", 2, jsonata_regex::fn_contains);
+    jsonata.register_function("__sm4c_split", 3, jsonata_regex::fn_split);
+    jsonata.register_function("__sm4c_match", 2, jsonata_regex::fn_match);
+    jsonata.register_function("__sm4c_replace", 4, jsonata_regex::fn_replace);
     let result = jsonata
         .evaluate_timeboxed(None, Some(MAX_EVAL_DEPTH), None)
         .map_err(|e| unshift(&e.to_string(), prelude.len()))?;
@@ -562,9 +585,11 @@ fn number(n: f64) -> Result<Value, String> {
         .ok_or_else(|| format!("the number {n} is not a JSON value"))
 }
 
-/// A type error on argument `index` (1-based) of the function being called.
-fn bad_arg(ctx: &FunctionContext, index: usize) -> jsonata_rs::Error {
-    jsonata_rs::Error::T0410ArgumentNotValid(ctx.char_index, index, ctx.name.to_string())
+/// A type error on argument `index` (1-based) of the function being called, by the name the
+/// expression calls it (`$random` for the `$__sm4c_random` the prelude binds to it).
+pub(super) fn bad_arg(ctx: &FunctionContext, index: usize) -> jsonata_rs::Error {
+    let name = ctx.name.strip_prefix("__sm4c_").unwrap_or(ctx.name);
+    jsonata_rs::Error::T0410ArgumentNotValid(ctx.char_index, index, name.to_string())
 }
 
 /// `$random([seed])`: a number in `[0, 1)`; from the instance's source, or from `seed`.
@@ -908,6 +933,77 @@ mod tests {
         let r = expr("$contains(\"hello$world\", /^hello\\$/)", json!({}));
         assert_eq!(r, Ok(json!(true)));
         assert_eq!(expr("$contains(\"hello\", /^x/)", json!({})), Ok(json!(false)));
+    }
+
+    #[test]
+    fn regex_functions_follow_jsonata() {
+        let input = json!({"s": "Hello wörld, hello WORLD"});
+        let m = expr("$match($states.input.s, /(h)ello (w)?/i)", input.clone()).unwrap();
+        assert_eq!(
+            m,
+            json!([
+                {"match": "Hello w", "index": 0, "groups": ["H", "w"]},
+                {"match": "hello W", "index": 13, "groups": ["h", "W"]}
+            ])
+        );
+        // `index` counts UTF-16 code units, as in JavaScript.
+        assert_eq!(expr("$match('😀ab', /b/).index", json!({})), Ok(json!(3)));
+        assert_eq!(expr("$match('a1b22', '[0-9]+', 1).match", json!({})), Ok(json!("1")));
+        let r = expr(
+            "$replace($states.input.s, /(\\w+)ello/, '[$1|$0|$$|$9]')",
+            input.clone(),
+        );
+        assert_eq!(r, Ok(json!("[H|Hello|$|] wörld, [h|hello|$|] WORLD")));
+        let r = expr(
+            "$replace('abc abc', /b/, function($m) { $uppercase($m.match) & $m.index }, 1)",
+            json!({}),
+        );
+        assert_eq!(r, Ok(json!("aB1c abc")));
+        assert_eq!(expr("$replace('a.b.c', '.', '-', 1)", json!({})), Ok(json!("a-b.c")));
+        assert_eq!(
+            expr("$split('a, b,,c', /,\\s*/)", json!({})),
+            Ok(json!(["a", "b", "", "c"]))
+        );
+        assert_eq!(expr("$split('a,b,c', /,/, 2)", json!({})), Ok(json!(["a", "b"])));
+        assert_eq!(expr("$split('abc', '')", json!({})), Ok(json!(["a", "b", "c"])));
+        assert_eq!(
+            expr("$contains('line1\\nline2', /^line2$/m)", json!({})),
+            Ok(json!(true))
+        );
+        assert_eq!(
+            expr("$contains('line1\\nline2', /^line2$/)", json!({})),
+            Ok(json!(false))
+        );
+        // A match of no characters is D1004, as in JSONata.
+        assert!(query_error(expr("$match('abc', /x*/)", json!({}))).contains("D1004"));
+        let cause = query_error(expr("$split('abc', 5)", json!({})));
+        assert!(
+            cause.contains("T0410") && cause.contains("split") && !cause.contains("__sm4c"),
+            "{cause}"
+        );
+    }
+
+    #[test]
+    fn regex_searches_are_bounded() {
+        // Exponential for a backtracking engine: answered at once.
+        let input = json!({"s": format!("{}!", "a".repeat(10_000))});
+        assert_eq!(
+            expr("$contains($states.input.s, /^(a+)+$/)", input.clone()),
+            Ok(json!(false))
+        );
+        assert_eq!(
+            expr("$match($states.input.s, '^(a|aa)+$')", input.clone()),
+            Ok(json!([]))
+        );
+        // A backreference needs backtracking: it stops at the limit, with an error naming the pattern.
+        let input = json!({"s": "a".repeat(40)});
+        let cause = query_error(expr("$contains($states.input.s, /^(a+)+\\1b$/)", input));
+        assert!(cause.contains("/^(a+)+\\1b$/") && cause.contains("1000000"), "{cause}");
+        // A pattern with no equivalent is refused when the definition is loaded.
+        let err = check_expression("$contains('x', /\\uD800/)").unwrap_err();
+        assert!(err.contains("lone surrogate"), "{err}");
+        let err = check_expression("$contains('x', /(?<=a+)b/)").unwrap_err();
+        assert!(err.contains("/(?<=a+)b/"), "{err}");
     }
 
     // wait-seconds-expression.asl.json

@@ -16,6 +16,8 @@ pub mod jsonata;
 #[cfg(not(feature = "jsonata"))]
 #[path = "jsonata_off.rs"]
 pub mod jsonata;
+#[cfg(feature = "jsonata")]
+mod jsonata_regex;
 pub mod model;
 pub mod path;
 pub mod template;
