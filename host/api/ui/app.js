@@ -221,6 +221,9 @@ async function instancePage(r, seq) {
     const open = !FINAL.has(i.status);
     current.ended = !open && v.children.every(c => FINAL.has(c.status));
     const openDetails = new Set([...view.querySelectorAll("details[open][data-key]")].map(d => d.dataset.key));
+    // The question being answered is moved into the new page as it is, not drawn again: a button
+    // replaced under the pointer would lose the click.
+    const asking = confirming ? view.querySelector("#cancel-box") : null;
     view.innerHTML = `
       <h1>${esc(i.id)} ${badge(i.status)}</h1>
       <section>
@@ -260,7 +263,8 @@ async function instancePage(r, seq) {
     for (const d of view.querySelectorAll("details[data-key]")) if (openDetails.has(d.dataset.key)) d.open = true;
     const answered = () => { confirming = false; return render(); };
     const cancel = $("#cancel");
-    if (cancel && confirming) confirmCancel(i.id, answered, false);
+    if (cancel && confirming && asking && asking.querySelector("#cancel-yes")) cancel.parentElement.replaceWith(asking);
+    else if (cancel && confirming) confirmCancel(i.id, answered, false);
     else if (cancel) cancel.addEventListener("click", () => { confirming = true; confirmCancel(i.id, answered, true); });
     if (!cancel) confirming = false;
     for (const how of ["resume", "step"]) {

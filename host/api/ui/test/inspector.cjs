@@ -274,9 +274,13 @@ async function main() {
     ok(true, "an instance started from the page is shown, waiting");
     await page.click("#cancel");
     await page.waitForSelector("#cancel-yes");
-    // A refresh (the live stream, the 10 s re-read) re-renders the page: the question must stay.
+    // A refresh (the live stream, the 10 s re-read) re-renders the page: the question must stay,
+    // the very buttons (one drawn again under the pointer would lose the click).
+    await page.evaluate(() => { window.askedYes = document.querySelector("#cancel-yes"); });
     await page.evaluate(() => current.refresh());
     ok(await page.isVisible("#cancel-yes"), "the cancel question stays on the page through a refresh");
+    ok(await page.evaluate(() => document.querySelector("#cancel-yes") === window.askedYes),
+      "the cancel question's buttons are the same elements after a refresh");
     await page.click("#cancel-yes");
     await page.waitForSelector('h1 .badge[data-status="cancelled"]', { timeout: LIVE });
     ok((await call(s, "GET", "/instances/o-4")).status === "cancelled", "cancel from the page cancels the instance");
