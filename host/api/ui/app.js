@@ -100,9 +100,10 @@ async function route() {
     if (seq !== renderSeq) return;
     view.innerHTML = `<div class="empty">Could not show this page.</div>`;
     banner(explainError(e));
-    // A page the server did not answer for is drawn again when it is back (the live stream's
-    // hello on reconnecting, the periodic re-read), not left broken until the user navigates.
-    if (e.status === 0) current.refresh = () => route();
+    // A page the server did not answer for (or answered 5xx, say 503 while a Kafka worker
+    // restores) is drawn again when it is back (the live stream's hello on reconnecting, the
+    // periodic re-read), not left broken until the user navigates.
+    if (e.status === 0 || e.status >= 500) current.refresh = () => route();
   }
 }
 
