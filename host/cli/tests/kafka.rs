@@ -771,6 +771,19 @@ fn all_instances(w: &Worker) -> Vec<Value> {
     }
 }
 
+/// `w.get(path)`, asked again while the answer is 503 `unavailable` (a partition being restored
+/// after a rebalance answers so, "try again in a moment"), for up to 60 s.
+fn settled_get(w: &Worker, path: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = w.get(path);
+        if v["error"] != "unavailable" || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn count_status(w: &Worker, status: &str) -> usize {
     all_instances(w).iter().filter(|i| i["status"] == status).count()
 }
@@ -2608,7 +2621,7 @@ fn sagas_through(
     );
     for inst in all_instances(w2) {
         let id = inst["id"].as_str().expect("id");
-        let v = w2.get(&format!("/instances/{id}"));
+        let v = settled_get(w2, &format!("/instances/{id}"));
         let reply = responder.delivered.of(&format!("reply-{id}/1.enter"));
         assert_eq!(v["state"], "Paid", "{v}; its reply: {reply}");
         assert_eq!(v["data"]["payment"], json!({"paid": v["data"]["amount"]}), "{v}");
