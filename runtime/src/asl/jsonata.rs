@@ -406,22 +406,30 @@ fn unit(bits: u64) -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// The bindings every prelude starts with: what Step Functions redefines, and the regular
+/// expression functions searched in bounded time ([`jsonata_regex`]).
+macro_rules! prelude_bindings {
+    () => {
+        "($random := $__sm4c_random; $uuid := $__sm4c_uuid; \
+$contains := $__sm4c_contains; $split := $__sm4c_split; $match := $__sm4c_match; \
+$replace := $__sm4c_replace; "
+    };
+}
+
 /// What Step Functions redefines, bound in a block around the expression (the crate binds its
 /// own natives last, over anything bound before evaluation).
-const PRELUDE: &str = "($random := $__sm4c_random; $uuid := $__sm4c_uuid; \
-$contains := $__sm4c_contains; $split := $__sm4c_split; $match := $__sm4c_match; \
-$replace := $__sm4c_replace; \
-$millis := function() { $toMillis($__sm4c_now) }; \
+const PRELUDE: &str = concat!(
+    prelude_bindings!(),
+    "$millis := function() { $toMillis($__sm4c_now) }; \
 $now := function($p, $tz) { $exists($tz) ? $fromMillis($millis(), $p, $tz) \
-: $exists($p) ? $fromMillis($millis(), $p) : $fromMillis($millis()) }; (\n";
+: $exists($p) ? $fromMillis($millis(), $p) : $fromMillis($millis()) }; (\n"
+);
 
 /// [`PRELUDE`] without the `$millis` and `$now` lambdas, for expressions that use neither:
 /// jsonata-rs keeps a lambda's cloned syntax tree in its arena, which never frees it, so each
 /// lambda defined leaks it (about 16 KB an evaluation for the two; found by the fuzz target
 /// asl_execution under LeakSanitizer).
-const PRELUDE_NO_CLOCK: &str = "($random := $__sm4c_random; $uuid := $__sm4c_uuid; \
-$contains := $__sm4c_contains; $split := $__sm4c_split; $match := $__sm4c_match; \
-$replace := $__sm4c_replace; (\n";
+const PRELUDE_NO_CLOCK: &str = concat!(prelude_bindings!(), "(\n");
 
 /// The prelude `expr` needs.
 fn prelude(expr: &str) -> &'static str {
