@@ -108,7 +108,7 @@ errors! {
     /// A query string the endpoint does not take (what is wrong).
     InvalidQuery(String) => BAD_REQUEST, "invalidQuery", |s| s.0.clone();
     /// An instance id out of bounds.
-    InvalidId => BAD_REQUEST, "invalidId", |_s| "an instance id must have 1 to 200 characters".into();
+    InvalidId => BAD_REQUEST, "invalidId", |_s| sm4c_host::service::INSTANCE_ID_RULE.into();
     /// A paging cursor that did not come from a previous page.
     InvalidCursor(String) => BAD_REQUEST, "invalidCursor",
         |s| format!("`after` must be a cursor from a previous page, not {:?}", s.0);
@@ -197,6 +197,7 @@ impl From<HostError> for ApiError {
             HostError::InvalidTaskEvent(m) => InvalidCloudEvent(m).into(),
             HostError::NotPaused(i) => NotPaused(i).into(),
             HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
+            HostError::InvalidInstanceId(_) => InvalidId.into(),
             other @ (HostError::Store(_) | HostError::Stopped | HostError::Failed(_)) => {
                 Internal(other.to_string()).into()
             }

@@ -200,7 +200,10 @@ async fn post_instance(
     headers: axum::http::HeaderMap,
     Body(b): Body<StartBody>,
 ) -> Result<Response, ApiError> {
-    if b.id.as_deref().is_some_and(|i| i.is_empty() || i.len() > 200) {
+    if b.id
+        .as_deref()
+        .is_some_and(|i| !sm4c_host::service::valid_instance_id(i))
+    {
         return Err(InvalidId.into());
     }
     let input = b.input.unwrap_or_else(|| json!({}));

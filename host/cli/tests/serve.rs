@@ -554,6 +554,18 @@ fn start_instance_errors() {
             .body(json!({"definition": "waiter"}).to_string()),
     );
     assert_error(code, &body, 415, "unsupportedMediaType");
+    // Ids: 1 to 200 characters, no control character (hosts keep their own records under keys
+    // that start with one).
+    for id in ["", "\u{0}sub/x", "a\nb", &"x".repeat(201)] {
+        let (code, body) = s.post("/instances", &json!({"definition": "waiter", "id": id}));
+        assert_error(code, &body, 400, "invalidId");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("control character")),
+            "{body}"
+        );
+    }
     assert!(s.list_all("", 100).is_empty(), "a refused start created an instance");
 }
 

@@ -49,6 +49,22 @@ pub trait LocalStore: Send + Sync {
         }
         Ok(())
     }
+    /// Calls `f` with the keys that start with `prefix` and are not before `from`, and their
+    /// values, in key order, until `f` gives `false`: a page of an index kept in the store.
+    fn scan_from(&self, prefix: &str, from: &str, f: &mut dyn FnMut(&str, &[u8]) -> bool) -> Result<(), LocalError> {
+        let mut more = true;
+        self.scan(prefix, &mut |k, v| {
+            if more && k >= from {
+                more = f(k, v);
+            }
+        })
+    }
+    /// How many keys start with `prefix`.
+    fn count(&self, prefix: &str) -> Result<usize, LocalError> {
+        let mut n = 0;
+        self.scan(prefix, &mut |_, _| n += 1)?;
+        Ok(n)
+    }
     /// Writes values (`None` deletes the key) and, when given, a new checkpoint, all at once.
     fn apply(&self, changes: &[(&str, Option<&[u8]>)], checkpoint: Option<Checkpoint>) -> Result<(), LocalError>;
     /// Forgets everything: keys and checkpoint.
@@ -117,6 +133,17 @@ impl LocalStore for MemoryStore {
         Ok(())
     }
 
+    fn scan_from(&self, prefix: &str, from: &str, f: &mut dyn FnMut(&str, &[u8]) -> bool) -> Result<(), LocalError> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let start = if from > prefix { from } else { prefix };
+        for (k, v) in inner.0.range(start.to_string()..) {
+            if !k.starts_with(prefix) || !f(k, v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn apply(&self, changes: &[(&str, Option<&[u8]>)], checkpoint: Option<Checkpoint>) -> Result<(), LocalError> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for (k, v) in changes {
@@ -165,6 +192,23 @@ mod tests {
         let mut under_b = Vec::new();
         again.scan("b", &mut |k, _| under_b.push(k.to_string())).unwrap();
         assert_eq!(under_b, vec!["b", "b1"]);
+        let mut page = Vec::new();
+        again
+            .scan_from("b", "b0", &mut |k, _| {
+                page.push(k.to_string());
+                true
+            })
+            .unwrap();
+        assert_eq!(page, vec!["b1"], "from a key on, within the prefix");
+        let mut first = Vec::new();
+        again
+            .scan_from("", "", &mut |k, _| {
+                first.push(k.to_string());
+                first.len() < 2
+            })
+            .unwrap();
+        assert_eq!(first, vec!["a9", "b"], "stops when told");
+        assert_eq!(again.count("b").unwrap(), 2);
         again.clear().unwrap();
         assert_eq!(s.checkpoint().unwrap(), None);
         assert_eq!(s.get("b").unwrap(), None);

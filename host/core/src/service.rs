@@ -117,6 +117,19 @@ pub enum HostError {
     /// A breakpoint that does not fit its definition (an unknown state, action or transition).
     #[error("{0}")]
     InvalidBreakpoint(String),
+    /// An instance id that [`valid_instance_id`] refuses.
+    #[error("{INSTANCE_ID_RULE}, not {0:?}")]
+    InvalidInstanceId(String),
+}
+
+/// What an instance id given by a client must be.
+pub const INSTANCE_ID_RULE: &str = "an instance id must have 1 to 200 characters, none of them a control character";
+
+/// Whether a client may name an instance `id` ([`INSTANCE_ID_RULE`]). Control characters are
+/// refused because hosts keep their own records under keys that start with one (the Kafka host's
+/// state topic and local stores), and no listing or log should carry them.
+pub fn valid_instance_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 200 && !id.chars().any(char::is_control)
 }
 
 /// Where an event went.

@@ -224,6 +224,49 @@ impl LocalStore for SqliteStore {
         Ok(())
     }
 
+    fn scan_from(&self, prefix: &str, from: &str, f: &mut dyn FnMut(&str, &[u8]) -> bool) -> Result<(), LocalError> {
+        let conn = self.conn();
+        let mut q = conn
+            .prepare_cached("SELECT key, value FROM entries WHERE key >= ?1 ORDER BY key")
+            .map_err(fail)?;
+        let start = if from > prefix { from } else { prefix };
+        let mut rows = q.query([start]).map_err(fail)?;
+        while let Some(r) = rows.next().map_err(fail)? {
+            let (k, v) = entry(r)?;
+            if !k.starts_with(prefix) || !f(k, v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&self, prefix: &str) -> Result<usize, LocalError> {
+        // The keys that start with `prefix` lie between it and the prefix with its last character
+        // raised by one, as SQLite compares text byte by byte (an index range, not a pass).
+        let mut chars: Vec<char> = prefix.chars().collect();
+        let bound = chars
+            .pop()
+            .and_then(|c| char::from_u32(c as u32 + 1))
+            .map(|c| chars.into_iter().chain([c]).collect::<String>());
+        let conn = self.conn();
+        let n: i64 = match bound {
+            Some(end) => conn
+                .prepare_cached("SELECT count(*) FROM entries WHERE key >= ?1 AND key < ?2")
+                .and_then(|mut q| q.query_row(params![prefix, end], |r| r.get(0)))
+                .map_err(fail)?,
+            None if prefix.is_empty() => conn
+                .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
+                .map_err(fail)?,
+            None => {
+                drop(conn);
+                let mut n = 0;
+                self.scan(prefix, &mut |_, _| n += 1)?;
+                return Ok(n);
+            }
+        };
+        Ok(n as usize)
+    }
+
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, LocalError> {
         self.conn()
             .query_row("SELECT value FROM entries WHERE key = ?1", [key], |r| r.get(0))
@@ -310,6 +353,23 @@ mod tests {
             scanned,
             vec![("j\u{1}1".into(), b"x".to_vec()), ("j\u{1}2".into(), b"y".to_vec())]
         );
+        let mut page = Vec::new();
+        s.scan_from("j\u{1}", "j\u{1}15", &mut |k, _| {
+            page.push(k.to_string());
+            true
+        })
+        .unwrap();
+        assert_eq!(page, vec!["j\u{1}2"], "from a key on, within the prefix");
+        let mut first = Vec::new();
+        s.scan_from("", "", &mut |k, _| {
+            first.push(k.to_string());
+            false
+        })
+        .unwrap();
+        assert_eq!(first, vec!["b"], "stops when told");
+        assert_eq!(s.count("j\u{1}").unwrap(), 2);
+        assert_eq!(s.count("j").unwrap(), 3);
+        assert_eq!(s.count("").unwrap(), 5);
         s.clear().unwrap();
         assert_eq!(s.checkpoint().unwrap(), None);
         assert_eq!(s.get("b").unwrap(), None);

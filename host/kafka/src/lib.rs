@@ -915,6 +915,9 @@ impl Backend for KafkaHost {
                     None => definition,
                 }));
             };
+            if let Some(id) = id.as_deref().filter(|id| !sm4c_host::service::valid_instance_id(id)) {
+                return Err(HostError::InvalidInstanceId(id.to_string()));
+            }
             let id = id.unwrap_or_else(|| sm4c_host::service::new_id(&m.id));
             let request = sm4c_host::service::new_id("start");
             let p = partition_of(&id, self.shared.partitions);

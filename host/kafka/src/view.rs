@@ -5,10 +5,11 @@
 //! listing asks every worker. Also the definitions topic, which every worker reads whole.
 //!
 //! Where the worker keeps local stores, an instance's record is read from its partition's store
-//! (which holds the committed records of the state partition): memory keeps a small row per
-//! instance for listings, and the records of the last transactions until the store has them. An
-//! instance that ended long ago, or one that waits for a week, costs its row only. Without stores
-//! every record stays in memory.
+//! (which holds the committed records of the state partition), and listings from the *local
+//! index* kept beside them in the same store ([`index_changes`]): a row per instance in start
+//! order, and the task lists of the instances with open tasks. Memory keeps only the records of
+//! the last transactions until the store has them: an instance that ended long ago, or one that
+//! waits for a week, costs no memory at all. Without stores every record stays in memory.
 
 use super::wire::{InstanceRecord, Quiet, StateRecord};
 use super::worker::keeper::Progress;
@@ -19,13 +20,101 @@ use sm4c_host::local::LocalStore;
 use sm4c_host::service::Summary;
 use sm4c_runtime::engine::rfc3339;
 use sm4c_runtime::{load, LoadOptions, Snapshot, Status};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// The instances of one partition, by id.
 pub(crate) type Records = HashMap<String, InstanceRecord>;
+
+/// The keys of the local index: derived from the state records in the same store, written with
+/// them, never in the log. (Instance ids that start with a NUL character are refused, so no
+/// record's key starts with it but the partition's own records' and these.)
+pub(crate) const INDEX_PREFIX: &str = "\u{0}local/";
+/// An instance's row in listings: `<prefix><seq as 16 hex digits><NUL><id>`, so that the keys
+/// are in start order; its value is the instance's [`Summary`].
+pub(crate) const ROW_PREFIX: &str = "\u{0}local/row/";
+/// The task lists of an unended instance's open worker tasks: `<prefix><id>`, a JSON array.
+const TASKS_PREFIX: &str = "\u{0}local/tasks/";
+
+/// Says which version of the local index a store holds: one without it (written by an earlier
+/// version) is rebuilt from the log at its next restore.
+pub(crate) const INDEX_VERSION_KEY: &str = "\u{0}local/version";
+/// The version of the local index this build writes.
+pub(crate) const INDEX_VERSION: &[u8] = b"1";
+
+fn row_key(seq: i64, id: &str) -> String {
+    format!("{ROW_PREFIX}{:016x}\u{0}{id}", seq.max(0))
+}
+
+/// The seq and the id of a row's key.
+pub(crate) fn parse_row_key(k: &str) -> Option<(i64, &str)> {
+    let (seq, id) = k.strip_prefix(ROW_PREFIX)?.split_once('\u{0}')?;
+    Some((i64::from_str_radix(seq, 16).ok()?, id))
+}
+
+/// The listing of an instance, from its record.
+fn summary(id: &str, r: &InstanceRecord, seq: i64) -> Summary {
+    Summary {
+        id: id.to_string(),
+        definition: r.snapshot.definition.clone(),
+        version: r.snapshot.version.clone(),
+        status: r.snapshot.status.as_str().to_string(),
+        state: r.snapshot.state_name.clone(),
+        started_at: r.snapshot.started_at.map(rfc3339),
+        ended_at: r.snapshot.ended_at.map(rfc3339),
+        parent: r.parent.as_ref().map(|p| p.instance.clone()),
+        seq,
+    }
+}
+
+/// The task lists of an instance's open worker tasks (none once it ended).
+fn task_lists(r: &InstanceRecord) -> impl Iterator<Item = &str> {
+    let open = !r.snapshot.status.is_final();
+    r.calls
+        .iter()
+        .filter(move |_| open)
+        .filter(|(_, e)| sm4c_host::driver::is_task(e))
+        .filter_map(|(_, e)| match e {
+            sm4c_runtime::Effect::InvokeFunction { operation, .. } => Some(operation.as_str()),
+            _ => None,
+        })
+}
+
+/// What the local index of partition `p` changes by when instance `id`'s record becomes `now`:
+/// its row and its open tasks, written or deleted. `before` is the [`seq`] of the record it had,
+/// when known and possibly different (an instance deleted and started again gets a new place).
+/// No IO: the owner derives it from each transaction, a restore from what it read.
+pub(crate) fn index_changes(
+    p: i32,
+    id: &str,
+    now: Option<&InstanceRecord>,
+    before: Option<i64>,
+) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut changes = Vec::with_capacity(3);
+    let seq_now = now.map(|r| seq(r, p));
+    if let Some(old) = before.filter(|old| Some(*old) != seq_now) {
+        changes.push((row_key(old, id), None));
+    }
+    let tasks_key = format!("{TASKS_PREFIX}{id}");
+    match (now, seq_now) {
+        (Some(r), Some(seq)) => {
+            let row = serde_json::to_vec(&summary(id, r, seq)).unwrap_or_default();
+            changes.push((row_key(seq, id), Some(row)));
+            let lists: Vec<&str> = task_lists(r).collect();
+            let tasks = (!lists.is_empty()).then(|| serde_json::to_vec(&lists).unwrap_or_default());
+            changes.push((tasks_key, tasks));
+        }
+        _ => changes.push((tasks_key, None)),
+    }
+    changes
+}
+
+/// Whether a key of a state store is one of the local index's (not the log's).
+pub(crate) fn is_index_key(k: &str) -> bool {
+    k.starts_with(INDEX_PREFIX)
+}
 
 /// A partition's local store, and the writer's progress with it.
 #[derive(Clone)]
@@ -38,8 +127,6 @@ pub(crate) struct Backing {
 #[derive(Default)]
 pub struct View {
     partitions: RwLock<HashMap<i32, Part>>,
-    /// Definition ids and task list names, one copy each for every row.
-    names: Mutex<HashSet<Arc<str>>>,
     /// True once the definitions topic was read to its end at start.
     pub ready: AtomicBool,
     /// Set to stop following.
@@ -48,24 +135,14 @@ pub struct View {
 
 /// What the view keeps of one partition.
 struct Part {
-    /// Where the records are read from; `None`: they all stay in `recent`.
+    /// Where the records and the local index are read from; `None`: every record stays in
+    /// `recent`.
     backing: Option<Backing>,
-    /// Every instance of the partition, ended ones too (until deleted after the retention).
-    rows: HashMap<Box<str>, Row>,
     /// Records of the last transactions, with the writer's ticket of each, until the store has
-    /// them (every record when the partition has no store).
-    recent: HashMap<Box<str>, (u64, InstanceRecord)>,
+    /// them (every record when the partition has no store); `None` for one deleted.
+    recent: HashMap<Box<str>, (u64, Option<InstanceRecord>)>,
     /// The records in `recent` in the order of their tickets.
     queue: VecDeque<(u64, Box<str>)>,
-}
-
-/// What a listing needs of an instance without reading its record.
-struct Row {
-    seq: i64,
-    status: Status,
-    definition: Arc<str>,
-    /// The task lists of its open worker tasks (for `GET /tasklists`).
-    tasks: Box<[Arc<str>]>,
 }
 
 /// An instance's place in listings: the timestamp of its start command (ms), then its partition
@@ -73,7 +150,11 @@ struct Row {
 /// Two starts get the same only if they share the millisecond, their partition modulo 1,024 and
 /// their offset modulo 1,024 (over a million starts a second on one partition).
 pub fn seq(r: &InstanceRecord, p: i32) -> i64 {
-    let (at, offset) = r.order;
+    seq_of(r.order, p)
+}
+
+/// [`seq`] of an instance's `order` (see [`InstanceRecord::order`]).
+pub fn seq_of((at, offset): (i64, i64), p: i32) -> i64 {
     (at.clamp(0, (1 << 43) - 1) << 20) | (((p as i64) & 0x3ff) << 10) | (offset & 0x3ff)
 }
 
@@ -144,11 +225,14 @@ impl Part {
     }
 
     fn find(&self, id: &str) -> Option<Found> {
-        self.rows.get(id)?;
         match self.recent.get(id) {
-            Some((_, r)) => Some(Found::Here(Box::new(r.clone()))),
+            Some((_, r)) => Some(Found::Here(Box::new(r.clone()?))),
             None => Some(Found::Stored(self.backing.as_ref()?.store.clone())),
         }
+    }
+
+    fn store(&self) -> Option<Arc<dyn LocalStore>> {
+        self.backing.as_ref().map(|b| b.store.clone())
     }
 
     /// Drops from memory the records the store has now.
@@ -167,6 +251,19 @@ impl Part {
     }
 }
 
+/// What a reader of one partition takes from the view before it reads the store, so that the view
+/// is not held while it does: the store, and the records of the last transactions (which win over
+/// what the store says of the same instances).
+struct Taken {
+    store: Option<Arc<dyn LocalStore>>,
+    recent: HashMap<Box<str>, Option<InstanceRecord>>,
+}
+
+/// Logs a local index that cannot be read: the answer leaves its partition's stored instances out.
+fn unread(what: &str, e: sm4c_host::local::LocalError) {
+    tracing::warn!(error = %e, "the local index cannot be read for {what}");
+}
+
 impl View {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<i32, Part>> {
         self.partitions.read().unwrap_or_else(|p| p.into_inner())
@@ -176,35 +273,26 @@ impl View {
         self.partitions.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn name(&self, n: &str) -> Arc<str> {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = names.get(n) {
-            return a.clone();
-        }
-        let a: Arc<str> = Arc::from(n);
-        names.insert(a.clone());
-        a
-    }
-
-    fn row(&self, r: &InstanceRecord, p: i32) -> Row {
-        let tasks = match r.snapshot.status.is_final() {
-            true => Box::default(),
-            false => r
-                .calls
-                .iter()
-                .filter(|(_, e)| sm4c_host::driver::is_task(e))
-                .filter_map(|(_, e)| match e {
-                    sm4c_runtime::Effect::InvokeFunction { operation, .. } => Some(self.name(operation)),
-                    _ => None,
-                })
-                .collect(),
-        };
-        Row {
-            seq: seq(r, p),
-            status: r.snapshot.status,
-            definition: self.name(&r.snapshot.definition),
-            tasks,
-        }
+    /// The usable partitions' stores and recent records, taking those `keep` wants.
+    fn take_parts(&self, keep: impl Fn(&InstanceRecord) -> bool) -> Vec<(i32, Taken)> {
+        self.read()
+            .iter()
+            .filter(|(p, part)| part.usable(**p))
+            .map(|(p, part)| {
+                let recent = part
+                    .recent
+                    .iter()
+                    .map(|(id, (_, r))| (id.clone(), r.clone().filter(|r| keep(r))))
+                    .collect();
+                (
+                    *p,
+                    Taken {
+                        store: part.store(),
+                        recent,
+                    },
+                )
+            })
+            .collect()
     }
 
     /// Instance `id`, if its partition is held here (`p`, its partition).
@@ -225,9 +313,25 @@ impl View {
         self.read().keys().copied().collect()
     }
 
-    /// How many instances are held here.
+    /// How many instances are held here: the rows of the local indexes, corrected by the records
+    /// of the last transactions.
     pub fn len(&self) -> usize {
-        self.read().values().map(|part| part.rows.len()).sum()
+        let mut n: i64 = 0;
+        for (_, t) in self.take_parts(|_| true) {
+            let Some(store) = t.store else {
+                n += t.recent.values().filter(|r| r.is_some()).count() as i64;
+                continue;
+            };
+            match store.count(ROW_PREFIX) {
+                Ok(rows) => n += rows as i64,
+                Err(e) => unread("a count", e),
+            }
+            for (id, r) in &t.recent {
+                let stored = matches!(store.get(id), Ok(Some(_)));
+                n += i64::from(r.is_some() && !stored) - i64::from(r.is_none() && stored);
+            }
+        }
+        n.max(0) as usize
     }
 
     /// How many records are in memory (those the stores do not have yet, or every record without
@@ -237,22 +341,17 @@ impl View {
     }
 
     /// A partition restored here: its instances, ended ones included, and the store that holds
-    /// them all (`None`: the view keeps them).
+    /// them all and their local index (`None`: the view keeps them).
     pub(crate) fn take(&self, p: i32, records: Records, backing: Option<Backing>) {
-        let rows = records
-            .iter()
-            .map(|(id, r)| (id.as_str().into(), self.row(r, p)))
-            .collect();
         let recent = match backing {
             Some(_) => HashMap::new(),
             None => records
                 .into_iter()
-                .map(|(id, r)| (id.into_boxed_str(), (0, r)))
+                .map(|(id, r)| (id.into_boxed_str(), (0, Some(r))))
                 .collect(),
         };
         let part = Part {
             backing,
-            rows,
             recent,
             queue: VecDeque::new(),
         };
@@ -263,28 +362,19 @@ impl View {
     /// deleted (past its retention); `ticket` is the writer's ticket of the transaction's write to
     /// the partition's store.
     pub(crate) fn apply(&self, p: i32, changes: Vec<(String, Option<InstanceRecord>)>, ticket: u64) {
-        type Change = (Box<str>, Option<(Row, InstanceRecord)>);
-        let rows: Vec<Change> = changes
-            .into_iter()
-            .map(|(id, r)| (id.into_boxed_str(), r.map(|r| (self.row(&r, p), r))))
-            .collect();
         let mut all = self.write();
         let Some(part) = all.get_mut(&p) else { return };
         part.prune(p);
         let stored = part.backing.is_some();
-        for (id, r) in rows {
-            match r {
-                Some((row, r)) => {
-                    part.rows.insert(id.clone(), row);
-                    if stored {
-                        part.queue.push_back((ticket, id.clone()));
-                    }
-                    part.recent.insert(id, (ticket, r));
-                }
-                None => {
-                    part.rows.remove(&id);
-                    part.recent.remove(&id);
-                }
+        for (id, r) in changes {
+            let id = id.into_boxed_str();
+            if stored {
+                part.queue.push_back((ticket, id.clone()));
+                part.recent.insert(id, (ticket, r));
+            } else if let Some(r) = r {
+                part.recent.insert(id, (ticket, Some(r)));
+            } else {
+                part.recent.remove(&id);
             }
         }
     }
@@ -305,11 +395,28 @@ impl View {
     /// The open worker tasks of the instances held here, by task list.
     pub fn open_tasks(&self) -> HashMap<Arc<str>, usize> {
         let mut open: HashMap<Arc<str>, usize> = HashMap::new();
-        for part in self.read().values() {
-            for row in part.rows.values().filter(|r| !r.status.is_final()) {
-                for l in row.tasks.iter() {
-                    *open.entry(l.clone()).or_default() += 1;
+        let mut count = |l: &str| match open.get_mut(l) {
+            Some(n) => *n += 1,
+            None => {
+                open.insert(Arc::from(l), 1);
+            }
+        };
+        for (_, t) in self.take_parts(|r| !r.snapshot.status.is_final()) {
+            for r in t.recent.values().flatten() {
+                task_lists(r).for_each(&mut count);
+            }
+            let Some(store) = t.store else { continue };
+            let scanned = store.scan(TASKS_PREFIX, &mut |k, v| {
+                let id = &k[TASKS_PREFIX.len()..];
+                if t.recent.contains_key(id) {
+                    return;
                 }
+                if let Ok(lists) = serde_json::from_slice::<Vec<&str>>(v) {
+                    lists.into_iter().for_each(&mut count);
+                }
+            });
+            if let Err(e) = scanned {
+                unread("the open tasks", e);
             }
         }
         open
@@ -318,79 +425,91 @@ impl View {
     /// The snapshots an event is explained against: instance `target`'s, ended or not, when the
     /// event names one; else those of the unended instances held here.
     pub fn to_explain(&self, target: Option<&str>) -> Vec<Snapshot> {
-        let found: Vec<(Box<str>, Found)> = {
-            let all = self.read();
-            match target {
-                Some(t) => all
-                    .iter()
-                    .filter(|(p, part)| part.usable(**p))
-                    .map(|(_, part)| part)
-                    .filter_map(|part| Some((t.into(), part.find(t)?)))
-                    .collect(),
-                None => all
-                    .iter()
-                    .filter(|(p, part)| part.usable(**p))
-                    .map(|(_, part)| part)
-                    .flat_map(|part| {
-                        part.rows
-                            .iter()
-                            .filter(|(_, r)| !r.status.is_final())
-                            .filter_map(|(id, _)| Some((id.clone(), part.find(id)?)))
-                    })
-                    .collect(),
+        if let Some(t) = target {
+            let found: Vec<Found> = self
+                .read()
+                .iter()
+                .filter(|(p, part)| part.usable(**p))
+                .filter_map(|(_, part)| part.find(t))
+                .collect();
+            return found
+                .into_iter()
+                .filter_map(|f| f.read(t))
+                .map(|r| r.snapshot)
+                .collect();
+        }
+        let mut snaps = Vec::new();
+        for (_, t) in self.take_parts(|r| !r.snapshot.status.is_final()) {
+            snaps.extend(t.recent.values().flatten().map(|r| r.snapshot.clone()));
+            let Some(store) = t.store else { continue };
+            let mut unended = Vec::new();
+            let scanned = store.scan(ROW_PREFIX, &mut |k, v| {
+                let Some((_, id)) = parse_row_key(k) else { return };
+                if t.recent.contains_key(id) {
+                    return;
+                }
+                let ended = serde_json::from_slice::<Summary>(v)
+                    .ok()
+                    .and_then(|s| serde_json::from_value::<Status>(s.status.into()).ok())
+                    .is_some_and(|s| s.is_final());
+                if !ended {
+                    unended.push(id.to_string());
+                }
+            });
+            if let Err(e) = scanned {
+                unread("an explanation", e);
             }
-        };
-        found
-            .into_iter()
-            .filter_map(|(id, f)| f.read(&id))
-            .map(|r| r.snapshot)
-            .collect()
+            snaps.extend(
+                unended
+                    .iter()
+                    .filter_map(|id| decode(store.as_ref(), id))
+                    .map(|r| r.snapshot),
+            );
+        }
+        snaps
     }
 
     /// The instances held here in start order ([`seq`]), after cursor `after`.
     pub fn list(&self, status: Option<&str>, definition: Option<&str>, after: i64, limit: usize) -> Vec<Summary> {
-        let page: Vec<(i64, Box<str>, Found)> = {
-            let all = self.read();
-            // A partition whose store broke is left out, as one being restored is.
-            let mut rows: Vec<(i64, &str, &Part)> = all
-                .iter()
-                .filter(|(p, part)| part.usable(**p))
-                .map(|(_, part)| part)
-                .flat_map(|part| part.rows.iter().map(move |(id, r)| (r, &**id, part)))
-                .filter(|(r, _, _)| {
-                    r.seq > after
-                        && status.is_none_or(|s| r.status.as_str() == s)
-                        && definition.is_none_or(|d| *r.definition == *d)
-                })
-                .map(|(r, id, part)| (r.seq, id, part))
-                .collect();
-            // The first `limit` only: a page costs one pass over the rows, not a sort of them all.
-            let order = |a: &(i64, &str, &Part), b: &(i64, &str, &Part)| (a.0, a.1).cmp(&(b.0, b.1));
-            if rows.len() > limit && limit > 0 {
-                rows.select_nth_unstable_by(limit - 1, order);
-            }
-            rows.truncate(limit);
-            rows.sort_unstable_by(order);
-            rows.into_iter()
-                .filter_map(|(seq, id, part)| Some((seq, id.into(), part.find(id)?)))
-                .collect()
+        let wanted = |s: &Summary| {
+            s.seq > after && status.is_none_or(|x| s.status == x) && definition.is_none_or(|d| s.definition == d)
         };
-        page.into_iter()
-            .filter_map(|(seq, id, found)| {
-                let r = found.read(&id)?;
-                Some(Summary {
-                    id: id.into(),
-                    definition: r.snapshot.definition,
-                    version: r.snapshot.version,
-                    status: r.snapshot.status.as_str().to_string(),
-                    state: r.snapshot.state_name,
-                    started_at: r.snapshot.started_at.map(rfc3339),
-                    ended_at: r.snapshot.ended_at.map(rfc3339),
-                    parent: r.parent.map(|p| p.instance),
-                    seq,
-                })
-            })
-            .collect()
+        let mut page: Vec<Summary> = Vec::new();
+        // A partition whose store broke is left out, as one being restored is.
+        for (p, t) in self.take_parts(|_| true) {
+            page.extend(
+                t.recent
+                    .iter()
+                    .filter_map(|(id, r)| Some(summary(id, r.as_ref()?, seq(r.as_ref()?, p))))
+                    .filter(|s| wanted(s)),
+            );
+            let Some(store) = t.store else { continue };
+            // The partition's first `limit` rows after the cursor that the filters take; the rows
+            // are in start order in the store.
+            let from = row_key(after.saturating_add(1), "");
+            let mut taken = 0;
+            let scanned = store.scan_from(ROW_PREFIX, &from, &mut |k, v| {
+                let Some((seq, id)) = parse_row_key(k) else { return true };
+                if t.recent.contains_key(id) {
+                    return true;
+                }
+                if let Ok(mut s) = serde_json::from_slice::<Summary>(v) {
+                    s.seq = seq;
+                    if wanted(&s) {
+                        page.push(s);
+                        taken += 1;
+                    }
+                }
+                taken < limit
+            });
+            if let Err(e) = scanned {
+                unread("a listing", e);
+            }
+        }
+        // The first `limit` only: a page costs a sort of what the partitions gave.
+        page.sort_unstable_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+        page.truncate(limit);
+        page
     }
 }
 
@@ -453,14 +572,15 @@ pub(crate) fn run(shared: std::sync::Arc<Shared>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::worker::keeper::Keeper;
     use sm4c_host::local::{LocalError, LocalStores, MemoryStores};
     use sm4c_runtime::engine::Options;
     use sm4c_runtime::Instance;
 
-    fn record(id: &str, definition: &str, status: Status, at: i64) -> InstanceRecord {
+    /// An instance of a one-state definition `definition`, with `status`, started at `at`.
+    pub(crate) fn record(id: &str, definition: &str, status: Status, at: i64) -> InstanceRecord {
         let doc = serde_json::json!({"id": definition, "name": definition, "version": "1.0",
             "states": [{"name": "Wait", "start": true}]});
         let m = Arc::new(load(&doc, &mut sm4c_runtime::no_files, LoadOptions::default()).unwrap());
@@ -481,32 +601,58 @@ mod tests {
         }
     }
 
-    /// Writes records as a committed transaction's state records, the way the owner does.
-    fn keep(keeper: &Keeper, store: &Arc<dyn LocalStore>, records: &[&InstanceRecord]) -> u64 {
-        let changes = records
-            .iter()
-            .map(|r| {
-                let state = StateRecord {
-                    through: 0,
-                    instance: Some((*r).clone()),
-                    ..StateRecord::default()
-                };
-                (r.snapshot.id.clone(), Some(serde_json::to_vec(&state).unwrap()))
-            })
-            .collect();
+    /// Writes a committed transaction's state records and the changes of the local index they
+    /// make, the way the owner does: `(id, record or None when deleted, its place before)`.
+    fn write(
+        keeper: &Keeper,
+        store: &Arc<dyn LocalStore>,
+        records: &[(&str, Option<&InstanceRecord>, Option<i64>)],
+    ) -> u64 {
+        let mut changes = Vec::new();
+        for (id, r, before) in records {
+            let state = r.map(|r| StateRecord {
+                through: 0,
+                instance: Some(r.clone()),
+                ..StateRecord::default()
+            });
+            changes.push((id.to_string(), state.map(|s| serde_json::to_vec(&s).unwrap())));
+            changes.extend(index_changes(0, id, *r, *before));
+        }
         keeper.keep(0, store.clone(), changes, None)
     }
 
+    fn keep(keeper: &Keeper, store: &Arc<dyn LocalStore>, records: &[&InstanceRecord]) -> u64 {
+        let all: Vec<_> = records
+            .iter()
+            .map(|r| (r.snapshot.id.as_str(), Some(*r), None))
+            .collect();
+        write(keeper, store, &all)
+    }
+
+    /// A worker task of list `list`, open.
+    fn task(op: &str, list: &str) -> (String, sm4c_runtime::Effect) {
+        let effect = sm4c_runtime::Effect::InvokeFunction {
+            op: op.into(),
+            function: "f".into(),
+            operation: list.into(),
+            function_type: "worker".into(),
+            arguments: serde_json::Value::Null,
+            wait: true,
+        };
+        (op.into(), effect)
+    }
+
     #[test]
-    fn with_a_store_records_are_read_from_it_and_memory_keeps_rows_and_the_unwritten_transactions() {
+    fn with_a_store_records_and_listings_are_read_from_it_and_memory_keeps_only_the_unwritten_transactions() {
         let keeper = Keeper::start().unwrap();
         let stores = MemoryStores::default();
         let store = stores.open("state-0").unwrap();
-        let (a, b, c) = (
+        let (a, b, mut c) = (
             record("a", "order", Status::Waiting, 3),
             record("b", "order", Status::Completed, 1),
             record("c", "refund", Status::Waiting, 2),
         );
+        c.calls = vec![task("op-1", "refunds"), task("op-2", "refunds")];
         // A restore: every record is in the store already.
         keep(&keeper, &store, &[&a, &b, &c]);
         keeper.sync(0);
@@ -520,47 +666,94 @@ mod tests {
             progress: keeper.progress().clone(),
         };
         view.take(0, records, Some(backing));
-        assert_eq!((view.len(), view.in_memory()), (3, 0));
+        assert_eq!(
+            (view.len(), view.in_memory()),
+            (3, 0),
+            "nothing of an instance in memory"
+        );
         assert_eq!(view.get(0, "a").unwrap().snapshot.id, "a");
         assert!(view.get(0, "x").is_none());
         assert!(view.get(1, "a").is_none(), "partition 1 is not held");
-        // Listings page in start order, filtered by the rows alone.
+        // Listings page in start order, filtered, from the local index.
         let ids = |rows: Vec<Summary>| rows.into_iter().map(|s| s.id).collect::<Vec<_>>();
         assert_eq!(ids(view.list(None, None, 0, 10)), ["b", "c", "a"]);
         assert_eq!(ids(view.list(None, None, 0, 2)), ["b", "c"]);
         let after = view.list(None, None, 0, 2)[1].seq;
+        assert_eq!(after, seq(&c, 0));
         assert_eq!(ids(view.list(None, None, after, 2)), ["a"]);
         assert_eq!(ids(view.list(Some("waiting"), None, 0, 10)), ["c", "a"]);
+        assert_eq!(ids(view.list(Some("waiting"), None, 0, 1)), ["c"]);
         assert_eq!(ids(view.list(None, Some("refund"), 0, 10)), ["c"]);
-        assert_eq!(view.list(None, None, 0, 10)[0].status, "completed");
+        assert_eq!(view.list(None, None, 0, 10)[0], summary("b", &b, seq(&b, 0)));
+        assert_eq!(view.open_tasks().get("refunds"), Some(&2));
         let unended: Vec<String> = view.to_explain(None).into_iter().map(|s| s.id).collect();
-        assert_eq!(unended.len(), 2);
+        assert_eq!(unended, ["c", "a"]);
         assert_eq!(
             view.to_explain(Some("b")).len(),
             1,
             "a named instance is explained ended or not"
         );
 
-        // A transaction: its records are answered from memory until the store has them.
+        // A transaction: its records are answered from memory until the store has them, its
+        // deletion too.
         let mut a2 = a.clone();
         a2.snapshot.status = Status::Completed;
         a2.journal_len = 2;
-        let ticket = keep(&keeper, &store, &[&a2]);
-        view.apply(0, vec![("a".into(), Some(a2.clone())), ("b".into(), None)], ticket);
-        assert_eq!(view.get(0, "a").unwrap().journal_len, 2);
-        assert!(view.get(0, "b").is_none(), "deleted");
-        assert_eq!(view.len(), 2);
-        keeper.sync(0);
-        // The next transaction drops what the store has by then.
+        let mut c2 = c.clone();
+        c2.calls.pop();
+        let ticket = write(
+            &keeper,
+            &store,
+            &[
+                ("a", Some(&a2), None),
+                ("b", None, Some(seq(&b, 0))),
+                ("c", Some(&c2), None),
+            ],
+        );
+        let applied = vec![
+            ("a".into(), Some(a2.clone())),
+            ("b".into(), None),
+            ("c".into(), Some(c2)),
+        ];
+        view.apply(0, applied, ticket);
+        for _ in 0..2 {
+            assert_eq!(view.get(0, "a").unwrap().journal_len, 2);
+            assert!(view.get(0, "b").is_none(), "deleted");
+            assert_eq!(view.len(), 2);
+            assert_eq!(ids(view.list(None, None, 0, 10)), ["c", "a"]);
+            assert_eq!(ids(view.list(Some("completed"), None, 0, 10)), ["a"]);
+            assert_eq!(view.open_tasks().get("refunds"), Some(&1));
+            let unended: Vec<String> = view.to_explain(None).into_iter().map(|s| s.id).collect();
+            assert_eq!(unended, ["c"]);
+            // Again once the store has it all, and memory has nothing.
+            keeper.sync(0);
+            view.prune();
+        }
+        assert_eq!(view.in_memory(), 0);
+        // The next transaction: only its records are in memory.
         let d = record("d", "order", Status::Waiting, 4);
         let ticket = keep(&keeper, &store, &[&d]);
         view.apply(0, vec![("d".into(), Some(d.clone()))], ticket);
-        assert_eq!(view.in_memory(), 1, "only d, whose write may still be queued");
+        assert!(view.in_memory() <= 1, "only d, whose write may still be queued");
         assert_eq!(view.get(0, "a").unwrap().journal_len, 2, "read from the store");
         assert_eq!(view.get(0, "d").unwrap().snapshot.id, "d");
-        assert_eq!(ids(view.list(Some("completed"), None, 0, 10)), ["a"]);
+        assert_eq!(ids(view.list(None, None, 0, 10)), ["c", "a", "d"]);
         view.release(0);
         assert!(!view.holds(0));
+    }
+
+    #[test]
+    fn an_instance_deleted_and_started_again_moves_its_row() {
+        let mut a = record("a", "order", Status::Completed, 3);
+        let before = seq(&a, 0);
+        a.order = (9, 0);
+        let changes = index_changes(0, "a", Some(&a), Some(before));
+        assert_eq!(changes[0], (row_key(before, "a"), None), "the old row goes");
+        assert_eq!(changes[1].0, row_key(seq(&a, 0), "a"));
+        assert_eq!(parse_row_key(&changes[1].0), Some((seq(&a, 0), "a")));
+        let gone = index_changes(0, "a", None, Some(seq(&a, 0)));
+        assert!(gone.iter().all(|(k, v)| is_index_key(k) && v.is_none()), "{gone:?}");
+        assert_eq!(gone.len(), 2, "its row and its tasks");
     }
 
     /// A store whose writes fail, as on a full disk.

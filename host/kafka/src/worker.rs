@@ -534,13 +534,13 @@ struct Owner {
     resubscribe: Vec<String>,
     /// The instances the batch being decided changed: their records are written.
     dirty: BTreeSet<String>,
-    /// Ended instances, out of memory but for when they ended (ms): a start with the same id
-    /// starts nothing, an event naming one is dead-lettered. Past the retention their state
-    /// records are deleted.
-    ended: HashMap<String, i64>,
-    /// Ended instances whose retention has passed: their state records are deleted (tombstones)
-    /// in the next transaction.
-    expired: Vec<String>,
+    /// Ended instances, out of memory but for when they ended (ms) and their place in listings
+    /// ([`crate::view::seq`]): a start with the same id starts nothing, an event naming one is
+    /// dead-lettered. Past the retention their state records are deleted.
+    ended: HashMap<String, (i64, i64)>,
+    /// Ended instances whose retention has passed, with their places in listings: their state
+    /// records and their rows of the local index are deleted in the next transaction.
+    expired: Vec<(String, i64)>,
     /// When `ended` is looked through for expired instances next (ms): not on every tick, which
     /// would cost a pass over every ended instance twice a second.
     next_expiry: i64,
@@ -752,6 +752,41 @@ impl Owner {
         due_now
     }
 
+    /// Picks the ended instances whose retention has passed by `now` (at most
+    /// [`EXPIRED_PER_TRANSACTION`]), unless the last ones picked are not deleted yet: the next
+    /// transaction deletes their state records and their rows of the local index. Looks through
+    /// the ended instances only when one may have expired, not on every tick.
+    fn expire(&mut self, now: i64, retention: i64) {
+        if !self.expired.is_empty() || now < self.next_expiry {
+            return;
+        }
+        let old: Vec<(String, i64)> = self
+            .ended
+            .iter()
+            .filter(|(_, (at, _))| *at + retention <= now)
+            .map(|(id, (_, place))| (id.clone(), *place))
+            .take(EXPIRED_PER_TRANSACTION)
+            .collect();
+        for (id, _) in &old {
+            self.ended.remove(id);
+        }
+        // Next when the earliest left expires, or a retention from now: what ends from now on
+        // expires no earlier (but for the lag of its inputs, by which it is deleted late, never
+        // early); at once when this pass stopped at its bound.
+        self.next_expiry = match old.len() == EXPIRED_PER_TRANSACTION {
+            true => now,
+            false => {
+                self.ended
+                    .values()
+                    .map(|(at, _)| *at)
+                    .min()
+                    .map_or(now, |at| at.min(now))
+                    + retention
+            }
+        };
+        self.expired = old;
+    }
+
     /// The batch `b` has committed: the partition's clock moves on, ended instances leave memory
     /// (the state topic keeps them for the retention). Gives back what the batch asked to do once
     /// committed, and the events it applied.
@@ -762,10 +797,10 @@ impl Owner {
             self.settle.wrote();
         }
         self.expired.clear();
-        for (id, at) in b.ended {
+        for (id, ended) in b.ended {
             self.slots.remove(&id);
             self.corr.remove(&id);
-            self.ended.insert(id, at);
+            self.ended.insert(id, ended);
         }
         (b.after, b.applied)
     }
@@ -777,20 +812,22 @@ const EXPIRED_PER_TRANSACTION: usize = 1000;
 /// How often a quiet partition's local store has its checkpoint written again (its time only).
 const LOCAL_REFRESH: Duration = Duration::from_secs(3600);
 
-/// What a committed transaction writes to the partition's local store: its state records, and as
-/// the checkpoint the offset after `delivered`, the last record this process's producers wrote to
+/// What a committed transaction writes to the partition's local store: its state records and the
+/// changes of the local index they make (`index`), and as the checkpoint the offset after `delivered`, the last record this process's producers wrote to
 /// the state partition (every one of them committed or aborted by now: an owner whose transaction
 /// failed is dropped and its partition restored).
 fn local_changes(
     shared: &Shared,
     p: i32,
     outs: &[Out],
+    index: Vec<(String, Option<Vec<u8>>)>,
     delivered: Option<i64>,
 ) -> (keeper::Changes, Option<Checkpoint>) {
     let changes = outs
         .iter()
         .filter(|o| o.topic == shared.topics.state && o.partition == Some(p))
         .filter_map(|o| Some((o.key.clone()?, o.payload.clone())))
+        .chain(index)
         .collect();
     let checkpoint = delivered.map(|o| Checkpoint {
         offset: o + 1,
@@ -1490,7 +1527,8 @@ impl Worker {
         let mut ticket = 0;
         if let Some(store) = &t.store {
             let delivered = crate::wire::delivered(&shared.topics.state, t.partition).filter(|d| *d >= t.checkpoint);
-            let (changes, checkpoint) = local_changes(&shared, t.partition, &b.outs, delivered);
+            let index = std::mem::take(&mut b.index);
+            let (changes, checkpoint) = local_changes(&shared, t.partition, &b.outs, index, delivered);
             if let Some(k) = &shared.keeper {
                 ticket = k.keep(t.partition, store.clone(), changes, checkpoint);
             }
@@ -1652,26 +1690,7 @@ impl Worker {
         let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);
         let retention = self.shared.cfg.retention_ms;
         for t in self.owners.values_mut() {
-            if t.expired.is_empty() && now >= t.next_expiry {
-                let old: Vec<String> = t
-                    .ended
-                    .iter()
-                    .filter(|(_, at)| **at + retention <= now)
-                    .map(|(id, _)| id.clone())
-                    .take(EXPIRED_PER_TRANSACTION)
-                    .collect();
-                for id in &old {
-                    t.ended.remove(id);
-                }
-                // Next when the earliest left expires, or a retention from now: what ends from now
-                // on expires no earlier (but for the lag of its inputs, by which it is deleted
-                // late, never early); at once when this pass stopped at its bound.
-                t.next_expiry = match old.len() == EXPIRED_PER_TRANSACTION {
-                    true => now,
-                    false => t.ended.values().copied().min().map_or(now, |at| at.min(now)) + retention,
-                };
-                t.expired = old;
-            }
+            t.expire(now, retention);
             let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty();
             if idle {
                 t.last_commit = Instant::now();

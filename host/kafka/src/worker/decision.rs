@@ -25,13 +25,16 @@ pub(super) struct Batch {
     pub(super) after: Vec<(String, Work)>,
     /// Per events partition, the largest event offset the batch applied.
     pub(super) applied: Applied,
-    /// The instances that ended, and when.
-    pub(super) ended: Vec<(String, i64)>,
+    /// The instances that ended: when, and their place in listings ([`crate::view::seq`]).
+    pub(super) ended: Vec<(String, (i64, i64))>,
     /// The new record of each instance the batch wrote, `None` for one it deleted: the API's
     /// [`crate::view::View`] takes them once the batch has committed.
     pub(super) records: Vec<(String, Option<crate::wire::InstanceRecord>)>,
     /// The journal records among `outs`: their keys in the local journal, and their places.
     pub(super) journal: Vec<(String, usize)>,
+    /// What the partition's local index changes by ([`crate::view::index_changes`]), written to
+    /// the local store with the state records.
+    pub(super) index: Vec<(String, Option<Vec<u8>>)>,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -104,7 +107,8 @@ pub(super) fn decide<'a>(
     for id in std::mem::take(&mut t.dirty) {
         let Some(s) = t.slots.get_mut(&id) else { continue };
         if s.h.inst.status().is_final() {
-            ended.push((id.clone(), s.h.inst.snapshot().ended_at.unwrap_or(0)));
+            let place = crate::view::seq_of(s.order, t.partition);
+            ended.push((id.clone(), (s.h.inst.snapshot().ended_at.unwrap_or(0), place)));
         }
         // The correlation keys it takes events of (as its last step indexed them): the keys'
         // partitions learn of each change in this transaction.
@@ -171,7 +175,12 @@ pub(super) fn decide<'a>(
         records.push((id, r.instance.take()));
     }
     outs.extend(t.parking.records(shared, t.partition, through, t.clock));
-    for id in &t.expired {
+    let mut index = Vec::new();
+    for (id, r) in &records {
+        index.extend(crate::view::index_changes(t.partition, id, r.as_ref(), None));
+    }
+    for (id, place) in &t.expired {
+        index.extend(crate::view::index_changes(t.partition, id, None, Some(*place)));
         records.push((id.clone(), None));
         outs.push(Out {
             topic: shared.topics.state.clone(),
@@ -195,6 +204,7 @@ pub(super) fn decide<'a>(
         ended,
         records,
         journal,
+        index,
     }
 }
 

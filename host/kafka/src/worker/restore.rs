@@ -67,7 +67,11 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
                 unreadable += 1;
             }
         });
+        let indexed = s.get(crate::view::INDEX_VERSION_KEY);
         let failure = match loaded {
+            Ok(()) if !matches!(&indexed, Ok(Some(v)) if v.as_slice() == crate::view::INDEX_VERSION) => {
+                Some("it holds no local index of this version".to_string())
+            }
             Ok(()) if unreadable == 0 => None,
             Ok(()) => Some(format!("{unreadable} of its records do not read")),
             Err(e) => Some(e.to_string()),
@@ -268,6 +272,9 @@ pub(super) struct Latest {
     clocked: u64,
     /// The keys of the records read (not those a local store gave).
     touched: BTreeSet<String>,
+    /// The `order` of each instance record a local store gave: where its row of the local index
+    /// is, to move or delete it when the log says otherwise.
+    stored_order: HashMap<String, (i64, i64)>,
 }
 
 impl Latest {
@@ -281,14 +288,22 @@ impl Latest {
             uncommitted: 0,
             clocked: 0,
             touched: BTreeSet::new(),
+            stored_order: HashMap::new(),
         }
     }
 
     /// A record a local store kept: committed when it was written there. `false` when it does not
     /// read (the store is then not to be trusted).
+    /// The local index's keys are passed over: they are derived from the records.
     pub(super) fn known(&mut self, key: &str, value: &[u8]) -> bool {
+        if crate::view::is_index_key(key) {
+            return true;
+        }
         match serde_json::from_slice::<StateRecord>(value) {
             Ok(r) => {
+                if let Some(rec) = &r.instance {
+                    self.stored_order.insert(key.to_string(), rec.order);
+                }
                 self.latest.insert(key.to_string(), Some(r));
                 true
             }
@@ -303,18 +318,21 @@ impl Latest {
     /// transaction moves it. Gives the store's checkpoint now; `None`: the store could not be
     /// written, and is cleared (read from the beginning next time).
     pub(super) fn save(&self, store: &dyn LocalStore, p: i32, from: i64, end: i64) -> Option<i64> {
-        let bytes: Vec<(&str, Option<Vec<u8>>)> = self
-            .touched
-            .iter()
-            .map(|k| {
-                let v = match self.latest.get(k) {
-                    Some(Some(r)) => Some(serde_json::to_vec(r).unwrap_or_default()),
-                    _ => None,
-                };
-                (k.as_str(), v)
-            })
-            .collect();
-        let changes: Vec<(&str, Option<&[u8]>)> = bytes.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+        let mut bytes: Vec<(String, Option<Vec<u8>>)> = Vec::with_capacity(self.touched.len());
+        let mut index = Vec::new();
+        for k in &self.touched {
+            let r = self.latest.get(k).and_then(Option::as_ref);
+            bytes.push((k.clone(), r.map(|r| serde_json::to_vec(r).unwrap_or_default())));
+            let before = self.stored_order.get(k).map(|o| crate::view::seq_of(*o, p));
+            let now = r.and_then(|r| r.instance.as_ref());
+            if now.is_some() || before.is_some() {
+                index.extend(crate::view::index_changes(p, k, now, before));
+            }
+        }
+        bytes.extend(index);
+        let version = Some(crate::view::INDEX_VERSION.to_vec());
+        bytes.push((crate::view::INDEX_VERSION_KEY.to_string(), version));
+        let changes: Vec<(&str, Option<&[u8]>)> = bytes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
         let cp = (self.stale.is_empty() && end >= from).then(|| Checkpoint {
             offset: end,
             written_ms: now_ms(),
@@ -478,7 +496,8 @@ impl Latest {
                 t.last_order = rec.order;
             }
             if rec.snapshot.status.is_final() {
-                t.ended.insert(k.clone(), rec.snapshot.ended_at.unwrap_or(0));
+                let place = crate::view::seq_of(rec.order, p);
+                t.ended.insert(k.clone(), (rec.snapshot.ended_at.unwrap_or(0), place));
                 t.records.insert(k, rec);
                 continue;
             }

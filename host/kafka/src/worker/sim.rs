@@ -923,7 +923,7 @@ impl<'a> World<'a> {
             let records = recs
                 .iter()
                 .map(|r| (r.offset, r.ts, r.payload.as_deref().unwrap_or_default()));
-            let b = decision::decide(shared, &mut o.t, records, carried, self.now);
+            let mut b = decision::decide(shared, &mut o.t, records, carried, self.now);
             let what = format!(
                 "w{w} p{p} batch ({} commands, events of {carried_events:?})",
                 recs.len()
@@ -949,7 +949,8 @@ impl<'a> World<'a> {
                             .filter(|d| *d >= o.t.checkpoint);
                         // Written at once: the worker's writer thread applies the same changes
                         // in the same order, and a restore waits for it.
-                        let (changes, checkpoint) = super::local_changes(shared, p, &b.outs, delivered);
+                        let index = std::mem::take(&mut b.index);
+                        let (changes, checkpoint) = super::local_changes(shared, p, &b.outs, index, delivered);
                         let refs: Vec<(&str, Option<&[u8]>)> =
                             changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
                         store.apply(&refs, checkpoint).expect("a memory store writes");
@@ -1469,11 +1470,47 @@ impl<'a> World<'a> {
                     };
                 }
                 let mut kept: BTreeMap<String, Value> = BTreeMap::new();
+                let mut index: BTreeMap<String, Vec<u8>> = BTreeMap::new();
                 store
                     .each(&mut |k, v| {
-                        kept.insert(k.to_string(), serde_json::from_slice(v).unwrap_or(Value::Null));
+                        if crate::view::is_index_key(k) {
+                            index.insert(k.to_string(), v.to_vec());
+                        } else {
+                            kept.insert(k.to_string(), serde_json::from_slice(v).unwrap_or(Value::Null));
+                        }
                     })
                     .map_err(|e| e.to_string())?;
+                // Its local index is the one the partition's records make.
+                let mut expected: BTreeMap<String, Vec<u8>> = BTreeMap::from([(
+                    crate::view::INDEX_VERSION_KEY.to_string(),
+                    crate::view::INDEX_VERSION.to_vec(),
+                )]);
+                for (k, v) in &truth {
+                    let Some(rec) = serde_json::from_value::<StateRecord>(v.clone())
+                        .ok()
+                        .and_then(|r| r.instance)
+                    else {
+                        continue;
+                    };
+                    for (key, value) in crate::view::index_changes(*p, k, Some(&rec), None) {
+                        if let Some(value) = value {
+                            expected.insert(key, value);
+                        }
+                    }
+                }
+                if index != expected {
+                    let differs = expected
+                        .keys()
+                        .chain(index.keys())
+                        .find(|k| expected.get(*k) != index.get(*k))
+                        .cloned()
+                        .unwrap_or_default();
+                    return Err(format!(
+                        "w{w}'s local index of p{p} differs from the one the state partition makes at key {differs:?}: {:?} kept, {:?} made",
+                        index.get(&differs).map(|v| String::from_utf8_lossy(v).into_owned()),
+                        expected.get(&differs).map(|v| String::from_utf8_lossy(v).into_owned())
+                    ));
+                }
                 for k in truth.keys().chain(kept.keys()).collect::<BTreeSet<_>>() {
                     let strip = |v: Option<&Value>| {
                         // The transaction's bookkeeping differs between a record and the one a
@@ -1742,4 +1779,69 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         "only {by_key} instances in {seeds} seeds took a go event routed by its key"
     );
     eprintln!("{seeds} seeds; {by_key} instances took a go event routed by its correlation key");
+}
+
+#[test]
+fn an_expired_instance_leaves_the_local_store_and_its_index_in_the_transaction_that_deletes_it() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    let p = 0;
+    let mut old = crate::view::tests::record("old", "order", sm4c_runtime::Status::Completed, 5);
+    old.snapshot.ended_at = Some(1_000);
+    let waiting = crate::view::tests::record("new", "order", sm4c_runtime::Status::Waiting, 6);
+    // A restore reads both from the state partition into an empty store.
+    let mut state = Latest::new(10, 10);
+    for r in [&old, &waiting] {
+        let record = StateRecord {
+            through: 0,
+            clock: Some(0),
+            instance: Some(r.clone()),
+            ..StateRecord::default()
+        };
+        let payload = serde_json::to_vec(&record).unwrap_or_default();
+        state.record(Some(r.snapshot.id.clone()), Some(&payload), None);
+    }
+    let stores = MemoryStores::default();
+    let store = stores.open("sim.state-0").expect("a memory store opens");
+    assert_eq!(state.save(store.as_ref(), p, 0, 2), Some(2));
+    let rows = || {
+        let mut ids = Vec::new();
+        store
+            .scan(crate::view::ROW_PREFIX, &mut |k, _| {
+                ids.extend(crate::view::parse_row_key(k).map(|(_, id)| id.to_string()))
+            })
+            .expect("a memory store reads");
+        ids
+    };
+    assert_eq!(rows(), ["old", "new"], "the restore wrote the rows of the local index");
+    let (mut t, _) = state.owner(&shared, p, None, None);
+    t.store = Some(store.clone());
+    let retention = 60_000;
+    t.expire(1_000, retention);
+    assert!(t.expired.is_empty(), "not yet");
+    t.expire(1_000 + retention, retention);
+    assert_eq!(t.expired, [("old".to_string(), crate::view::seq(&old, p))]);
+    // The owner's tick deletes it: its state record and its row go in the same write.
+    let now = 1_000 + retention;
+    let tick = super::command(&shared, p, None, &Command::Tick);
+    let payload = tick.payload.unwrap_or_default();
+    let mut b = decision::decide(
+        &shared,
+        &mut t,
+        [(10, now, payload.as_slice())],
+        Default::default(),
+        now,
+    );
+    assert!(b.records.iter().any(|(id, r)| id == "old" && r.is_none()));
+    let index = std::mem::take(&mut b.index);
+    let (changes, _) = super::local_changes(&shared, p, &b.outs, index, None);
+    let refs: Vec<(&str, Option<&[u8]>)> = changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+    store.apply(&refs, None).expect("a memory store writes");
+    assert_eq!(store.get("old").expect("a memory store reads"), None);
+    assert!(store.get("new").expect("a memory store reads").is_some());
+    assert_eq!(rows(), ["new"], "the expired instance's row is gone with it");
+    t.committed(b);
+    assert!(!t.ended.contains_key("old"));
 }
