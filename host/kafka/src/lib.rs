@@ -139,6 +139,10 @@ pub struct KafkaConfig {
     /// keeps local stores (default 10,000): the least recently used beyond that are read from the
     /// partition's store when a command, an event or a timer comes for them.
     pub cached_instances: usize,
+    /// With local stores, the timers due more than this from now (ms, default 10 minutes) are kept
+    /// in their partition's local store, not in memory, and taken into memory as they come near:
+    /// an instance that waits for a day costs no memory for its timer.
+    pub timer_horizon_ms: i64,
 }
 
 impl KafkaConfig {
@@ -160,6 +164,7 @@ impl KafkaConfig {
             retention_ms: 7 * 24 * 3_600_000,
             expression: sm4c_runtime::Limits::default(),
             cached_instances: 10_000,
+            timer_horizon_ms: 10 * 60_000,
         }
     }
 

@@ -545,7 +545,17 @@ struct Owner {
     /// would cost a pass over every ended instance twice a second.
     next_expiry: i64,
     parking: Parking,
+    /// The armed timers due before `horizon`, by due time (the others are in the local store).
     timers: BTreeSet<(i64, String, String)>,
+    /// Timers due at or after this (ms) are kept in the partition's local store, not in `timers`
+    /// ([`crate::KafkaConfig::timer_horizon_ms`]); `i64::MAX` without a store.
+    horizon: i64,
+    /// Changes of the local index the next transaction writes with its records: the timers taken
+    /// into memory from the store.
+    index_next: Vec<(String, Option<Vec<u8>>)>,
+    /// The keeper's ticket of the partition's last write to its store: the store has every timer
+    /// this owner put there once the keeper has done it.
+    last_ticket: u64,
     /// When the last transaction committed (or the partition was restored).
     last_commit: Instant,
     /// Settling after the last transaction that wrote records ([`Settle`]).
@@ -656,10 +666,92 @@ impl Owner {
         self.evicted = true;
     }
 
-    /// Keeps the timers an instance armed or cancelled (in a committed decision).
+    /// The changes of the local index that the timer work of a decided batch makes: a timer due
+    /// at or after the horizon is kept in the store only (the same transaction's write), not in
+    /// memory ([`Owner::track`]).
+    fn far_timers(&self, after: &[(String, Work)]) -> Vec<(String, Option<Vec<u8>>)> {
+        if self.store.is_none() {
+            return Vec::new();
+        }
+        after
+            .iter()
+            .filter_map(|(id, w)| match w {
+                Work::ArmTimer { timer, due } if *due >= self.horizon => {
+                    Some((index::timer_key(*due, id, timer), Some(Vec::new())))
+                }
+                Work::CancelTimer { timer, due: Some(due) } if *due >= self.horizon => {
+                    Some((index::timer_key(*due, id, timer), None))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A restored partition's timers: those due from a horizon from `now` on go to the local
+    /// store, whose timers are replaced by them (the store's may be stale: the restore read the
+    /// instances themselves). Without a store, or when it cannot be written, all stay in memory.
+    fn place_timers(&mut self, now: i64, horizon_ms: i64) -> Result<(), String> {
+        self.horizon = i64::MAX;
+        let Some(store) = self.store.clone() else { return Ok(()) };
+        let horizon = now.saturating_add(horizon_ms);
+        let mut old = Vec::new();
+        store
+            .scan(index::TIMER_PREFIX, &mut |k, _| old.push(k.to_string()))
+            .map_err(|e| e.to_string())?;
+        let far = self.timers.split_off(&(horizon, String::new(), String::new()));
+        let mut keys: Vec<String> = far.iter().map(|(due, id, tm)| index::timer_key(*due, id, tm)).collect();
+        let mut changes: Vec<(&str, Option<&[u8]>)> = old.iter().map(|k| (k.as_str(), None)).collect();
+        keys.sort();
+        changes.extend(keys.iter().map(|k| (k.as_str(), Some(&[][..]))));
+        match store.apply(&changes, None) {
+            Ok(()) => {
+                self.horizon = horizon;
+                Ok(())
+            }
+            Err(e) => {
+                self.timers.extend(far);
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Takes into memory the timers of the local store due within a horizon from `now`, once
+    /// `now` is half way to the current one. Waits until the keeper has written everything this
+    /// owner gave it (`written`, its ticket): a timer on its way to the store may be due before
+    /// the new horizon. A store that cannot be read makes the partition restored again.
+    fn advance_timers(&mut self, now: i64, horizon_ms: i64, written: u64) {
+        let Some(store) = &self.store else { return };
+        if self.horizon == i64::MAX || now.saturating_add(horizon_ms / 2) < self.horizon || written < self.last_ticket {
+            return;
+        }
+        let until = now.saturating_add(horizon_ms);
+        let mut near = Vec::new();
+        let scanned = store.scan_from(index::TIMER_PREFIX, &index::timers_from(self.horizon), &mut |k, _| {
+            match index::parse_timer_key(k) {
+                Some(t) if t.0 >= until => false,
+                Some(t) => {
+                    near.push((k.to_string(), t));
+                    true
+                }
+                None => true,
+            }
+        });
+        if let Err(e) = scanned {
+            self.unreadable = Some(format!("the timers cannot be read from the local store: {e}"));
+            return;
+        }
+        for (k, t) in near {
+            self.timers.insert(t);
+            self.index_next.push((k, None));
+        }
+        self.horizon = until;
+    }
+
+    /// Keeps the timers an instance armed or cancelled (in a committed decision); one due at or
+    /// after the horizon is in the local store ([`Owner::far_timers`]).
     fn track(&mut self, id: &str, work: Work) {
         match work {
-            Work::ArmTimer { timer, due } => {
+            Work::ArmTimer { timer, due } if due < self.horizon => {
                 self.timers.insert((due, id.to_string(), timer));
             }
             Work::CancelTimer { timer, due } => match due {
@@ -1531,6 +1623,7 @@ impl Worker {
             let (changes, checkpoint) = local_changes(&shared, t.partition, &b.outs, index, delivered);
             if let Some(k) = &shared.keeper {
                 ticket = k.keep(t.partition, store.clone(), changes, checkpoint);
+                t.last_ticket = ticket;
             }
             if let Some(d) = delivered {
                 t.checkpoint = t.checkpoint.max(d + 1);
@@ -1615,7 +1708,13 @@ impl Worker {
         let now = now_ms();
         let n = self.shared.partitions;
         let shared = self.shared.clone();
+        let horizon_ms = shared.cfg.timer_horizon_ms;
         for t in self.owners.values_mut() {
+            let written = shared
+                .keeper
+                .as_ref()
+                .map_or(u64::MAX, |k| k.progress().written(t.partition));
+            t.advance_timers(now, horizon_ms, written);
             for c in t.due(&shared, now) {
                 let (Command::Timer { id, .. } | Command::Result { id, .. }) = &c else {
                     continue;

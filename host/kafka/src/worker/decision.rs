@@ -179,6 +179,8 @@ pub(super) fn decide<'a>(
     for (id, r) in &records {
         index.extend(crate::view::index_changes(t.partition, id, r.as_ref(), None));
     }
+    index.extend(t.far_timers(&after));
+    index.append(&mut t.index_next);
     for (id, place) in &t.expired {
         index.extend(crate::view::index_changes(t.partition, id, None, Some(*place)));
         records.push((id.clone(), None));

@@ -492,6 +492,29 @@ impl Parking {
     }
 }
 
+/// The timers a partition keeps in its local store ([`crate::KafkaConfig::timer_horizon_ms`]):
+/// `<prefix><due as 16 hex digits><NUL><instance><NUL><timer>`, in due order, with no value.
+/// Part of the local index ([`crate::view::INDEX_PREFIX`]); written by the owner, and rebuilt
+/// from the instances by every restore.
+pub(crate) const TIMER_PREFIX: &str = "\u{0}local/timer/";
+
+/// The key of a timer kept in the local store.
+pub(super) fn timer_key(due: i64, id: &str, timer: &str) -> String {
+    format!("{TIMER_PREFIX}{:016x}\u{0}{id}\u{0}{timer}", due.max(0))
+}
+
+/// The first key of the timers due at `due` or later.
+pub(super) fn timers_from(due: i64) -> String {
+    format!("{TIMER_PREFIX}{:016x}", due.max(0))
+}
+
+/// The due time, instance and timer of a timer's key. (Instance ids have no control characters.)
+pub(super) fn parse_timer_key(k: &str) -> Option<(i64, String, String)> {
+    let (due, rest) = k.strip_prefix(TIMER_PREFIX)?.split_once('\u{0}')?;
+    let (id, timer) = rest.split_once('\u{0}')?;
+    Some((i64::from_str_radix(due, 16).ok()?, id.to_string(), timer.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{keyed_route, CorrIndex, Ids, IndexEntries, Parking};

@@ -114,6 +114,9 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
         t.checkpoint = checkpoint;
     }
     let cached = t.slots.len();
+    if let Err(e) = t.place_timers(now_ms(), shared.cfg.timer_horizon_ms) {
+        tracing::warn!(partition = p, error = %e, "the timers cannot be kept in the local store; they stay in memory");
+    }
     t.journal = super::journal::open(shared, p);
     let mut later = Vec::new();
     for (id, work) in calls {
@@ -445,6 +448,9 @@ impl Latest {
             next_expiry: i64::MIN,
             parking: Parking::default(),
             timers: BTreeSet::new(),
+            horizon: i64::MAX,
+            index_next: Vec::new(),
+            last_ticket: 0,
             retries: BTreeMap::new(),
             answers: BTreeMap::new(),
             last_commit: Instant::now(),

@@ -137,6 +137,8 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
     let mut cfg = KafkaConfig::new("");
     cfg.prefix = "sim".into();
     cfg.partitions = PARTITIONS;
+    // Far timers (the definitions' are 10 and 30 s) go through the local stores.
+    cfg.timer_horizon_ms = 4_000;
     let mut registry = Registry::default();
     for d in [child(), definition()] {
         let m = sm4c_runtime::load(&d, &mut sm4c_runtime::no_files, LoadOptions::default())
@@ -782,6 +784,8 @@ impl<'a> World<'a> {
             t.store = Some(s);
             t.checkpoint = checkpoint;
         }
+        t.place_timers(self.now, shared.cfg.timer_horizon_ms)
+            .expect("a memory store writes");
         let n = t.slots.len();
         let mut calls: Vec<(String, Work)> = calls;
         calls.sort_by(|a, b| a.0.cmp(&b.0));
@@ -1091,7 +1095,10 @@ impl<'a> World<'a> {
     fn fire_timers(&mut self, w: usize) {
         let now = self.now;
         let mut due = Vec::new();
+        let horizon_ms = self.shared.cfg.timer_horizon_ms;
         for o in self.workers[w].owners.values_mut() {
+            // Its store is written at once: every write is done.
+            o.t.advance_timers(now, horizon_ms, u64::MAX);
             due.extend(o.t.due(self.shared, now));
         }
         for c in due {
@@ -1473,7 +1480,9 @@ impl<'a> World<'a> {
                 let mut index: BTreeMap<String, Vec<u8>> = BTreeMap::new();
                 store
                     .each(&mut |k, v| {
-                        if crate::view::is_index_key(k) {
+                        if k.starts_with(super::index::TIMER_PREFIX) {
+                            // Checked below: every armed timer is known to its owner.
+                        } else if crate::view::is_index_key(k) {
                             index.insert(k.to_string(), v.to_vec());
                         } else {
                             kept.insert(k.to_string(), serde_json::from_slice(v).unwrap_or(Value::Null));
@@ -1844,4 +1853,88 @@ fn an_expired_instance_leaves_the_local_store_and_its_index_in_the_transaction_t
     assert_eq!(rows(), ["new"], "the expired instance's row is gone with it");
     t.committed(b);
     assert!(!t.ended.contains_key("old"));
+}
+
+#[test]
+fn far_timers_wait_in_the_local_store_and_come_into_memory_as_they_near() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    let (p, horizon) = (0, 60_000);
+    let state = Latest::new(0, 0);
+    let (mut t, _) = state.owner(&shared, p, None, None);
+    let stores = MemoryStores::default();
+    let store = stores.open("sim.state-0").expect("a memory store opens");
+    // A stale timer a previous owner left in the store goes; of a restore's timers, the near
+    // one stays in memory and the far one goes to the store.
+    let stale = super::index::timer_key(5_000, "gone", "t");
+    store
+        .apply(&[(stale.as_str(), Some(&[][..]))], None)
+        .expect("a memory store writes");
+    t.timers.insert((1_000, "a".into(), "near".into()));
+    t.timers.insert((100_000, "b".into(), "far".into()));
+    t.store = Some(store.clone());
+    t.place_timers(0, horizon).expect("a memory store writes");
+    let stored = || {
+        let mut keys = Vec::new();
+        store
+            .scan(super::index::TIMER_PREFIX, &mut |k, _| {
+                keys.extend(super::index::parse_timer_key(k));
+            })
+            .expect("a memory store reads");
+        keys
+    };
+    assert_eq!(t.horizon, horizon);
+    assert_eq!(t.timers.iter().map(|x| x.2.as_str()).collect::<Vec<_>>(), ["near"]);
+    assert_eq!(stored(), [(100_000, "b".to_string(), "far".to_string())]);
+    // A decided batch arms a far timer and cancels one: changes of the store, not of memory.
+    let after = vec![
+        (
+            "c".to_string(),
+            Work::ArmTimer {
+                timer: "later".into(),
+                due: 70_000,
+            },
+        ),
+        (
+            "b".to_string(),
+            Work::CancelTimer {
+                timer: "far".into(),
+                due: Some(100_000),
+            },
+        ),
+        (
+            "a".to_string(),
+            Work::ArmTimer {
+                timer: "soon".into(),
+                due: 2_000,
+            },
+        ),
+    ];
+    let changes = t.far_timers(&after);
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    let refs: Vec<(&str, Option<&[u8]>)> = changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+    store.apply(&refs, None).expect("a memory store writes");
+    for (id, work) in after {
+        t.track(&id, work);
+    }
+    assert_eq!(t.timers.len(), 2, "near and soon");
+    assert_eq!(stored(), [(70_000, "c".to_string(), "later".to_string())]);
+    // Half way to the horizon, the next ones come into memory, but not before the keeper has
+    // written what it was given (a timer on its way may be due before the new horizon).
+    t.last_ticket = 7;
+    t.advance_timers(29_000, horizon, 7);
+    assert_eq!(t.horizon, horizon, "not half way yet");
+    t.advance_timers(31_000, horizon, 6);
+    assert_eq!(t.horizon, horizon, "the keeper is behind");
+    t.advance_timers(31_000, horizon, 7);
+    assert_eq!(t.horizon, 91_000);
+    assert!(t.timers.contains(&(70_000, "c".to_string(), "later".to_string())));
+    assert_eq!(
+        t.index_next.len(),
+        1,
+        "its key leaves the store with the next transaction"
+    );
+    assert_eq!(t.index_next[0].1, None);
 }
