@@ -523,11 +523,9 @@ struct Owner {
     /// Why reading an instance from the local store failed during the batch being decided: the
     /// batch must not commit (it may have taken a stored instance for a missing one).
     unreadable: Option<String>,
-    /// The unended instances by what the events they may take must carry.
+    /// The unended instances by what the events they may take must carry, and the correlation
+    /// keys each is subscribed to at the keys' partitions (in the local store when there is one).
     corr: CorrIndex,
-    /// The correlation keys each unended instance is subscribed to at the keys' partitions, as
-    /// of the last decided batch (`CorrIndex::routed`).
-    subscribed: HashMap<String, Box<[String]>>,
     /// Restored instances whose subscriptions are sent again in the next batch: with
     /// `--delivery at-least-once` a worker that died part-way through producing a batch's records
     /// may have written an instance's state without its subscription (a `Subscribe` is idempotent).
@@ -687,12 +685,15 @@ impl Owner {
             .collect()
     }
 
-    /// A restored partition's timers: those due from a horizon from `now` on go to the local
-    /// store, whose timers are replaced by them (the store's may be stale: the restore read the
-    /// instances themselves). Without a store, or when it cannot be written, all stay in memory.
-    fn place_timers(&mut self, now: i64, horizon_ms: i64) -> Result<(), String> {
+    /// A restored partition's local index for deciding, made from the instances the restore read
+    /// (the store's may be stale): its correlation index goes to the local store, and of its
+    /// timers, those due from a horizon from `now` on. Without a store, or when it cannot be
+    /// written, all stay in memory.
+    fn place_index(&mut self, now: i64, horizon_ms: i64) -> Result<(), String> {
         self.horizon = i64::MAX;
+        self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };
+        self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
         let horizon = now.saturating_add(horizon_ms);
         let mut old = Vec::new();
         store
@@ -1593,7 +1594,7 @@ impl Worker {
         let mut b = decision::decide(&shared, t, records, hosted, now_ms());
         // An instance read from the local store while it was failing may have been taken for
         // one that does not exist: such a batch is not committed, and the partition is restored.
-        if let Some(why) = t.unreadable.take() {
+        if let Some(why) = t.unreadable.take().or_else(|| t.corr.kept.failed.take()) {
             return Err(why);
         }
         if let (Some(store), Some(k)) = (&t.store, &shared.keeper) {
@@ -1624,6 +1625,8 @@ impl Worker {
             if let Some(k) = &shared.keeper {
                 ticket = k.keep(t.partition, store.clone(), changes, checkpoint);
                 t.last_ticket = ticket;
+                t.corr.kept.handed(ticket);
+                t.corr.kept.prune(k.progress().written(t.partition));
             }
             if let Some(d) = delivered {
                 t.checkpoint = t.checkpoint.max(d + 1);

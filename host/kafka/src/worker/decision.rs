@@ -91,16 +91,12 @@ pub(super) fn decide<'a>(
     let mut records = Vec::new();
     let mut journal = Vec::new();
     for id in std::mem::take(&mut t.resubscribe) {
-        let keys = t.corr.routed(&id).to_vec();
-        for key in &keys {
+        for key in t.corr.routed(&id).iter() {
             let c = Command::Subscribe {
                 key: key.clone(),
                 id: id.clone(),
             };
             outs.push(command(shared, partition_of(key, shared.partitions), Some(key), &c));
-        }
-        if !keys.is_empty() {
-            t.subscribed.insert(id, keys.into_boxed_slice());
         }
     }
     // The touched ones only: a batch costs what it changed, not the partition's size.
@@ -112,9 +108,9 @@ pub(super) fn decide<'a>(
         }
         // The correlation keys it takes events of (as its last step indexed them): the keys'
         // partitions learn of each change in this transaction.
-        let keys = t.corr.routed(&id).to_vec();
-        let before = t.subscribed.get(&id).map(|k| &**k).unwrap_or_default();
-        if keys.as_slice() != before {
+        let keys = t.corr.routed(&id);
+        let before = t.corr.routed_before(&id);
+        if keys != before {
             for (key, on) in before
                 .iter()
                 .filter(|k| !keys.contains(k))
@@ -133,11 +129,6 @@ pub(super) fn decide<'a>(
                     }
                 };
                 outs.push(command(shared, partition_of(key, shared.partitions), Some(key), &c));
-            }
-            if keys.is_empty() {
-                t.subscribed.remove(&id);
-            } else {
-                t.subscribed.insert(id.clone(), keys.into_boxed_slice());
             }
         }
         let p = t.partition;
@@ -179,6 +170,8 @@ pub(super) fn decide<'a>(
     for (id, r) in &records {
         index.extend(crate::view::index_changes(t.partition, id, r.as_ref(), None));
     }
+    t.corr.decided();
+    index.extend(t.corr.kept.take());
     index.extend(t.far_timers(&after));
     index.append(&mut t.index_next);
     for (id, place) in &t.expired {
@@ -718,7 +711,8 @@ impl Decision<'_> {
         // order they were parked; jq decides for those only.
         let mut wanted: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         for id in &waiting {
-            for key in self.t.parking.candidates(id, &self.t.corr) {
+            let entries = self.t.corr.entries(id);
+            for key in self.t.parking.candidates(id, &entries) {
                 if let Some(pos) = self.t.parking.parked.get_index_of(&key) {
                     wanted.entry(pos).or_default().push(id.clone());
                 }

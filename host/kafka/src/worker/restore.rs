@@ -114,8 +114,9 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
         t.checkpoint = checkpoint;
     }
     let cached = t.slots.len();
-    if let Err(e) = t.place_timers(now_ms(), shared.cfg.timer_horizon_ms) {
-        tracing::warn!(partition = p, error = %e, "the timers cannot be kept in the local store; they stay in memory");
+    if let Err(e) = t.place_index(now_ms(), shared.cfg.timer_horizon_ms) {
+        // The partition is restored again: the store cannot be trusted.
+        return Err(format!("the local store cannot be written: {e}"));
     }
     t.journal = super::journal::open(shared, p);
     let mut later = Vec::new();
@@ -440,7 +441,6 @@ impl Latest {
             evicted: false,
             unreadable: None,
             corr: CorrIndex::default(),
-            subscribed: HashMap::new(),
             resubscribe: Vec::new(),
             dirty: BTreeSet::new(),
             ended: HashMap::new(),
@@ -529,13 +529,8 @@ impl Latest {
                 }
             }
             t.corr.update(&k, &slot.h.inst);
-            let keys = t.corr.routed(&k).to_vec();
-            if !keys.is_empty() {
-                if shared.cfg.exactly_once {
-                    t.subscribed.insert(k.clone(), keys.into_boxed_slice());
-                } else {
-                    t.resubscribe.push(k.clone());
-                }
+            if !shared.cfg.exactly_once && !t.corr.routed(&k).is_empty() {
+                t.resubscribe.push(k.clone());
             }
             t.slots.insert(k, Box::new(slot));
         }

@@ -784,7 +784,7 @@ impl<'a> World<'a> {
             t.store = Some(s);
             t.checkpoint = checkpoint;
         }
-        t.place_timers(self.now, shared.cfg.timer_horizon_ms)
+        t.place_index(self.now, shared.cfg.timer_horizon_ms)
             .expect("a memory store writes");
         let n = t.slots.len();
         let mut calls: Vec<(String, Work)> = calls;
@@ -958,6 +958,8 @@ impl<'a> World<'a> {
                         let refs: Vec<(&str, Option<&[u8]>)> =
                             changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
                         store.apply(&refs, checkpoint).expect("a memory store writes");
+                        o.t.corr.kept.handed(0);
+                        o.t.corr.kept.prune(u64::MAX);
                         if let Some(d) = delivered {
                             o.t.checkpoint = o.t.checkpoint.max(d + 1);
                         }
@@ -1480,7 +1482,7 @@ impl<'a> World<'a> {
                 let mut index: BTreeMap<String, Vec<u8>> = BTreeMap::new();
                 store
                     .each(&mut |k, v| {
-                        if k.starts_with(super::index::TIMER_PREFIX) {
+                        if k.starts_with(super::index::TIMER_PREFIX) || k.starts_with(super::index::CORR_PREFIX) {
                             // Checked below: every armed timer is known to its owner.
                         } else if crate::view::is_index_key(k) {
                             index.insert(k.to_string(), v.to_vec());
@@ -1875,7 +1877,7 @@ fn far_timers_wait_in_the_local_store_and_come_into_memory_as_they_near() {
     t.timers.insert((1_000, "a".into(), "near".into()));
     t.timers.insert((100_000, "b".into(), "far".into()));
     t.store = Some(store.clone());
-    t.place_timers(0, horizon).expect("a memory store writes");
+    t.place_index(0, horizon).expect("a memory store writes");
     let stored = || {
         let mut keys = Vec::new();
         store
