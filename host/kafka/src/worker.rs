@@ -694,6 +694,8 @@ impl Owner {
         self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };
         self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
+        // The restore wrote the subscriptions' records to the store.
+        self.parking.subs.attach(store.clone());
         let horizon = now.saturating_add(horizon_ms);
         let mut old = Vec::new();
         store
@@ -1594,7 +1596,8 @@ impl Worker {
         let mut b = decision::decide(&shared, t, records, hosted, now_ms());
         // An instance read from the local store while it was failing may have been taken for
         // one that does not exist: such a batch is not committed, and the partition is restored.
-        if let Some(why) = t.unreadable.take().or_else(|| t.corr.kept.failed.take()) {
+        let failed = [t.corr.kept.failed.take(), t.parking.subs.failed.take()];
+        if let Some(why) = t.unreadable.take().or(failed.into_iter().flatten().next()) {
             return Err(why);
         }
         if let (Some(store), Some(k)) = (&t.store, &shared.keeper) {
@@ -1625,8 +1628,11 @@ impl Worker {
             if let Some(k) = &shared.keeper {
                 ticket = k.keep(t.partition, store.clone(), changes, checkpoint);
                 t.last_ticket = ticket;
-                t.corr.kept.handed(ticket);
-                t.corr.kept.prune(k.progress().written(t.partition));
+                let written = k.progress().written(t.partition);
+                for kept in [&mut t.corr.kept, &mut t.parking.subs] {
+                    kept.handed(ticket);
+                    kept.prune(written);
+                }
             }
             if let Some(d) = delivered {
                 t.checkpoint = t.checkpoint.max(d + 1);

@@ -172,6 +172,8 @@ pub(super) fn decide<'a>(
     }
     t.corr.decided();
     index.extend(t.corr.kept.take());
+    // The subscriptions' changes are written as the state records among `outs`.
+    t.parking.subs.take();
     index.extend(t.far_timers(&after));
     index.append(&mut t.index_next);
     for (id, place) in &t.expired {
@@ -374,10 +376,8 @@ impl Decision<'_> {
                 let to: BTreeSet<i32> = self
                     .t
                     .parking
-                    .subs
-                    .get(&key)
-                    .into_iter()
-                    .flatten()
+                    .subscribers(&key)
+                    .iter()
                     .map(|id| partition_of(id, n))
                     .collect();
                 if to.is_empty() {
@@ -944,7 +944,7 @@ mod tests {
             6_000,
         );
         assert!(out.is_empty(), "{out:?}");
-        assert!(t.parking.subs.is_empty());
+        assert!(t.parking.subscribers(&key).is_empty());
         let later = 6_000 + shared.cfg.event_window_ms;
         let (out, _) = run(&shared, &mut t, &[Command::Tick], later);
         assert_eq!(out.len(), 1, "{out:?}");

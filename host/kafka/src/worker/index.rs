@@ -50,91 +50,6 @@ pub(super) fn keyed_route(machines: &[Arc<Machine>], event: &serde_json::Value) 
     Some((a, v))
 }
 
-/// A set of instance ids, in id order, that is small while it holds one: most correlation keys are
-/// one instance's, and a `BTreeSet` allocates a node for eleven for its first (about 280 bytes).
-#[derive(Debug, Clone, Default)]
-pub(super) enum Ids {
-    #[default]
-    None,
-    One(String),
-    Many(BTreeSet<String>),
-}
-
-impl Ids {
-    /// Adds `id`; whether it was not there.
-    pub(super) fn insert(&mut self, id: String) -> bool {
-        match self {
-            Ids::None => *self = Ids::One(id),
-            Ids::One(one) if *one == id => return false,
-            Ids::One(one) => *self = Ids::Many(BTreeSet::from([std::mem::take(one), id])),
-            Ids::Many(many) => return many.insert(id),
-        }
-        true
-    }
-
-    /// Removes `id`; whether it was there.
-    pub(super) fn remove(&mut self, id: &str) -> bool {
-        match self {
-            Ids::One(one) if one == id => *self = Ids::None,
-            Ids::Many(many) => {
-                let gone = many.remove(id);
-                if many.len() == 1 {
-                    let last = many.pop_first().unwrap_or_default();
-                    *self = Ids::One(last);
-                }
-                return gone;
-            }
-            _ => return false,
-        }
-        true
-    }
-
-    pub(super) fn contains(&self, id: &str) -> bool {
-        match self {
-            Ids::None => false,
-            Ids::One(one) => one == id,
-            Ids::Many(many) => many.contains(id),
-        }
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        matches!(self, Ids::None)
-    }
-
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        match self {
-            Ids::None => 0,
-            Ids::One(_) => 1,
-            Ids::Many(many) => many.len(),
-        }
-    }
-
-    /// The ids in order.
-    pub(super) fn iter(&self) -> IdsIter<'_> {
-        let (one, many) = match self {
-            Ids::None => (None, None),
-            Ids::One(one) => (Some(one), None),
-            Ids::Many(many) => (None, Some(many)),
-        };
-        one.into_iter().chain(many.into_iter().flatten())
-    }
-}
-
-/// The iterator of [`Ids::iter`].
-pub(super) type IdsIter<'a> = std::iter::Chain<
-    std::option::IntoIter<&'a String>,
-    std::iter::Flatten<std::option::IntoIter<&'a BTreeSet<String>>>,
->;
-
-impl<'a> IntoIterator for &'a Ids {
-    type Item = &'a String;
-    type IntoIter = IdsIter<'a>;
-    fn into_iter(self) -> IdsIter<'a> {
-        self.iter()
-    }
-}
-
 /// Keys of the local index that decisions read: those in the partition's local store, with the
 /// changes the store does not have yet kept in memory until it has them. Without a store, memory
 /// keeps them all. A store that cannot be read is noted ([`Kept::failed`]): the batch that read
@@ -256,11 +171,17 @@ impl Kept {
         let mut changes: Vec<(&str, Option<&[u8]>)> = old.iter().map(|k| (k.as_str(), None)).collect();
         changes.extend(self.mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref())));
         store.apply(&changes, None).map_err(|e| e.to_string())?;
+        self.attach(store);
+        Ok(())
+    }
+
+    /// From now on in `store`, which holds already what memory holds (records of the state
+    /// partition that a restore wrote there): memory keeps nothing after.
+    pub(super) fn attach(&mut self, store: Arc<dyn LocalStore>) {
         self.mem.clear();
         self.next.clear();
         self.handed.clear();
         self.store = Some(store);
-        Ok(())
     }
 }
 
@@ -460,8 +381,10 @@ pub(super) struct Parking {
     /// Events routed by key parked here, the key's partition, by correlation key: a subscription
     /// takes them.
     pub(super) by_key: HashMap<String, BTreeSet<String>>,
-    /// The subscriptions to the correlation keys this partition owns: key → instances.
-    pub(super) subs: HashMap<String, Ids>,
+    /// The subscriptions to the correlation keys this partition owns: their state records'
+    /// keys ([`subscription_key`]), in the local store when there is one (which has the state
+    /// records), the changes it does not have yet in memory.
+    pub(super) subs: Kept,
 }
 
 /// The attributes of an event that never carry a correlation value.
@@ -573,20 +496,25 @@ impl Parking {
 
     /// Instance `id` takes the events of correlation key `key` from now on.
     pub(super) fn subscribe(&mut self, key: &str, id: &str) {
-        if self.subs.entry(key.to_string()).or_default().insert(id.to_string()) {
-            self.changed.insert(subscription_key(key, id));
+        let k = subscription_key(key, id);
+        if self.subs.get(&k).is_none() {
+            self.subs.put(k.clone(), Some(Vec::new()));
+            self.changed.insert(k);
         }
     }
 
     /// Instance `id` no longer takes the events of correlation key `key`.
     pub(super) fn unsubscribe(&mut self, key: &str, id: &str) {
-        let Some(set) = self.subs.get_mut(key) else { return };
-        if set.remove(id) {
-            self.changed.insert(subscription_key(key, id));
+        let k = subscription_key(key, id);
+        if self.subs.get(&k).is_some() {
+            self.subs.put(k.clone(), None);
+            self.changed.insert(k);
         }
-        if set.is_empty() {
-            self.subs.remove(key);
-        }
+    }
+
+    /// The instances subscribed to correlation key `key`, in id order.
+    pub(super) fn subscribers(&mut self, key: &str) -> BTreeSet<String> {
+        self.subs.keys(&subscription_key(key, ""))
     }
 
     /// The events routed by key parked here for correlation key `key`, oldest first.
@@ -606,7 +534,7 @@ impl Parking {
         } else if let (Some(t), Some(origin)) = (r.tally, key.strip_prefix(TALLY_PREFIX)) {
             self.tally.insert(origin.to_string(), t);
         } else if let Some(s) = r.subscription {
-            self.subs.entry(s.key).or_default().insert(s.id);
+            self.subs.put(subscription_key(&s.key, &s.id), Some(Vec::new()));
         }
     }
 
@@ -627,7 +555,7 @@ impl Parking {
                 .strip_prefix(SUBSCRIPTION_PREFIX)
                 .and_then(|s| s.rsplit_once('\u{0}'))
             {
-                if self.subs.get(k).is_some_and(|set| set.contains(id)) {
+                if self.subs.get(&key).is_some() {
                     r.subscription = Some(Subscription {
                         key: k.to_string(),
                         id: id.to_string(),
@@ -677,27 +605,11 @@ pub(super) fn parse_timer_key(k: &str) -> Option<(i64, String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{keyed_route, CorrIndex, Ids, IndexEntries, Parking};
+    use super::{keyed_route, CorrIndex, IndexEntries, Parking};
     use crate::wire::{parked_key, Origin, Parked};
     use serde_json::json;
     use sm4c_runtime::{load, Input, LoadOptions, Timed};
     use std::sync::Arc;
-
-    #[test]
-    fn a_set_of_ids_is_one_string_while_it_holds_one_and_keeps_id_order() {
-        let mut ids = Ids::default();
-        assert!(ids.is_empty() && !ids.remove("a"));
-        assert!(ids.insert("b".into()) && !ids.insert("b".into()));
-        assert!(matches!(ids, Ids::One(_)) && ids.contains("b") && !ids.contains("a"));
-        assert!(ids.insert("a".into()) && ids.insert("c".into()));
-        assert_eq!(ids.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "b", "c"]);
-        assert_eq!(ids.len(), 3);
-        assert!(ids.remove("a") && !ids.remove("a") && ids.remove("c"));
-        assert!(matches!(&ids, Ids::One(b) if b == "b"), "{ids:?}");
-        assert!(ids.remove("b") && ids.is_empty());
-        assert_eq!(ids.len(), 0);
-        assert_eq!((&ids).into_iter().count(), 0);
-    }
 
     #[test]
     fn the_correlation_index_finds_exactly_the_instances_an_event_may_reach() {
@@ -994,7 +906,7 @@ mod tests {
         parking.subscribe(&key, "i1");
         parking.subscribe(&key, "i2");
         parking.subscribe(&key, "i2");
-        assert_eq!(parking.subs[&key].len(), 2);
+        assert_eq!(parking.subscribers(&key).len(), 2);
         assert_eq!(parking.changed.len(), 2);
         parking.changed.clear();
         parking.unsubscribe(&key, "i1");
@@ -1050,6 +962,57 @@ mod tests {
         assert!(of(&gone).payload.is_none());
         let mut back = Parking::default();
         back.restore(&sub, r);
-        assert!(back.subs[&key].contains("i2"));
+        assert!(back.subscribers(&key).contains("i2"));
+
+        // With a local store: the restore wrote the records there, and the transactions' writes
+        // carry each change; until the keeper has one, memory answers for it.
+        use sm4c_host::local::LocalStores;
+        let store = sm4c_host::local::MemoryStores::default()
+            .open("p")
+            .expect("a memory store opens");
+        let write = |store: &Arc<dyn sm4c_host::local::LocalStore>, outs: &[super::Out]| {
+            let changes: Vec<(&str, Option<&[u8]>)> = outs
+                .iter()
+                .map(|o| (o.key.as_deref().unwrap_or_default(), o.payload.as_deref()))
+                .collect();
+            store.apply(&changes, None).expect("a memory store writes");
+        };
+        write(&store, &outs);
+        back.subs.attach(store.clone());
+        assert!(back.subs.mem.is_empty());
+        assert_eq!(
+            back.subscribers(&key).into_iter().collect::<Vec<_>>(),
+            ["i2"],
+            "from the store"
+        );
+        back.subscribe(&key, "i3");
+        back.unsubscribe(&key, "i2");
+        back.subscribe(&key, "i2");
+        back.unsubscribe(&key, "i2");
+        let other = crate::wire::corr_key("orderid", "o-10");
+        back.subscribe(&other, "i4");
+        assert_eq!(
+            back.subscribers(&key).into_iter().collect::<Vec<_>>(),
+            ["i3"],
+            "memory wins"
+        );
+        back.subs.take();
+        let outs = back.records(&shared, 0, 5, 10);
+        back.subs.handed(1);
+        assert_eq!(
+            back.subscribers(&key).into_iter().collect::<Vec<_>>(),
+            ["i3"],
+            "not written yet"
+        );
+        write(&store, &outs);
+        back.subs.prune(1);
+        assert!(back.subs.mem.is_empty());
+        assert_eq!(
+            back.subscribers(&key).into_iter().collect::<Vec<_>>(),
+            ["i3"],
+            "from the store"
+        );
+        assert_eq!(back.subscribers(&other).into_iter().collect::<Vec<_>>(), ["i4"]);
+        assert!(back.subs.failed.is_none());
     }
 }

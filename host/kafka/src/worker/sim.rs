@@ -958,8 +958,10 @@ impl<'a> World<'a> {
                         let refs: Vec<(&str, Option<&[u8]>)> =
                             changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
                         store.apply(&refs, checkpoint).expect("a memory store writes");
-                        o.t.corr.kept.handed(0);
-                        o.t.corr.kept.prune(u64::MAX);
+                        for kept in [&mut o.t.corr.kept, &mut o.t.parking.subs] {
+                            kept.handed(0);
+                            kept.prune(u64::MAX);
+                        }
                         if let Some(d) = delivered {
                             o.t.checkpoint = o.t.checkpoint.max(d + 1);
                         }
