@@ -584,8 +584,12 @@ struct Owner {
     /// waits to read it back, so that the commands an earlier owner routed here go first.
     barrier: Option<String>,
     /// The partition's instance records as its restore read them, ended ones included, until the
-    /// loop hands them to the API's [`crate::view::View`].
+    /// loop hands them to the API's [`crate::view::View`]; only without a local store (the API
+    /// reads the store's).
     records: crate::view::Records,
+    /// The ids of the partition's instances as its restore read them, ended ones included, until
+    /// its journal's catch-up takes them.
+    known: HashSet<String>,
     /// The partition's local journal ([`journal`]), and the offset its catch-up starts from.
     journal: Option<(Arc<dyn LocalStore>, i64)>,
 }
@@ -1325,8 +1329,8 @@ impl Worker {
                     for (id, work) in calls {
                         self.perform(&mut t, &id, work);
                     }
+                    let known = std::mem::take(&mut t.known);
                     if let Some((store, from)) = &t.journal {
-                        let known = t.records.keys().cloned().collect();
                         journal::catch_up(&self.shared, p, store.clone(), *from, (t.resume, t.clock), known);
                     }
                     let backing =

@@ -14,7 +14,7 @@ use rdkafka::producer::ThreadedProducer;
 use sm4c_host::clock::wall_ms as now_ms;
 use sm4c_host::driver::Work;
 use sm4c_host::local::{Checkpoint, LocalStore};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -107,6 +107,12 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
         return Err(why);
     }
     let kept = store.and_then(|(s, _)| Some((state.save(s.as_ref(), p, from, end)?, s)));
+    // The store holds every record read: beyond the worker's share of the cache, instances are
+    // read from it when needed.
+    let keep = shared.cfg.cached_instances / shared.owned.load(std::sync::atomic::Ordering::Relaxed).max(1);
+    if kept.is_some() {
+        state.cache(keep);
+    }
     // The loop puts the partition's barrier when it takes the restored owner in.
     let (mut t, calls) = state.owner(shared, p, txn, None);
     if let Some((checkpoint, s)) = kept {
@@ -133,9 +139,6 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
             work => later.push((id, work)),
         }
     }
-    // The store holds every record read: beyond the worker's share of the cache, instances are
-    // read from it when needed.
-    let keep = shared.cfg.cached_instances / shared.owned.load(std::sync::atomic::Ordering::Relaxed).max(1);
     t.evict(keep, u64::MAX);
     tracing::info!(
         partition = p,
@@ -279,6 +282,9 @@ pub(super) struct Latest {
     /// The `order` of each instance record a local store gave: where its row of the local index
     /// is, to move or delete it when the log says otherwise.
     stored_order: HashMap<String, (i64, i64)>,
+    /// With a local store that holds every record read: how many instances the owner keeps in
+    /// memory ([`Latest::cache`]).
+    cache: Option<usize>,
 }
 
 impl Latest {
@@ -293,7 +299,15 @@ impl Latest {
             clocked: 0,
             touched: BTreeSet::new(),
             stored_order: HashMap::new(),
+            cache: None,
         }
+    }
+
+    /// The local store holds every record read: the owner made of them keeps at most `n`
+    /// instances in memory, and neither its instances beyond those nor records for the API are
+    /// kept while the others are read (a partition's instances never all are in memory at once).
+    pub(super) fn cache(&mut self, n: usize) {
+        self.cache = Some(n);
     }
 
     /// A record a local store kept: committed when it was written there. `false` when it does not
@@ -401,6 +415,7 @@ impl Latest {
             stale,
             read,
             clocked,
+            cache,
             ..
         } = self;
         if committed > 0 && clock == 0 && clocked > 0 {
@@ -463,6 +478,7 @@ impl Latest {
             resume: committed,
             barrier,
             records: Default::default(),
+            known: HashSet::new(),
             journal: None,
         };
         let mut calls = Vec::new();
@@ -501,13 +517,18 @@ impl Latest {
             if crate::view::order_key(rec.order) > crate::view::order_key(t.last_order) {
                 t.last_order = rec.order;
             }
+            t.known.insert(k.clone());
             if rec.snapshot.status.is_final() {
                 let place = crate::view::seq_of(rec.order, p);
                 t.ended.insert(k.clone(), (rec.snapshot.ended_at.unwrap_or(0), place));
-                t.records.insert(k, rec);
+                if cache.is_none() {
+                    t.records.insert(k, rec);
+                }
                 continue;
             }
-            t.records.insert(k.clone(), rec.clone());
+            if cache.is_none() {
+                t.records.insert(k.clone(), rec.clone());
+            }
             let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
                 tracing::error!(
                     instance = k,
@@ -532,7 +553,13 @@ impl Latest {
             if !shared.cfg.exactly_once && !t.corr.routed(&k).is_empty() {
                 t.resubscribe.push(k.clone());
             }
-            t.slots.insert(k, Box::new(slot));
+            // One with calls in flight stays: they are made again from it.
+            if cache.is_some_and(|n| t.slots.len() >= n) && slot.h.open.is_empty() {
+                // In the store: read back when something comes for it.
+                t.evicted = true;
+            } else {
+                t.slots.insert(k, Box::new(slot));
+            }
         }
         // Oldest first, as they were parked.
         own.sort_by(|(a, x), (b, y)| {

@@ -778,6 +778,9 @@ impl<'a> World<'a> {
             state.record(r.key.clone(), r.payload.as_deref(), at);
         }
         let kept = store.and_then(|s| Some((state.save(s.as_ref(), p, from, end)?, s)));
+        if kept.is_some() {
+            state.cache(self.cache);
+        }
         let token = self.barrier(p);
         let (mut t, calls) = state.owner(shared, p, None, Some(token));
         if let Some((checkpoint, s)) = kept {
