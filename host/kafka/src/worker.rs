@@ -532,10 +532,10 @@ struct Owner {
     resubscribe: Vec<String>,
     /// The instances the batch being decided changed: their records are written.
     dirty: BTreeSet<String>,
-    /// Ended instances, out of memory but for when they ended (ms) and their place in listings
-    /// ([`crate::view::seq`]): a start with the same id starts nothing, an event naming one is
-    /// dead-lettered. Past the retention their state records are deleted.
-    ended: HashMap<String, (i64, i64)>,
+    /// Ended instances, when they ended (ms) and their places in listings ([`crate::view::seq`]),
+    /// in the local store when there is one: a start with the same id starts nothing, an event
+    /// naming one is dead-lettered. Past the retention their state records are deleted.
+    ended: index::Ended,
     /// Ended instances whose retention has passed, with their places in listings: their state
     /// records and their rows of the local index are deleted in the next transaction.
     expired: Vec<(String, i64)>,
@@ -616,7 +616,7 @@ impl Owner {
     }
 
     fn load(&mut self, shared: &Shared, id: &str) -> Option<Slot> {
-        if !self.evicted || self.ended.contains_key(id) {
+        if !self.evicted {
             return None;
         }
         let rec = match crate::view::stored(self.store.as_deref()?, id) {
@@ -698,6 +698,7 @@ impl Owner {
         self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };
         self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
+        self.ended.kept.place(store.clone(), &[index::ENDED_PREFIX])?;
         // The restore wrote the subscriptions' records to the store.
         self.parking.subs.attach(store.clone());
         let horizon = now.saturating_add(horizon_ms);
@@ -859,29 +860,15 @@ impl Owner {
         if !self.expired.is_empty() || now < self.next_expiry {
             return;
         }
-        let old: Vec<(String, i64)> = self
+        let (old, next) = self
             .ended
-            .iter()
-            .filter(|(_, (at, _))| *at + retention <= now)
-            .map(|(id, (_, place))| (id.clone(), *place))
-            .take(EXPIRED_PER_TRANSACTION)
-            .collect();
-        for (id, _) in &old {
-            self.ended.remove(id);
-        }
+            .take_until(now.saturating_sub(retention), EXPIRED_PER_TRANSACTION);
         // Next when the earliest left expires, or a retention from now: what ends from now on
         // expires no earlier (but for the lag of its inputs, by which it is deleted late, never
         // early); at once when this pass stopped at its bound.
         self.next_expiry = match old.len() == EXPIRED_PER_TRANSACTION {
             true => now,
-            false => {
-                self.ended
-                    .values()
-                    .map(|(at, _)| *at)
-                    .min()
-                    .map_or(now, |at| at.min(now))
-                    + retention
-            }
+            false => next.map_or(now, |at| at.min(now)).saturating_add(retention),
         };
         self.expired = old;
     }
@@ -896,10 +883,10 @@ impl Owner {
             self.settle.wrote();
         }
         self.expired.clear();
-        for (id, ended) in b.ended {
+        for (id, (at, place)) in b.ended {
             self.slots.remove(&id);
             self.corr.remove(&id);
-            self.ended.insert(id, ended);
+            self.ended.insert(&id, at, place);
         }
         (b.after, b.applied)
     }
@@ -1600,7 +1587,11 @@ impl Worker {
         let mut b = decision::decide(&shared, t, records, hosted, now_ms());
         // An instance read from the local store while it was failing may have been taken for
         // one that does not exist: such a batch is not committed, and the partition is restored.
-        let failed = [t.corr.kept.failed.take(), t.parking.subs.failed.take()];
+        let failed = [
+            t.corr.kept.failed.take(),
+            t.parking.subs.failed.take(),
+            t.ended.kept.failed.take(),
+        ];
         if let Some(why) = t.unreadable.take().or(failed.into_iter().flatten().next()) {
             return Err(why);
         }
@@ -1633,7 +1624,7 @@ impl Worker {
                 ticket = k.keep(t.partition, store.clone(), changes, checkpoint);
                 t.last_ticket = ticket;
                 let written = k.progress().written(t.partition);
-                for kept in [&mut t.corr.kept, &mut t.parking.subs] {
+                for kept in [&mut t.corr.kept, &mut t.parking.subs, &mut t.ended.kept] {
                     kept.handed(ticket);
                     kept.prune(written);
                 }

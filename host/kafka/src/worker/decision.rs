@@ -172,6 +172,8 @@ pub(super) fn decide<'a>(
     }
     t.corr.decided();
     index.extend(t.corr.kept.take());
+    // The expired instances' entries leave with their records.
+    index.extend(t.ended.kept.take());
     // The subscriptions' changes are written as the state records among `outs`.
     t.parking.subs.take();
     index.extend(t.far_timers(&after));
@@ -229,7 +231,7 @@ impl Decision<'_> {
                 traceparent,
                 ..
             } => {
-                if self.t.ended.contains_key(&id) || self.t.slot(self.shared, &id).is_some() {
+                if self.t.ended.contains(&id) || self.t.slot(self.shared, &id).is_some() {
                     return;
                 }
                 let m = self.shared.machine_or_latest(&definition, version.as_deref());
@@ -305,7 +307,7 @@ impl Decision<'_> {
             } => {
                 let source = format!("{}/{}", origin.topic, origin.partition);
                 match target {
-                    Some(id) if self.t.ended.contains_key(&id) => {
+                    Some(id) if self.t.ended.contains(&id) => {
                         let why = format!("instance {id:?} named by sm4cinstanceid has ended");
                         self.dead(&event, &origin, "instanceEnded", &why);
                     }

@@ -59,7 +59,7 @@ pub(super) struct Kept {
     store: Option<Arc<dyn LocalStore>>,
     /// Changes not in the store yet: key → (the keeper's ticket of their write, value or `None`
     /// for a deletion). [`NOT_HANDED`]: not given to the keeper yet; [`NO_STORE`]: kept for good.
-    mem: BTreeMap<String, (u64, Option<Vec<u8>>)>,
+    pub(super) mem: BTreeMap<String, (u64, Option<Vec<u8>>)>,
     /// The keys changed since the last [`Kept::take`].
     next: BTreeSet<String>,
     /// The keys handed to the keeper, with their tickets, in the order handed.
@@ -72,7 +72,7 @@ const NOT_HANDED: u64 = u64::MAX;
 const NO_STORE: u64 = u64::MAX - 1;
 
 impl Kept {
-    fn put(&mut self, key: String, value: Option<Vec<u8>>) {
+    pub(super) fn put(&mut self, key: String, value: Option<Vec<u8>>) {
         let ticket = if self.store.is_some() { NOT_HANDED } else { NO_STORE };
         if self.store.is_none() && value.is_none() {
             self.mem.remove(&key);
@@ -84,7 +84,7 @@ impl Kept {
         }
     }
 
-    fn get(&mut self, key: &str) -> Option<Vec<u8>> {
+    pub(super) fn get(&mut self, key: &str) -> Option<Vec<u8>> {
         if let Some((_, v)) = self.mem.get(key) {
             return v.clone();
         }
@@ -126,6 +126,37 @@ impl Kept {
             }
         }
         keys
+    }
+
+    /// The first `limit` keys under `prefix`, the store's and memory's, in key order, with their
+    /// values.
+    pub(super) fn first(&mut self, prefix: &str, limit: usize) -> Vec<(String, Vec<u8>)> {
+        let mut found: Vec<(String, Vec<u8>)> = Vec::new();
+        if let Some(store) = &self.store {
+            let mem = &self.mem;
+            let mut n = 0;
+            let scanned = store.scan_from(prefix, prefix, &mut |k, v| {
+                if !mem.contains_key(k) {
+                    found.push((k.to_string(), v.to_vec()));
+                    n += 1;
+                }
+                n < limit
+            });
+            if let Err(e) = scanned {
+                self.failed = Some(format!("the local index cannot be read from the local store: {e}"));
+            }
+        }
+        for (k, (_, v)) in self.mem.range(prefix.to_string()..) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            if let Some(v) = v {
+                found.push((k.clone(), v.clone()));
+            }
+        }
+        found.sort();
+        found.truncate(limit);
+        found
     }
 
     /// The changes since the last call, for the next transaction's write to the store.
@@ -577,6 +608,66 @@ impl Parking {
             });
         }
         outs
+    }
+}
+
+/// The ended instances of a partition in the local index, until their retention has passed:
+/// `<prefix>at/<when it ended, 16 hex digits><NUL><instance>` → its place in listings, in the
+/// order they expire, and `<prefix>id/<instance>` → when it ended, to look one up.
+pub(super) const ENDED_PREFIX: &str = "\u{0}local/ended/";
+const ENDED_AT: &str = "\u{0}local/ended/at/";
+const ENDED_ID: &str = "\u{0}local/ended/id/";
+
+/// The ended instances of a partition, kept in its local store when it has one ([`Kept`]): a start
+/// with the id of one starts nothing, an event naming one is dead-lettered; past the retention
+/// their records are deleted.
+#[derive(Default)]
+pub(super) struct Ended {
+    pub(super) kept: Kept,
+}
+
+impl Ended {
+    /// Instance `id` ended at `at` (ms), with place `place` in listings.
+    pub(super) fn insert(&mut self, id: &str, at: i64, place: i64) {
+        let at = at.max(0);
+        self.kept.put(
+            format!("{ENDED_AT}{at:016x}\u{0}{id}"),
+            Some(place.to_string().into_bytes()),
+        );
+        self.kept
+            .put(format!("{ENDED_ID}{id}"), Some(at.to_string().into_bytes()));
+    }
+
+    pub(super) fn contains(&mut self, id: &str) -> bool {
+        self.kept.get(&format!("{ENDED_ID}{id}")).is_some()
+    }
+
+    /// The instances that ended at or before `cutoff`, earliest first, at most `limit`: (id,
+    /// place in listings); they leave the index. Also when the earliest left ended (`None`: none
+    /// is left).
+    pub(super) fn take_until(&mut self, cutoff: i64, limit: usize) -> (Vec<(String, i64)>, Option<i64>) {
+        let parse = |k: &str| {
+            let (at, id) = k.strip_prefix(ENDED_AT)?.split_once('\u{0}')?;
+            Some((i64::from_str_radix(at, 16).ok()?, id.to_string()))
+        };
+        let mut taken = Vec::new();
+        for (k, v) in self.kept.first(ENDED_AT, limit) {
+            let Some((at, id)) = parse(&k) else { continue };
+            if at > cutoff {
+                break;
+            }
+            let place = std::str::from_utf8(&v).ok().and_then(|p| p.parse().ok()).unwrap_or(0);
+            self.kept.put(k, None);
+            self.kept.put(format!("{ENDED_ID}{id}"), None);
+            taken.push((id, place));
+        }
+        let next = self
+            .kept
+            .first(ENDED_AT, 1)
+            .first()
+            .and_then(|(k, _)| parse(k))
+            .map(|(at, _)| at);
+        (taken, next)
     }
 }
 

@@ -458,7 +458,7 @@ impl Latest {
             corr: CorrIndex::default(),
             resubscribe: Vec::new(),
             dirty: BTreeSet::new(),
-            ended: HashMap::new(),
+            ended: Default::default(),
             expired: Vec::new(),
             next_expiry: i64::MIN,
             parking: Parking::default(),
@@ -520,7 +520,7 @@ impl Latest {
             t.known.insert(k.clone());
             if rec.snapshot.status.is_final() {
                 let place = crate::view::seq_of(rec.order, p);
-                t.ended.insert(k.clone(), (rec.snapshot.ended_at.unwrap_or(0), place));
+                t.ended.insert(&k, rec.snapshot.ended_at.unwrap_or(0), place);
                 if cache.is_none() {
                     t.records.insert(k, rec);
                 }

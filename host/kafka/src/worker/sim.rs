@@ -961,7 +961,7 @@ impl<'a> World<'a> {
                         let refs: Vec<(&str, Option<&[u8]>)> =
                             changes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
                         store.apply(&refs, checkpoint).expect("a memory store writes");
-                        for kept in [&mut o.t.corr.kept, &mut o.t.parking.subs] {
+                        for kept in [&mut o.t.corr.kept, &mut o.t.parking.subs, &mut o.t.ended.kept] {
                             kept.handed(0);
                             kept.prune(u64::MAX);
                         }
@@ -1487,7 +1487,14 @@ impl<'a> World<'a> {
                 let mut index: BTreeMap<String, Vec<u8>> = BTreeMap::new();
                 store
                     .each(&mut |k, v| {
-                        if k.starts_with(super::index::TIMER_PREFIX) || k.starts_with(super::index::CORR_PREFIX) {
+                        if [
+                            super::index::TIMER_PREFIX,
+                            super::index::CORR_PREFIX,
+                            super::index::ENDED_PREFIX,
+                        ]
+                        .iter()
+                        .any(|x| k.starts_with(x))
+                        {
                             // Checked below: every armed timer is known to its owner.
                         } else if crate::view::is_index_key(k) {
                             index.insert(k.to_string(), v.to_vec());
@@ -1834,6 +1841,14 @@ fn an_expired_instance_leaves_the_local_store_and_its_index_in_the_transaction_t
     assert_eq!(rows(), ["old", "new"], "the restore wrote the rows of the local index");
     let (mut t, _) = state.owner(&shared, p, None, None);
     t.store = Some(store.clone());
+    t.place_index(0, 60_000).expect("a memory store writes");
+    assert_eq!(
+        store.count(super::index::ENDED_PREFIX).expect("a memory store reads"),
+        2,
+        "the ended instance is in the store's index, by time and by id"
+    );
+    assert!(t.ended.kept.mem.is_empty(), "not in memory");
+    assert!(t.ended.contains("old") && !t.ended.contains("new"));
     let retention = 60_000;
     t.expire(1_000, retention);
     assert!(t.expired.is_empty(), "not yet");
@@ -1858,8 +1873,12 @@ fn an_expired_instance_leaves_the_local_store_and_its_index_in_the_transaction_t
     assert_eq!(store.get("old").expect("a memory store reads"), None);
     assert!(store.get("new").expect("a memory store reads").is_some());
     assert_eq!(rows(), ["new"], "the expired instance's row is gone with it");
+    assert_eq!(
+        store.count(super::index::ENDED_PREFIX).expect("a memory store reads"),
+        0
+    );
     t.committed(b);
-    assert!(!t.ended.contains_key("old"));
+    assert!(!t.ended.contains("old"));
 }
 
 #[test]
