@@ -19,7 +19,8 @@ CloudEvents, then waiting two hours for a correlated event). Once every partitio
 
 Run from the repository after `source scripts/setup.sh` and `cargo build --release -p sm4c`:
     python3 bench/kafka/share.py
-Knobs: SM4C_BIN, BENCH_WORKERS (1,2,3), BENCH_INSTANCES (100000), BENCH_PARTITIONS (6).
+Knobs: SM4C_BIN, BENCH_WORKERS (1,2,3), BENCH_INSTANCES (100000), BENCH_PARTITIONS (6),
+BENCH_EVENTS (1: also the events step), BENCH_WORKER_ARGS (more arguments for the workers, space-separated).
 Prints one JSON line per K; logs stay in a temporary folder named on stderr.
 """
 
@@ -41,6 +42,7 @@ N = int(os.environ.get("BENCH_INSTANCES", "100000"))
 PARTS = int(os.environ.get("BENCH_PARTITIONS", "6"))
 KS = [int(k) for k in os.environ.get("BENCH_WORKERS", "1,2,3").split(",")]
 EVENTS = os.environ.get("BENCH_EVENTS", "1") == "1"
+EXTRA = os.environ.get("BENCH_WORKER_ARGS", "").split()
 
 
 def timed_get(port, path):
@@ -76,7 +78,7 @@ def run_k(k, tmp):
         p = scale.spawn(f"worker{i}", [
             scale.SM4C, "serve", "--kafka", bootstrap, "--group", prefix, "--topic-prefix", prefix,
             "--partitions", str(PARTS), "--definitions", defs, "--listen", f"127.0.0.1:{api}",
-            "--kafka-config", "session.timeout.ms=6000"],
+            "--kafka-config", "session.timeout.ms=6000", *EXTRA],
             os.path.join(tmp, f"worker-{k}-{i}.log"), env={**os.environ, "RUST_LOG": "warn"})
         workers.append((p, api))
     for p, api in workers:

@@ -188,6 +188,9 @@ impl Kept {
                 self.mem.remove(&k);
             }
         }
+        if self.handed.capacity() > 2 * self.handed.len() + 1024 {
+            self.handed.shrink_to(2 * self.handed.len());
+        }
     }
 
     /// From now on in `store`: the keys under `prefixes` there are replaced by those memory holds
@@ -364,6 +367,9 @@ impl CorrIndex {
     /// The batch was decided: what it noted for [`CorrIndex::routed_before`] goes.
     pub(super) fn decided(&mut self) {
         self.before.clear();
+        if self.before.capacity() > 1024 {
+            self.before.shrink_to(0);
+        }
     }
 
     pub(super) fn remove(&mut self, id: &str) {
