@@ -349,15 +349,15 @@ pub(crate) fn read_partition(
         .create_with_context(Quiet)
         .map_err(|e| format!("cannot create a reader: {e}"))?;
     let mut tpl = TopicPartitionList::new();
-    let start = if from <= 0 {
-        Offset::Beginning
-    } else {
-        Offset::Offset(from)
-    };
+    // From offset 0, not the broker's "beginning": tansu has been seen to give a partition a low
+    // watermark above records it still had, and a restore that trusted it read none of them (an
+    // offset really gone falls back to the earliest, `auto.offset.reset`). For the same reason only
+    // the high watermark says there is nothing to read.
+    let start = Offset::Offset(from.max(0));
     tpl.add_partition_offset(topic, p, start).map_err(|e| e.to_string())?;
     // Nothing to read: do not wait for the end-of-partition notice.
-    if let Ok((low, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
-        if high <= low.max(from) {
+    if let Ok((_, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+        if high <= from.max(0) {
             return Ok(high.max(from));
         }
     }
