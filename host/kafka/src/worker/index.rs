@@ -250,6 +250,10 @@ pub(super) struct CorrIndex {
     /// The attribute names of the correlation keys indexed since the partition was restored (an
     /// event is looked up by each it carries).
     pub(super) attrs: BTreeSet<String>,
+    /// How many instances each open event type has (`None`: any type): an event is looked up in
+    /// the store by type only when some instance is there, which most definitions never need. One
+    /// count per type, not per instance.
+    open_types: HashMap<Option<String>, usize>,
     /// The keys each instance changed by the batch being decided subscribed to before it (see
     /// [`CorrIndex::routed_before`]).
     before: HashMap<String, Box<[String]>>,
@@ -338,6 +342,12 @@ impl CorrIndex {
         }
         for t in old.open.iter().filter(|t| !new.open.contains(t)) {
             self.kept.put(format!("{}{id}", type_key(t)), None);
+            if let Some(n) = self.open_types.get_mut(t) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.open_types.remove(t);
+                }
+            }
         }
         for k in new.keys.iter().filter(|k| !old.keys.contains(k)) {
             self.attrs.insert(k.0.clone());
@@ -345,6 +355,7 @@ impl CorrIndex {
         }
         for t in new.open.iter().filter(|t| !old.open.contains(t)) {
             self.kept.put(format!("{}{id}", type_key(t)), Some(Vec::new()));
+            *self.open_types.entry(t.clone()).or_default() += 1;
         }
         let entries = (!new.is_empty() || !new.routed.is_empty()).then(|| serde_json::to_vec(new).unwrap_or_default());
         self.kept.put(format!("{ENTRIES}{id}"), entries);
@@ -391,7 +402,9 @@ impl CorrIndex {
         }
         let ty = attribute_text(event, "type");
         for t in [ty, None] {
-            ids.extend(self.kept.keys(&type_key(&t)));
+            if self.open_types.contains_key(&t) {
+                ids.extend(self.kept.keys(&type_key(&t)));
+            }
         }
         ids
     }
