@@ -333,18 +333,31 @@ impl Shared {
     }
 }
 
-/// Reads a partition from offset `from` (0: its beginning) to its end (read committed), calling
-/// `f(key, payload, headers)`; a tombstone's payload is `None`. Gives the offset after the last one
-/// read (the end, where reading on would start).
+/// How a partition is read: what `read_committed` readers see, or every record of the log.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Isolation {
+    Committed,
+    /// Every record, those of aborted and open transactions too, to the log's end: for readers
+    /// that tell committed records by their own means (a restore, by the committed offsets).
+    Uncommitted,
+}
+
+/// Reads a partition from offset `from` (0: its beginning) to its end, calling `f(key, payload,
+/// headers)`; a tombstone's payload is `None`. Gives the offset after the last one read (the end,
+/// where reading on would start).
 pub(crate) fn read_partition(
     shared: &Shared,
     topic: &str,
     p: i32,
     from: i64,
+    isolation: Isolation,
     mut f: impl FnMut(Option<String>, Option<&[u8]>, Option<&rdkafka::message::BorrowedHeaders>),
 ) -> Result<i64, String> {
     let mut c = shared.consumer_config(&format!("{}.reader", shared.cfg.group));
     c.set("enable.partition.eof", "true");
+    if isolation == Isolation::Uncommitted {
+        c.set("isolation.level", "read_uncommitted");
+    }
     let consumer: BaseConsumer<Quiet> = c
         .create_with_context(Quiet)
         .map_err(|e| format!("cannot create a reader: {e}"))?;
@@ -767,17 +780,24 @@ impl KafkaHost {
         };
         let (committed, clock) = (of(&self.shared.topics.commands), of(&self.shared.topics.clock));
         let mut entries: std::collections::BTreeMap<i64, Entry> = Default::default();
-        read_partition(&self.shared, &self.shared.topics.journal, p, 0, |key, payload, _| {
-            if let (true, Some(payload)) = (key.as_deref() == Some(id), payload) {
-                if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
-                    if wire::committed(r.through, r.clock, committed, clock) {
-                        for (i, e) in r.entries.into_iter().enumerate() {
-                            entries.insert(r.seq + i as i64, e);
+        read_partition(
+            &self.shared,
+            &self.shared.topics.journal,
+            p,
+            0,
+            Isolation::Committed,
+            |key, payload, _| {
+                if let (true, Some(payload)) = (key.as_deref() == Some(id), payload) {
+                    if let Ok(r) = serde_json::from_slice::<JournalRecord>(payload) {
+                        if wire::committed(r.through, r.clock, committed, clock) {
+                            for (i, e) in r.entries.into_iter().enumerate() {
+                                entries.insert(r.seq + i as i64, e);
+                            }
                         }
                     }
                 }
-            }
-        })
+            },
+        )
         .map_err(HostError::Unavailable)?;
         Ok(entries.into_iter().collect())
     }

@@ -94,14 +94,27 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
         }
     }
     let known = state.latest.len();
-    let end = crate::read_partition(shared, &shared.topics.state, p, from, |key, payload, headers| {
-        let at = headers.and_then(|h| {
-            h.iter()
-                .find(|x| x.key == CLOCK_HEADER)
-                .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
-        });
-        state.record(key, payload, at);
-    })?;
+    // Every record to the log's end, not what `read_committed` shows: `Latest` tells committed
+    // records by the committed offsets read above (and the previous owner's open transaction was
+    // fenced first). tansu can leave its last stable offset behind the records of committed
+    // transactions for a while: a restore of a SIGKILLed worker's partition under load read it as
+    // 0 and restored none of the partition's instances.
+    let isolation = crate::Isolation::Uncommitted;
+    let end = crate::read_partition(
+        shared,
+        &shared.topics.state,
+        p,
+        from,
+        isolation,
+        |key, payload, headers| {
+            let at = headers.and_then(|h| {
+                h.iter()
+                    .find(|x| x.key == CLOCK_HEADER)
+                    .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
+            });
+            state.record(key, payload, at);
+        },
+    )?;
     let (read, uncommitted) = (state.read, state.uncommitted);
     if let Some(why) = gone() {
         return Err(why);
