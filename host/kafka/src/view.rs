@@ -263,9 +263,11 @@ impl Part {
 /// What a reader of one partition takes from the view before it reads the store, so that the view
 /// is not held while it does: the store, and the records of the last transactions (which win over
 /// what the store says of the same instances).
-struct Taken {
+struct Taken<T> {
     store: Option<Arc<dyn LocalStore>>,
-    recent: HashMap<Box<str>, Option<InstanceRecord>>,
+    /// What the reader takes of each recent record; `None` for one deleted or not wanted (its id
+    /// still hides what the store says of it).
+    recent: HashMap<Box<str>, Option<T>>,
 }
 
 /// Logs a local index that cannot be read: the answer leaves its partition's stored instances out.
@@ -282,8 +284,9 @@ impl View {
         self.partitions.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The usable partitions' stores and recent records, taking those `keep` wants.
-    fn take_parts(&self, keep: impl Fn(&InstanceRecord) -> bool) -> Vec<(i32, Taken)> {
+    /// The usable partitions' stores, and what `take` makes of their recent records (of partition,
+    /// id and record): the records themselves are not copied.
+    fn take_parts<T>(&self, take: impl Fn(i32, &str, &InstanceRecord) -> Option<T>) -> Vec<(i32, Taken<T>)> {
         self.read()
             .iter()
             .filter(|(p, part)| part.usable(**p))
@@ -291,7 +294,7 @@ impl View {
                 let recent = part
                     .recent
                     .iter()
-                    .map(|(id, (_, r))| (id.clone(), r.clone().filter(|r| keep(r))))
+                    .map(|(id, (_, r))| (id.clone(), r.as_ref().and_then(|r| take(*p, id, r))))
                     .collect();
                 (
                     *p,
@@ -326,7 +329,7 @@ impl View {
     /// of the last transactions.
     pub fn len(&self) -> usize {
         let mut n: i64 = 0;
-        for (_, t) in self.take_parts(|_| true) {
+        for (_, t) in self.take_parts(|_, _, _| Some(())) {
             let Some(store) = t.store else {
                 n += t.recent.values().filter(|r| r.is_some()).count() as i64;
                 continue;
@@ -410,9 +413,10 @@ impl View {
                 open.insert(Arc::from(l), 1);
             }
         };
-        for (_, t) in self.take_parts(|r| !r.snapshot.status.is_final()) {
-            for r in t.recent.values().flatten() {
-                task_lists(r).for_each(&mut count);
+        let lists = |_, _: &str, r: &InstanceRecord| Some(task_lists(r).map(str::to_string).collect::<Vec<_>>());
+        for (_, t) in self.take_parts(lists) {
+            for l in t.recent.values().flatten().flatten() {
+                count(l);
             }
             let Some(store) = t.store else { continue };
             let scanned = store.scan(TASKS_PREFIX, &mut |k, v| {
@@ -448,8 +452,10 @@ impl View {
                 .collect();
         }
         let mut snaps = Vec::new();
-        for (_, t) in self.take_parts(|r| !r.snapshot.status.is_final()) {
-            snaps.extend(t.recent.values().flatten().map(|r| r.snapshot.clone()));
+        let unended = |_, _: &str, r: &InstanceRecord| (!r.snapshot.status.is_final()).then(|| r.snapshot.clone());
+        for (_, mut t) in self.take_parts(unended) {
+            // Taken out, their ids left to hide the store's rows of the same instances.
+            snaps.extend(t.recent.values_mut().filter_map(Option::take));
             let Some(store) = t.store else { continue };
             let mut unended = Vec::new();
             let scanned = store.scan(ROW_PREFIX, &mut |k, v| {
@@ -485,13 +491,9 @@ impl View {
         };
         let mut page: Vec<Summary> = Vec::new();
         // A partition whose store broke is left out, as one being restored is.
-        for (p, t) in self.take_parts(|_| true) {
-            page.extend(
-                t.recent
-                    .iter()
-                    .filter_map(|(id, r)| Some(summary(id, r.as_ref()?, seq(r.as_ref()?, p))))
-                    .filter(|s| wanted(s)),
-            );
+        for (_, mut t) in self.take_parts(|p, id, r| Some(summary(id, r, seq(r, p))).filter(|s| wanted(s))) {
+            // Taken out, their ids left to hide the store's rows of the same instances.
+            page.extend(t.recent.values_mut().filter_map(Option::take));
             let Some(store) = t.store else { continue };
             // The partition's first `limit` rows after the cursor that the filters take; the rows
             // are in start order in the store.

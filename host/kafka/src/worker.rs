@@ -702,23 +702,17 @@ impl Owner {
         // The restore wrote the subscriptions' records to the store.
         self.parking.subs.attach(store.clone());
         let horizon = now.saturating_add(horizon_ms);
-        let mut old = Vec::new();
-        store
-            .scan(index::TIMER_PREFIX, &mut |k, _| old.push(k.to_string()))
-            .map_err(|e| e.to_string())?;
         let far = self.timers.split_off(&(horizon, String::new(), String::new()));
-        let mut keys: Vec<String> = far.iter().map(|(due, id, tm)| index::timer_key(*due, id, tm)).collect();
-        let mut changes: Vec<(&str, Option<&[u8]>)> = old.iter().map(|k| (k.as_str(), None)).collect();
-        keys.sort();
-        changes.extend(keys.iter().map(|k| (k.as_str(), Some(&[][..]))));
-        match store.apply(&changes, None) {
+        let keys: Vec<String> = far.iter().map(|(due, id, tm)| index::timer_key(*due, id, tm)).collect();
+        let entries = keys.iter().map(|k| (k.as_str(), Some(&[][..])));
+        match index::replace_under(store.as_ref(), &[index::TIMER_PREFIX], entries) {
             Ok(()) => {
                 self.horizon = horizon;
                 Ok(())
             }
             Err(e) => {
                 self.timers.extend(far);
-                Err(e.to_string())
+                Err(e)
             }
         }
     }

@@ -175,7 +175,7 @@ pub(super) fn decide<'a>(
     // The expired instances' entries leave with their records.
     index.extend(t.ended.kept.take());
     // The subscriptions' changes are written as the state records among `outs`.
-    t.parking.subs.take();
+    t.parking.subs.skip();
     index.extend(t.far_timers(&after));
     index.append(&mut t.index_next);
     for (id, place) in &t.expired {

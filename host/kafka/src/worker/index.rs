@@ -62,6 +62,8 @@ pub(super) struct Kept {
     pub(super) mem: BTreeMap<String, (u64, Option<Vec<u8>>)>,
     /// The keys changed since the last [`Kept::take`].
     next: BTreeSet<String>,
+    /// The keys of the last [`Kept::take`], until [`Kept::handed`] gives them their ticket.
+    taken: Vec<String>,
     /// The keys handed to the keeper, with their tickets, in the order handed.
     handed: std::collections::VecDeque<(u64, String)>,
     /// Why reading the store failed.
@@ -161,21 +163,25 @@ impl Kept {
 
     /// The changes since the last call, for the next transaction's write to the store.
     pub(super) fn take(&mut self) -> Vec<(String, Option<Vec<u8>>)> {
-        let next = std::mem::take(&mut self.next);
-        next.into_iter()
-            .filter_map(|k| {
-                let v = self.mem.get(&k)?.1.clone();
-                Some((k, v))
-            })
+        self.skip();
+        self.taken
+            .iter()
+            .filter_map(|k| Some((k.clone(), self.mem.get(k)?.1.clone())))
             .collect()
+    }
+
+    /// As [`Kept::take`], for changes the transaction writes by other means (records of the
+    /// state partition among its outputs).
+    pub(super) fn skip(&mut self) {
+        self.taken = std::mem::take(&mut self.next).into_iter().collect();
     }
 
     /// The changes last taken went to the keeper with `ticket`.
     pub(super) fn handed(&mut self, ticket: u64) {
-        for (k, (t, _)) in self.mem.iter_mut() {
-            if *t == NOT_HANDED && !self.next.contains(k) {
+        for k in std::mem::take(&mut self.taken) {
+            if let Some((t, _)) = self.mem.get_mut(&k).filter(|(t, _)| *t == NOT_HANDED) {
                 *t = ticket;
-                self.handed.push_back((ticket, k.clone()));
+                self.handed.push_back((ticket, k));
             }
         }
     }
@@ -196,15 +202,8 @@ impl Kept {
     /// From now on in `store`: the keys under `prefixes` there are replaced by those memory holds
     /// (a restore's, made from the instances themselves), at once. Memory keeps nothing after.
     pub(super) fn place(&mut self, store: Arc<dyn LocalStore>, prefixes: &[&str]) -> Result<(), String> {
-        let mut old = Vec::new();
-        for prefix in prefixes {
-            store
-                .scan(prefix, &mut |k, _| old.push(k.to_string()))
-                .map_err(|e| e.to_string())?;
-        }
-        let mut changes: Vec<(&str, Option<&[u8]>)> = old.iter().map(|k| (k.as_str(), None)).collect();
-        changes.extend(self.mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref())));
-        store.apply(&changes, None).map_err(|e| e.to_string())?;
+        let entries = self.mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref()));
+        replace_under(store.as_ref(), prefixes, entries)?;
         self.attach(store);
         Ok(())
     }
@@ -214,9 +213,30 @@ impl Kept {
     pub(super) fn attach(&mut self, store: Arc<dyn LocalStore>) {
         self.mem.clear();
         self.next.clear();
+        self.taken.clear();
         self.handed.clear();
         self.store = Some(store);
     }
+}
+
+/// Replaces, at once, the keys of `store` under `prefixes` by `entries` (a restore's index, made
+/// from the instances themselves).
+pub(super) fn replace_under<'a>(
+    store: &dyn LocalStore,
+    prefixes: &[&str],
+    entries: impl Iterator<Item = (&'a str, Option<&'a [u8]>)>,
+) -> Result<(), String> {
+    let mut old = Vec::new();
+    for prefix in prefixes {
+        store
+            .scan(prefix, &mut |k, _| old.push(k.to_string()))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut changes: Vec<(&str, Option<&[u8]>)> = old.iter().map(|k| (k.as_str(), None)).collect();
+    for (k, v) in entries {
+        changes.push((k, v));
+    }
+    store.apply(&changes, None).map_err(|e| e.to_string())
 }
 
 /// The correlation index's keys in the local index ([`crate::view::INDEX_PREFIX`]).
@@ -1106,7 +1126,7 @@ mod tests {
             ["i3"],
             "memory wins"
         );
-        back.subs.take();
+        back.subs.skip();
         let outs = back.records(&shared, 0, 5, 10);
         back.subs.handed(1);
         assert_eq!(

@@ -325,6 +325,7 @@ impl Latest {
 
     /// A record a local store kept: committed when it was written there. `false` when it does not
     /// read (the store is then not to be trusted).
+    ///
     /// The local index's keys are passed over: they are derived from the records.
     pub(super) fn known(&mut self, key: &str, value: &[u8]) -> bool {
         if crate::view::is_index_key(key) {
