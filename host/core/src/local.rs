@@ -123,14 +123,10 @@ impl LocalStore for MemoryStore {
     }
 
     fn scan(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        for (k, v) in inner.0.range(prefix.to_string()..) {
-            if !k.starts_with(prefix) {
-                break;
-            }
+        self.scan_from(prefix, prefix, &mut |k, v| {
             f(k, v);
-        }
-        Ok(())
+            true
+        })
     }
 
     fn scan_from(&self, prefix: &str, from: &str, f: &mut dyn FnMut(&str, &[u8]) -> bool) -> Result<(), LocalError> {

@@ -209,19 +209,10 @@ impl LocalStore for SqliteStore {
     }
 
     fn scan(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
-        let conn = self.conn();
-        let mut q = conn
-            .prepare_cached("SELECT key, value FROM entries WHERE key >= ?1 ORDER BY key")
-            .map_err(fail)?;
-        let mut rows = q.query([prefix]).map_err(fail)?;
-        while let Some(r) = rows.next().map_err(fail)? {
-            let (k, v) = entry(r)?;
-            if !k.starts_with(prefix) {
-                break;
-            }
+        self.scan_from(prefix, prefix, &mut |k, v| {
             f(k, v);
-        }
-        Ok(())
+            true
+        })
     }
 
     fn scan_from(&self, prefix: &str, from: &str, f: &mut dyn FnMut(&str, &[u8]) -> bool) -> Result<(), LocalError> {
