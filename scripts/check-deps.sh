@@ -40,6 +40,13 @@ check sm4c-durable "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|axum|toni
 check sm4c-kafka "sm4c-runtime sm4c-host" 'rusqlite|libsqlite3-sys|axum|tonic|reqwest|clap'
 check sm4c-api "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|tonic|reqwest|clap'
 check sm4c-invoke "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|axum|clap'
+# The libraries forbid unsafe code (the workspace's lints); the binary only denies it, for its
+# allocator calls in one module.
+unsafe_files=$(grep -rlE '\bunsafe\b *(\{|fn|impl)|expect\(unsafe_code|allow\(unsafe_code' host/cli/src | grep -vx host/cli/src/memory.rs || true)
+if [ -n "$unsafe_files" ]; then
+  echo "check-deps: only host/cli/src/memory.rs may hold unsafe code; also: $unsafe_files" >&2
+  fail=1
+fi
 [ "$fail" = 0 ] || exit 1
 # JSONata is a feature of the runtime (the sm4c binary turns it on); the runtime builds without it.
 cargo check -q --locked -p sm4c-runtime --no-default-features

@@ -4,6 +4,7 @@ mod client;
 mod debug;
 mod files;
 mod forward;
+mod memory;
 mod traces;
 
 use anyhow::Context;
@@ -263,6 +264,7 @@ impl CallArgs {
 const STACK: usize = 512 << 20;
 
 fn main() -> ExitCode {
+    memory::tune();
     let cli = Cli::parse();
     match std::thread::Builder::new()
         .stack_size(STACK)
@@ -596,6 +598,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     // Before the runtime: the exporter's blocking HTTP client is built outside async code.
     let traces = traces::Traces::configure(args.otlp_endpoint.as_deref())?.map(Arc::new);
+    memory::spawn(std::time::Duration::from_secs(5));
     let code = serve_on(args, docs, mocks, calls, park_ms, security, traces.clone());
     if let Some(t) = traces {
         t.shutdown();
