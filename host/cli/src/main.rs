@@ -145,6 +145,11 @@ struct KafkaArgs {
     /// host name).
     #[arg(long, value_name = "URL", requires = "kafka")]
     advertise: Option<String>,
+    /// This worker's static name in its group (Kafka's `group.instance.id`, KIP-345), the same at
+    /// every restart and different for each worker: back within the session timeout, it gets its
+    /// partitions again without a rebalance. Without it, each start joins as a new member.
+    #[arg(long, value_name = "NAME", requires = "kafka")]
+    group_instance_id: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -762,6 +767,7 @@ fn serve_kafka(
     config.event_window_ms = park_ms as i64;
     config.max_parked = args.kafka.max_parked;
     config.cached_instances = args.kafka.cached_instances;
+    config.group_instance_id = args.kafka.group_instance_id.clone();
     config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {
         Ok(ms) => ms as i64,
         Err(e) => {

@@ -951,6 +951,75 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_and_restart_with_exactly
     w1.kill9();
 }
 
+/// Static membership (`--group-instance-id`): a worker SIGKILLed and started again under its name
+/// takes its place in the group again, and nothing it held is lost; a second worker started under a
+/// name in use stops the first, loudly (Kafka fences the older member; tansu does not, and gave
+/// both the same partitions, whose transactions the two then fenced in turn).
+#[test]
+fn workers_named_in_their_group_come_back_under_their_name_and_a_second_of_a_name_stops_the_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "named";
+    let named = |name: &str| worker_args(&broker, prefix, 4, &["--group-instance-id", name]);
+    let mut w1 = Worker::start(dir.path(), "w1", &named("w1"));
+    let mut w2 = Worker::start(dir.path(), "w2", &named("w2"));
+    wait_owned(&[&w1, &w2], 4);
+    let ids: Vec<String> = (0..20).map(|i| format!("named-{i}")).collect();
+    for id in &ids {
+        start(&w1, "saga", id, json!({"orderId": id, "amount": 1}));
+    }
+    w2.kill9();
+    w2.run();
+    wait_owned(&[&w1, &w2], 4);
+    assert!(w2.owned() > 0, "the worker that came back under its name owns nothing");
+    let reply = |id: &str| {
+        json!({"specversion": "1.0", "id": format!("paid-{id}"), "source": "payments", "type": "payment.done",
+               "orderid": id, "datacontenttype": "application/json", "data": {"paid": 1}})
+    };
+    for id in &ids[..10] {
+        post_event(&w2, reply(id));
+    }
+    wait_until(
+        "the first ten sagas to be paid",
+        60,
+        || ids[..10].iter().all(|id| state_of(&w1, id) == "Paid"),
+        &[&w1, &w2],
+    );
+    // A third worker under w1's name: w1 stops and says why; w2 and w3 own every partition and
+    // finish the rest.
+    let mut w3 = Worker::start(dir.path(), "w3", &named("w1"));
+    wait_until(
+        "w1 to stop, superseded",
+        30,
+        || w1.get("/healthz")["status"] == "failing",
+        &[&w1, &w3],
+    );
+    let health = w1.get("/healthz");
+    assert!(
+        health["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--group-instance-id")),
+        "{health}"
+    );
+    assert_eq!(health["ownedPartitions"], 0, "{health}");
+    wait_owned(&[&w2, &w3], 4);
+    for id in &ids[10..] {
+        post_event(&w3, reply(id));
+    }
+    wait_until(
+        "every saga to be paid",
+        60,
+        || ids.iter().all(|id| state_of(&w2, id) == "Paid"),
+        &[&w2, &w3],
+    );
+    // Each saga asked for its payment once.
+    let requests = sent_ids(&broker, &format!("{prefix}.events.out"), "payment.requested");
+    assert_eq!(requests.len(), ids.len(), "{requests:?}");
+    assert!(requests.values().all(|n| *n == 1), "{requests:?}");
+    w3.kill9();
+    w1.kill9();
+}
+
 /// Whether `w`'s `GET /members` lists exactly the workers `all`, with their URLs, each owning its own
 /// partitions and all of them `partitions` between them.
 fn members_seen(w: &Worker, all: &[&Worker], partitions: i64) -> bool {

@@ -143,6 +143,14 @@ pub struct KafkaConfig {
     /// in their partition's local store, not in memory, and taken into memory as they come near:
     /// an instance that waits for a day costs no memory for its timer.
     pub timer_horizon_ms: i64,
+    /// Static membership (`group.instance.id`, KIP-345): the worker's name in its group, stable
+    /// across restarts and different for each worker. A worker that comes back under its name
+    /// within the session timeout is given its partitions again without a rebalance, and the
+    /// others keep theirs; one that does not come back holds its partitions until the session
+    /// timeout ends (`session.timeout.ms`, librdkafka's default 45 s). A second worker started
+    /// under a name in use fences the first, which stops (its health says why). `None` (the
+    /// default): a new member at each start.
+    pub group_instance_id: Option<String>,
 }
 
 impl KafkaConfig {
@@ -165,7 +173,20 @@ impl KafkaConfig {
             expression: sm4c_runtime::Limits::default(),
             cached_instances: 10_000,
             timer_horizon_ms: 10 * 60_000,
+            group_instance_id: None,
         }
+    }
+
+    /// The worker's static name in its group: [`KafkaConfig::group_instance_id`], else a
+    /// `group.instance.id` among the librdkafka settings.
+    pub fn static_name(&self) -> Option<String> {
+        self.group_instance_id.clone().or_else(|| {
+            self.settings
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "group.instance.id")
+                .map(|(_, v)| v.clone())
+        })
     }
 
     /// A client configuration in three layers: sm4c's `defaults` (tuning the user may change), then
@@ -535,6 +556,7 @@ impl KafkaHost {
             task_lists: host.task_lists(),
             ..sm4c_host::driver::Driver::durable()
         };
+        let static_name = config.static_name();
         let shared = Arc::new(Shared {
             driver,
             cfg: config,
@@ -554,7 +576,11 @@ impl KafkaHost {
                 None => None,
             },
             local,
-            members: members::Members::new(sm4c_host::service::new_id("worker"), sm4c_host::clock::wall_ms()),
+            members: members::Members::new(
+                sm4c_host::service::new_id("worker"),
+                sm4c_host::clock::wall_ms(),
+                static_name,
+            ),
             view: view::View::default(),
             journals: Default::default(),
         });

@@ -27,6 +27,9 @@ pub struct Member {
     pub at: i64,
     /// When it started (ms since the epoch).
     pub started: i64,
+    /// Its static name in the group (`group.instance.id`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// The group's members as `P.members` has them, and what this worker publishes.
@@ -34,6 +37,8 @@ pub struct Members {
     /// This worker's member id: the key of its record.
     pub me: String,
     started: i64,
+    /// This worker's static name in the group, when it has one.
+    name: Option<String>,
     known: RwLock<BTreeMap<String, Member>>,
     /// Where this worker's HTTP API answers.
     url: RwLock<Option<String>>,
@@ -42,10 +47,11 @@ pub struct Members {
 }
 
 impl Members {
-    pub fn new(me: String, started: i64) -> Members {
+    pub fn new(me: String, started: i64, name: Option<String>) -> Members {
         Members {
             me,
             started,
+            name,
             known: RwLock::default(),
             url: RwLock::default(),
             owned: Mutex::default(),
@@ -82,7 +88,20 @@ impl Members {
             partitions: self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             at: now,
             started: self.started,
+            name: self.name.clone(),
         }
+    }
+
+    /// A live member other than this worker that started later under this worker's static name,
+    /// if any: Kafka fences the older of two members of one name (`FENCED_INSTANCE_ID`), and so
+    /// does this check on brokers that do not (tansu gave both the same partitions, and the two
+    /// fenced each other's transactions in turn).
+    pub fn superseded_by(&self, now: i64) -> Option<(String, Member)> {
+        let name = self.name.as_ref()?;
+        self.live(now)
+            .into_iter()
+            .filter(|(k, m)| *k != self.me && m.name.as_ref() == Some(name))
+            .find(|(k, m)| (m.started, k.as_str()) > (self.started, self.me.as_str()))
     }
 
     /// The members whose record is fresh at `now`, by member id.
@@ -186,12 +205,13 @@ mod tests {
             partitions: partitions.to_vec(),
             at,
             started: 0,
+            name: None,
         }
     }
 
     #[test]
     fn the_owner_of_a_partition_is_the_live_member_that_claimed_it_last() {
-        let m = Members::new("me".into(), 0);
+        let m = Members::new("me".into(), 0, None);
         let rec = |x: &Member| serde_json::to_vec(x).unwrap();
         m.note("a", Some(&rec(&member(&[0, 1], 1_000))));
         m.note("b", Some(&rec(&member(&[1, 2], 2_000))));
@@ -206,6 +226,38 @@ mod tests {
         // A record that does not read changes nothing.
         m.note("a", Some(b"{"));
         assert_eq!(m.owner(0, 3_000).map(|(k, _)| k).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_worker_is_superseded_by_a_later_live_worker_of_its_name_only() {
+        let rec = |name: Option<&str>, started: i64, at: i64| {
+            let mut m = member(&[0], at);
+            m.name = name.map(str::to_string);
+            m.started = started;
+            serde_json::to_vec(&m).unwrap()
+        };
+        let m = Members::new("me".into(), 1_000, Some("w1".into()));
+        // Its own record, an earlier worker of its name, and a later one of another name: no.
+        m.note("me", Some(&rec(Some("w1"), 1_000, 5_000)));
+        m.note("old", Some(&rec(Some("w1"), 500, 5_000)));
+        m.note("other", Some(&rec(Some("w2"), 2_000, 5_000)));
+        m.note("unnamed", Some(&rec(None, 2_000, 5_000)));
+        assert_eq!(m.superseded_by(6_000), None);
+        // A later one of its name: yes, while its record is live.
+        m.note("new", Some(&rec(Some("w1"), 2_000, 5_000)));
+        assert_eq!(m.superseded_by(6_000).map(|(k, _)| k).as_deref(), Some("new"));
+        assert_eq!(m.superseded_by(5_000 + STALE_MS + 1), None);
+        // The earlier worker is superseded by this one; a worker without a name never is.
+        let old = Members::new("old".into(), 500, Some("w1".into()));
+        old.note("me", Some(&rec(Some("w1"), 1_000, 5_000)));
+        assert_eq!(old.superseded_by(6_000).map(|(k, _)| k).as_deref(), Some("me"));
+        let unnamed = Members::new("u".into(), 0, None);
+        unnamed.note("me", Some(&rec(Some("w1"), 1_000, 5_000)));
+        assert_eq!(unnamed.superseded_by(6_000), None);
+        // Records of builds without names still read.
+        let legacy = br#"{"url":null,"partitions":[1],"at":5000,"started":9000}"#;
+        m.note("legacy", Some(legacy));
+        assert_eq!(m.live(6_000)["legacy"].name, None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use index::{CorrIndex, Parking};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use restore::{restore, Restored};
 use serde_json::Value;
 use sm4c_host::driver::{self, ChildStart, Hosted, Work};
@@ -960,20 +960,48 @@ struct Router {
 /// transaction per partition, so a backlog costs the broker one transaction per this many records.
 const MAX_BATCH: usize = 5_000;
 
-pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
+/// The group consumer's configuration: the group's, with librdkafka's statistics (each
+/// partition's consumer lag, for the metrics: see [`Quiet`]) and this worker's static name
+/// ([`crate::KafkaConfig::group_instance_id`]) when it has one.
+fn group_consumer_config(shared: &Shared) -> ClientConfig {
     let mut config = shared.consumer_config(&shared.cfg.group);
-    // librdkafka's statistics carry each partition's consumer lag, for the metrics (see Quiet).
     if config.get("statistics.interval.ms").is_none() {
         config.set("statistics.interval.ms", "5000");
     }
-    let consumer: BaseConsumer<Quiet> = match config.create_with_context(Quiet) {
+    if let Some(id) = &shared.cfg.group_instance_id {
+        config.set("group.instance.id", id);
+    }
+    config
+}
+
+/// The offsets reader shares the group's id but never joins it: it carries no static name, which
+/// is the group consumer's alone (a `group.instance.id` from `--kafka-config` too).
+fn offsets_reader_config(shared: &Shared) -> ClientConfig {
+    let mut config = shared.consumer_config(&shared.cfg.group);
+    config.remove("group.instance.id");
+    config
+}
+
+/// Why the worker stops after its group consumer's fatal error.
+fn fatal_consumer_error(code: rdkafka::types::RDKafkaErrorCode, why: &str) -> String {
+    let hint = match code {
+        rdkafka::types::RDKafkaErrorCode::FencedInstanceId => {
+            ": another worker joined the group under this worker's group instance id (--group-instance-id); each worker needs its own"
+        }
+        _ => "",
+    };
+    format!("the group consumer failed and cannot go on ({code:?}: {why}){hint}; this worker stopped, restart it")
+}
+
+pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
+    let consumer: BaseConsumer<Quiet> = match group_consumer_config(&shared).create_with_context(Quiet) {
         Ok(c) => c,
         Err(e) => {
             shared.fail(format!("cannot create the consumer: {e}"));
             return;
         }
     };
-    let offsets: Arc<BaseConsumer<Quiet>> = match shared.consumer_config(&shared.cfg.group).create_with_context(Quiet) {
+    let offsets: Arc<BaseConsumer<Quiet>> = match offsets_reader_config(&shared).create_with_context(Quiet) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             shared.fail(format!("cannot create the offsets reader: {e}"));
@@ -1000,7 +1028,8 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
     };
     let mut last_tick = Instant::now();
     let mut last_owned: Vec<i32> = Vec::new();
-    while !shared.stop.load(Ordering::Relaxed) {
+    let mut fatal = false;
+    while !shared.stop.load(Ordering::Relaxed) && !fatal {
         let mut batch: Vec<OwnedMessage> = Vec::new();
         let mut wait = Duration::from_millis(20);
         let started = Instant::now();
@@ -1009,6 +1038,12 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 Some(Ok(m)) => batch.push(m.detach()),
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "consumer");
+                    // A fatal error (a static member fenced by another worker of the same
+                    // name) leaves the consumer unusable: the worker stops and says why.
+                    if let Some((code, why)) = w.consumer.client().fatal_error() {
+                        shared.fail(fatal_consumer_error(code, &why));
+                        fatal = true;
+                    }
                     break;
                 }
                 None => break,
@@ -1017,6 +1052,9 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             if started.elapsed() > Duration::from_millis(5) {
                 break;
             }
+        }
+        if fatal {
+            break;
         }
         let polled = started.elapsed();
         let n = batch.len();
@@ -1057,6 +1095,13 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         if last_tick.elapsed() > Duration::from_millis(500) {
             last_tick = Instant::now();
             w.tick();
+            if let Some((member, m)) = shared.members.superseded_by(now_ms()) {
+                shared.fail(format!(
+                    "another worker ({member} at {}) joined the group under this worker's group instance id (--group-instance-id) after it; each worker needs its own; this worker stopped",
+                    m.url.as_deref().unwrap_or("an address it has not published")
+                ));
+                fatal = true;
+            }
         }
         shared.owned.store(w.owners.len(), Ordering::Relaxed);
         shared
@@ -1083,6 +1128,17 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 "a slow turn of the worker's loop"
             );
         }
+    }
+    if fatal {
+        // The process goes on serving its health; it owns nothing now, and its API answers for
+        // none of the partitions (their new owners do).
+        let owned: Vec<i32> = w.owners.keys().copied().collect();
+        for p in owned {
+            w.drop_owner(p);
+        }
+        shared.owned.store(0, Ordering::Relaxed);
+        shared.cached.store(0, Ordering::Relaxed);
+        shared.members.set_owned(Vec::new());
     }
     for (_, t) in w.owners.drain() {
         for (_, h) in t.in_flight {
@@ -2152,4 +2208,36 @@ fn put_barrier(shared: &Shared, p: i32) -> String {
         tracing::warn!(partition = p, error = %e, "cannot put a barrier");
     }
     token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_group_consumer_carries_the_static_name() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let mut shared = sim::shared(&rt);
+        assert_eq!(group_consumer_config(&shared).get("group.instance.id"), None);
+        shared.cfg.group_instance_id = Some("w1".into());
+        assert_eq!(group_consumer_config(&shared).get("group.instance.id"), Some("w1"));
+        assert_eq!(offsets_reader_config(&shared).get("group.instance.id"), None);
+        // One given as a librdkafka setting names the group consumer only, too.
+        shared.cfg.group_instance_id = None;
+        shared.cfg.settings.push(("group.instance.id".into(), "w2".into()));
+        assert_eq!(group_consumer_config(&shared).get("group.instance.id"), Some("w2"));
+        assert_eq!(offsets_reader_config(&shared).get("group.instance.id"), None);
+    }
+
+    #[test]
+    fn a_fenced_static_member_is_told_which_setting_to_change() {
+        use rdkafka::types::RDKafkaErrorCode;
+        let why = fatal_consumer_error(RDKafkaErrorCode::FencedInstanceId, "Fatal consumer error");
+        assert!(why.contains("--group-instance-id"), "{why}");
+        assert!(why.contains("this worker stopped"), "{why}");
+        let other = fatal_consumer_error(RDKafkaErrorCode::InconsistentGroupProtocol, "x");
+        assert!(!other.contains("--group-instance-id"), "{other}");
+    }
 }

@@ -165,7 +165,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         breakpoints: Default::default(),
         local: None,
         keeper: None,
-        members: crate::members::Members::new("sim".into(), 0),
+        members: crate::members::Members::new("sim".into(), 0, None),
         view: Default::default(),
         journals: Default::default(),
     }
