@@ -20,7 +20,8 @@ CloudEvents, then waiting two hours for a correlated event). Once every partitio
 Run from the repository after `source scripts/setup.sh` and `cargo build --release -p sm4c`:
     python3 bench/kafka/share.py
 Knobs: SM4C_BIN, BENCH_WORKERS (1,2,3), BENCH_INSTANCES (100000), BENCH_PARTITIONS (6),
-BENCH_EVENTS (1: also the events step), BENCH_WORKER_ARGS (more arguments for the workers, space-separated).
+BENCH_EVENTS (1: also the events step), BENCH_WORKER_ARGS (more arguments for the workers, space-separated),
+BENCH_SETTLE (10: seconds from the last start to the RSS reading).
 Prints one JSON line per K; logs stay in a temporary folder named on stderr.
 """
 
@@ -43,6 +44,9 @@ PARTS = int(os.environ.get("BENCH_PARTITIONS", "6"))
 KS = [int(k) for k in os.environ.get("BENCH_WORKERS", "1,2,3").split(",")]
 EVENTS = os.environ.get("BENCH_EVENTS", "1") == "1"
 EXTRA = os.environ.get("BENCH_WORKER_ARGS", "").split()
+# Seconds from the last start to the RSS reading: the sm4c binary gives a burst's free pages back
+# every 5 s once its memory stops growing, so a reading needs a few rounds of that.
+SETTLE = float(os.environ.get("BENCH_SETTLE", "10"))
 
 
 def timed_get(port, path):
@@ -109,7 +113,7 @@ def run_k(k, tmp):
             raise scale.Fail(f"K={k}: the instances did not all start within 30 minutes")
         time.sleep(1)
     started_s = time.time() - t0
-    time.sleep(10)
+    time.sleep(SETTLE)
     rss = [scale.rss_bytes(p.pid) for p, _ in workers]
     health = [scale.get(api, "/healthz") for _, api in workers]
     held = [h.get("instances") for h in health]
