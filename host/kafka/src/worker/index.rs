@@ -431,13 +431,13 @@ impl CorrIndex {
 }
 
 /// A partition's parked events and broadcast tally. Each is its own record on the state topic
-/// (keyed [`parked_key`], [`tally_key`]), written when it changes and deleted by a tombstone, so
+/// (keyed [`crate::wire::parked_key`], [`crate::wire::tally_key`]), written when it changes and deleted by a tombstone, so
 /// no record grows with their number.
 #[derive(Default)]
 pub(super) struct Parking {
     /// Parked events by key, oldest first.
     pub(super) parked: IndexMap<String, Parked>,
-    /// Broadcast event key ([`Origin::key`]) → its tally.
+    /// Broadcast event key ([`crate::wire::Origin::key`]) → its tally.
     pub(super) tally: BTreeMap<String, Tally>,
     /// State topic keys to write (or delete) in the next transaction.
     pub(super) changed: BTreeSet<String>,
