@@ -63,28 +63,29 @@ struct Server {
 impl Server {
     /// Starts `sm4c serve --db DB [--mock MOCK]` on a free port and waits until `/healthz` answers.
     fn start(db: &Path, mock: Option<&Path>, log: &Path) -> Server {
-        let port = free_port();
+        // The server binds a port the system picks and says which in its log: a port picked here
+        // and bound by the server later could be taken meanwhile by a server of a test running
+        // beside this one, whose /healthz would then answer for this one (two tests failed so,
+        // each talking to the other's store).
+        let logged_before = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
         let out = OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("open the server log");
         let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .arg("--db")
-            .arg(db)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"));
+        cmd.arg("serve").arg("--db").arg(db).arg("--listen").arg("127.0.0.1:0");
         if let Some(m) = mock {
             cmd.arg("--mock").arg(m);
         }
         cmd.stdin(Stdio::null())
             .stdout(out.try_clone().expect("clone log handle"))
             .stderr(out);
-        let child = cmd.spawn().expect("spawn sm4c serve");
+        let mut child = cmd.spawn().expect("spawn sm4c serve");
+        let addr = bound_address(&mut child, log, logged_before);
         let mut s = Server {
             child: Some(child),
-            base: format!("http://127.0.0.1:{port}"),
+            base: format!("http://{addr}"),
             client: Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()
@@ -263,6 +264,50 @@ fn entries<'a>(history: &'a [Value], entry: &str, tag_field: &str, tag: &str) ->
 }
 
 /// Copies a (possibly crashed) store with its WAL so it can be inspected without recovering the original.
+/// The address a server started with `--listen 127.0.0.1:0` bound: from the `sm4c serving` line it
+/// writes to its log after `from` (the log's length when it was started).
+fn bound_address(child: &mut Child, log: &Path, from: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read(log).unwrap_or_default();
+        let new = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+        // The log may be coloured: drop the escape sequences before reading `listen=ADDR`.
+        let plain: String = {
+            let mut out = String::new();
+            let mut chars = new.chars();
+            while let Some(c) = chars.next() {
+                if c == '\u{1b}' {
+                    for d in chars.by_ref() {
+                        if d.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        };
+        if let Some(line) = plain.lines().find(|l| l.contains("sm4c serving")) {
+            if let Some(addr) = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")) {
+                return addr.to_string();
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "sm4c serve exited with {status} before listening; log:\n{}",
+                read_log(log)
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sm4c serve did not say where it listens within 20 s; log:\n{}",
+            read_log(log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn snapshot_store(db: &Path, dir: &Path) -> PathBuf {
     let copy = dir.join("inspect.db");
     for suffix in ["", "-wal", "-shm"] {
