@@ -1031,8 +1031,10 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
     };
     let mut last_tick = Instant::now();
     let mut last_owned: Vec<i32> = Vec::new();
-    let mut fatal = false;
-    while !shared.stop.load(Ordering::Relaxed) && !fatal {
+    // Why the worker stops for good, once it must: it says so (its health) only after it let go
+    // of its partitions, so a health that says `failing` never shows partitions still owned.
+    let mut fatal: Option<String> = None;
+    while !shared.stop.load(Ordering::Relaxed) && fatal.is_none() {
         let mut batch: Vec<OwnedMessage> = Vec::new();
         let mut wait = Duration::from_millis(20);
         let started = Instant::now();
@@ -1044,8 +1046,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                     // A fatal error (a static member fenced by another worker of the same
                     // name) leaves the consumer unusable: the worker stops and says why.
                     if let Some((code, why)) = w.consumer.client().fatal_error() {
-                        shared.fail(fatal_consumer_error(code, &why));
-                        fatal = true;
+                        fatal = Some(fatal_consumer_error(code, &why));
                     }
                     break;
                 }
@@ -1056,7 +1057,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
                 break;
             }
         }
-        if fatal {
+        if fatal.is_some() {
             break;
         }
         let polled = started.elapsed();
@@ -1099,11 +1100,10 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             last_tick = Instant::now();
             w.tick();
             if let Some((member, m)) = shared.members.superseded_by(now_ms()) {
-                shared.fail(format!(
+                fatal = Some(format!(
                     "another worker ({member} at {}) joined the group under this worker's group instance id (--group-instance-id) after it; each worker needs its own; this worker stopped",
                     m.url.as_deref().unwrap_or("an address it has not published")
                 ));
-                fatal = true;
             }
         }
         shared.owned.store(w.owners.len(), Ordering::Relaxed);
@@ -1132,7 +1132,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             );
         }
     }
-    if fatal {
+    if let Some(why) = fatal {
         // The process goes on serving its health; it owns nothing now, and its API answers for
         // none of the partitions (their new owners do).
         let owned: Vec<i32> = w.owners.keys().copied().collect();
@@ -1142,6 +1142,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         shared.owned.store(0, Ordering::Relaxed);
         shared.cached.store(0, Ordering::Relaxed);
         shared.members.set_owned(Vec::new());
+        shared.fail(why);
     }
     for (_, t) in w.owners.drain() {
         for (_, h) in t.in_flight {
