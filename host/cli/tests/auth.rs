@@ -6,6 +6,9 @@
 //! a client certificate `CN=sm4c test client`, both signed by it) and `tests/data/auth/stranger.*`,
 //! a self-signed certificate with the same names, which nothing trusts.
 
+#[path = "support/ansi.rs"]
+mod ansi;
+use ansi::strip_ansi;
 use reqwest::blocking::{Client, RequestBuilder};
 use serde_json::{json, Value};
 use std::net::TcpListener;
@@ -480,24 +483,6 @@ fn try_listen(listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<u16,
     let _ = child.kill();
     let _ = child.wait();
     result
-}
-
-/// The text without terminal colour escapes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::new();
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[test]

@@ -9,6 +9,9 @@
 //! `replayMismatch`; cancelling is durable; a crashed store opens cleanly while a foreign or corrupt
 //! file is refused with exit code 2 and left untouched.
 
+#[path = "support/ansi.rs"]
+mod ansi;
+use ansi::strip_ansi;
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -272,22 +275,7 @@ fn bound_address(child: &mut Child, log: &Path, from: u64) -> String {
         let text = std::fs::read(log).unwrap_or_default();
         let new = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
         // The log may be coloured: drop the escape sequences before reading `listen=ADDR`.
-        let plain: String = {
-            let mut out = String::new();
-            let mut chars = new.chars();
-            while let Some(c) = chars.next() {
-                if c == '\u{1b}' {
-                    for d in chars.by_ref() {
-                        if d.is_ascii_alphabetic() {
-                            break;
-                        }
-                    }
-                } else {
-                    out.push(c);
-                }
-            }
-            out
-        };
+        let plain = strip_ansi(&new);
         if let Some(line) = plain.lines().find(|l| l.contains("sm4c serving")) {
             if let Some(addr) = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")) {
                 return addr.to_string();
