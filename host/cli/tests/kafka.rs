@@ -1020,6 +1020,150 @@ fn workers_named_in_their_group_come_back_under_their_name_and_a_second_of_a_nam
     w1.kill9();
 }
 
+/// The committed offset of `topic`/`p` in `group`, 0 when it has none.
+fn committed_in(broker: &Broker, group: &str, topic: &str, p: i32) -> i64 {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, p);
+    let got = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    match got.find_partition(topic, p).map(|e| e.offset()) {
+        Some(Offset::Offset(o)) => o,
+        _ => 0,
+    }
+}
+
+/// How many lines of `w`'s log contain `what`.
+fn log_lines(w: &Worker, what: &str) -> usize {
+    std::fs::read_to_string(&w.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(what))
+        .count()
+}
+
+/// The commands topic and the events topics are read in two consumer groups, each rebalanced
+/// cooperatively: a worker that joins takes over only the partitions that move to it, and the first
+/// worker goes on with the others without giving them up and restoring them again (with eager
+/// rebalancing it gave up all of them). Each group gives each worker its share of its own topic. The
+/// events offsets are committed in the events group; one that only the commands group has (workers
+/// of an earlier version committed them there) is where the events group goes on, so old events are
+/// not read again.
+#[test]
+fn commands_and_events_rebalance_apart_and_cooperatively_moving_only_what_must_move() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "coop";
+    let group = format!("{prefix}-workers");
+    let events = format!("{prefix}.events");
+    // What an earlier version left: an event it took, and its offset committed in the commands
+    // group.
+    create_topic(&broker, &events, 1);
+    let p = producer(&broker);
+    send_binary(&p, &events, &order_created(1));
+    p.flush(Duration::from_secs(10)).expect("flush");
+    {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .set("group.id", &group)
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&events, 0, Offset::Offset(1)).expect("offset");
+        c.commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+            .expect("commit the earlier version's offset");
+    }
+    let args = worker_args(&broker, prefix, 4, &[]);
+    let mut w1 = Worker::start(dir.path(), "w1", &args);
+    wait_owned(&[&w1], 4);
+    send_binary(&p, &events, &order_created(2));
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let second = sm4c_kafka::start_id("saga", "shop", "e2");
+    wait_until(
+        "the second order's saga to start",
+        60,
+        || state_of(&w1, &second) == "Request",
+        &[&w1],
+    );
+    let first = sm4c_kafka::start_id("saga", "shop", "e1");
+    let status = http()
+        .get(format!("{}/instances/{first}", w1.base))
+        .send()
+        .expect("GET")
+        .status()
+        .as_u16();
+    assert_eq!(status, 404, "the event the earlier version took was read again");
+    assert_eq!(
+        log_lines(&w1, "the events group takes over the offset committed before"),
+        1,
+        "{}",
+        tail(&w1.log)
+    );
+    let health = w1.get("/healthz");
+    assert_eq!(health["eventsGroup"], format!("{group}.events"), "{health}");
+    assert_eq!(health["eventsPartitions"], 1, "{health}");
+    wait_until(
+        "the events offset to be committed in the events group",
+        30,
+        || committed_in(&broker, &format!("{group}.events"), &events, 0) == 2,
+        &[&w1],
+    );
+    // Instances on every partition, to see that none is lost or restored again.
+    let ids: Vec<String> = (0..12).map(|i| format!("coop-{i}")).collect();
+    for id in &ids {
+        start(&w1, "saga", id, json!({"orderId": id, "amount": 1}));
+    }
+    assert_eq!(log_lines(&w1, "partition restored"), 4, "{}", tail(&w1.log));
+    let mut w2 = Worker::start(dir.path(), "w2", &args);
+    wait_until(
+        "the two workers to share the commands partitions",
+        90,
+        || {
+            let (a, b) = (w1.owned(), w2.owned());
+            a > 0 && b > 0 && a + b == 4
+        },
+        &[&w1, &w2],
+    );
+    // The events topic's one partition went to one of them; the commands partitions to both.
+    let reading: Vec<u64> = [&w1, &w2]
+        .iter()
+        .map(|w| w.get("/healthz")["eventsPartitions"].as_u64().unwrap_or(99))
+        .collect();
+    assert_eq!(reading.iter().sum::<u64>(), 1, "{reading:?}");
+    // w1 gave up only what went to w2, and restored nothing again.
+    let moved = w2.owned() as usize;
+    assert_eq!(
+        log_lines(&w1, "partition revoked"),
+        moved,
+        "w1 gave up more than moved to w2:\n{}",
+        tail(&w1.log)
+    );
+    assert_eq!(log_lines(&w1, "partition restored"), 4, "{}", tail(&w1.log));
+    // Every instance is still there, answered by its owner, and the sagas go on.
+    let reply = |id: &str| {
+        json!({"specversion": "1.0", "id": format!("paid-{id}"), "source": "payments", "type": "payment.done",
+               "orderid": id, "datacontenttype": "application/json", "data": {"paid": 1}})
+    };
+    for id in &ids {
+        post_event(&w2, reply(id));
+    }
+    wait_until(
+        "every saga to be paid",
+        60,
+        || ids.iter().all(|id| state_of(&w1, id) == "Paid"),
+        &[&w1, &w2],
+    );
+    let requests = sent_ids(&broker, &format!("{prefix}.events.out"), "payment.requested");
+    assert_eq!(requests.values().filter(|n| **n != 1).count(), 0, "{requests:?}");
+    w2.kill9();
+    w1.kill9();
+}
+
 /// Whether `w`'s `GET /members` lists exactly the workers `all`, with their URLs, each owning its own
 /// partitions and all of them `partitions` between them.
 fn members_seen(w: &Worker, all: &[&Worker], partitions: i64) -> bool {

@@ -177,6 +177,12 @@ impl KafkaConfig {
         }
     }
 
+    /// The consumer group the workers read the events topics in: `<group>.events`. The commands
+    /// topic is read in [`KafkaConfig::group`]; each group balances its own partitions.
+    pub fn events_group(&self) -> String {
+        format!("{}.events", self.group)
+    }
+
     /// The worker's static name in its group: [`KafkaConfig::group_instance_id`], else a
     /// `group.instance.id` among the librdkafka settings.
     pub fn static_name(&self) -> Option<String> {
@@ -293,6 +299,8 @@ pub(crate) struct Shared {
     pub plain: ThreadedProducer<Quiet>,
     pub stop: AtomicBool,
     pub owned: AtomicUsize,
+    /// How many events partitions this worker reads, in the events group.
+    pub events_read: AtomicUsize,
     /// How many unended instances the owners keep in memory ([`KafkaConfig::cached_instances`]).
     pub cached: AtomicUsize,
     pub failure: Mutex<Option<String>>,
@@ -568,6 +576,7 @@ impl KafkaHost {
             plain,
             stop: AtomicBool::new(false),
             owned: AtomicUsize::new(0),
+            events_read: AtomicUsize::new(0),
             cached: AtomicUsize::new(0),
             failure: Mutex::new(None),
             breakpoints: sm4c_host::driver::Breakpoints::default(),
@@ -1191,6 +1200,8 @@ impl Backend for KafkaHost {
             "mode": "kafka",
             "group": self.shared.cfg.group,
             "ownedPartitions": self.owned_partitions(),
+            "eventsGroup": self.shared.cfg.events_group(),
+            "eventsPartitions": self.shared.events_read.load(Ordering::Relaxed),
             "instances": self.shared.view.len(),
             "recordsInMemory": self.shared.view.in_memory(),
             "instancesInMemory": self.shared.cached.load(Ordering::Relaxed),

@@ -5,6 +5,7 @@
 use super::wire::Quiet;
 use super::wire::{corr_key, partition_of, start_id, Command, InstanceRecord, Origin, Outcome};
 use super::{Delivery, Shared};
+mod consumers;
 mod decision;
 mod index;
 pub(crate) mod journal;
@@ -13,12 +14,13 @@ mod restore;
 mod route;
 #[cfg(test)]
 mod sim;
+use consumers::{offsets_reader_config, Consumers};
 use decision::tally_expiry;
 use index::{CorrIndex, Parking};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use restore::{restore, Restored};
 use route::{committed_of, note_committed, put_barrier, route_events, Outstanding, Routing};
 pub(crate) use route::{queued, route_of};
@@ -350,7 +352,7 @@ fn txn_producer(shared: &Shared, id: &str, timeout: Duration) -> Result<Threaded
 /// then commit offsets (at least once).
 fn commit(
     shared: &Shared,
-    consumer: &BaseConsumer<Quiet>,
+    consumers: &Consumers,
     txn: Option<&ThreadedProducer<Quiet>>,
     outs: &[Out],
     offsets: &TopicPartitionList,
@@ -366,9 +368,7 @@ fn commit(
                     produce(p, o)?;
                 }
                 let t1 = t0.elapsed();
-                let meta = consumer.group_metadata().ok_or("no consumer group metadata")?;
-                p.send_offsets_to_transaction(offsets, &meta, left())
-                    .map_err(|e| e.to_string())?;
+                consumers.send_offsets(p, offsets, deadline)?;
                 let t2 = t0.elapsed();
                 // Waiting here is much faster than leaving it to commit_transaction, whose own
                 // flush took 100 ms per transaction (measured with bench/kafka).
@@ -400,9 +400,7 @@ fn commit(
                 produce(&shared.plain, o)?;
             }
             drain(&shared.plain, Instant::now() + COMMIT_TIMEOUT)?;
-            consumer
-                .commit(offsets, rdkafka::consumer::CommitMode::Sync)
-                .map_err(|e| e.to_string())?;
+            consumers.commit(offsets)?;
             count_dead_letters(shared, outs);
             Ok(())
         }
@@ -963,47 +961,7 @@ struct Router {
 /// transaction per partition, so a backlog costs the broker one transaction per this many records.
 const MAX_BATCH: usize = 5_000;
 
-/// The group consumer's configuration: the group's, with librdkafka's statistics (each
-/// partition's consumer lag, for the metrics: see [`Quiet`]) and this worker's static name
-/// ([`crate::KafkaConfig::group_instance_id`]) when it has one.
-fn group_consumer_config(shared: &Shared) -> ClientConfig {
-    let mut config = shared.consumer_config(&shared.cfg.group);
-    if config.get("statistics.interval.ms").is_none() {
-        config.set("statistics.interval.ms", "5000");
-    }
-    if let Some(id) = &shared.cfg.group_instance_id {
-        config.set("group.instance.id", id);
-    }
-    config
-}
-
-/// The offsets reader shares the group's id but never joins it: it carries no static name, which
-/// is the group consumer's alone (a `group.instance.id` from `--kafka-config` too).
-fn offsets_reader_config(shared: &Shared) -> ClientConfig {
-    let mut config = shared.consumer_config(&shared.cfg.group);
-    config.remove("group.instance.id");
-    config
-}
-
-/// Why the worker stops after its group consumer's fatal error.
-fn fatal_consumer_error(code: rdkafka::types::RDKafkaErrorCode, why: &str) -> String {
-    let hint = match code {
-        rdkafka::types::RDKafkaErrorCode::FencedInstanceId => {
-            ": another worker joined the group under this worker's group instance id (--group-instance-id); each worker needs its own"
-        }
-        _ => "",
-    };
-    format!("the group consumer failed and cannot go on ({code:?}: {why}){hint}; this worker stopped, restart it")
-}
-
 pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, results_tx: mpsc::Sender<CallDone>) {
-    let consumer: BaseConsumer<Quiet> = match group_consumer_config(&shared).create_with_context(Quiet) {
-        Ok(c) => c,
-        Err(e) => {
-            shared.fail(format!("cannot create the consumer: {e}"));
-            return;
-        }
-    };
     let offsets: Arc<BaseConsumer<Quiet>> = match offsets_reader_config(&shared).create_with_context(Quiet) {
         Ok(c) => Arc::new(c),
         Err(e) => {
@@ -1011,22 +969,23 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             return;
         }
     };
-    let mut topics: Vec<&str> = vec![shared.topics.commands.as_str()];
-    topics.extend(shared.topics.events.iter().map(String::as_str));
-    if let Err(e) = consumer.subscribe(&topics) {
-        shared.fail(format!("cannot subscribe to {topics:?}: {e}"));
-        return;
-    }
+    let consumers = match Consumers::new(&shared) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.fail(e);
+            return;
+        }
+    };
     let mut w = Worker {
         shared: shared.clone(),
-        consumer,
+        consumers,
         owners: HashMap::new(),
         routers: HashMap::new(),
         results_tx,
         outstanding: HashMap::new(),
         rewinding: HashSet::new(),
         restoring: HashMap::new(),
-        last_assigned: 0,
+        last_assigned: Vec::new(),
         offsets,
     };
     let mut last_tick = Instant::now();
@@ -1035,31 +994,14 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
     // of its partitions, so a health that says `failing` never shows partitions still owned.
     let mut fatal: Option<String> = None;
     while !shared.stop.load(Ordering::Relaxed) && fatal.is_none() {
-        let mut batch: Vec<OwnedMessage> = Vec::new();
-        let mut wait = Duration::from_millis(20);
         let started = Instant::now();
-        while batch.len() < MAX_BATCH {
-            match w.consumer.poll(wait) {
-                Some(Ok(m)) => batch.push(m.detach()),
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "consumer");
-                    // A fatal error (a static member fenced by another worker of the same
-                    // name) leaves the consumer unusable: the worker stops and says why.
-                    if let Some((code, why)) = w.consumer.client().fatal_error() {
-                        fatal = Some(fatal_consumer_error(code, &why));
-                    }
-                    break;
-                }
-                None => break,
-            }
-            wait = Duration::ZERO;
-            if started.elapsed() > Duration::from_millis(5) {
+        let batch = match w.consumers.poll(MAX_BATCH, Duration::from_millis(20)) {
+            Ok(b) => b,
+            Err(why) => {
+                fatal = Some(why);
                 break;
             }
-        }
-        if fatal.is_some() {
-            break;
-        }
+        };
         let polled = started.elapsed();
         let n = batch.len();
         // How long the oldest record waited between its producer and this poll (create time), for
@@ -1107,6 +1049,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             }
         }
         shared.owned.store(w.owners.len(), Ordering::Relaxed);
+        shared.events_read.store(w.routers.len(), Ordering::Relaxed);
         shared
             .cached
             .store(w.owners.values().map(|t| t.slots.len()).sum(), Ordering::Relaxed);
@@ -1140,6 +1083,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             w.drop_owner(p);
         }
         shared.owned.store(0, Ordering::Relaxed);
+        shared.events_read.store(0, Ordering::Relaxed);
         shared.cached.store(0, Ordering::Relaxed);
         shared.members.set_owned(Vec::new());
         shared.fail(why);
@@ -1149,12 +1093,12 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             h.abort();
         }
     }
-    w.consumer.unsubscribe();
+    w.consumers.unsubscribe();
 }
 
 struct Worker {
     shared: Arc<Shared>,
-    consumer: BaseConsumer<Quiet>,
+    consumers: Consumers,
     owners: HashMap<i32, Owner>,
     routers: HashMap<(String, i32), Router>,
     results_tx: mpsc::Sender<CallDone>,
@@ -1168,23 +1112,15 @@ struct Worker {
     /// Commands partitions being restored beside the loop: the restore's thread, or when the last
     /// one failed (it is tried again [`RESTORE_RETRY`] later). Paused meanwhile.
     restoring: HashMap<i32, Restoring>,
-    /// How many partitions the last assignment check saw.
-    last_assigned: usize,
+    /// What the last assignment check saw, sorted.
+    last_assigned: Vec<(String, i32)>,
     /// Reads the group's committed offsets for restores, off the poll loop (it never joins).
     offsets: Arc<BaseConsumer<Quiet>>,
 }
 
 impl Worker {
     fn assigned(&self) -> HashSet<(String, i32)> {
-        self.consumer
-            .assignment()
-            .map(|a| {
-                a.elements()
-                    .iter()
-                    .map(|e| (e.topic().to_string(), e.partition()))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.consumers.assigned()
     }
 
     fn sync_assignment(&mut self) {
@@ -1192,11 +1128,23 @@ impl Worker {
             self.retry_rewinds();
         }
         let assigned = self.assigned();
-        if assigned.len() != self.last_assigned {
-            self.last_assigned = assigned.len();
-            tracing::info!(partitions = assigned.len(), "assignment changed");
-        }
         let commands = self.shared.topics.commands.clone();
+        let mut now: Vec<(String, i32)> = assigned.iter().cloned().collect();
+        now.sort_unstable();
+        if now != self.last_assigned {
+            let of = |events: bool| -> Vec<String> {
+                now.iter()
+                    .filter(|(t, _)| (*t != commands) == events)
+                    .map(|(t, p)| if events { format!("{t}/{p}") } else { p.to_string() })
+                    .collect()
+            };
+            tracing::info!(
+                commands = of(false).join(","),
+                events = of(true).join(","),
+                "assignment changed"
+            );
+            self.last_assigned = now;
+        }
         let gone: Vec<i32> = self
             .owners
             .keys()
@@ -1255,10 +1203,19 @@ impl Worker {
                 // after events applied directly. Reading the committed offset with read_committed
                 // isolation asks the broker for a stable offset (KIP-447): it answers once that
                 // owner's pending transaction is committed or aborted.
-                if let Err(e) = self.committed(&topic, p, RESTORE_TIMEOUT) {
-                    tracing::error!(topic, partition = p, error = %e, "cannot read the stable committed offset; the router starts later");
-                    self.rewind(&topic, p);
-                    continue;
+                // A partition the events group has no offset for yet goes on from where the
+                // commands group's workers of an earlier version left it.
+                match self
+                    .consumers
+                    .adopt_earlier_offset(&self.offsets, &topic, p, RESTORE_TIMEOUT)
+                {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        tracing::error!(topic, partition = p, error = %e, "cannot read the stable committed offset; the router starts later");
+                        self.rewind(&topic, p);
+                        continue;
+                    }
                 }
                 self.routers.insert(
                     (topic, p),
@@ -1305,7 +1262,7 @@ impl Worker {
         for p in new {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&commands, p);
-            if let Err(e) = self.consumer.pause(&tpl) {
+            if let Err(e) = self.consumers.commands.pause(&tpl) {
                 tracing::warn!(partition = p, error = %e, "cannot pause the partition while it is restored");
             }
             let (shared, offsets) = (self.shared.clone(), self.offsets.clone());
@@ -1358,11 +1315,11 @@ impl Worker {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition(&commands, p);
                     self.rewinding.remove(&(commands.clone(), p));
-                    let read_on = self.consumer.resume(&tpl).map_err(|e| e.to_string()).and_then(|()| {
-                        self.consumer
-                            .seek(&commands, p, off, REWIND_TIMEOUT)
-                            .map_err(|e| e.to_string())
-                    });
+                    let c = &self.consumers.commands;
+                    let read_on = c
+                        .resume(&tpl)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| c.seek(&commands, p, off, REWIND_TIMEOUT).map_err(|e| e.to_string()));
                     if let Err(e) = read_on {
                         tracing::warn!(partition = p, error = %e, "cannot read on after the restore; paused until it can");
                         self.pause(&commands, p);
@@ -1397,7 +1354,7 @@ impl Worker {
     /// error, also when the broker answers the request but fails the partition: taken for 0, it
     /// would restore a partition empty or read an events partition again from its beginning.
     fn committed(&self, topic: &str, p: i32, timeout: Duration) -> Result<i64, String> {
-        committed_of(&self.consumer, topic, p, timeout)
+        self.consumers.committed(topic, p, timeout)
     }
 
     /// Moves the consumer back to the committed offset, so uncommitted inputs are read again. If
@@ -1407,7 +1364,7 @@ impl Worker {
         match self.committed(topic, p, REWIND_TIMEOUT) {
             Ok(o) => {
                 let off = if o == 0 { Offset::Beginning } else { Offset::Offset(o) };
-                if let Err(e) = self.consumer.seek(topic, p, off, REWIND_TIMEOUT) {
+                if let Err(e) = self.consumers.of(topic).seek(topic, p, off, REWIND_TIMEOUT) {
                     tracing::warn!(topic, partition = p, error = %e, "cannot seek back; paused until it can");
                     self.pause(topic, p);
                 }
@@ -1422,7 +1379,7 @@ impl Worker {
     fn pause(&mut self, topic: &str, p: i32) {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, p);
-        if let Err(e) = self.consumer.pause(&tpl) {
+        if let Err(e) = self.consumers.of(topic).pause(&tpl) {
             tracing::warn!(topic, partition = p, error = %e, "cannot pause");
         }
         self.rewinding.insert((topic.to_string(), p));
@@ -1446,15 +1403,16 @@ impl Worker {
             let off = if o == 0 { Offset::Beginning } else { Offset::Offset(o) };
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&topic, p);
-            match self.consumer.resume(&tpl).map_err(|e| e.to_string()).and_then(|()| {
-                self.consumer
-                    .seek(&topic, p, off, REWIND_TIMEOUT)
-                    .map_err(|e| e.to_string())
-            }) {
+            let c = self.consumers.of(&topic);
+            match c
+                .resume(&tpl)
+                .map_err(|e| e.to_string())
+                .and_then(|()| c.seek(&topic, p, off, REWIND_TIMEOUT).map_err(|e| e.to_string()))
+            {
                 Ok(()) => tracing::info!(topic, partition = p, offset = o, "rewound and resumed"),
                 Err(e) => {
                     tracing::warn!(topic, partition = p, error = %e, "cannot rewind yet");
-                    let _ = self.consumer.pause(&tpl);
+                    let _ = c.pause(&tpl);
                     self.rewinding.insert((topic, p));
                 }
             }
@@ -1616,7 +1574,7 @@ impl Worker {
         offsets
             .add_partition_offset(topic, p, Offset::Offset(last + 1))
             .map_err(|e| e.to_string())?;
-        commit(&self.shared, &self.consumer, r.txn.as_ref(), outs, &offsets)?;
+        commit(&self.shared, &self.consumers, r.txn.as_ref(), outs, &offsets)?;
         if !outs.is_empty() {
             r.settle.wrote();
             if let Some(q) = outs
@@ -1666,7 +1624,7 @@ impl Worker {
             decide_us = decide_started.elapsed().as_micros() as u64,
             "decided"
         );
-        commit(&shared, &self.consumer, t.txn.as_ref(), &b.outs, &offsets)?;
+        commit(&shared, &self.consumers, t.txn.as_ref(), &b.outs, &offsets)?;
         // The keeper's ticket of this transaction's state write: the API reads its records from
         // memory until the store has them.
         let mut ticket = 0;
@@ -1869,7 +1827,7 @@ impl Worker {
             let r = offsets
                 .add_partition_offset(&self.shared.topics.clock, t.partition, Offset::Offset(t.clock))
                 .map_err(|e| e.to_string())
-                .and_then(|()| commit(&self.shared, &self.consumer, t.txn.as_ref(), &[], &offsets));
+                .and_then(|()| commit(&self.shared, &self.consumers, t.txn.as_ref(), &[], &offsets));
             if let Err(e) = r {
                 tracing::warn!(partition = t.partition, error = %e, "a settling transaction failed");
             }
@@ -1883,41 +1841,9 @@ impl Worker {
             // partition it last wrote to, whose owner then settles as well.
             let tick = command(&self.shared, r.last_target, None, &Command::Tick);
             let none = TopicPartitionList::new();
-            if let Err(e) = commit(&self.shared, &self.consumer, r.txn.as_ref(), &[tick], &none) {
+            if let Err(e) = commit(&self.shared, &self.consumers, r.txn.as_ref(), &[tick], &none) {
                 tracing::warn!(topic, partition = p, error = %e, "a router's settling transaction failed");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_group_consumer_carries_the_static_name() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
-        let mut shared = sim::shared(&rt);
-        assert_eq!(group_consumer_config(&shared).get("group.instance.id"), None);
-        shared.cfg.group_instance_id = Some("w1".into());
-        assert_eq!(group_consumer_config(&shared).get("group.instance.id"), Some("w1"));
-        assert_eq!(offsets_reader_config(&shared).get("group.instance.id"), None);
-        // One given as a librdkafka setting names the group consumer only, too.
-        shared.cfg.group_instance_id = None;
-        shared.cfg.settings.push(("group.instance.id".into(), "w2".into()));
-        assert_eq!(group_consumer_config(&shared).get("group.instance.id"), Some("w2"));
-        assert_eq!(offsets_reader_config(&shared).get("group.instance.id"), None);
-    }
-
-    #[test]
-    fn a_fenced_static_member_is_told_which_setting_to_change() {
-        use rdkafka::types::RDKafkaErrorCode;
-        let why = fatal_consumer_error(RDKafkaErrorCode::FencedInstanceId, "Fatal consumer error");
-        assert!(why.contains("--group-instance-id"), "{why}");
-        assert!(why.contains("this worker stopped"), "{why}");
-        let other = fatal_consumer_error(RDKafkaErrorCode::InconsistentGroupProtocol, "x");
-        assert!(!other.contains("--group-instance-id"), "{other}");
     }
 }

@@ -8,9 +8,12 @@
 //! - **The model** ([`Broker`]): partitioned logs with offsets; transactional producers fenced by
 //!   transactional id and epoch (`init_transactions` aborts the open transaction of a previous
 //!   epoch); `read_committed` reads that stop at the last stable offset and hide aborted records
-//!   (or, like tansu, show them); transactional offset commits refused for a stale group
-//!   generation (KIP-447); idempotent plain producers; compaction of the state topic below the
-//!   last stable offset.
+//!   (or, like tansu, show them); two consumer groups (the commands topic's and the events
+//!   topic's), each with its own generation, and transactional offset commits refused for a stale
+//!   generation of their group (KIP-447); rebalances of one group or both, cooperative (a worker
+//!   keeps what it is not told to give up) or, for some seeds, eager (a worker gives up all of a
+//!   group's partitions at each rebalance and is assigned its share again); idempotent plain
+//!   producers; compaction of the state topic below the last stable offset.
 //! - **The workers** are the real code with the IO taken out: [`decision::decide`] decides each
 //!   batch, [`Latest`] restores a partition from the state topic, [`Owner::committed`],
 //!   [`Owner::track`] and [`Owner::due_timers`] do what the worker loop does after a commit and on
@@ -50,6 +53,8 @@ const PARTITIONS: i32 = 4;
 /// Partitions of the events topic.
 const EVENTS: i32 = 2;
 const WORKERS: usize = 3;
+/// A rebalance of both groups (a worker joins or leaves both).
+const BOTH: [bool; 2] = [true, true];
 
 /// The definition every simulated instance runs: a function call, then a wait for a `go` event
 /// with a timeout, then a sent event that says which came first.
@@ -159,6 +164,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         plain,
         stop: AtomicBool::new(false),
         owned: AtomicUsize::new(0),
+        events_read: AtomicUsize::new(0),
         cached: AtomicUsize::new(0),
         failure: Mutex::new(None),
         driver: Driver::durable(),
@@ -191,10 +197,15 @@ enum TxnState {
     Aborted,
 }
 
+/// The commands group, and the events group (indexes of [`Broker::generations`]).
+const COMMANDS_GROUP: usize = 0;
+const EVENTS_GROUP: usize = 1;
+
 struct Txn {
     tid: String,
     epoch: u32,
-    generation: u64,
+    /// The generations of both groups as the producing worker last saw them.
+    generations: [u64; 2],
     state: TxnState,
     /// Offsets sent to the transaction, committed with it.
     pending: Vec<(String, i32, i64)>,
@@ -215,8 +226,10 @@ struct Broker {
     open: BTreeMap<String, usize>,
     /// The group's committed offsets.
     offsets: BTreeMap<(String, i32), i64>,
-    /// The group's generation: a rebalance moves it on.
-    generation: u64,
+    /// Each group's generation: a rebalance of the group moves it on.
+    generations: [u64; 2],
+    /// The topics whose offsets are committed in the events group.
+    events_topics: BTreeSet<String>,
     /// Like tansu: `read_committed` readers see aborted records too.
     shows_aborted: bool,
     /// The topics of one partition (the dead letters).
@@ -258,7 +271,7 @@ impl Broker {
         Ok(())
     }
 
-    fn begin(&mut self, tid: &str, epoch: u32, generation: u64, now: i64) -> Result<usize, String> {
+    fn begin(&mut self, tid: &str, epoch: u32, generations: [u64; 2], now: i64) -> Result<usize, String> {
         if self.epochs.get(tid) != Some(&epoch) {
             return Err(format!("producer {tid} epoch {epoch} is fenced"));
         }
@@ -268,7 +281,7 @@ impl Broker {
         self.txns.push(Txn {
             tid: tid.to_string(),
             epoch,
-            generation,
+            generations,
             state: TxnState::Open,
             pending: Vec::new(),
             began: now,
@@ -325,13 +338,17 @@ impl Broker {
         self.append(&o.topic.clone(), p, o, ts, None);
     }
 
-    /// `send_offsets_to_transaction`: refused for a fenced producer, and (KIP-447) for a stale
-    /// group generation, which aborts the transaction.
+    /// `send_offsets_to_transaction`, once per group the offsets belong to: refused for a fenced
+    /// producer, and (KIP-447) for a stale generation of that group, which aborts the transaction.
     fn send_offsets(&mut self, txn: usize, offsets: &[(String, i32, i64)]) -> Result<(), String> {
         self.live(txn)?;
-        if self.txns[txn].generation != self.generation {
-            self.abort(txn);
-            return Err("the group generation is stale (KIP-447)".into());
+        for g in [COMMANDS_GROUP, EVENTS_GROUP] {
+            let of_group = |t: &String| self.events_topics.contains(t) == (g == EVENTS_GROUP);
+            if offsets.iter().any(|(t, _, _)| of_group(t)) && self.txns[txn].generations[g] != self.generations[g] {
+                self.abort(txn);
+                let which = if g == EVENTS_GROUP { "events" } else { "commands" };
+                return Err(format!("the {which} group's generation is stale (KIP-447)"));
+            }
         }
         self.txns[txn].pending.extend(offsets.iter().cloned());
         Ok(())
@@ -498,8 +515,8 @@ struct SimRouter {
 #[derive(Default)]
 struct SimWorker {
     alive: bool,
-    /// The group generation this worker last synced its assignment at.
-    generation: u64,
+    /// The generations of both groups this worker last synced its assignment at.
+    generations: [u64; 2],
     owners: BTreeMap<i32, SimOwner>,
     routers: BTreeMap<i32, SimRouter>,
     outstanding: Outstanding,
@@ -518,7 +535,8 @@ struct World<'a> {
     assignment: BTreeMap<i32, usize>,
     /// Events partition → worker.
     events_assignment: BTreeMap<i32, usize>,
-    /// (events topic?, partition) → the generation that last gave it to another worker.
+    /// (events topic?, partition) → the generation of its group that last gave it to another
+    /// worker.
     moved_at: BTreeMap<(bool, i32), u64>,
     barriers: u64,
     calls: Vec<Call>,
@@ -551,6 +569,9 @@ struct World<'a> {
     /// stores (the others are read back from the store by what comes for them): none, one, a few,
     /// or all, drawn for the seed apart from `rng` likewise.
     cache: usize,
+    /// Whether the groups rebalance eagerly (every worker gives up all of a group's partitions at
+    /// each of its rebalances) rather than cooperatively; drawn apart from `rng` likewise.
+    eager: bool,
 }
 
 impl<'a> World<'a> {
@@ -559,6 +580,7 @@ impl<'a> World<'a> {
         let broker = Broker {
             shows_aborted: rng.bool(),
             single: BTreeSet::from([shared.topics.deadletter.clone()]),
+            events_topics: shared.topics.events.iter().cloned().collect(),
             ..Broker::default()
         };
         let mut w = World {
@@ -585,6 +607,7 @@ impl<'a> World<'a> {
             early_rng: fastrand::Rng::with_seed(seed ^ 0xea51_7e57),
             keyed_rng: fastrand::Rng::with_seed(seed ^ 0x6e_7ed0),
             cache: [0, 1, 3, usize::MAX][fastrand::Rng::with_seed(seed ^ 0xca_c4e).usize(..4)],
+            eager: fastrand::Rng::with_seed(seed ^ 0xea6e_4e4e).u8(..4) == 0,
         };
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
@@ -592,7 +615,7 @@ impl<'a> World<'a> {
         for x in &mut w.workers {
             x.alive = true;
         }
-        w.rebalance(None);
+        w.rebalance(BOTH, None);
         w
     }
 
@@ -603,18 +626,24 @@ impl<'a> World<'a> {
         self.trace.push(s);
     }
 
-    /// A rebalance: partitions of dead workers go to live ones, and the live ones are balanced
-    /// (sticky: a partition moves only to even the counts). `moved` forces one partition to
-    /// another worker.
-    fn rebalance(&mut self, moved: Option<(bool, i32, usize)>) {
-        self.broker.generation += 1;
+    /// A rebalance of the `groups` named: partitions of dead workers go to live ones, and the
+    /// live ones are balanced (sticky: a partition moves only to even the counts). `moved` forces
+    /// one partition to another worker.
+    fn rebalance(&mut self, groups: [bool; 2], moved: Option<(bool, i32, usize)>) {
+        for (g, yes) in groups.iter().enumerate() {
+            if *yes {
+                self.broker.generations[g] += 1;
+            }
+        }
         let before = (self.assignment.clone(), self.events_assignment.clone());
         let alive: Vec<usize> = (0..WORKERS).filter(|w| self.workers[*w].alive).collect();
-        for (map, n) in [
-            (&mut self.assignment, PARTITIONS),
-            (&mut self.events_assignment, EVENTS),
+        for (map, n, yes) in [
+            (&mut self.assignment, PARTITIONS, groups[COMMANDS_GROUP]),
+            (&mut self.events_assignment, EVENTS, groups[EVENTS_GROUP]),
         ] {
-            balance(map, n, &alive);
+            if yes {
+                balance(map, n, &alive);
+            }
         }
         match moved {
             Some((false, p, to)) => self.assignment.insert(p, to),
@@ -625,14 +654,16 @@ impl<'a> World<'a> {
             (false, &before.0, &self.assignment),
             (true, &before.1, &self.events_assignment),
         ] {
+            let generation = self.broker.generations[usize::from(events)];
             for (p, w) in new {
                 if old.get(p) != Some(w) {
-                    self.moved_at.insert((events, *p), self.broker.generation);
+                    self.moved_at.insert((events, *p), generation);
                 }
             }
         }
         let a = format!("{:?} events {:?}", self.assignment, self.events_assignment);
-        self.note(format!("rebalance generation {} {a}", self.broker.generation));
+        let g = self.broker.generations;
+        self.note(format!("rebalance {groups:?}, generations {g:?}: {a}"));
     }
 
     /// The worker polls: it learns its assignment, drops the partitions it lost, and restores
@@ -641,13 +672,31 @@ impl<'a> World<'a> {
         if !self.workers[w].alive {
             return;
         }
-        let generation = self.broker.generation;
-        let last = std::mem::replace(&mut self.workers[w].generation, generation);
+        let generations = self.broker.generations;
+        let last = std::mem::replace(&mut self.workers[w].generations, generations);
+        // Eager rebalancing: each group that rebalanced since this worker last polled took all its
+        // partitions away first (the worker saw an empty assignment), then gave them out again.
+        if self.eager {
+            if last[COMMANDS_GROUP] != generations[COMMANDS_GROUP] {
+                let all: Vec<i32> = self.workers[w].owners.keys().copied().collect();
+                for p in all {
+                    self.drop_owner(w, p, "revoked (eager)");
+                }
+            }
+            if last[EVENTS_GROUP] != generations[EVENTS_GROUP] && !self.workers[w].routers.is_empty() {
+                self.workers[w].routers.clear();
+                self.note(format!("w{w} drops its routers (eager)"));
+            }
+        }
         // A partition that went to another worker and came back since this worker last polled:
         // the worker keeps what it had (it saw no change), but the consumer reads it on from the
         // committed offset, as after any new assignment.
         let moved_at = &self.moved_at;
-        let moved = |events: bool, p: i32| moved_at.get(&(events, p)).is_some_and(|g| *g > last);
+        let moved = |events: bool, p: i32| {
+            moved_at
+                .get(&(events, p))
+                .is_some_and(|g| *g > last[usize::from(events)])
+        };
         let worker = &mut self.workers[w];
         for (p, o) in worker.owners.iter_mut() {
             if moved(false, *p) {
@@ -1036,8 +1085,8 @@ impl<'a> World<'a> {
         abort: &mut bool,
         what: &str,
     ) -> Result<(), bool> {
-        let generation = self.workers[w].generation;
-        let txn = match self.broker.begin(tid, epoch, generation, self.now) {
+        let generations = self.workers[w].generations;
+        let txn = match self.broker.begin(tid, epoch, generations, self.now) {
             Ok(t) => t,
             Err(e) => {
                 self.note(format!("{what}: begin refused: {e}"));
@@ -1086,7 +1135,7 @@ impl<'a> World<'a> {
         self.workers[w].outstanding.clear();
         self.calls.retain(|c| c.0 != w);
         self.note(format!("w{w} killed"));
-        self.rebalance(None);
+        self.rebalance(BOTH, None);
     }
 
     fn command(&mut self, id: &str, c: &Command) {
@@ -1314,7 +1363,7 @@ impl<'a> World<'a> {
                             self.note(format!("w{w} lost its disk"));
                         }
                     }
-                    self.rebalance(None);
+                    self.rebalance(BOTH, None);
                 }
             }
             45..=46 if alive.len() > 1 => {
@@ -1329,7 +1378,9 @@ impl<'a> World<'a> {
                     self.note(format!("e{e} moves to w{to}"));
                     (true, e, to)
                 };
-                self.rebalance(Some(moved));
+                // Only the moved partition's group rebalances; the other goes on as it was.
+                let groups = if moved.0 { [false, true] } else { [true, false] };
+                self.rebalance(groups, Some(moved));
                 self.sync(to);
             }
             47..=60 if !alive.is_empty() => {
@@ -1354,7 +1405,7 @@ impl<'a> World<'a> {
         }
         self.note("heal: every worker back".into());
         self.lossy = false;
-        self.rebalance(None);
+        self.rebalance(BOTH, None);
         for _ in 0..400 {
             for w in 0..WORKERS {
                 self.sync(w);
@@ -1745,7 +1796,9 @@ fn message(topic: &str, p: i32, r: &Rec) -> OwnedMessage {
 }
 
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
-fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<usize, (String, Vec<String>)> {
+/// Runs one seed: how many instances took a go event routed by key, and whether its groups
+/// rebalanced eagerly.
+fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<(usize, bool), (String, Vec<String>)> {
     let mut w = World::new(shared, seed, verbose);
     let instances = 4 + w.rng.usize(..8);
     let steps = 100 + w.rng.usize(..200);
@@ -1757,7 +1810,7 @@ fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<usize, (String, Vec<
         w.start(next_start);
         next_start += 1;
     }
-    let r = w.heal().and_then(|()| w.check());
+    let r = w.heal().and_then(|()| w.check()).map(|n| (n, w.eager));
     r.map_err(|e| {
         let mode = if w.broker.shows_aborted {
             "showing aborted records"
@@ -1784,10 +1837,13 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
-    let mut by_key = 0;
+    let (mut by_key, mut eager) = (0, 0);
     for seed in 0..seeds {
         match run(&shared, seed, false) {
-            Ok(n) => by_key += n,
+            Ok((n, e)) => {
+                by_key += n;
+                eager += usize::from(e);
+            }
             Err((e, trace)) => {
                 let tail = trace[trace.len().saturating_sub(60)..].join("\n");
                 panic!(
@@ -1801,7 +1857,14 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         seeds < 20 || by_key >= seeds as usize / 4,
         "only {by_key} instances in {seeds} seeds took a go event routed by its key"
     );
-    eprintln!("{seeds} seeds; {by_key} instances took a go event routed by its correlation key");
+    // Both kinds of rebalancing.
+    assert!(
+        seeds < 20 || (eager >= seeds as usize / 8 && eager <= seeds as usize / 2),
+        "{eager} of {seeds} seeds rebalanced eagerly"
+    );
+    eprintln!(
+        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key"
+    );
 }
 
 #[test]
