@@ -21,7 +21,7 @@ Run from the repository after `source scripts/setup.sh` and `cargo build --relea
     python3 bench/kafka/share.py
 Knobs: SM4C_BIN, BENCH_WORKERS (1,2,3), BENCH_INSTANCES (100000), BENCH_PARTITIONS (6),
 BENCH_EVENTS (1: also the events step), BENCH_WORKER_ARGS (more arguments for the workers, space-separated),
-BENCH_SETTLE (10: seconds from the last start to the RSS reading).
+BENCH_SETTLE (10: seconds from the last start to the RSS reading), BENCH_LOG (warn, the workers' RUST_LOG).
 Prints one JSON line per K; logs stay in a temporary folder named on stderr.
 """
 
@@ -83,7 +83,7 @@ def run_k(k, tmp):
             scale.SM4C, "serve", "--kafka", bootstrap, "--group", prefix, "--topic-prefix", prefix,
             "--partitions", str(PARTS), "--definitions", defs, "--listen", f"127.0.0.1:{api}",
             "--kafka-config", "session.timeout.ms=6000", *EXTRA],
-            os.path.join(tmp, f"worker-{k}-{i}.log"), env={**os.environ, "RUST_LOG": "warn"})
+            os.path.join(tmp, f"worker-{k}-{i}.log"), env={**os.environ, "RUST_LOG": os.environ.get("BENCH_LOG", "warn")})
         workers.append((p, api))
     for p, api in workers:
         scale.wait_port(api, "worker", timeout=60)
