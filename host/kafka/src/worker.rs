@@ -1,4 +1,5 @@
-//! The worker loop: consumes the commands and events topics as a member of the consumer group,
+//! The worker loop: consumes the commands and events topics as a member of two consumer groups
+//! (see [`consumers`]),
 //! owns the instances of its assigned commands partitions, and decides for them one batch at a
 //! time, each batch in one Kafka transaction with its input offsets.
 
