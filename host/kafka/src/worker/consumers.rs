@@ -309,12 +309,18 @@ impl Consumers {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_the_group_consumers_carry_the_static_name() {
+    /// The simulation's shared state, and the runtime it runs on.
+    fn sim_shared() -> (tokio::runtime::Runtime, Shared) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap_or_else(|e| panic!("runtime: {e}"));
-        let mut shared = super::super::sim::shared(&rt);
+        let shared = super::super::sim::shared(&rt);
+        (rt, shared)
+    }
+
+    #[test]
+    fn only_the_group_consumers_carry_the_static_name() {
+        let (_rt, mut shared) = sim_shared();
         let events = shared.cfg.events_group();
         assert_eq!(group_consumer_config(&shared, "sm4c").get("group.instance.id"), None);
         shared.cfg.group_instance_id = Some("w1".into());
@@ -334,10 +340,7 @@ mod tests {
 
     #[test]
     fn both_groups_rebalance_cooperatively_unless_configured_otherwise() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
-        let mut shared = super::super::sim::shared(&rt);
+        let (_rt, mut shared) = sim_shared();
         assert_eq!(shared.cfg.events_group(), format!("{}.events", shared.cfg.group));
         for g in [shared.cfg.group.clone(), shared.cfg.events_group()] {
             let c = group_consumer_config(&shared, &g);
@@ -354,10 +357,7 @@ mod tests {
 
     #[test]
     fn a_batch_commits_commands_and_clock_offsets_in_the_commands_group_and_events_offsets_in_the_events_group() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
-        let mut shared = super::super::sim::shared(&rt);
+        let (_rt, mut shared) = sim_shared();
         shared.cfg.bootstrap = "127.0.0.1:1".into();
         shared.topics = crate::Topics::new("sim", &["orders".to_string()]);
         let c = Consumers::new(&shared).unwrap_or_else(|e| panic!("consumers: {e}"));
