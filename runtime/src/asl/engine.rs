@@ -221,6 +221,15 @@ impl Cx<'_> {
         }
     }
 
+    /// Records that the part of the definition at JSON pointer `pointer` was taken (coverage only).
+    fn cover(&mut self, pointer: impl FnOnce() -> String) {
+        if self.options.coverage {
+            self.out
+                .entries
+                .push(Entry::Trace(Trace::Covered { pointer: pointer() }));
+        }
+    }
+
     fn unit(&self) -> f64 {
         let env_rng = &self.rng;
         let mut z = env_rng.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -650,7 +659,7 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                 rng: &cx.rng,
             };
             let sobj = || states_obj(&run.input, &ctx, None, None);
-            for c in choices {
+            for (n, c) in choices.iter().enumerate() {
                 let hit = match &c.test {
                     Test::Rule(r) => r.test(&env)?,
                     Test::Condition(q) => match q.eval(&sobj(), &env)? {
@@ -666,7 +675,9 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                     let out = match (&c.output, st.lang) {
                         (Some(q), _) => q.eval(&sobj(), &env)?,
                         (None, _) => {
-                            return transition(cx, run, st, eff, Some(c.next), c.assign.as_ref(), &ctx);
+                            transition(cx, run, st, eff, Some(c.next), c.assign.as_ref(), &ctx)?;
+                            cx.cover(|| format!("{}/Choices/{n}", st.pointer));
+                            return Ok(());
                         }
                     };
                     let assigned = match &c.assign {
@@ -675,11 +686,16 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                     };
                     apply_assign(run, assigned);
                     go(cx, run, Some(c.next), out);
+                    cx.cover(|| format!("{}/Choices/{n}", st.pointer));
                     return Ok(());
                 }
             }
             match default {
-                Some(d) => transition(cx, run, st, eff, Some(*d), None, &ctx),
+                Some(d) => {
+                    transition(cx, run, st, eff, Some(*d), None, &ctx)?;
+                    cx.cover(|| format!("{}/Default", st.pointer));
+                    Ok(())
+                }
                 None => Err(AslError::new(
                     names::NO_CHOICE_MATCHED,
                     format!("no Choice rule of state {:?} matched and it has no Default", st.name),
@@ -1187,6 +1203,9 @@ fn finish(cx: &mut Cx, run: &mut Run, st: &State, effective: Value, result: Valu
         Ok((out, assigned)) => {
             apply_assign(run, assigned);
             go(cx, run, st.next, out);
+            if st.next.is_some() {
+                cx.cover(|| format!("{}/Next", st.pointer));
+            }
         }
         Err(e) => fail(cx, run, e),
     }
@@ -1333,12 +1352,15 @@ fn fail(cx: &mut Cx, run: &mut Run, e: AslError) {
         }
         run.retry = Some((counts, attempts));
     }
-    if let Some(c) = st.catch.iter().find(|c| matches(&c.errors, name)) {
-        if let Err(e2) = catch(cx, run, st, c, &e) {
-            run.retry = None;
-            run.step = Step::Done {
-                outcome: Outcome::Error(e2),
-            };
+    if let Some((n, c)) = st.catch.iter().enumerate().find(|(_, c)| matches(&c.errors, name)) {
+        match catch(cx, run, st, c, &e) {
+            Ok(()) => cx.cover(|| format!("{}/Catch/{n}", st.pointer)),
+            Err(e2) => {
+                run.retry = None;
+                run.step = Step::Done {
+                    outcome: Outcome::Error(e2),
+                };
+            }
         }
         return;
     }

@@ -152,6 +152,8 @@ fn op_id(path: &str, attempt: u32) -> String {
 
 /// Starts an action (attempt `attempt`) and applies its error handlers to an immediate failure.
 pub fn start(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32) -> Step {
+    let m = cx.m;
+    cx.cover(|| m.actions[id].pointer.clone());
     let raw = start_raw(cx, id, &input, &path, attempt);
     match raw {
         Step::Fail(e) => settle(cx, id, input, path, attempt, e),
@@ -465,7 +467,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
         message: error.message.clone(),
     });
     let err_val = error.to_val();
-    for h in &action.handlers {
+    for (j, h) in action.handlers.iter().enumerate() {
         if let Some(c) = &h.condition {
             match super::fires(c, err_val.clone(), err_val.clone(), cx.options.trace, cx.out) {
                 Ok(true) => {}
@@ -478,6 +480,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
                 }
             }
         }
+        cx.cover(|| format!("{}/errorHandlers/{j}", action.pointer));
         if let Some(rh) = &h.handler {
             match rh.eval(cx.data.clone(), err_val.clone()) {
                 Ok(d) => *cx.data = d,

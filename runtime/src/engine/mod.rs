@@ -38,6 +38,10 @@ pub struct Options {
     pub max_transitions: u64,
     /// Events an instance keeps in its inbox; the oldest unmatched is dropped past this (default 10,000).
     pub max_inbox: usize,
+    /// Record a [`Trace::Covered`] entry for every transition, error handler and action taken
+    /// (ASL: every `Next`, Choice rule, `Default` and `Catch`), as `sm4c test` measures coverage
+    /// with; off by default, and then nothing is recorded.
+    pub coverage: bool,
 }
 
 impl Default for Options {
@@ -47,6 +51,7 @@ impl Default for Options {
             trace: false,
             max_transitions: 10_000_000,
             max_inbox: 10_000,
+            coverage: false,
         }
     }
 }
@@ -218,6 +223,15 @@ impl Cx<'_> {
         if self.options.trace {
             let t = f();
             self.out.entries.push(Entry::Trace(t));
+        }
+    }
+
+    /// Records that the part of the definition at JSON pointer `pointer` was taken (coverage only).
+    pub(crate) fn cover(&mut self, pointer: impl FnOnce() -> String) {
+        if self.options.coverage {
+            self.out
+                .entries
+                .push(Entry::Trace(Trace::Covered { pointer: pointer() }));
         }
     }
 
@@ -431,6 +445,7 @@ impl Instance {
             Options {
                 journal: false,
                 trace: false,
+                coverage: false,
                 ..options
             },
         );
@@ -977,6 +992,7 @@ impl Instance {
                             next: t.next.map(|n| m.states[n].name.clone()),
                             trigger: trigger.into(),
                         });
+                        self.cx(out).cover(|| format!("{}/transitions/{i}", st.pointer));
                         match t.action {
                             None => Next::Fired(i, Val::Null),
                             Some(_) => Next::TransitionAction(i),

@@ -430,6 +430,13 @@ pub enum Trace {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         stepping: bool,
     },
+    /// A part of the definition was taken: a transition, an action's error handler or an action
+    /// (ASL: a `Next`, a Choice rule or `Default`, a `Catch`), by its JSON pointer in the
+    /// definition. Recorded only under [`Options::coverage`](crate::Options::coverage).
+    Covered {
+        /// JSON pointer of what was taken, e.g. `/states/1/transitions/0`.
+        pointer: String,
+    },
     /// The instance ended.
     Finished {
         /// Final status.
