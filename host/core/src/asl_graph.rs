@@ -5,6 +5,7 @@
 //! Labels come from the definition as written (`Machine::source`), so they read as the author
 //! wrote them.
 
+use crate::graph::{marked, Untested, DOT_UNTESTED};
 use serde_json::Value;
 use sm4c_runtime::asl::model::{AslMachine, Kind};
 use sm4c_runtime::model::Machine;
@@ -27,6 +28,9 @@ pub struct Edge {
     pub label: String,
     /// True for a `Catch`.
     pub catch: bool,
+    /// The JSON pointer that names it in coverage (`.../Next`, `.../Choices/0`, `.../Default`,
+    /// `.../Catch/0`); none for the way out of a Succeed or Fail state.
+    pub pointer: Option<String>,
 }
 
 /// The node id of state `s` of graph `g`.
@@ -136,6 +140,7 @@ pub fn edges(m: &Machine, asl: &AslMachine, g: usize) -> Vec<Edge> {
                         to: To::State(c.next),
                         label,
                         catch: false,
+                        pointer: Some(format!("{}/Choices/{n}", st.pointer)),
                     });
                 }
                 if let Some(d) = default {
@@ -144,6 +149,7 @@ pub fn edges(m: &Machine, asl: &AslMachine, g: usize) -> Vec<Edge> {
                         to: To::State(*d),
                         label: "Default".into(),
                         catch: false,
+                        pointer: Some(format!("{}/Default", st.pointer)),
                     });
                 }
             }
@@ -158,6 +164,7 @@ pub fn edges(m: &Machine, asl: &AslMachine, g: usize) -> Vec<Edge> {
                     String::new()
                 },
                 catch: false,
+                pointer: None,
             }),
             kind => {
                 let label = if matches!(kind, Kind::Wait { .. }) {
@@ -170,15 +177,17 @@ pub fn edges(m: &Machine, asl: &AslMachine, g: usize) -> Vec<Edge> {
                     to: st.next.map_or(To::End, To::State),
                     label,
                     catch: false,
+                    pointer: st.next.map(|_| format!("{}/Next", st.pointer)),
                 });
             }
         }
-        for c in &st.catch {
+        for (n, c) in st.catch.iter().enumerate() {
             out.push(Edge {
                 from: i,
                 to: To::State(c.next),
                 label: format!("Catch {}", c.errors.join(", ")),
                 catch: true,
+                pointer: Some(format!("{}/Catch/{n}", st.pointer)),
             });
         }
     }
@@ -189,7 +198,7 @@ fn mermaid_text(s: &str) -> String {
     s.replace(';', ",").replace('\n', " ").replace(':', "꞉")
 }
 
-fn mermaid_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mut String) {
+fn mermaid_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, untested: Option<&Untested>, out: &mut String) {
     let graph = &asl.graphs[g];
     for (i, st) in graph.states.iter().enumerate() {
         out.push_str(&format!("{indent}{} : {}\n", node(g, i), mermaid_text(&st.name)));
@@ -201,10 +210,11 @@ fn mermaid_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mu
             To::End => "[*]".into(),
         };
         let from = node(g, e.from);
-        if e.label.is_empty() {
+        let (label, _) = marked(e.label, e.pointer.as_deref(), untested);
+        if label.is_empty() {
             out.push_str(&format!("{indent}{from} --> {to}\n"));
         } else {
-            out.push_str(&format!("{indent}{from} --> {to} : {}\n", mermaid_text(&e.label)));
+            out.push_str(&format!("{indent}{from} --> {to} : {}\n", mermaid_text(&label)));
         }
     }
     for (i, st) in graph.states.iter().enumerate() {
@@ -219,16 +229,17 @@ fn mermaid_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mu
                 // Parallel branches are concurrent regions.
                 out.push_str(&format!("{inner}--\n"));
             }
-            mermaid_block(m, asl, *child, &inner, out);
+            mermaid_block(m, asl, *child, &inner, untested, out);
         }
         out.push_str(&format!("{indent}}}\n"));
     }
 }
 
-/// The diagram of an ASL definition in Mermaid `stateDiagram-v2` syntax.
-pub fn mermaid(m: &Machine, asl: &AslMachine) -> String {
+/// The diagram of an ASL definition in Mermaid `stateDiagram-v2` syntax; the edges in `untested`
+/// are labelled `✗ untested`.
+pub fn mermaid(m: &Machine, asl: &AslMachine, untested: Option<&Untested>) -> String {
     let mut out = String::from("stateDiagram-v2\n");
-    mermaid_block(m, asl, 0, "    ", &mut out);
+    mermaid_block(m, asl, 0, "    ", untested, &mut out);
     out
 }
 
@@ -236,7 +247,7 @@ fn dot_text(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
-fn dot_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mut String) {
+fn dot_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, untested: Option<&Untested>, out: &mut String) {
     let graph = &asl.graphs[g];
     let start = format!("g{g}__start");
     let end = format!("g{g}__end");
@@ -266,11 +277,17 @@ fn dot_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mut St
             To::State(s) => node(g, s),
             To::End => end.clone(),
         };
-        let style = if e.catch { ", style=dashed, color=red" } else { "" };
+        let (label, miss) = marked(e.label.clone(), e.pointer.as_deref(), untested);
+        let style = match (e.catch, miss) {
+            (true, true) => format!(", style=dashed{DOT_UNTESTED}"),
+            (false, true) => DOT_UNTESTED.to_string(),
+            (true, false) => ", style=dashed, color=red".to_string(),
+            (false, false) => String::new(),
+        };
         out.push_str(&format!(
             "{indent}{} -> {to} [label=\"{}\"{style}];\n",
             node(g, e.from),
-            dot_text(&e.label)
+            dot_text(&label)
         ));
     }
     for (i, st) in graph.states.iter().enumerate() {
@@ -281,7 +298,7 @@ fn dot_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mut St
                 "{inner}label=\"{} {caption}\";\n{inner}style=dashed;\n",
                 dot_text(&st.name)
             ));
-            dot_block(m, asl, child, &inner, out);
+            dot_block(m, asl, child, &inner, untested, out);
             out.push_str(&format!("{indent}}}\n"));
             // The state runs the block: a dotted edge into its start.
             out.push_str(&format!(
@@ -292,13 +309,14 @@ fn dot_block(m: &Machine, asl: &AslMachine, g: usize, indent: &str, out: &mut St
     }
 }
 
-/// The diagram of an ASL definition in Graphviz dot syntax.
-pub fn dot(m: &Machine, asl: &AslMachine) -> String {
+/// The diagram of an ASL definition in Graphviz dot syntax; the edges in `untested` are drawn
+/// orange and labelled `✗ untested`.
+pub fn dot(m: &Machine, asl: &AslMachine, untested: Option<&Untested>) -> String {
     let mut out = format!(
         "digraph \"{}\" {{\n    rankdir=LR;\n    node [shape=box, style=rounded];\n",
         dot_text(&m.id)
     );
-    dot_block(m, asl, 0, "    ", &mut out);
+    dot_block(m, asl, 0, "    ", untested, &mut out);
     out += "}\n";
     out
 }

@@ -3,6 +3,25 @@
 use sm4c_runtime::expr::strip;
 use sm4c_runtime::model::{Machine, Transition, Trigger};
 use sm4c_runtime::timespan;
+use std::collections::BTreeSet;
+
+/// The JSON pointers of the transitions to mark as untested (what `sm4c test --json` lists as
+/// missed: `/states/1/transitions/0`; ASL: `/States/X/Next`, `/States/X/Choices/0`,
+/// `/States/X/Default`, `/States/X/Catch/0`).
+pub type Untested = BTreeSet<String>;
+
+/// What an untested transition's label says.
+pub const UNTESTED: &str = "untested";
+
+/// The label of a transition, marked when it is in `untested`.
+pub(crate) fn marked(label: String, pointer: Option<&str>, untested: Option<&Untested>) -> (String, bool) {
+    let miss = matches!((pointer, untested), (Some(p), Some(u)) if u.contains(p));
+    match (miss, label.is_empty()) {
+        (false, _) => (label, false),
+        (true, true) => (format!("✗ {UNTESTED}"), true),
+        (true, false) => (format!("{label} ✗ {UNTESTED}"), true),
+    }
+}
 
 /// A transition's label: its condition, events or timeout.
 pub fn label(m: &Machine, t: &Transition) -> String {
@@ -38,8 +57,14 @@ fn mermaid_text(s: &str) -> String {
 
 /// The diagram in Mermaid `stateDiagram-v2` syntax.
 pub fn mermaid(m: &Machine) -> String {
+    mermaid_marked(m, None)
+}
+
+/// The diagram in Mermaid `stateDiagram-v2` syntax, with the transitions in `untested` labelled
+/// `✗ untested`.
+pub fn mermaid_marked(m: &Machine, untested: Option<&Untested>) -> String {
     if let Some(asl) = &m.asl {
-        return crate::asl_graph::mermaid(m, asl);
+        return crate::asl_graph::mermaid(m, asl, untested);
     }
     let mut out = String::from("stateDiagram-v2\n");
     for (i, s) in m.states.iter().enumerate() {
@@ -50,9 +75,10 @@ pub fn mermaid(m: &Machine) -> String {
         if s.transitions.is_empty() {
             out += &format!("    s{i} --> [*]\n");
         }
-        for t in &s.transitions {
+        for (n, t) in s.transitions.iter().enumerate() {
             let to = t.next.unwrap_or(i);
-            let l = label(m, t);
+            let pointer = format!("{}/transitions/{n}", s.pointer);
+            let (l, _) = marked(label(m, t), Some(&pointer), untested);
             if l.is_empty() {
                 out += &format!("    s{i} --> s{to}\n");
             } else {
@@ -69,8 +95,17 @@ fn dot_text(s: &str) -> String {
 
 /// The diagram in Graphviz dot syntax.
 pub fn dot(m: &Machine) -> String {
+    dot_marked(m, None)
+}
+
+/// Style of an untested transition in dot.
+pub(crate) const DOT_UNTESTED: &str = ", color=orange, fontcolor=orange, penwidth=2";
+
+/// The diagram in Graphviz dot syntax, with the transitions in `untested` drawn orange and
+/// labelled `✗ untested`.
+pub fn dot_marked(m: &Machine, untested: Option<&Untested>) -> String {
     if let Some(asl) = &m.asl {
-        return crate::asl_graph::dot(m, asl);
+        return crate::asl_graph::dot(m, asl, untested);
     }
     let mut out = format!(
         "digraph \"{}\" {{\n    rankdir=LR;\n    node [shape=box, style=rounded];\n    __start [shape=point];\n",
@@ -86,9 +121,12 @@ pub fn dot(m: &Machine) -> String {
     }
     out += &format!("    __start -> s{};\n", m.start);
     for (i, s) in m.states.iter().enumerate() {
-        for t in &s.transitions {
+        for (n, t) in s.transitions.iter().enumerate() {
             let to = t.next.unwrap_or(i);
-            out += &format!("    s{i} -> s{to} [label=\"{}\"];\n", dot_text(&label(m, t)));
+            let pointer = format!("{}/transitions/{n}", s.pointer);
+            let (l, miss) = marked(label(m, t), Some(&pointer), untested);
+            let style = if miss { DOT_UNTESTED } else { "" };
+            out += &format!("    s{i} -> s{to} [label=\"{}\"{style}];\n", dot_text(&l));
         }
     }
     out += "}\n";
