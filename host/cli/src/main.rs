@@ -5,6 +5,7 @@ mod debug;
 mod files;
 mod forward;
 mod memory;
+mod test_cmd;
 mod traces;
 
 use anyhow::Context;
@@ -31,7 +32,7 @@ const SCHEMA: &str = include_str!("../../../schemas/sm4c.schema.json");
     name = "sm4c",
     version,
     about = "Run SM4C state machines (State Machines For Cloud) written in JSON",
-    after_help = "Examples:\n  sm4c validate flows/*.json\n  sm4c run order.json --input in.json --mock mocks.json --events events.ndjson --virtual-time\n  sm4c graph order.json --format dot | dot -Tsvg > order.svg"
+    after_help = "Examples:\n  sm4c validate flows/*.json\n  sm4c run order.json --input in.json --mock mocks.json --events events.ndjson --virtual-time\n  sm4c graph order.json --format dot | dot -Tsvg > order.svg\n  sm4c test flows/ --min-coverage 80 --junit report.xml"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -58,7 +59,16 @@ enum Command {
         /// Diagram syntax.
         #[arg(long, value_enum, default_value_t = Format::Mermaid)]
         format: Format,
+        /// Mark the transitions that the tests did not take, from `sm4c test --json` output.
+        #[arg(long, value_name = "RESULT.json")]
+        coverage: Option<PathBuf>,
     },
+    /// Run the tests of `*.test.json` and `*.test.yaml` files, with coverage (exit 1 if any fails,
+    /// 2 if a test file or definition is invalid).
+    Test(test_cmd::TestArgs),
+    /// Run one state of a definition and print the transition that fires, the data after it and
+    /// the effects.
+    TestState(test_cmd::state::TestStateArgs),
     /// Print the JSON Schema of the definition language.
     Schema,
     /// Serve durable instances over HTTP, stored in SQLite.
@@ -294,19 +304,26 @@ fn dispatch(cli: Cli) -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Graph { file, format } => match files::load_definition(&file, Limits::default()) {
+        Command::Graph { file, format, coverage } => match files::load_definition(&file, Limits::default()) {
             Ok(m) => {
+                let untested = match coverage.map(|c| test_cmd::missed_transitions(&c, &m.id)) {
+                    None => None,
+                    Some(Ok(u)) => Some(u),
+                    Some(Err(e)) => return report(&[e]),
+                };
                 print!(
                     "{}",
                     match format {
-                        Format::Mermaid => graph::mermaid(&m),
-                        Format::Dot => graph::dot(&m),
+                        Format::Mermaid => graph::mermaid_marked(&m, untested.as_ref()),
+                        Format::Dot => graph::dot_marked(&m, untested.as_ref()),
                     }
                 );
                 ExitCode::SUCCESS
             }
             Err(errs) => report(&errs),
         },
+        Command::Test(args) => test_cmd::run(args),
+        Command::TestState(args) => test_cmd::state::run(args),
         Command::Schema => {
             print!("{SCHEMA}");
             ExitCode::SUCCESS
@@ -551,6 +568,7 @@ fn print_trace(id: &str, t: &Trace) {
         Trace::ActionFailed { op, action, message } => format!("{action} {op} failed: {message}"),
         Trace::Retrying { op, attempt, delay_ms } => format!("retry {op}: attempt {attempt} in {delay_ms} ms"),
         Trace::Finished { status } => format!("instance {}", status.as_str()),
+        Trace::Covered { pointer } => format!("took {pointer}"),
         Trace::Paused { at } => format!("paused at {}", serde_json::to_string(at).unwrap_or_default()),
         Trace::Resumed { stepping } => (if *stepping { "stepped" } else { "resumed" }).to_string(),
     };
