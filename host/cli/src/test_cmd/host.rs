@@ -30,6 +30,8 @@ pub struct Record {
     pub calls: Vec<Value>,
     /// Sent events, in order.
     pub sent: Vec<Value>,
+    /// The ids of the subflows started, in order.
+    pub subflows: Vec<String>,
     /// Calls the mocks could not answer: no mock, or a list of results used up.
     pub problems: Vec<Failure>,
     /// Calls made so far per mock with a list of results.
@@ -153,6 +155,11 @@ impl Functions for TestFunctions {
     }
 
     fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
+        self.record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .subflows
+            .push(id.to_string());
         self.subflows.get(id).cloned()
     }
 }
@@ -167,6 +174,8 @@ pub struct Ran {
     pub traces: Vec<Trace>,
     /// Calls the mocks could not answer.
     pub problems: Vec<Failure>,
+    /// The ids of the subflows started, in order.
+    pub subflows: Vec<String>,
     /// How the instance ended, in one line, when it did not complete.
     pub note: Option<String>,
 }
@@ -282,6 +291,7 @@ pub fn run(setup: Setup) -> Result<Ran, String> {
         covered,
         traces,
         problems: record.problems,
+        subflows: record.subflows,
         note,
     })
 }

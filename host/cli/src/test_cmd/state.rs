@@ -195,8 +195,9 @@ pub fn run(args: TestStateArgs) -> ExitCode {
 }
 
 /// What the state did: the transition (SM4C: its index, trigger and next state; ASL: the `Next`,
-/// Choice rule, `Default` or `Catch` taken and the next state), the data after it, the calls and
-/// sent events, and the error when it failed without a transition.
+/// Choice rule, `Default` or `Catch` taken and the next state), the data after it, its effects
+/// (the calls, with the mocks' answers, the sent events, the subflows started), and the error
+/// when it failed without a transition.
 fn describe(state: &str, is_asl: bool, ran: &host::Ran) -> Value {
     let mut transition = Value::Null;
     let mut stays = false;
@@ -237,6 +238,7 @@ fn describe(state: &str, is_asl: bool, ran: &host::Ran) -> Value {
         "data": ran.actual.data,
         "calls": ran.actual.calls,
         "sent": ran.actual.sent,
+        "subflows": ran.subflows,
     });
     if transition.is_null() || stays {
         if let Some(e) = &ran.actual.error {
