@@ -17,6 +17,9 @@ setup_browser
 setup_wrk
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
+# The samples' own tests (samples/*/*.test.json), as a CI job runs a project's definition tests.
+echo "scripts/test.sh: the samples' tests (target/debug/sm4c test samples/)" >&2
+target/debug/sm4c test samples/
 # The web inspector in a real browser: playwright-core drives headless Chromium against a real
 # `sm4c serve` on a SQLite file (list filters, diagram marks, the waiting-on panel, live updates,
 # send, cancel, a server restart, tokens). It writes a screenshot to target/inspector.png.

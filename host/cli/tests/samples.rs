@@ -53,10 +53,49 @@ fn every_sample_reaches_its_expected_output() {
 }
 
 #[test]
+fn every_sample_has_tests_and_they_pass() {
+    let samples = root().join("samples");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&samples)
+        .expect("samples folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("definition.json").exists())
+        .collect();
+    dirs.sort();
+    for dir in &dirs {
+        let name = dir.file_name().and_then(|n| n.to_str()).expect("utf-8 name");
+        assert!(
+            dir.join(format!("{name}.test.json")).exists(),
+            "{} has no {name}.test.json",
+            dir.display()
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .arg("test")
+        .arg(&samples)
+        .output()
+        .expect("sm4c runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "sm4c test samples/:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let passed = stdout.lines().filter(|l| l.trim_start().starts_with('✓')).count();
+    assert!(
+        passed > dirs.len(),
+        "{passed} tests passed for {} samples:\n{stdout}",
+        dirs.len()
+    );
+}
+
+#[test]
 fn samples_cover_every_action_type() {
     let mut text = String::new();
     for entry in walk(&root().join("samples")) {
-        if entry.extension().is_some_and(|e| e == "json") {
+        // The definitions, not their tests (which name the same words in their expectations).
+        let is_test = entry.to_str().is_some_and(|p| p.ends_with(".test.json"));
+        if entry.extension().is_some_and(|e| e == "json") && !is_test {
             text += &std::fs::read_to_string(&entry).unwrap().to_ascii_lowercase();
         }
     }
