@@ -622,6 +622,25 @@ fn test_state_runs_one_state_and_reports_the_transition_data_and_effects() {
         json!({"took": "/States/Score/Catch/0", "next": "Rejected"})
     );
     assert_eq!(r["data"]["error"], json!({"Error": "Fraud", "Cause": "stolen"}));
+    // A loop body (a transition that stays): the run stops after it.
+    let counter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../samples/counter-loop/definition.json");
+    let target = write(dir.path(), "t.json", &json!({"target": 3}));
+    let (code, out, _) = sm4c(&[
+        "test-state",
+        counter.to_str().unwrap(),
+        "--state",
+        "Count",
+        "--input",
+        &target,
+    ]);
+    assert_eq!(code, 0);
+    let r = parse(&out);
+    assert_eq!(
+        r["transition"],
+        json!({"index": 1, "trigger": "condition", "next": null})
+    );
+    assert_eq!(r["data"]["count"], 1);
+    assert!(r["note"].as_str().unwrap().contains("stays in the state"), "{r}");
     // A state that is not there.
     let (code, _, err) = sm4c(&[
         "test-state",

@@ -248,5 +248,11 @@ fn describe(state: &str, is_asl: bool, ran: &host::Ran) -> Value {
             out["note"] = Value::String(n.clone());
         }
     }
+    if stays {
+        out["note"] = Value::String(
+            "the transition stays in the state: test-state stops after it, before the transitions are evaluated again"
+                .into(),
+        );
+    }
     out
 }
