@@ -543,3 +543,81 @@ fn a_condition_that_is_not_a_boolean_is_traced_once_per_input() {
         );
     }
 }
+
+#[test]
+fn coverage_traces_name_what_was_taken_only_when_asked_for() {
+    // An action that fails once and is handled, then a condition transition; an ASL Choice and Catch.
+    let m = machine(json!({
+        "id": "cov", "name": "cov", "version": "1",
+        "states": [
+            {"name": "A", "start": true,
+             "enterAction": {"type": "injectData", "expression": "${ error(\"no\") }",
+                             "errorHandlers": [{"condition": "${ false }"}, {"resultHandler": "${ .handled = true }"}]},
+             "transitions": [{"nextState": "B", "condition": "${ .handled }"}, {"nextState": "B"}]},
+            {"name": "B"}
+        ]
+    }));
+    let covered = |options: Options| -> (Vec<String>, usize) {
+        let mut i = Instance::new(m.clone(), "c", options);
+        let out = i.handle(Timed {
+            at: 0,
+            input: Input::Start { data: json!({}) },
+        });
+        assert_eq!(i.status(), Status::Completed);
+        let pointers = out
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Trace(Trace::Covered { pointer }) => Some(pointer.clone()),
+                _ => None,
+            })
+            .collect();
+        (pointers, out.entries.len())
+    };
+    let on = Options {
+        trace: true,
+        coverage: true,
+        ..Options::default()
+    };
+    assert_eq!(
+        covered(on).0,
+        [
+            "/states/0/enterAction",
+            "/states/0/enterAction/errorHandlers/1",
+            "/states/0/transitions/0"
+        ]
+    );
+    // Off (the default): the trace and the journal are what they were.
+    let (none, with_trace) = covered(Options {
+        trace: true,
+        ..Options::default()
+    });
+    assert!(none.is_empty());
+    assert_eq!(with_trace + 3, covered(on).1);
+
+    // ASL: the Next, then the Choice rule or the Default.
+    let asl = machine(json!({
+        "StartAt": "P",
+        "States": {
+            "P": {"Type": "Pass", "Next": "C"},
+            "C": {"Type": "Choice", "Choices": [{"Variable": "$.n", "NumericEquals": 1, "Next": "E"}], "Default": "E"},
+            "E": {"Type": "Succeed"}
+        }
+    }));
+    for (n, taken) in [(1, "/States/C/Choices/0"), (2, "/States/C/Default")] {
+        let mut i = Instance::new(asl.clone(), "a", on);
+        let out = i.handle(Timed {
+            at: 0,
+            input: Input::Start { data: json!({"n": n}) },
+        });
+        let pointers: Vec<&str> = out
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Trace(Trace::Covered { pointer }) => Some(pointer.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pointers, ["/States/P/Next", taken]);
+    }
+}
