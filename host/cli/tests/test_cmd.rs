@@ -305,6 +305,31 @@ fn virtual_time_is_on_unless_turned_off() {
     );
     let (code, out, err) = sm4c(&["test", dir.path().to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
+    // With virtualTime false the clock is the system's: the event is stamped now, not at the
+    // virtual start (no timer is waited for: the instance is left waiting).
+    let sends = json!({"id": "send", "version": "1", "name": "Send",
+        "events": [{"name": "tick", "type": "tick", "source": "clock"},
+                   {"name": "never", "type": "never", "source": "nobody"}],
+        "states": [{"name": "Stamp", "start": true,
+            "enterAction": {"type": "sendEvent", "event": "tick", "expression": "${ 1 }"},
+            "transitions": [{"nextState": "End", "eventGroups": [{"events": ["never"]}]}]},
+            {"name": "End"}]});
+    write(dir.path(), "send.json", &sends);
+    write(
+        dir.path(),
+        "clock.test.json",
+        &json!({"definition": "send.json", "tests": [
+            {"name": "real", "virtualTime": false,
+             "expect": {"status": "waiting", "sent": [{"time": "2026-01-01T00:00:00.000Z"}]}}
+        ]}),
+    );
+    let (code, out, _) = sm4c(&["test", "--json", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 1);
+    let f = failures(&parse(&out), "real");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].0, "/sent/0/time");
+    assert_ne!(f[0].2, json!("2026-01-01T00:00:00.000Z"));
+    assert!(f[0].2.as_str().is_some_and(|t| t.ends_with('Z')), "{f:?}");
 }
 
 #[test]
