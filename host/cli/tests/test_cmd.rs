@@ -114,6 +114,16 @@ fn coverage_counts_match_a_count_by_hand() {
         c["parent"]["transitions"],
         json!({"covered": 0, "total": 0, "missed": []})
     );
+    // The subflow, counted from what its instance did as the child of parent's test: Calc, then
+    // its second transition to Small.
+    assert_eq!(
+        c["double"],
+        json!({
+            "states": {"covered": 2, "total": 3, "missed": ["Big"]},
+            "transitions": {"covered": 1, "total": 2, "missed": ["/states/0/transitions/0"]},
+            "actions": {"covered": 1, "total": 1, "missed": []},
+        })
+    );
     let t = doc["tests"].as_array().unwrap();
     assert_eq!(t.len(), 6);
     assert!(t

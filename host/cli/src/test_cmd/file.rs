@@ -54,6 +54,8 @@ pub struct TestCase {
     pub events: Vec<Value>,
     /// The definitions of the `subflows` folder, by id.
     pub subflows: HashMap<String, Arc<Machine>>,
+    /// The `subflows` folder.
+    pub subflows_dir: Option<PathBuf>,
     /// `virtualTime` (default true).
     pub virtual_time: bool,
     /// `expect`, each key as written.
@@ -298,6 +300,7 @@ pub fn load(path: &Path, limits: Limits) -> Result<TestFile, Vec<FileError>> {
                     mocks: mocks_here,
                     events,
                     subflows: folders.get(&folder).cloned().unwrap_or_default(),
+                    subflows_dir: folder.as_ref().map(|f| dir.join(f)),
                     virtual_time,
                     expect,
                 });

@@ -32,6 +32,8 @@ pub struct Record {
     pub sent: Vec<Value>,
     /// The ids of the subflows started, in order.
     pub subflows: Vec<String>,
+    /// The definitions of the subflows started, in order (those found).
+    pub started: Vec<Arc<Machine>>,
     /// Calls the mocks could not answer: no mock, or a list of results used up.
     pub problems: Vec<Failure>,
     /// Calls made so far per mock with a list of results.
@@ -155,12 +157,13 @@ impl Functions for TestFunctions {
     }
 
     fn subflow(&self, id: &str) -> Option<Arc<Machine>> {
-        self.record
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .subflows
-            .push(id.to_string());
-        self.subflows.get(id).cloned()
+        let found = self.subflows.get(id).cloned();
+        let mut rec = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        rec.subflows.push(id.to_string());
+        if let Some(m) = &found {
+            rec.started.push(m.clone());
+        }
+        found
     }
 }
 
@@ -176,6 +179,8 @@ pub struct Ran {
     pub problems: Vec<Failure>,
     /// The ids of the subflows started, in order.
     pub subflows: Vec<String>,
+    /// What the subflows' instances reached, by definition id.
+    pub children: Vec<(String, super::coverage::Reached)>,
     /// How the instance ended, in one line, when it did not complete.
     pub note: Option<String>,
 }
@@ -202,12 +207,12 @@ pub struct Setup<'a> {
 pub fn run(setup: Setup) -> Result<Ran, String> {
     let is_asl = setup.machine.asl.is_some();
     let functions = Arc::new(TestFunctions::new(setup.mocks, setup.subflows.clone()));
-    let traces: Arc<Mutex<Vec<Trace>>> = Arc::default();
+    let traces: Arc<Mutex<Vec<(String, Trace)>>> = Arc::default();
     let into = traces.clone();
     let sink: TraceSink = Arc::new(move |id: &str, t: &Trace| {
-        if id == ROOT {
-            into.lock().unwrap_or_else(|p| p.into_inner()).push(t.clone());
-        }
+        into.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id.to_string(), t.clone()));
     });
     let config = Config {
         clock: if setup.virtual_time {
@@ -237,8 +242,10 @@ pub fn run(setup: Setup) -> Result<Ran, String> {
             .await;
         host.settle(&id).await
     });
-    let traces = std::mem::take(&mut *traces.lock().unwrap_or_else(|p| p.into_inner()));
+    let all = std::mem::take(&mut *traces.lock().unwrap_or_else(|p| p.into_inner()));
     let record = functions.take();
+    let children = children(&all, &record.started);
+    let traces: Vec<Trace> = all.into_iter().filter(|(id, _)| id == ROOT).map(|(_, t)| t).collect();
     let mut covered = BTreeSet::new();
     let mut states = Vec::new();
     for t in &traces {
@@ -292,6 +299,96 @@ pub fn run(setup: Setup) -> Result<Ran, String> {
         traces,
         problems: record.problems,
         subflows: record.subflows,
+        children,
         note,
     })
+}
+
+/// The start state of a definition.
+fn start_state(m: &Machine) -> Option<&str> {
+    match &m.asl {
+        Some(asl) => asl
+            .graphs
+            .first()
+            .and_then(|g| g.states.get(g.start))
+            .map(|s| s.name.as_str()),
+        None => m.states.get(m.start).map(|s| s.name.as_str()),
+    }
+}
+
+/// What each subflow instance reached, by its definition's id. The in-memory host starts
+/// children in the order it asks for their definitions, and a child's first trace is its start
+/// state: the n-th instance seen after the one under test runs the n-th definition asked for.
+/// A child whose first state is not its definition's start state is not counted (and no later
+/// one either): coverage is never given to the wrong definition.
+fn children(all: &[(String, Trace)], started: &[Arc<Machine>]) -> Vec<(String, super::coverage::Reached)> {
+    let mut order: Vec<&str> = Vec::new();
+    for (id, _) in all {
+        if id != ROOT && !order.contains(&id.as_str()) {
+            order.push(id);
+        }
+    }
+    let mut out = Vec::new();
+    for (id, m) in order.into_iter().zip(started) {
+        let mut reached = super::coverage::Reached::default();
+        let mut first = true;
+        for (_, t) in all.iter().filter(|(i, _)| i == id) {
+            match t {
+                Trace::StateEntered { state } => {
+                    if first && Some(state.as_str()) != start_state(m) {
+                        return out;
+                    }
+                    first = false;
+                    reached.states.insert(state.clone());
+                }
+                Trace::Covered { pointer } => {
+                    reached.pointers.insert(pointer.clone());
+                }
+                _ => {}
+            }
+        }
+        out.push((m.id.clone(), reached));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sm4c_runtime::{load, no_files, LoadOptions};
+
+    fn def(id: &str, start: &str) -> Arc<Machine> {
+        let doc = json!({"id": id, "name": id, "version": "1",
+            "states": [{"name": start, "start": true, "transitions": [{"nextState": "End"}]}, {"name": "End"}]});
+        Arc::new(load(&doc, &mut no_files, LoadOptions::default()).unwrap())
+    }
+
+    fn entered(id: &str, state: &str) -> (String, Trace) {
+        (id.into(), Trace::StateEntered { state: state.into() })
+    }
+
+    #[test]
+    fn children_are_matched_to_their_definitions_in_start_order() {
+        let (a, b) = (def("a", "A0"), def("b", "B0"));
+        let all = vec![
+            entered(ROOT, "S"),
+            entered("test/1", "A0"),
+            entered("test/2", "B0"),
+            (
+                "test/1".into(),
+                Trace::Covered {
+                    pointer: "/states/0/transitions/0".into(),
+                },
+            ),
+            entered("test/1", "End"),
+        ];
+        let got = children(&all, &[a.clone(), b.clone()]);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, "a");
+        assert_eq!(got[0].1.states, ["A0".to_string(), "End".to_string()].into());
+        assert_eq!(got[0].1.pointers, ["/states/0/transitions/0".to_string()].into());
+        assert_eq!((got[1].0.as_str(), got[1].1.states.len()), ("b", 1));
+        // Out of order: the first child does not start where its definition starts; nothing counts.
+        assert!(children(&all, &[b, a]).is_empty());
+    }
 }

@@ -73,6 +73,8 @@ pub struct TestResult {
     pub note: Option<String>,
     /// What it reached of its definition.
     pub reached: coverage::Reached,
+    /// What its subflows reached of theirs, by definition id.
+    pub children: Vec<(String, coverage::Reached)>,
 }
 
 /// The test files under `paths`: files as given, folders searched recursively (hidden folders,
@@ -170,18 +172,21 @@ pub fn run(args: TestArgs) -> ExitCode {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .min(jobs.len());
     let results = run_all(&loaded, &jobs, workers, !args.json);
-    let mut defs: BTreeMap<String, (PathBuf, coverage::Items, coverage::Reached)> = BTreeMap::new();
-    for (&(f, _), r) in jobs.iter().zip(&results) {
+    let mut defs: Defs = BTreeMap::new();
+    for (&(f, t), r) in jobs.iter().zip(&results) {
         let m = &loaded[f].machine;
-        let entry = defs.entry(m.id.clone()).or_insert_with(|| {
-            (
-                loaded[f].definition_path.clone(),
-                coverage::items(m),
-                Default::default(),
-            )
-        });
-        entry.2.states.extend(r.reached.states.iter().cloned());
-        entry.2.pointers.extend(r.reached.pointers.iter().cloned());
+        let shown = loaded[f].definition_path.display().to_string();
+        merge(&mut defs, m, shown, &r.reached);
+        let test = &loaded[f].tests[t];
+        for (id, reached) in &r.children {
+            if let Some(sub) = test.subflows.get(id) {
+                let shown = match &test.subflows_dir {
+                    Some(d) => format!("a subflow in {}", d.display()),
+                    None => "a subflow".into(),
+                };
+                merge(&mut defs, sub, shown, reached);
+            }
+        }
     }
     let failed = results.iter().filter(|r| !r.passed).count();
     let mut below = Vec::new();
@@ -277,6 +282,7 @@ fn run_all(loaded: &[file::TestFile], jobs: &[(usize, usize)], workers: usize, p
                 ms: 0,
                 note: Some("the test did not run: its thread stopped".into()),
                 reached: Default::default(),
+                children: Vec::new(),
             })
         })
         .collect()
@@ -313,7 +319,7 @@ fn one(file: &file::TestFile, t: usize) -> TestResult {
         max_transitions: Options::default().max_transitions,
     });
     let ms = started.elapsed().as_millis() as u64;
-    let (failures, note, reached) = match ran {
+    let (failures, note, reached, children) = match ran {
         Ok(ran) => {
             let mut failures = ran.problems.clone();
             failures.extend(expect::check(&test.expect, &ran.actual));
@@ -326,7 +332,7 @@ fn one(file: &file::TestFile, t: usize) -> TestResult {
                     .collect::<BTreeSet<_>>(),
                 pointers: ran.covered,
             };
-            (failures, ran.note, reached)
+            (failures, ran.note, reached, ran.children)
         }
         Err(e) => (
             vec![Failure {
@@ -336,6 +342,7 @@ fn one(file: &file::TestFile, t: usize) -> TestResult {
             }],
             None,
             Default::default(),
+            Vec::new(),
         ),
     };
     TestResult {
@@ -346,14 +353,26 @@ fn one(file: &file::TestFile, t: usize) -> TestResult {
         ms,
         note,
         reached,
+        children,
     }
 }
 
-type Defs = BTreeMap<String, (PathBuf, coverage::Items, coverage::Reached)>;
+/// Each definition's coverage, by id: where it is (as the report shows it), what it has to cover
+/// and what the tests reached.
+type Defs = BTreeMap<String, (String, coverage::Items, coverage::Reached)>;
+
+/// Adds what a run reached of `m` to its definition's coverage.
+fn merge(defs: &mut Defs, m: &sm4c_runtime::Machine, shown: String, reached: &coverage::Reached) {
+    let entry = defs
+        .entry(m.id.clone())
+        .or_insert_with(|| (shown, coverage::items(m), Default::default()));
+    entry.2.states.extend(reached.states.iter().cloned());
+    entry.2.pointers.extend(reached.pointers.iter().cloned());
+}
 
 fn print_coverage(defs: &Defs) {
     for (id, (path, items, reached)) in defs {
-        println!("\ncoverage of {id} ({}):", path.display());
+        println!("\ncoverage of {id} ({path}):");
         for (kind, c) in coverage::counts(items, reached) {
             println!("  {kind:<12} {}/{} ({:.1}%)", c.covered, c.total, c.percent());
             for m in &c.missed {
