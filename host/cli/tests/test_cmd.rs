@@ -737,3 +737,29 @@ fn graph_coverage_marks_the_untested_transitions() {
         "{err}"
     );
 }
+
+#[test]
+fn two_different_definitions_with_one_id_are_reported() {
+    let dir = tmp();
+    let mut other = strict();
+    other["states"][1]["name"] = json!("C");
+    other["states"][0]["transitions"][0]["nextState"] = json!("C");
+    write(dir.path(), "a.json", &strict());
+    write(dir.path(), "b.json", &other);
+    for (file, def) in [("a.test.json", "a.json"), ("b.test.json", "b.json")] {
+        write(
+            dir.path(),
+            file,
+            &json!({"definition": def, "mocks": {"f": "1"}, "tests": [{"name": def, "expect": {"status": "completed"}}]}),
+        );
+    }
+    let (code, _, err) = sm4c(&["test", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("a.json and ") && err.contains("b.json are different definitions with the same id \"strict\""),
+        "{err}"
+    );
+    // The same definition tested from two files is no news.
+    let (_, _, err) = sm4c(&["test", &fixture("order.test.json"), &fixture("order.test.json")]);
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -173,10 +173,11 @@ pub fn run(args: TestArgs) -> ExitCode {
         .min(jobs.len());
     let results = run_all(&loaded, &jobs, workers, !args.json);
     let mut defs: Defs = BTreeMap::new();
+    let mut warnings = BTreeSet::new();
     for (&(f, t), r) in jobs.iter().zip(&results) {
         let m = &loaded[f].machine;
         let shown = loaded[f].definition_path.display().to_string();
-        merge(&mut defs, m, shown, &r.reached);
+        warnings.extend(merge(&mut defs, m, shown, &r.reached));
         let test = &loaded[f].tests[t];
         for (id, reached) in &r.children {
             if let Some(sub) = test.subflows.get(id) {
@@ -184,9 +185,12 @@ pub fn run(args: TestArgs) -> ExitCode {
                     Some(d) => format!("a subflow in {}", d.display()),
                     None => "a subflow".into(),
                 };
-                merge(&mut defs, sub, shown, reached);
+                warnings.extend(merge(&mut defs, sub, shown, reached));
             }
         }
+    }
+    for w in &warnings {
+        eprintln!("{w}");
     }
     let failed = results.iter().filter(|r| !r.passed).count();
     let mut below = Vec::new();
@@ -362,12 +366,26 @@ fn one(file: &file::TestFile, t: usize) -> TestResult {
 type Defs = BTreeMap<String, (String, coverage::Items, coverage::Reached)>;
 
 /// Adds what a run reached of `m` to its definition's coverage.
-fn merge(defs: &mut Defs, m: &sm4c_runtime::Machine, shown: String, reached: &coverage::Reached) {
-    let entry = defs
-        .entry(m.id.clone())
-        .or_insert_with(|| (shown, coverage::items(m), Default::default()));
+/// Returns a warning when another definition with the same id, and other states, transitions or
+/// actions, was counted before: then the counts mix the two.
+fn merge(defs: &mut Defs, m: &sm4c_runtime::Machine, shown: String, reached: &coverage::Reached) -> Option<String> {
+    let mut warning = None;
+    let entry = match defs.entry(m.id.clone()) {
+        std::collections::btree_map::Entry::Vacant(v) => v.insert((shown, coverage::items(m), Default::default())),
+        std::collections::btree_map::Entry::Occupied(o) => {
+            let entry = o.into_mut();
+            if entry.0 != shown && entry.1 != coverage::items(m) {
+                warning = Some(format!(
+                    "sm4c: warning: {} and {shown} are different definitions with the same id {:?}: their coverage is counted together, against the first",
+                    entry.0, m.id
+                ));
+            }
+            entry
+        }
+    };
     entry.2.states.extend(reached.states.iter().cloned());
     entry.2.pointers.extend(reached.pointers.iter().cloned());
+    warning
 }
 
 fn print_coverage(defs: &Defs) {
