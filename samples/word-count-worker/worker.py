@@ -36,6 +36,9 @@ class Server:
         request = urllib.request.Request(self.base + path, data=data, method="POST")
         if data is not None:
             request.add_header("Content-Type", "application/json")
+        # A server without tokens takes a POST without a JSON body (a poll) only with this header,
+        # which a web page cannot send to it cross-site.
+        request.add_header("X-Sm4c-Request", "1")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:

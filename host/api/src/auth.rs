@@ -147,8 +147,42 @@ pub fn layer(router: Router, auth: Auth) -> Router {
     router.layer(axum::middleware::from_fn_with_state(Arc::new(auth), check))
 }
 
+/// What `GET /healthz` says instead of a failed dependency's error to a caller that did not
+/// authenticate: the error may name hosts, files and accounts.
+pub const HIDDEN_ERROR: &str = "a dependency failed; authenticate (any role) to read its error";
+
+/// `GET /healthz` as a caller without credentials reads it: its `error` text replaced by
+/// [`HIDDEN_ERROR`].
+pub fn redact_health(health: &mut serde_json::Value) {
+    if let Some(e) = health.get_mut("error").filter(|e| !e.is_null()) {
+        *e = serde_json::Value::String(HIDDEN_ERROR.into());
+    }
+}
+
+/// Whether a request carries credentials the server knows (a valid bearer token, or a client
+/// certificate with a role).
+fn authenticated(auth: &Auth, req: &Request) -> bool {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    if bearer.is_some_and(|t| auth.role_of_token(t).is_some()) {
+        return true;
+    }
+    req.extensions()
+        .get::<ConnectInfo<Peer>>()
+        .and_then(|ConnectInfo(p)| p.common_name.as_ref())
+        .is_some_and(|cn| auth.clients.contains_key(cn))
+}
+
 async fn check(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     let Some(needed) = needs(req.method(), req.uri().path()) else {
+        if req.uri().path() == "/healthz" && !authenticated(&auth, &req) {
+            return hide_health(next.run(req).await).await;
+        }
         return next.run(req).await;
     };
     let bearer = req
@@ -185,6 +219,18 @@ async fn check(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Respo
         return Forbidden(role.to_string(), needed.to_string()).into_response();
     }
     next.run(req).await
+}
+
+/// The health answer `r` with its error text hidden ([`redact_health`]).
+async fn hide_health(r: Response) -> Response {
+    let (mut parts, body) = r.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "health unreadable").into_response();
+    };
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    redact_health(&mut v);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(v.to_string()))
 }
 
 fn unauthenticated(why: &str) -> Response {
@@ -297,6 +343,55 @@ mod tests {
         assert_eq!(a.role_of_token("R"), None);
         assert_eq!(a.role_of_token(""), None);
         assert!(!format!("{a:?}").contains(&format!("{:?}", digest("r"))));
+    }
+
+    #[test]
+    fn health_without_credentials_says_a_dependency_failed_without_why() {
+        let mut v = serde_json::json!({"status": "failing", "mode": "kafka",
+            "error": "cannot reach broker sasl://admin@kafka.internal:9093: authentication failed"});
+        redact_health(&mut v);
+        assert_eq!(v["status"], "failing");
+        assert_eq!(v["error"], HIDDEN_ERROR);
+        assert!(!v.to_string().contains("kafka.internal"));
+        let mut ok = serde_json::json!({"status": "ok", "error": null});
+        redact_health(&mut ok);
+        assert_eq!(ok["error"], serde_json::Value::Null, "no failure, nothing to hide");
+    }
+
+    #[tokio::test]
+    async fn healthz_hides_the_error_from_callers_without_credentials_only() {
+        use tower::ServiceExt;
+        let failing = || async {
+            axum::Json(
+                serde_json::json!({"status": "failing", "error": "broker kafka.internal:9093: SASL authentication failed"}),
+            )
+        };
+        let mut a = Auth::default();
+        a.token(Role::Read, digest("reader"));
+        let app = layer(Router::new().route("/healthz", axum::routing::get(failing)), a);
+        let ask = |token: Option<&str>| {
+            let mut b = axum::http::Request::get("/healthz");
+            if let Some(t) = token {
+                b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            let app = app.clone();
+            let req = b.body(axum::body::Body::empty()).expect("request");
+            async move {
+                let r = app.oneshot(req).await.expect("answer");
+                assert_eq!(r.status(), 200);
+                let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.expect("body");
+                serde_json::from_slice::<serde_json::Value>(&bytes).expect("JSON")
+            }
+        };
+        let open = ask(None).await;
+        assert_eq!(
+            (open["status"].as_str(), open["error"].as_str()),
+            (Some("failing"), Some(HIDDEN_ERROR))
+        );
+        assert_eq!(ask(Some("wrong")).await["error"], HIDDEN_ERROR);
+        assert!(ask(Some("reader")).await["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("kafka.internal")));
     }
 
     #[test]

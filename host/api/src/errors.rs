@@ -101,6 +101,22 @@ errors! {
     /// A body that is not JSON was sent where JSON is expected.
     UnsupportedMediaType => UNSUPPORTED_MEDIA_TYPE, "unsupportedMediaType",
         |_s| "send JSON with Content-Type: application/json".into();
+    /// A body whose `Content-Type` (what it was) is not a JSON media type ([`crate::door`]).
+    UnsupportedMediaTypeOf(String) => UNSUPPORTED_MEDIA_TYPE, "unsupportedMediaType",
+        |s| format!("the body's Content-Type is {:?}, not JSON: send it with Content-Type: application/json (or application/cloudevents+json, application/*+json)", s.0);
+    /// A request to a `Host` (what it was) that is not a name of this server, which has no
+    /// authentication ([`crate::door`]).
+    ForeignHost(String) => FORBIDDEN, "foreignHost",
+        |s| format!("Host {:?} is not a name of this server: without authentication it answers only requests addressed to loopback (localhost, 127.0.0.1, [::1]), so that a web page cannot reach it by pointing its own DNS name at it (DNS rebinding); use http://127.0.0.1:PORT, or configure tokens", s.0);
+    /// A body-less `POST` without [`crate::door::REQUEST_HEADER`] to a server without authentication.
+    HeaderRequired => FORBIDDEN, "headerRequired",
+        |_s| "a POST without a JSON body needs the header X-Sm4c-Request: 1 (or Content-Type: application/json) when the server has no authentication: a web page cannot send either cross-site without the browser asking the server first".into();
+    /// The request took longer than the server waits (milliseconds, `--request-timeout`).
+    RequestTimeout(u64) => SERVICE_UNAVAILABLE, "timeout",
+        |s| format!("the request was not answered within {} (--request-timeout): the server stopped working on it; what it asked may or may not have been done", sm4c_runtime::timespan::format(s.0));
+    /// The server is busy with as much bounded work (searches, replays, explanations) as it takes
+    /// at once, or the work took longer than its budget (what).
+    Busy(String) => SERVICE_UNAVAILABLE, "busy", |s| s.0.clone();
     /// The body is larger than the API accepts (its limit in bytes).
     PayloadTooLarge(usize) => PAYLOAD_TOO_LARGE, "payloadTooLarge", |s| format!("the body is larger than {} bytes", s.0);
     /// The body is not JSON, or not the JSON the endpoint takes (what the parser said).

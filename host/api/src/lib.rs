@@ -22,10 +22,12 @@ use std::time::Duration;
 
 pub mod auth;
 pub mod cluster;
+pub mod door;
 pub mod errors;
 pub mod metrics;
 pub mod tls;
 pub mod ui;
+pub mod work;
 
 pub use errors::ApiError;
 
@@ -441,9 +443,19 @@ async fn post_event(State(h): State<Api>, req: Request) -> Result<Response, ApiE
     Ok((StatusCode::ACCEPTED, Json(delivery)).into_response())
 }
 
-async fn post_explain(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
+/// Explains an event in the bounded [`work`] pool, off the async runtime's threads: matching it
+/// evaluates every waiting instance's correlation expressions.
+async fn post_explain(
+    State(h): State<Api>,
+    work: Option<axum::Extension<work::Work>>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
     let value = read_event(req).await?;
-    Ok(Json(h.explain(value).await?))
+    let rt = tokio::runtime::Handle::current();
+    let explained = work::of(work)
+        .run("explaining the event", move |_| rt.block_on(h.explain(value)))
+        .await??;
+    Ok(Json(explained))
 }
 
 /// The W3C `traceparent` header of a request, when it has the form of version 00:
@@ -524,12 +536,7 @@ async fn optional_json(req: Request) -> Result<Option<Value>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    let json_type = parts
-        .headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
-    if !json_type {
+    if door::media(door::content_type(&parts.headers)) != door::Media::Json {
         return Err(UnsupportedMediaType.into());
     }
     serde_json::from_slice(&bytes)
@@ -565,14 +572,7 @@ async fn aws_answer(req: Request, fields: &[&str]) -> Result<(String, serde_json
     let bytes = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|_| PayloadTooLarge(MAX_BODY))?;
-    let json_type = parts
-        .headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| {
-            t.starts_with("application/json") || t.contains("+json") || t.starts_with("application/x-amz-json")
-        });
-    if !json_type {
+    if door::media(door::content_type(&parts.headers)) == door::Media::Other {
         return Err(UnsupportedMediaType.into());
     }
     let body: Value =

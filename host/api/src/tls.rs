@@ -1,23 +1,28 @@
-//! HTTPS for the API: a [`TlsListener`] that `axum::serve` takes like a TCP listener, so graceful
-//! shutdown and the HTTP stack stay the same as over plain HTTP.
+//! The API's connections, over plain HTTP or HTTPS ([`serve`]), with their limits ([`Connections`]):
+//! at most [`Connections::max`] open at once (more are answered 503 and closed), and at most
+//! [`Connections::header_timeout`] for a client to send a request's headers (a client that sends
+//! them a byte at a time, slowloris, is cut off). Served by hyper-util, the stack `axum::serve`
+//! is built on, which leaves these knobs out.
 //!
-//! Handshakes run in tasks of their own (a client that stalls its handshake holds up nobody), at
-//! most [`HANDSHAKE`] each. With a client CA, client certificates signed by it are verified and
+//! TLS handshakes run in tasks of their own (a client that stalls its handshake holds up nobody),
+//! at most [`HANDSHAKE`] each. With a client CA, client certificates signed by it are verified and
 //! their subject common name is given to the request as [`Peer`] (see [`crate::auth`]); clients
 //! without a certificate may still connect and authenticate with a bearer token.
 
 use crate::auth::{common_name, Peer};
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::server::TlsStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
 
 /// Longest a TLS handshake may take.
 pub const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -63,96 +68,158 @@ pub fn server_config(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> Resul
     Ok(config)
 }
 
-/// Accepts TCP connections and hands over those whose TLS handshake succeeded.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
+/// Limits on the server's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Connections {
+    /// Most connections open at once; one more is answered 503 and closed.
+    pub max: usize,
+    /// Longest a client may take to send a request's headers over HTTP/1, counted from the
+    /// connection's start or the end of its previous request.
+    pub header_timeout: Duration,
 }
 
-impl TlsListener {
-    /// Starts accepting on `tcp` (on the current tokio runtime).
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
-        let (tx, ready) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config);
-        tokio::spawn(async move {
-            loop {
-                let (stream, addr) = tokio::select! {
-                    _ = tx.closed() => return,
-                    r = tcp.accept() => match r {
-                        Ok(c) => c,
-                        Err(e) => {
-                            // Out of file descriptors and the like: wait, as axum does.
-                            tracing::warn!(error = %e, "cannot accept a connection");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, addr)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(peer = %addr, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(peer = %addr, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { ready, local })
-    }
-}
+/// Most connections open at once by default.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Longest a client may take to send a request's headers by default.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accepting task only ends when this listener is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-}
-
-impl Connected<IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Peer {
-        let (_, session) = stream.io().get_ref();
-        Peer {
-            common_name: session
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|c| common_name(c)),
+impl Default for Connections {
+    fn default() -> Connections {
+        Connections {
+            max: MAX_CONNECTIONS,
+            header_timeout: HEADER_TIMEOUT,
         }
     }
 }
+
+/// The answer of a connection beyond [`Connections::max`] (over plain HTTP; over TLS it is closed).
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\nretry-after: 1\r\nx-content-type-options: nosniff\r\ncontent-length: 114\r\n\r\n{\"error\":\"tooManyConnections\",\"message\":\"the server has as many connections open as it takes (--max-connections)\"}";
+
+/// Most refused connections being answered at once; more are closed without an answer.
+const REFUSING: usize = 64;
 
 pub use rustls::ServerConfig;
 
-/// Serves `app` on `tcp` until `shutdown` completes: over TLS with `tls` (giving each request the
-/// client certificate's [`Peer`]), else over plain HTTP.
+/// Serves `app` on `tcp` until `shutdown` completes, then lets the open requests finish: over
+/// TLS with `tls` (giving each request the client certificate's [`Peer`]), else over plain HTTP,
+/// within `limits`.
 pub async fn serve(
     tcp: TcpListener,
     tls: Option<Arc<ServerConfig>>,
+    limits: Connections,
     app: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    match tls {
-        None => axum::serve(tcp, app).with_graceful_shutdown(shutdown).await,
-        Some(config) => {
-            axum::serve(
-                TlsListener::new(tcp, config)?,
-                app.into_make_service_with_connect_info::<Peer>(),
-            )
-            .with_graceful_shutdown(shutdown)
-            .await
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    http.http2().timer(TokioTimer::new());
+    let open = Arc::new(Semaphore::new(limits.max.max(1)));
+    let refusing = Arc::new(Semaphore::new(REFUSING));
+    let graceful = GracefulShutdown::new();
+    let acceptor = tls.map(TlsAcceptor::from);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, addr) = tokio::select! {
+            _ = &mut shutdown => break,
+            r = tcp.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, as axum does.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::debug!(peer = %addr, max = limits.max, "too many connections: refusing one");
+            if acceptor.is_none() {
+                if let Ok(p) = refusing.clone().try_acquire_owned() {
+                    tokio::spawn(refuse(stream, p));
+                }
+            }
+            continue;
+        };
+        let (http, app, watcher) = (http.clone(), app.clone(), graceful.watcher());
+        match &acceptor {
+            None => {
+                tokio::spawn(async move {
+                    let conn = http.serve_connection_with_upgrades(TokioIo::new(stream), service(app, None));
+                    let _ = watcher.watch(conn.into_owned()).await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => return tracing::debug!(peer = %addr, error = %e, "TLS handshake failed"),
+                        Err(_) => return tracing::debug!(peer = %addr, "TLS handshake timed out"),
+                    };
+                    let peer = Peer {
+                        common_name: tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .and_then(|c| common_name(c)),
+                    };
+                    let conn = http.serve_connection_with_upgrades(TokioIo::new(tls), service(app, Some(peer)));
+                    let _ = watcher.watch(conn.into_owned()).await;
+                    drop(permit);
+                });
+            }
         }
+    }
+    drop(tcp);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The service of one connection: the router, with the connection's [`Peer`] over TLS.
+fn service(
+    app: axum::Router,
+    peer: Option<Peer>,
+) -> impl hyper::service::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = tower::util::Oneshot<axum::Router, axum::extract::Request>,
+> + Clone {
+    hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let mut req = req.map(axum::body::Body::new);
+        if let Some(p) = &peer {
+            req.extensions_mut().insert(ConnectInfo(p.clone()));
+        }
+        app.clone().oneshot(req)
+    })
+}
+
+/// Answers a connection beyond the limit 503 and closes it, after reading (and dropping) what the
+/// client sent for a moment, so that closing does not reset the answer away.
+async fn refuse(mut stream: impl AsyncRead + AsyncWrite + Unpin, _permit: OwnedSemaphorePermit) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(TOO_MANY).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_refusal_is_a_whole_http_answer() {
+        let text = std::str::from_utf8(super::TOO_MANY).expect("text");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        let v: serde_json::Value = serde_json::from_str(body).expect("JSON");
+        assert_eq!(v["error"], "tooManyConnections");
     }
 }

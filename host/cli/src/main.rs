@@ -100,6 +100,20 @@ struct ServeArgs {
     /// certificate configured): anyone who reaches the port may do anything.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Accept bearer tokens over plain HTTP on an address other than loopback (anyone on the path
+    /// can read them): without it, such a server refuses to start; configure [server.tls] instead.
+    #[arg(long)]
+    insecure_plain_http: bool,
+    /// Most connections open at once; one more is answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = sm4c_api::tls::MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Longest a client may take to send a request's headers (HTTP/1), e.g. 10s.
+    #[arg(long, value_name = "TIME", default_value = "10s")]
+    header_timeout: String,
+    /// Longest a request may take before it is answered 503 `timeout`, e.g. 2m (not a task-list
+    /// poll, bounded by its `wait`, nor the inspector's event stream).
+    #[arg(long, value_name = "TIME", default_value = "2m")]
+    request_timeout: String,
     /// Export OpenTelemetry traces (a span per instance step) over OTLP/HTTP to this URL, e.g. a
     /// collector's http://localhost:4318 (`/v1/traces` is added to a URL without a path). Off by
     /// default; the standard OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_* variables configure it too.
@@ -129,6 +143,11 @@ struct KafkaArgs {
     /// A librdkafka setting for every client, e.g. security.protocol=SASL_SSL (repeatable).
     #[arg(long = "kafka-config", value_name = "KEY=VALUE", requires = "kafka")]
     kafka_config: Vec<String>,
+    /// A librdkafka setting whose value is read from an environment variable, e.g.
+    /// sasl.password=KAFKA_PASSWORD (repeatable): secrets stay out of the command line, which
+    /// other local users can read.
+    #[arg(long = "kafka-config-env", value_name = "KEY=VARIABLE", requires = "kafka")]
+    kafka_config_env: Vec<String>,
     /// exactly-once (transactions) or at-least-once (brokers without transactions).
     #[arg(long, default_value = "exactly-once", value_parser = ["exactly-once", "at-least-once"], requires = "kafka")]
     delivery: String,
@@ -585,6 +604,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .init();
     let park_ms =
         sm4c_runtime::timespan::parse(&args.event_window).map_err(|e| anyhow::anyhow!("--event-window: {e}"))?;
+    connections(&args)?;
+    timespan(&args.request_timeout, "--request-timeout")?;
     let mut errs = Vec::new();
     let mut docs = Vec::new();
     if let Some(dir) = &args.definitions {
@@ -643,6 +664,7 @@ fn serve_on(
     if let Some(bootstrap) = &args.kafka.kafka {
         return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms, security, traces);
     }
+    let conns = connections(&args)?;
     let store = match SqliteStore::open(&args.db) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -676,11 +698,12 @@ fn serve_on(
             return Ok(ExitCode::from(2));
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving");
-        let app = served_api(durable.clone(), metrics, security.auth);
+        let door = door(&args, security.auth.is_on(), listener.local_addr()?, None)?;
+        let app = sm4c_api::door::layer(served_api(durable.clone(), metrics, security.auth), door);
         let polls = durable.clone();
         let store_failure = Arc::new(std::sync::OnceLock::new());
         let failure = store_failure.clone();
-        sm4c_api::tls::serve(listener, security.tls, app, async move {
+        sm4c_api::tls::serve(listener, security.tls, conns, app, async move {
             tokio::select! {
                 _ = shutdown_signal() => {}
                 why = polls.failed() => {
@@ -794,12 +817,15 @@ fn serve_kafka(
         }
     };
     config.expression = args.expression.limits();
-    for kv in &args.kafka.kafka_config {
-        let Some((k, v)) = kv.split_once('=') else {
-            eprintln!("sm4c: --kafka-config {kv:?}: expected KEY=VALUE");
+    let conns = connections(args)?;
+    match kafka_settings(&args.kafka.kafka_config, &args.kafka.kafka_config_env, |v| {
+        std::env::var(v).ok()
+    }) {
+        Ok(settings) => config.settings.extend(settings),
+        Err(e) => {
+            eprintln!("sm4c: {e}");
             return Ok(ExitCode::from(2));
-        };
-        config.settings.push((k.trim().to_string(), v.trim().to_string()));
+        }
     }
     let stores = match &args.kafka.state_dir {
         Some(dir) => sm4c_durable::local::SqliteStores::open(dir),
@@ -842,12 +868,50 @@ fn serve_kafka(
             }
         };
         let api = sm4c_api::router_with(kafka.clone(), peers).merge(sm4c_api::metrics::route(metrics));
-        let app = sm4c_api::auth::layer(api, security.auth);
-        sm4c_api::tls::serve(listener, security.tls, app, shutdown_signal()).await?;
+        let door = door(args, security.auth.is_on(), listener.local_addr()?, Some(&url))?;
+        let app = sm4c_api::door::layer(sm4c_api::auth::layer(api, security.auth), door);
+        sm4c_api::tls::serve(listener, security.tls, conns, app, shutdown_signal()).await?;
         kafka.shutdown().await;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The librdkafka settings of `--kafka-config KEY=VALUE` and `--kafka-config-env KEY=VARIABLE`
+/// (the value of the variable, read with `env`). Errors never quote a value: it may be a secret.
+fn kafka_settings(
+    given: &[String],
+    from_env: &[String],
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for kv in given {
+        let Some((k, v)) = kv.split_once('=') else {
+            let key = kv.split(':').next().unwrap_or_default();
+            return Err(format!("--kafka-config {key:?}…: expected KEY=VALUE"));
+        };
+        out.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    for kv in from_env {
+        let Some((k, var)) = kv
+            .split_once('=')
+            .filter(|(k, v)| !k.trim().is_empty() && !v.trim().is_empty())
+        else {
+            return Err(format!(
+                "--kafka-config-env {kv:?}: expected KEY=VARIABLE, e.g. sasl.password=KAFKA_PASSWORD"
+            ));
+        };
+        let (k, var) = (k.trim(), var.trim());
+        let Some(v) = env(var) else {
+            return Err(format!(
+                "--kafka-config-env {k}={var}: the environment variable {var} is not set"
+            ));
+        };
+        // A setting given both ways takes the variable's value.
+        out.retain(|(have, _)| have != k);
+        out.push((k.to_string(), v));
+    }
+    Ok(out)
 }
 
 /// The URL of a worker's HTTP API listening at `addr`: a wildcard address becomes this machine's
@@ -913,6 +977,14 @@ impl Security {
                 Some(Arc::new(config))
             }
         };
+        if auth.is_on() && tls.is_none() && !is_loopback(&args.listen) && !args.insecure_plain_http {
+            return Err(format!(
+                "refusing to accept bearer tokens over plain HTTP on {}: anyone on the network path could read \
+                 them and use them. Configure [server.tls] in --config (HTTPS), listen on loopback behind a \
+                 proxy that speaks HTTPS, or pass --insecure-plain-http",
+                args.listen
+            ));
+        }
         if !auth.is_on() {
             if !is_loopback(&args.listen) && !args.insecure_no_auth {
                 return Err(format!(
@@ -928,6 +1000,51 @@ impl Security {
             }
         }
         Ok(Security { auth, tls, tls_roots })
+    }
+}
+
+/// The checks and limits in front of the API ([`sm4c_api::door`]) for a server listening at
+/// `local` (from `--listen`), advertised to its group at `advertise` (Kafka).
+fn door(
+    args: &ServeArgs,
+    auth: bool,
+    local: std::net::SocketAddr,
+    advertise: Option<&str>,
+) -> anyhow::Result<sm4c_api::door::Door> {
+    let mut door = sm4c_api::door::Door {
+        auth,
+        any_ip: local.ip().is_unspecified(),
+        request_timeout: timespan(&args.request_timeout, "--request-timeout")?,
+        work: sm4c_api::work::Work::new(args.expression.limits(), sm4c_api::work::BUDGET, 0),
+        ..Default::default()
+    };
+    if !local.ip().is_unspecified() {
+        door.host_of_url(&args.listen);
+        door.host_of_url(&local.to_string());
+    }
+    if let Some(url) = advertise {
+        door.host_of_url(url);
+    }
+    Ok(door)
+}
+
+/// The connection limits of `--max-connections` and `--header-timeout`.
+fn connections(args: &ServeArgs) -> anyhow::Result<sm4c_api::tls::Connections> {
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections: must be at least 1");
+    }
+    Ok(sm4c_api::tls::Connections {
+        max: args.max_connections,
+        header_timeout: timespan(&args.header_timeout, "--header-timeout")?,
+    })
+}
+
+/// A span of time of a flag (`10s`, `2m`, `PT1M`), more than zero.
+fn timespan(text: &str, flag: &str) -> anyhow::Result<std::time::Duration> {
+    match sm4c_runtime::timespan::parse(text) {
+        Ok(0) => anyhow::bail!("{flag} {text:?}: must be more than zero"),
+        Ok(ms) => Ok(std::time::Duration::from_millis(ms)),
+        Err(e) => anyhow::bail!("{flag} {text:?}: {e}"),
     }
 }
 
@@ -953,5 +1070,38 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kafka_settings;
+
+    #[test]
+    fn kafka_settings_come_from_the_flags_and_the_environment() {
+        let env = |v: &str| (v == "KAFKA_PASSWORD").then(|| "s3cret=with=equals".to_string());
+        let given = [
+            "security.protocol=SASL_SSL".to_string(),
+            "sasl.password=on-the-command-line".into(),
+        ];
+        let from_env = ["sasl.password=KAFKA_PASSWORD".to_string()];
+        let got = kafka_settings(&given, &from_env, env).expect("settings");
+        assert_eq!(
+            got,
+            vec![
+                ("security.protocol".to_string(), "SASL_SSL".to_string()),
+                ("sasl.password".to_string(), "s3cret=with=equals".to_string()),
+            ],
+            "the variable's value wins over the flag's"
+        );
+        let e = kafka_settings(&[], &["sasl.password=NOT_SET".into()], env).expect_err("unset");
+        assert!(e.contains("NOT_SET is not set") && e.contains("sasl.password"), "{e}");
+        for bad in ["sasl.password", "=VAR", "sasl.password="] {
+            let e = kafka_settings(&[], &[bad.into()], env).expect_err(bad);
+            assert!(e.contains("expected KEY=VARIABLE"), "{e}");
+        }
+        // A malformed --kafka-config does not quote what may be a secret.
+        let e = kafka_settings(&["sasl.password:hunter2".into()], &[], env).expect_err("no =");
+        assert!(!e.contains("hunter2") && e.contains("expected KEY=VALUE"), "{e}");
     }
 }

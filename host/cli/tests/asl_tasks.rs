@@ -377,6 +377,7 @@ impl Server {
         let r = self
             .client
             .post(format!("{}/tasklists/{list}/poll?wait=20s", self.url))
+            .header("x-sm4c-request", "1")
             .send()
             .unwrap();
         assert_eq!(r.status().as_u16(), 200, "no task on {list}");

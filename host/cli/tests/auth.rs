@@ -496,7 +496,17 @@ fn listening_beyond_loopback_needs_authentication_or_the_unsafe_flag() {
     let (code, err) = try_listen("[::]:0", &[], &[]).expect_err("refused");
     assert_eq!(code, Some(2), "{err}");
     try_listen("0.0.0.0:0", &["--insecure-no-auth"], &[]).expect("the unsafe flag allows it");
-    try_listen("0.0.0.0:0", &[], &[("SM4C_TOKEN_READ", "r")]).expect("a token allows it");
+    // A token over plain HTTP beyond loopback travels in clear text: refused unless asked for.
+    let (code, err) = try_listen("0.0.0.0:0", &[], &[("SM4C_TOKEN_READ", "r")]).expect_err("refused");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("refusing to accept bearer tokens over plain HTTP on 0.0.0.0:0")
+            && err.contains("--insecure-plain-http"),
+        "{err}"
+    );
+    try_listen("0.0.0.0:0", &["--insecure-plain-http"], &[("SM4C_TOKEN_READ", "r")])
+        .expect("a token and the flag allow it");
+    try_listen("127.0.0.1:0", &[], &[("SM4C_TOKEN_READ", "r")]).expect("tokens over loopback stay on the machine");
     try_listen("localhost:0", &[], &[]).expect("localhost is loopback");
     try_listen("127.0.0.2:0", &[], &[]).expect("127.0.0.0/8 is loopback");
 }

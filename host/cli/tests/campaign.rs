@@ -463,6 +463,7 @@ impl Driver {
                     "{}/tasklists/{TASK_LIST}/poll?wait=1s&worker={name}",
                     self.base
                 ))
+                .header("x-sm4c-request", "1")
                 .send();
             let task: Value = match poll {
                 Ok(r) if r.status().as_u16() == 200 => match r.json() {

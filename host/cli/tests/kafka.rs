@@ -2395,6 +2395,7 @@ fn worker_task_lists_are_topics_answered_by_cloudevents_or_http_through_a_sigkil
     }
     let r = http()
         .post(format!("{}/tasklists/images/poll", w1.base))
+        .header("x-sm4c-request", "1")
         .send()
         .expect("poll");
     assert_eq!(r.status().as_u16(), 501);
@@ -3786,6 +3787,7 @@ fn instances_let_go_of_from_memory_are_read_back_from_the_local_store_by_what_co
     // A cancel reads its instance back.
     let r = http()
         .post(format!("{}/instances/key-{}/cancel", w.base, n - 1))
+        .header("x-sm4c-request", "1")
         .send()
         .expect("cancel");
     assert!(r.status().is_success(), "{:?}", r.text());

@@ -160,7 +160,11 @@ impl Server {
     }
 
     fn post_empty(&self, path: &str) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.url)))
+        self.send(
+            self.client
+                .post(format!("{}{path}", self.url))
+                .header("x-sm4c-request", "1"),
+        )
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
@@ -814,6 +818,7 @@ fn a_worker_that_left_its_poll_is_not_given_a_task() {
     let impatient = Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
     let gone = impatient
         .post(format!("{}/tasklists/images/poll?wait=30s&worker=impatient", s.url))
+        .header("x-sm4c-request", "1")
         .send();
     assert!(gone.is_err(), "the client timed out");
     std::thread::sleep(Duration::from_millis(200));
@@ -847,6 +852,7 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
             let r = s
                 .client
                 .post(format!("{}/tasklists/images/poll?wait=60s", s.url))
+                .header("x-sm4c-request", "1")
                 .send()
                 .map(|r| r.status().as_u16());
             (r, started.elapsed())

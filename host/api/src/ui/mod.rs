@@ -37,6 +37,10 @@ const ASSETS: [(&str, &str, &str); 4] = [
     ("/ui/app.css", "text/css; charset=utf-8", APP_CSS),
 ];
 
+/// The Content-Security-Policy of the inspector's page: no inline script, no script from elsewhere,
+/// in no frame.
+pub const CSP: &str = "script-src 'self'; frame-ancestors 'none'";
+
 /// Whether `path` is one of the inspector's assets, which any caller may read.
 pub fn is_asset(path: &str) -> bool {
     ASSETS.iter().any(|(p, _, _)| *p == path)
@@ -51,7 +55,21 @@ pub(crate) fn routes(host: Api) -> Router {
         r = r.route(
             path,
             get(move || async move {
-                ([(header::CONTENT_TYPE, ty), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+                // The page runs only its own script and is shown in no frame (clickjacking).
+                let csp = if ty.starts_with("text/html") {
+                    CSP
+                } else {
+                    "frame-ancestors 'none'"
+                };
+                (
+                    [
+                        (header::CONTENT_TYPE, ty),
+                        (header::CACHE_CONTROL, "no-cache"),
+                        (header::CONTENT_SECURITY_POLICY, csp),
+                    ],
+                    body,
+                )
+                    .into_response()
             }),
         );
     }
@@ -69,8 +87,12 @@ struct InstanceQuery {
     id: String,
 }
 
-async fn instance(State(h): State<Api>, Params(q): Params<InstanceQuery>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(view::instance(&h, &q.id).await?))
+async fn instance(
+    State(h): State<Api>,
+    work: Option<axum::Extension<crate::work::Work>>,
+    Params(q): Params<InstanceQuery>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view::instance(&h, &q.id, &crate::work::of(work)).await?))
 }
 
 #[derive(Deserialize)]
@@ -107,8 +129,12 @@ async fn instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result
     Ok(Json(json!({"instances": rows, "next": next.map(|n| n.to_string())})))
 }
 
-async fn search(State(h): State<Api>, Params(q): Params<search::Search>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(search::search(&h, q).await?))
+async fn search(
+    State(h): State<Api>,
+    work: Option<axum::Extension<crate::work::Work>>,
+    Params(q): Params<search::Search>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(search::search(&h, q, &crate::work::of(work)).await?))
 }
 
 #[derive(Deserialize)]

@@ -23,7 +23,8 @@ use std::sync::Arc;
 pub const MAX_ENTRIES: usize = 5000;
 
 /// The page of instance `id`: `{instance, diagram, waiting, steps, children, truncated}`.
-pub async fn instance(h: &Arc<dyn Backend>, id: &str) -> Result<Value, crate::ApiError> {
+/// The journal is replayed in `work` ([`crate::work`]), off the async runtime's threads.
+pub async fn instance(h: &Arc<dyn Backend>, id: &str, work: &crate::work::Work) -> Result<Value, crate::ApiError> {
     let record = crate::instance_json(h, id)?;
     let stored = h
         .instance(id)?
@@ -53,8 +54,14 @@ pub async fn instance(h: &Arc<dyn Backend>, id: &str) -> Result<Value, crate::Ap
         }
     }
     let truncated = journal.len() >= MAX_ENTRIES;
-    let replay = machine.as_ref().map(|m| replay(m, id, &journal));
-    let (steps, marks, open) = replay.unwrap_or_default();
+    let (steps, marks, open) = match machine.clone() {
+        Some(m) => {
+            let id = id.to_string();
+            work.run("the instance page's replay", move |_| replay(&m, &id, &journal))
+                .await?
+        }
+        None => Default::default(),
+    };
     let mut marks = marks;
     if !snap.status.is_final() {
         match (&snap.asl, machine.as_ref().and_then(|m| m.asl.as_deref())) {
