@@ -251,7 +251,9 @@ fn the_http_task_calls_the_endpoint_with_the_connection_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let conn = "arn:aws:events:us-east-1:123456789012:connection/items/1";
     std::env::set_var("SM4C_ASL_TASKS_CONN", "Bearer conn-s3cret");
-    let config = format!("[asl.connections.\"{conn}\"]\nheaders = {{ authorization = \"env:SM4C_ASL_TASKS_CONN\" }}\n");
+    let config = format!(
+        "[asl.connections.\"{conn}\"]\nheaders = {{ authorization = \"env:SM4C_ASL_TASKS_CONN\" }}\nendpoints = [\"{url}/items/\"]\n"
+    );
     let definition = json!({
         "StartAt": "Get",
         "States": {
