@@ -173,7 +173,13 @@ fn write_input(dir: &Path, input: Value) -> String {
 fn a_resource_bound_to_a_grpc_method_calls_it() {
     let target = inventory::server(inventory::Seen::default());
     let dir = tempfile::tempdir().unwrap();
-    let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/grpc/shop.proto");
+    // A .proto the configuration names is read from its folder (or the definitions').
+    let proto = "shop.proto";
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/grpc/shop.proto"),
+        dir.path().join(proto),
+    )
+    .unwrap();
     let resource = "arn:aws:states:::lambda:invoke";
     let config = format!(
         "[grpc.\"shop.v1.Inventory\"]\ntarget = \"{target}\"\n\n[asl.resources.\"{resource}\"]\ngrpc = \"{proto}#shop.v1.Inventory/GetItem\"\n"

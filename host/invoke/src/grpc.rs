@@ -217,9 +217,7 @@ impl ProtoSource {
         if uri.starts_with("http://") || uri.starts_with("https://") {
             return Ok(ProtoSource::Url(uri.to_string()));
         }
-        crate::files::resolve_in(dir, roots, uri)
-            .map(ProtoSource::File)
-            .map_err(|e| format!("operation's .proto {uri:?}: {e}"))
+        crate::files::resolve_in(dir, roots, uri).map(ProtoSource::File)
     }
 
     /// Compiles it (`google/protobuf/*.proto` are built in), fetching over the network as the
