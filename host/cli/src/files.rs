@@ -57,7 +57,7 @@ pub fn load_definition(path: &Path, limits: Limits) -> Result<Machine, Vec<FileE
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut resolve = |uri: &str| -> Result<Value, String> {
         let target = resolve_uri(&dir, uri)?;
-        let text = std::fs::read_to_string(&target).map_err(|e| format!("cannot read {}: {e}", target.display()))?;
+        let text = sm4c_invoke::files::read_text(&target)?;
         serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", target.display()))
     };
     load(&doc, &mut resolve, LoadOptions { limits }).map_err(|errs| {

@@ -289,6 +289,7 @@ impl CallArgs {
         for t in &self.grpc_targets {
             c.grpc_target(t).map_err(anyhow::Error::msg)?;
         }
+        c.check_rest_headers().map_err(anyhow::Error::msg)?;
         Ok(Ok(c))
     }
 }
@@ -426,7 +427,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(p) => files::load_events(p).map_err(|e| errs.extend(e)).unwrap_or_default(),
         None => Vec::new(),
     };
-    let calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
+    let mut calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
+    // sm4c run calls what its user's definition names: private addresses are allowed unless the
+    // configuration refuses them.
+    calls.apply(false);
     let Some(machine) = machine.filter(|_| errs.is_empty()) else {
         return Ok(report(&errs));
     };
@@ -444,6 +448,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let machine = Arc::new(machine);
     let is_asl = machine.asl.is_some();
     let base = args.file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let http = Arc::new(sm4c_invoke::asl::HttpTask::new(&calls.asl));
     let rest = Arc::new(sm4c_invoke::rest::RestInvoker::new(&base, calls.rest));
     let grpc = Arc::new(GrpcInvoker::new(&base, calls.grpc));
     let host = Arc::new(CallRouter {
@@ -453,7 +458,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         rest: Some(rest),
         grpc: Some(grpc),
         asl_resources: calls.asl.resources,
-        http: Some(Arc::new(sm4c_invoke::asl::HttpTask::new(calls.asl.connections))),
+        http: Some(http),
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let verbose = args.verbose;
@@ -629,7 +634,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_default(),
         None => HashMap::new(),
     };
-    let calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
+    let mut calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
+    // Definitions registered over HTTP come from the API's callers: private and link-local
+    // addresses are refused unless the configuration allows them ([calls]).
+    calls.apply(true);
     if !errs.is_empty() {
         return Ok(report(&errs));
     }
@@ -743,6 +751,7 @@ fn served_functions(
     metrics: &Arc<sm4c_api::metrics::Metrics>,
 ) -> Arc<sm4c_api::metrics::Metered> {
     let base = definitions.unwrap_or(Path::new("."));
+    let http = Arc::new(sm4c_invoke::asl::HttpTask::new(&calls.asl));
     Arc::new(sm4c_api::metrics::Metered {
         inner: Arc::new(CallRouter {
             mocks,
@@ -751,7 +760,7 @@ fn served_functions(
             rest: Some(Arc::new(sm4c_invoke::rest::RestInvoker::new(base, calls.rest))),
             grpc: Some(Arc::new(GrpcInvoker::new(base, calls.grpc))),
             asl_resources: calls.asl.resources,
-            http: Some(Arc::new(sm4c_invoke::asl::HttpTask::new(calls.asl.connections))),
+            http: Some(http),
         }),
         metrics: metrics.clone(),
     })

@@ -173,7 +173,13 @@ fn write_input(dir: &Path, input: Value) -> String {
 fn a_resource_bound_to_a_grpc_method_calls_it() {
     let target = inventory::server(inventory::Seen::default());
     let dir = tempfile::tempdir().unwrap();
-    let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/grpc/shop.proto");
+    // A .proto the configuration names is read from its folder (or the definitions').
+    let proto = "shop.proto";
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/grpc/shop.proto"),
+        dir.path().join(proto),
+    )
+    .unwrap();
     let resource = "arn:aws:states:::lambda:invoke";
     let config = format!(
         "[grpc.\"shop.v1.Inventory\"]\ntarget = \"{target}\"\n\n[asl.resources.\"{resource}\"]\ngrpc = \"{proto}#shop.v1.Inventory/GetItem\"\n"
@@ -251,7 +257,9 @@ fn the_http_task_calls_the_endpoint_with_the_connection_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let conn = "arn:aws:events:us-east-1:123456789012:connection/items/1";
     std::env::set_var("SM4C_ASL_TASKS_CONN", "Bearer conn-s3cret");
-    let config = format!("[asl.connections.\"{conn}\"]\nheaders = {{ authorization = \"env:SM4C_ASL_TASKS_CONN\" }}\n");
+    let config = format!(
+        "[asl.connections.\"{conn}\"]\nheaders = {{ authorization = \"env:SM4C_ASL_TASKS_CONN\" }}\nendpoints = [\"{url}/items/\"]\n"
+    );
     let definition = json!({
         "StartAt": "Get",
         "States": {

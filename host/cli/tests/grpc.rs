@@ -1051,3 +1051,34 @@ fn a_large_burst_of_hung_grpc_calls_leaves_memory_bounded() {
         "VmRSS reached {peak} kB during the bursts, from {rss_before} kB"
     );
 }
+
+#[test]
+fn a_response_over_the_cap_fails_the_call_naming_it() {
+    let url = server(Seen::default());
+    let dir = folder();
+    let mut get = call("get", "GetItem", json!({"id": "sku-1", "withTags": true}));
+    get["errorHandlers"] = json!([{"condition": "${ true }", "resultHandler": "${ .error = $value }"}]);
+    let def = definition(json!({"name": "A", "start": true, "enterAction": get,
+                                "enterResultHandler": "${ .item = $value }"}));
+    // The Item answered is some 60 bytes: a cap of 16 bytes refuses it.
+    std::fs::write(
+        dir.path().join("sm4c.toml"),
+        format!("[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\n[calls]\nmax_response = 16\n"),
+    )
+    .unwrap();
+    let config = dir.path().join("sm4c.toml");
+    let (code, out, err) = run(dir.path(), &def, &["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out["error"]["details"]["kind"], "tooLarge", "{out}");
+    assert_eq!(out["error"]["details"]["maxResponse"], 16, "{out}");
+    assert!(
+        out.to_string()
+            .contains("larger than the cap of 16 bytes ([calls] max_response"),
+        "{out}"
+    );
+    // The default cap lets it through.
+    std::fs::write(&config, format!("[grpc.\"{SERVICE}\"]\ntarget = \"{url}\"\n")).unwrap();
+    let (code, out, err) = run(dir.path(), &def, &["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out["item"]["name"], "Hammer", "{out}");
+}

@@ -5,8 +5,12 @@
 //! configuration file do, naming a REST operation (`rest = "api.yaml#chargeCard"`, as an SM4C
 //! `rest` function's `operation`), a gRPC method (`grpc = "shop.proto#shop.v1.Shop/Charge"`, as an
 //! `rpc` function's) or a worker task list (`worker = "approvals"`). The HTTP Task's credentials come
-//! from `[asl.connections."CONNECTION ARN"]`, the connection its `Authentication` names.
+//! from `[asl.connections."CONNECTION ARN"]`, the connection its `Authentication` names, and go
+//! only to the URL prefixes that connection lists (`endpoints`): a Task whose `ApiEndpoint` is
+//! outside them fails with `States.Runtime` before any request is made. Redirects are followed only
+//! within one origin, answers are capped, and private addresses refused as [`crate::net`] says.
 
+use crate::net::{read_capped, under, NetPolicy};
 use crate::rest::encode;
 use serde_json::{json, Map, Value};
 use sm4c_host::FunctionCall;
@@ -29,25 +33,33 @@ pub enum AslTarget {
 }
 
 /// The `[asl]` section: Resources bound to functions, and the HTTP Task's connections.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct AslConfig {
     /// What each bound Resource calls.
     pub resources: BTreeMap<String, AslTarget>,
-    /// Headers (credentials) of each connection, by the `ConnectionArn` as definitions write it.
-    pub connections: BTreeMap<String, Vec<(String, String)>>,
+    /// Each connection, by the `ConnectionArn` as definitions write it.
+    pub connections: BTreeMap<String, Connection>,
+    /// What HTTP Tasks may reach and read.
+    pub net: NetPolicy,
 }
 
-impl std::fmt::Debug for AslConfig {
+/// One `[asl.connections."ARN"]`: its headers (credentials) and the URL prefixes they may go to.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Connection {
+    /// Headers sent with the Task's request (credentials).
+    pub headers: Vec<(String, String)>,
+    /// The URL prefixes the headers may be sent to (scheme, host, port, path on a segment boundary).
+    pub endpoints: Vec<reqwest::Url>,
+}
+
+impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Connection headers are credentials: only their names are shown.
-        let connections: BTreeMap<&String, Vec<&String>> = self
-            .connections
-            .iter()
-            .map(|(k, v)| (k, v.iter().map(|(n, _)| n).collect()))
-            .collect();
-        f.debug_struct("AslConfig")
-            .field("resources", &self.resources)
-            .field("connections", &connections)
+        // Header values are credentials: only their names are shown.
+        let names: Vec<&String> = self.headers.iter().map(|(n, _)| n).collect();
+        let endpoints: Vec<&str> = self.endpoints.iter().map(reqwest::Url::as_str).collect();
+        f.debug_struct("Connection")
+            .field("headers", &names)
+            .field("endpoints", &endpoints)
             .finish()
     }
 }
@@ -135,7 +147,17 @@ pub fn bound_call(call: &FunctionCall, function_type: &str, operation: &str) -> 
 /// Performs HTTP Tasks.
 pub struct HttpTask {
     client: reqwest::Client,
-    connections: BTreeMap<String, Vec<(String, String)>>,
+    connections: BTreeMap<String, Connection>,
+    net: NetPolicy,
+}
+
+/// Response headers that may carry credentials: never copied into a Task's result or error cause.
+fn is_secret_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "set-cookie" | "set-cookie2" | "cookie" | "authorization" | "www-authenticate"
+    ) || n.starts_with("proxy-")
 }
 
 const FIELDS: [&str; 7] = [
@@ -151,14 +173,15 @@ const FIELDS: [&str; 7] = [
 const METHODS: [&str; 7] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"];
 
 impl HttpTask {
-    /// An HTTP Task performer with the configured connections; a call may take up to 60 s, as
-    /// AWS's HTTP Task.
-    pub fn new(connections: BTreeMap<String, Vec<(String, String)>>) -> HttpTask {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap_or_default();
-        HttpTask { client, connections }
+    /// An HTTP Task performer with the configured connections and what calls may reach
+    /// ([`AslConfig::net`]); a call may take up to 60 s, as AWS's HTTP Task.
+    pub fn new(config: &AslConfig) -> HttpTask {
+        let client = config.net.client(Duration::from_secs(60)).build().unwrap_or_default();
+        HttpTask {
+            client,
+            connections: config.connections.clone(),
+            net: config.net.clone(),
+        }
     }
 
     /// Performs the HTTP Task whose effective input (its `Parameters` or `Arguments`) are the
@@ -213,11 +236,21 @@ impl HttpTask {
                 .get("ConnectionArn")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad("Authentication must be {\"ConnectionArn\": \"...\"}".into()))?;
-            let creds = self.connections.get(arn).ok_or_else(|| {
+            let conn = self.connections.get(arn).ok_or_else(|| {
                 bad(format!(
-                    "connection {arn:?} is not configured: give its headers in the configuration file (--config), [asl.connections.\"{arn}\"] headers = {{ authorization = \"env:VAR\" }}"
+                    "connection {arn:?} is not configured: give its headers and endpoints in the configuration file (--config), [asl.connections.\"{arn}\"] headers = {{ authorization = \"env:VAR\" }}, endpoints = [\"https://HOST/PATH/\"]"
                 ))
             })?;
+            // The connection's credentials go only where the configuration sends them.
+            if !conn.endpoints.iter().any(|prefix| under(prefix, &url)) {
+                let listed: Vec<&str> = conn.endpoints.iter().map(reqwest::Url::as_str).collect();
+                return Err(bad(format!(
+                    "ApiEndpoint {:?} is not under an endpoint of connection {arn:?} ({}); no request was made",
+                    url.as_str(),
+                    listed.join(", ")
+                )));
+            }
+            let creds = &conn.headers;
             // The connection's credentials win over headers of the same name in the definition.
             headers.retain(|(n, _)| !creds.iter().any(|(c, _)| c.eq_ignore_ascii_case(n)));
             headers.extend(creds.iter().cloned());
@@ -246,6 +279,7 @@ impl HttpTask {
             }
             url.set_query(Some(&q));
         }
+        self.net.check_url(&url).map_err(&bad)?;
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
         let mut req = self.client.request(method.clone(), url.clone());
         for (k, v) in &headers {
@@ -275,11 +309,17 @@ impl HttpTask {
         let target = format!("{method} {}", url.as_str().split('?').next().unwrap_or_default());
         let resp = req.send().await.map_err(|e| {
             let kind = if e.is_timeout() { "timeout" } else { "connection" };
-            asl_error("States.Http.Socket", format!("{target} failed: {kind}: {e}"))
+            asl_error(
+                "States.Http.Socket",
+                format!("{target} failed: {kind}: {}", crate::net::describe(&e)),
+            )
         })?;
         let status = resp.status();
         let mut out_headers = Map::new();
         for (name, value) in resp.headers() {
+            if is_secret_header(name.as_str()) {
+                continue;
+            }
             let v = Value::String(String::from_utf8_lossy(value.as_bytes()).into_owned());
             match out_headers.get_mut(name.as_str()) {
                 Some(Value::Array(list)) => list.push(v),
@@ -293,10 +333,14 @@ impl HttpTask {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| asl_error("States.Http.Socket", format!("{target}: cannot read the response: {e}")))?;
+        let body = match read_capped(resp, self.net.max_response).await {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(e @ crate::net::ReadError::TooBig(_)) => {
+                // A function error the Task's Catch and Retry see (States.ALL matches it).
+                return Err(asl_error("States.TaskFailed", format!("{target}: {e}")));
+            }
+            Err(e) => return Err(asl_error("States.Http.Socket", format!("{target}: {e}"))),
+        };
         let body = match serde_json::from_str::<Value>(&body) {
             Ok(v) if json_type || v.is_object() || v.is_array() => v,
             _ => Value::String(body),
@@ -360,10 +404,18 @@ mod tests {
     #[test]
     fn debug_hides_connection_credentials() {
         let mut c = AslConfig::default();
-        c.connections
-            .insert("conn".into(), vec![("authorization".into(), "Bearer s3cret".into())]);
+        c.connections.insert(
+            "conn".into(),
+            Connection {
+                headers: vec![("authorization".into(), "Bearer s3cret".into())],
+                endpoints: vec![reqwest::Url::parse("https://api.example.com/v1/").unwrap()],
+            },
+        );
         c.resources.insert("r".into(), AslTarget::Worker("l".into()));
         let d = format!("{c:?}");
+        assert!(d.contains("authorization") && !d.contains("s3cret"), "{d}");
+        assert!(d.contains("https://api.example.com/v1/"), "{d}");
+        let d = format!("{:?}", c.connections["conn"]);
         assert!(d.contains("authorization") && !d.contains("s3cret"), "{d}");
         assert_eq!(c.task_lists(), BTreeMap::from([("r".to_string(), "l".to_string())]));
     }
@@ -382,7 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_parameters_are_refused_before_any_call() {
-        let h = HttpTask::new(BTreeMap::new());
+        let h = HttpTask::new(&AslConfig::default());
         for (args, says) in [
             (json!("x"), "must be an object"),
             (json!({"Method": "GET"}), "ApiEndpoint"),

@@ -48,6 +48,17 @@
 //!
 //! [asl.connections."arn:aws:events:us-east-1:123456789012:connection/stripe/1"]
 //! headers = { authorization = "env:STRIPE_AUTH" }
+//! endpoints = ["https://api.stripe.com/v1/"]  # the only URLs its headers are sent to (required)
+//! ```
+//!
+//! The `[calls]` section bounds what calls may reach and read (see [`crate::net`]):
+//!
+//! ```toml
+//! [calls]
+//! max_response = "4MiB"                # the most of an answer read (bytes, or KiB/MiB/GiB)
+//! allow_private = false                # private and link-local addresses (default: refused by
+//!                                      # `sm4c serve`, allowed by `sm4c run`)
+//! allow_networks = ["10.20.0.0/16"]    # networks allowed even when private addresses are refused
 //! ```
 //!
 //! Header, metadata and token values are literal or `env:VAR`. They are credentials: no message
@@ -59,7 +70,7 @@ use crate::grpc::{GrpcConfig, GrpcTls};
 use crate::rest::RestConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
@@ -67,6 +78,10 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 /// Host configuration of function calls.
 #[derive(Debug, Clone, Default)]
 pub struct CallConfig {
+    /// The `[calls]` section: what calls may reach and how much of an answer they read.
+    pub calls: CallsConfig,
+    /// The configuration file's folder: configured documents may be read from it too.
+    pub dir: Option<PathBuf>,
     /// REST functions.
     pub rest: RestConfig,
     /// gRPC functions.
@@ -75,6 +90,54 @@ pub struct CallConfig {
     pub server: ServerConfig,
     /// The `[asl]` section: what ASL Task Resources call.
     pub asl: AslConfig,
+}
+
+/// The `[calls]` section.
+#[derive(Debug, Clone, Default)]
+pub struct CallsConfig {
+    /// Most bytes read of an answer (default [`crate::net::DEFAULT_MAX_RESPONSE`]).
+    pub max_response: Option<usize>,
+    /// Whether private and link-local addresses may be called (default: the command's).
+    pub allow_private: Option<bool>,
+    /// Networks that may be called even when private addresses are refused.
+    pub allow_networks: Vec<ipnet::IpNet>,
+}
+
+impl CallConfig {
+    /// What calls may reach: private addresses are refused unless `[calls]` allows them and
+    /// `refuse_private` (what `sm4c serve` passes, `sm4c run` does not) is set.
+    pub fn net_policy(&self, refuse_private: bool) -> crate::net::NetPolicy {
+        crate::net::NetPolicy {
+            allow_private: self.calls.allow_private.unwrap_or(!refuse_private),
+            allowed: self.calls.allow_networks.clone(),
+            max_response: self.calls.max_response.unwrap_or(crate::net::DEFAULT_MAX_RESPONSE),
+        }
+    }
+
+    /// The policy and the configuration file's folder handed to the invokers, before they are made.
+    pub fn apply(&mut self, refuse_private: bool) {
+        let net = self.net_policy(refuse_private);
+        self.rest.net = net.clone();
+        self.rest.config_dir = self.dir.clone();
+        self.grpc.config_dir = self.dir.clone();
+        self.grpc.net = net.clone();
+        self.asl.net = net;
+        for target in self.asl.resources.values() {
+            match target {
+                crate::asl::AslTarget::Rest(op) => {
+                    if let Some((doc, _)) = op.rsplit_once('#') {
+                        self.rest.bound.insert(doc.to_string());
+                    }
+                }
+                crate::asl::AslTarget::Grpc(op) => {
+                    if let Some((proto, _, _)) = crate::grpc::parse_operation(op) {
+                        self.grpc.bound.insert(proto.to_string());
+                    }
+                }
+                crate::asl::AslTarget::Worker(_) => {}
+            }
+        }
+    }
 }
 
 /// The roles a token or a client certificate may have, from the least to the most allowed.
@@ -129,6 +192,16 @@ struct RawFile {
     grpc: BTreeMap<String, RawService>,
     server: Option<RawServer>,
     asl: Option<RawAsl>,
+    calls: Option<RawCalls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCalls {
+    max_response: Option<Spanned<toml::Value>>,
+    allow_private: Option<bool>,
+    #[serde(default)]
+    allow_networks: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -153,6 +226,7 @@ struct RawResource {
 struct RawConnection {
     #[serde(default)]
     headers: BTreeMap<String, Spanned<String>>,
+    endpoints: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -271,6 +345,50 @@ fn deadline(value: &str) -> Result<Duration, String> {
         .map_err(|e| format!("not a duration ({e})"))
 }
 
+/// A size: a number of bytes, or text with a unit (`"512KiB"`, `"4MiB"`, `"1GiB"`).
+fn size(value: &toml::Value) -> Result<usize, String> {
+    let shown = match value {
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::String(s) => format!("{s:?}"),
+        _ => "the value".to_string(),
+    };
+    let bad = || format!("{shown} is not a size: a number of bytes, or \"4MiB\" (KiB, MiB or GiB)");
+    let n = match value {
+        toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| bad())?,
+        toml::Value::String(s) => {
+            let s = s.trim();
+            let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let n: u64 = digits.parse().map_err(|_| bad())?;
+            let unit = match unit.trim() {
+                "" | "B" => 1,
+                "KiB" => 1 << 10,
+                "MiB" => 1 << 20,
+                "GiB" => 1 << 30,
+                _ => return Err(bad()),
+            };
+            n.checked_mul(unit).ok_or_else(bad)?
+        }
+        _ => return Err(bad()),
+    };
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(bad()),
+    }
+}
+
+/// Checks an endpoint prefix of a connection: an http(s) URL with a host and no query or fragment.
+pub fn endpoint(value: &str) -> Result<reqwest::Url, String> {
+    let bad = |why: &str| format!("{value:?} is not an endpoint prefix ({why}); expected https://HOST[:PORT]/PATH/");
+    let url = reqwest::Url::parse(value).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(bad("not an http:// or https:// URL with a host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("a prefix has no query, fragment or user"));
+    }
+    Ok(url)
+}
+
 /// Hides the value serde quotes in `invalid type: string "…"`, which may be a credential.
 fn redact(message: &str) -> String {
     let mut out = String::new();
@@ -326,10 +444,46 @@ impl CallConfig {
             })
         };
         let dir = path.parent().unwrap_or(Path::new("."));
-        let mut c = CallConfig::default();
+        let mut c = CallConfig {
+            dir: Some(if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir.to_path_buf()
+            }),
+            ..CallConfig::default()
+        };
+        if let Some(calls) = &raw.calls {
+            if let Some(m) = &calls.max_response {
+                match size(m.get_ref()) {
+                    Ok(n) => c.calls.max_response = Some(n),
+                    Err(e) => fail(m.span().start, key(&["calls", "max_response"]), e),
+                }
+            }
+            c.calls.allow_private = calls.allow_private;
+            for (i, n) in calls.allow_networks.iter().enumerate() {
+                match n.get_ref().parse::<ipnet::IpNet>() {
+                    Ok(net) => c.calls.allow_networks.push(net.trunc()),
+                    Err(_) => fail(
+                        n.span().start,
+                        format!("calls.allow_networks[{i}]"),
+                        format!(
+                            "{:?} is not a network: expected ADDRESS/BITS, as \"10.20.0.0/16\" or \"fd12::/16\"",
+                            n.get_ref()
+                        ),
+                    ),
+                }
+            }
+        }
         for (doc, d) in &raw.rest {
             if let Some(server) = &d.server {
                 c.rest.servers.insert(doc.clone(), server.get_ref().clone());
+            }
+            if !d.headers.is_empty() && d.server.is_none() && doc.contains("://") && !doc.starts_with("file://") {
+                fail(
+                    d.headers.values().map(|v| v.span().start).min().unwrap_or(0),
+                    key(&["rest", doc, "headers"]),
+                    "the headers of a remote document need server, the only place they are sent (a remote document's own servers are not trusted with them)".into(),
+                );
             }
             for (name, value) in &d.headers {
                 match secret(value.get_ref()).and_then(|v| header(name, &v).map(|_| v)) {
@@ -456,7 +610,32 @@ impl CallConfig {
                 }
             }
             for (arn, conn) in &asl.connections {
-                let headers = c.asl.connections.entry(arn.clone()).or_default();
+                let connection = c.asl.connections.entry(arn.clone()).or_default();
+                match &conn.endpoints {
+                    None => fail(
+                        conn.headers.values().map(|v| v.span().start).min().unwrap_or(0),
+                        key(&["asl", "connections", arn]),
+                        "endpoints is missing: list the URL prefixes its headers may be sent to, endpoints = [\"https://api.example.com/v1/\"]".into(),
+                    ),
+                    Some(list) if list.get_ref().is_empty() => fail(
+                        list.span().start,
+                        key(&["asl", "connections", arn, "endpoints"]),
+                        "is empty: list the URL prefixes its headers may be sent to".into(),
+                    ),
+                    Some(list) => {
+                        for (i, e) in list.get_ref().iter().enumerate() {
+                            match endpoint(e.get_ref()) {
+                                Ok(u) => connection.endpoints.push(u),
+                                Err(m) => fail(
+                                    e.span().start,
+                                    format!("{}[{i}]", key(&["asl", "connections", arn, "endpoints"])),
+                                    m,
+                                ),
+                            }
+                        }
+                    }
+                }
+                let headers = &mut connection.headers;
                 for (name, value) in &conn.headers {
                     match secret(value.get_ref()).and_then(|v| header(name, &v).map(|_| v)) {
                         Ok(v) => headers.push((name.clone(), v)),
@@ -582,6 +761,20 @@ impl CallConfig {
         let headers = self.rest.headers.entry(doc.to_string()).or_default();
         headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
         headers.push((name.to_string(), value));
+        Ok(())
+    }
+
+    /// Refuses headers of a remote document (`--rest-header`, or the file) without a server: its
+    /// own `servers` are not trusted with them.
+    pub fn check_rest_headers(&self) -> Result<(), String> {
+        for (doc, headers) in &self.rest.headers {
+            let remote = doc.contains("://") && !doc.starts_with("file://");
+            if remote && !headers.is_empty() && !self.rest.servers.contains_key(doc) {
+                return Err(format!(
+                    "the headers of {doc} need a server (--rest-server {doc}=URL or server in [rest.\"{doc}\"]), the only place they are sent: a remote document's own servers are not trusted with them"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -781,7 +974,7 @@ mod tests {
     fn reads_the_asl_section_and_names_bad_entries() {
         std::env::set_var("SM4C_CONFIG_TEST_CONN", "Bearer c-1");
         let c = load(
-            "[asl.resources.\"arn:aws:lambda:us-east-1:1:function:charge\"]\nrest = \"pay.yaml#charge\"\n[asl.resources.\"arn:x:grpc\"]\ngrpc = \"s.proto#a.B/C\"\n[asl.resources.\"arn:aws:states:::sqs:sendMessage.waitForTaskToken\"]\nworker = \"approvals\"\n[asl.connections.\"arn:conn\"]\nheaders = { authorization = \"env:SM4C_CONFIG_TEST_CONN\" }\n",
+            "[asl.resources.\"arn:aws:lambda:us-east-1:1:function:charge\"]\nrest = \"pay.yaml#charge\"\n[asl.resources.\"arn:x:grpc\"]\ngrpc = \"s.proto#a.B/C\"\n[asl.resources.\"arn:aws:states:::sqs:sendMessage.waitForTaskToken\"]\nworker = \"approvals\"\n[asl.connections.\"arn:conn\"]\nheaders = { authorization = \"env:SM4C_CONFIG_TEST_CONN\" }\nendpoints = [\"https://api.example.com/v1/\"]\n",
         )
         .unwrap();
         use crate::asl::AslTarget;
@@ -795,11 +988,15 @@ mod tests {
             "approvals"
         );
         assert_eq!(
-            c.asl.connections["arn:conn"],
+            c.asl.connections["arn:conn"].headers,
             vec![("authorization".to_string(), "Bearer c-1".to_string())]
         );
+        assert_eq!(
+            c.asl.connections["arn:conn"].endpoints,
+            vec![reqwest::Url::parse("https://api.example.com/v1/").unwrap()]
+        );
         let errs = load(
-            "[asl.resources.a]\nrest = \"no-operation\"\n\n[asl.resources.\"b.waitForTaskToken\"]\ngrpc = \"s.proto#a.B/C\"\n[asl.resources.c]\nworker = \"x\"\nrest = \"d#o\"\n[asl.connections.k]\nheaders = { \"bad name\" = \"s3cret\" }\n",
+            "[asl.resources.a]\nrest = \"no-operation\"\n\n[asl.resources.\"b.waitForTaskToken\"]\ngrpc = \"s.proto#a.B/C\"\n[asl.resources.c]\nworker = \"x\"\nrest = \"d#o\"\n[asl.connections.k]\nheaders = { \"bad name\" = \"s3cret\" }\nendpoints = [\"https://x/\"]\n",
         )
         .unwrap_err();
         assert_eq!(errs.len(), 4, "{errs:?}");
@@ -822,6 +1019,108 @@ mod tests {
         assert!(!errs.iter().any(|e| e.contains("s3cret")), "{errs:?}");
         let errs = load("[asl.resources.a]\nlambda = \"x\"\n").unwrap_err();
         assert!(errs[0].starts_with("line 2: unknown field `lambda`"), "{errs:?}");
+    }
+
+    #[test]
+    fn a_connection_lists_its_endpoints_or_is_refused() {
+        let errs = load("[asl.connections.\"arn:c\"]\nheaders = { authorization = \"s3cret\" }\n").unwrap_err();
+        assert_eq!(
+            errs,
+            vec!["line 2: asl.connections.\"arn:c\": endpoints is missing: list the URL prefixes its headers may be sent to, endpoints = [\"https://api.example.com/v1/\"]"]
+        );
+        let errs = load(
+            "[asl.connections.a]\nheaders = { authorization = \"s3cret\" }\nendpoints = []\n[asl.connections.b]\nendpoints = [\"https://ok.example/\", \"ftp://x/\", \"https://x/?q=1\", \"not a url\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert_eq!(
+            errs[0],
+            "line 3: asl.connections.a.endpoints: is empty: list the URL prefixes its headers may be sent to"
+        );
+        assert!(
+            errs[1].starts_with("line 5: asl.connections.b.endpoints[1]: \"ftp://x/\" is not an endpoint prefix"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[2].starts_with("line 5: asl.connections.b.endpoints[2]: "),
+            "{errs:?}"
+        );
+        assert!(
+            errs[3].starts_with("line 5: asl.connections.b.endpoints[3]: "),
+            "{errs:?}"
+        );
+        assert!(!errs.iter().any(|e| e.contains("s3cret")), "{errs:?}");
+    }
+
+    #[test]
+    fn the_calls_section_sets_the_cap_and_the_allowed_networks() {
+        let c = load("[calls]\nmax_response = \"512KiB\"\nallow_private = false\nallow_networks = [\"10.20.3.4/16\", \"fd12::/16\"]\n").unwrap();
+        assert_eq!(c.calls.max_response, Some(512 << 10));
+        let net = c.net_policy(false);
+        assert!(!net.allow_private, "the file's false wins over sm4c run's default");
+        assert_eq!(net.max_response, 512 << 10);
+        assert!(net.check_ip("h", "10.20.9.9".parse().unwrap()).is_ok());
+        assert!(net.check_ip("h", "10.21.9.9".parse().unwrap()).is_err());
+        assert!(net.check_ip("h", "fd12::1".parse().unwrap()).is_ok());
+        // The defaults: 4 MiB, private addresses refused by serve and allowed by run.
+        let c = load("").unwrap();
+        assert_eq!(c.net_policy(true).max_response, 4 << 20);
+        assert!(!c.net_policy(true).allow_private);
+        assert!(c.net_policy(false).allow_private);
+        assert_eq!(
+            load("[calls]\nmax_response = 1000\n").unwrap().calls.max_response,
+            Some(1000)
+        );
+        let errs = load("[calls]\nmax_response = \"4 parsecs\"\nallow_networks = [\"10.0.0.0/33\"]\n").unwrap_err();
+        assert_eq!(
+            errs,
+            vec![
+                "line 2: calls.max_response: \"4 parsecs\" is not a size: a number of bytes, or \"4MiB\" (KiB, MiB or GiB)",
+                "line 3: calls.allow_networks[0]: \"10.0.0.0/33\" is not a network: expected ADDRESS/BITS, as \"10.20.0.0/16\" or \"fd12::/16\"",
+            ]
+        );
+        assert!(load("[calls]\nmax_response = 0\n").unwrap_err()[0].contains("is not a size"));
+    }
+
+    #[test]
+    fn headers_of_a_remote_document_need_a_server() {
+        let errs =
+            load("[rest.\"https://specs.example.com/api.yaml\"]\nheaders = { x-key = \"s3cret\" }\n").unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("line 2: rest.\"https://specs.example.com/api.yaml\".headers: the headers of a remote document need server"),
+            "{errs:?}"
+        );
+        let c = load("[rest.\"https://specs.example.com/api.yaml\"]\nserver = \"https://api.example.com\"\nheaders = { x-key = \"k\" }\n[rest.\"api.yaml\"]\nheaders = { x-key = \"k\" }\n").unwrap();
+        assert_eq!(c.check_rest_headers(), Ok(()));
+        let mut c = CallConfig::default();
+        c.rest_header("https://specs.example.com/api.yaml=x-key:k").unwrap();
+        assert!(c.check_rest_headers().unwrap_err().contains("need a server"));
+        c.rest_server("https://specs.example.com/api.yaml=https://api.example.com")
+            .unwrap();
+        assert_eq!(c.check_rest_headers(), Ok(()));
+    }
+
+    #[test]
+    fn debug_of_the_configuration_shows_no_credential() {
+        std::env::set_var("SM4C_CONFIG_TEST_DEBUG", "env-s3cret");
+        let c = load(
+            "[rest.\"api.json\"]\nserver = \"http://localhost:1\"\nheaders = { x-api-key = \"rest-s3cret\" }\n[grpc.\"a.B\"]\ntarget = \"http://x:1\"\nmetadata = { authorization = \"grpc-s3cret\" }\n[asl.connections.c]\nheaders = { authorization = \"env:SM4C_CONFIG_TEST_DEBUG\" }\nendpoints = [\"https://x/\"]\n[server]\ntokens = [{ role = \"read\", token = \"token-s3cret\" }]\n",
+        )
+        .unwrap();
+        for shown in [
+            format!("{c:?}"),
+            format!("{:?}", c.rest),
+            format!("{:?}", c.grpc),
+            format!("{:?}", c.asl),
+            format!("{:?}", c.asl.connections["c"]),
+        ] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        let all = format!("{c:?}");
+        for name in ["x-api-key", "authorization", "https://x/"] {
+            assert!(all.contains(name), "{name} missing from {all}");
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ use tonic::{Code, Status};
 
 /// Host configuration for gRPC functions, per service (`package.Service`). Metadata holds
 /// credentials and is never logged.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct GrpcConfig {
     /// Address of each service (`http://host:port`).
     pub targets: HashMap<String, String>,
@@ -50,6 +50,35 @@ pub struct GrpcConfig {
     pub tls: HashMap<String, GrpcTls>,
     /// Most calls in flight at once per service (else [`DEFAULT_CONCURRENCY`]).
     pub concurrency: HashMap<String, usize>,
+    /// What remote `.proto` fetches may reach, and the most bytes read of an answer (a response
+    /// message, a fetched `.proto`).
+    pub net: crate::net::NetPolicy,
+    /// The configuration file's folder: `.proto` files the configuration names may be read from it.
+    pub config_dir: Option<PathBuf>,
+    /// `.proto` URIs named by `[asl.resources]`.
+    pub bound: std::collections::HashSet<String>,
+}
+
+impl std::fmt::Debug for GrpcConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Metadata values are credentials: only their names are shown.
+        let metadata: HashMap<&String, Vec<&str>> = self
+            .metadata
+            .iter()
+            .map(|(s, m)| (s, m.iter().map(|(k, _)| k.as_str()).collect()))
+            .collect();
+        f.debug_struct("GrpcConfig")
+            .field("targets", &self.targets)
+            .field("metadata", &metadata)
+            .field("deadlines", &self.deadlines)
+            .field("deadline", &self.deadline)
+            .field("tls", &self.tls)
+            .field("concurrency", &self.concurrency)
+            .field("net", &self.net)
+            .field("config_dir", &self.config_dir)
+            .field("bound", &self.bound)
+            .finish()
+    }
 }
 
 /// TLS settings of one service: more roots to trust, and a client identity for mutual TLS.
@@ -178,19 +207,30 @@ pub enum ProtoSource {
 
 impl ProtoSource {
     /// The source a `.proto` URI in a definition names: `http(s)://` as is, `file://` and plain
-    /// paths relative to the definition's folder `dir`.
+    /// paths relative to the definition's folder `dir`, and inside it ([`crate::files::resolve_uri`]).
     pub fn locate(dir: &Path, uri: &str) -> Result<ProtoSource, String> {
+        ProtoSource::locate_in(dir, &[dir], uri)
+    }
+
+    /// As [`ProtoSource::locate`], the file inside one of the `roots` folders.
+    pub fn locate_in(dir: &Path, roots: &[&Path], uri: &str) -> Result<ProtoSource, String> {
         if uri.starts_with("http://") || uri.starts_with("https://") {
             return Ok(ProtoSource::Url(uri.to_string()));
         }
-        crate::files::resolve_uri(dir, uri).map(ProtoSource::File)
+        crate::files::resolve_in(dir, roots, uri).map(ProtoSource::File)
     }
 
-    /// Compiles it (`google/protobuf/*.proto` are built in).
+    /// Compiles it (`google/protobuf/*.proto` are built in), fetching over the network as the
+    /// default [`crate::net::NetPolicy`] allows.
     pub fn compile(&self) -> Result<DescriptorPool, String> {
+        self.compile_with(&crate::net::NetPolicy::default())
+    }
+
+    /// Compiles it; a remote `.proto` and its imports are fetched as `net` allows.
+    pub fn compile_with(&self, net: &crate::net::NetPolicy) -> Result<DescriptorPool, String> {
         match self {
             ProtoSource::File(path) => compile(path),
-            ProtoSource::Url(url) => compile_url(url),
+            ProtoSource::Url(url) => compile_url(url, net),
         }
     }
 }
@@ -218,6 +258,8 @@ pub fn compile(path: &Path) -> Result<DescriptorPool, String> {
 struct HttpResolver {
     base: String,
     client: reqwest::blocking::Client,
+    /// Most bytes read of one file.
+    cap: usize,
     /// The URLs that answered 404.
     missing: Arc<Mutex<Vec<String>>>,
 }
@@ -230,7 +272,7 @@ impl protox::file::FileResolver for HttpResolver {
             .client
             .get(&url)
             .send()
-            .map_err(|e| fail(format!("cannot fetch {url}: {e}")))?;
+            .map_err(|e| fail(format!("cannot fetch {url}: {}", crate::net::describe(&e))))?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             self.missing.lock().unwrap_or_else(|p| p.into_inner()).push(url);
             return Err(protox::Error::file_not_found(name));
@@ -241,21 +283,34 @@ impl protox::file::FileResolver for HttpResolver {
                 resp.status()
             )));
         }
-        let text = resp.text().map_err(|e| fail(format!("cannot read {url}: {e}")))?;
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        resp.take(self.cap as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(format!("cannot read {url}: {e}")))?;
+        if bytes.len() > self.cap {
+            return Err(fail(format!(
+                "cannot read {url}: it is larger than the cap of {} bytes ([calls] max_response in the configuration file)",
+                self.cap
+            )));
+        }
+        let text = String::from_utf8_lossy(&bytes);
         protox::file::File::from_source(name, &text)
     }
 }
 
 /// Compiles a `.proto` fetched from a URL; its imports are fetched relative to it. Runs on its own
 /// thread, so that it may block wherever it is called from.
-fn compile_url(url: &str) -> Result<DescriptorPool, String> {
+fn compile_url(url: &str, net: &crate::net::NetPolicy) -> Result<DescriptorPool, String> {
     let Some((base, name)) = url.rsplit_once('/').filter(|(b, n)| !n.is_empty() && b.contains("://")) else {
         return Err(format!("{url} does not name a .proto file"));
     };
-    let (base, name, url) = (base.to_string(), name.to_string(), url.to_string());
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("cannot fetch {url}: {e}"))?;
+    net.check_url(&parsed).map_err(|e| format!("cannot fetch {url}: {e}"))?;
+    let (base, name, url, net) = (base.to_string(), name.to_string(), url.to_string(), net.clone());
     std::thread::spawn(move || {
-        let client = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(30))
+        let client = net
+            .blocking_client(Duration::from_secs(30))
             .build()
             .map_err(|e| format!("cannot fetch {url}: {e}"))?;
         let missing: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -264,6 +319,7 @@ fn compile_url(url: &str) -> Result<DescriptorPool, String> {
         chain.add(HttpResolver {
             base: base.clone(),
             client,
+            cap: net.max_response,
             missing: missing.clone(),
         });
         let mut compiler = protox::Compiler::with_file_resolver(chain);
@@ -330,12 +386,42 @@ fn find_method(pool: &DescriptorPool, proto: &str, service: &str, method: &str) 
 }
 
 /// Checks every `rpc` function of a definition loaded from `file`: the operation's form, the
-/// `.proto` (resolved against the definition's folder), its service and unary method.
+/// `.proto` (resolved against the definition's folder, and inside it), its service and unary
+/// method; and that the local OpenAPI document of every `rest` function is inside the folder.
 pub fn check_definition(file: &Path, m: &Machine) -> Vec<FileError> {
     let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut pools: HashMap<ProtoSource, Result<DescriptorPool, String>> = HashMap::new();
     let functions = m.source.get("functions").and_then(Value::as_array);
     let mut errs = Vec::new();
+    for (i, f) in m
+        .functions
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.kind, FunctionKind::Rest))
+    {
+        let Some((doc, _)) = f.operation.rsplit_once('#') else {
+            continue;
+        };
+        if doc.contains("://") && !doc.starts_with("file://") {
+            continue;
+        }
+        // A missing document is found at call time; one outside the folder is refused here.
+        if let Err(e) = crate::files::resolve_uri(&dir, doc) {
+            if e.contains("is outside the folder") {
+                let index = functions
+                    .and_then(|list| {
+                        list.iter()
+                            .position(|d| d.get("name").and_then(Value::as_str) == Some(&f.name))
+                    })
+                    .unwrap_or(i);
+                errs.push(FileError {
+                    file: file.display().to_string(),
+                    place: format!("/functions/{index}/operation"),
+                    message: format!("REST function {:?}: operation {:?}: {e}", f.name, f.operation),
+                });
+            }
+        }
+    }
     for f in m.functions.iter().filter(|f| matches!(f.kind, FunctionKind::Rpc)) {
         let index = functions.and_then(|list| {
             list.iter()
@@ -397,12 +483,26 @@ impl GrpcInvoker {
         (s.clone(), n)
     }
 
-    fn pool(&self, uri: &str) -> Result<Arc<DescriptorPool>, String> {
-        let src = ProtoSource::locate(&self.base, uri)?;
+    /// The compiled `.proto` of a URI; found, read, fetched and compiled off the runtime's threads.
+    async fn pool(&self, uri: &str) -> Result<Arc<DescriptorPool>, String> {
+        let named = self.config.bound.contains(uri);
+        let config_dir = self.config.config_dir.clone().filter(|_| named);
+        let (base, owned) = (self.base.clone(), uri.to_string());
+        let src = tokio::task::spawn_blocking(move || {
+            let mut roots: Vec<&Path> = vec![&base];
+            roots.extend(config_dir.as_deref());
+            ProtoSource::locate_in(&base, &roots, &owned)
+        })
+        .await
+        .unwrap_or_else(|_| Err("locating the .proto failed".into()))?;
         if let Some(p) = self.protos.lock().unwrap_or_else(|p| p.into_inner()).get(&src) {
             return Ok(p.clone());
         }
-        let pool = Arc::new(src.compile()?);
+        let (net, compiling) = (self.config.net.clone(), src.clone());
+        let pool = tokio::task::spawn_blocking(move || compiling.compile_with(&net))
+            .await
+            .unwrap_or_else(|_| Err("compiling the .proto failed".into()))?;
+        let pool = Arc::new(pool);
         self.protos
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -454,6 +554,7 @@ impl GrpcInvoker {
         })?;
         let method_desc = self
             .pool(proto)
+            .await
             .and_then(|pool| find_method(&pool, proto, service, method))
             .map_err(|e| {
                 err(
@@ -530,7 +631,7 @@ impl GrpcInvoker {
         // response's headers, and the timeout below until its end (a server may send its headers
         // and then nothing).
         req.set_timeout(left);
-        let mut grpc = tonic::client::Grpc::new(Local(channel));
+        let mut grpc = tonic::client::Grpc::new(Local(channel)).max_decoding_message_size(self.config.net.max_response);
         let answer = async {
             grpc.ready().await?;
             let resp = grpc.unary(req, path, DynamicCodec(method_desc.output())).await?;
@@ -553,6 +654,17 @@ impl GrpcInvoker {
                 s
             }
         };
+        if status.code() == Code::OutOfRange && status.message().contains("message length too large") {
+            // tonic's own check of the response's size, before decoding it.
+            turn.done();
+            let cap = self.config.net.max_response;
+            return Err(err(
+                format!(
+                    "{name} failed: the response is larger than the cap of {cap} bytes ([calls] max_response in the configuration file)"
+                ),
+                json!({"kind": "tooLarge", "target": target, "maxResponse": cap, "message": status.message()}),
+            ));
+        }
         let e = status_error(&name, target, limit, started.elapsed(), &status);
         // A call that timed out is abandoned, not over: its turn lingers (dropped here); any other
         // failure ended it.

@@ -11,17 +11,26 @@
 //! bounded (at most [`DEFAULT_CONCURRENCY`] at once unless configured; the others wait their turn),
 //! and a call's timeout covers its wait for a turn, so a queue behind a hung service drains at the
 //! timeout's pace instead of growing.
+//!
+//! Configured headers go only where the configuration sends them: with a configured `server`, only
+//! to URLs under it; without one, only to the servers of a local document (a file in the
+//! definitions folder or the configuration's, which the operator placed), never to the servers a
+//! remote document names. Redirects are followed only within one origin, answers (and fetched
+//! documents) are capped, and private addresses refused as [`crate::net`] says. Local documents
+//! must be inside the definitions folder (or, for documents the configuration names, its folder),
+//! and are read off the async runtime's threads.
 
+use crate::net::{read_capped, under, NetPolicy};
 use serde_json::{json, Map, Value};
 use sm4c_host::FunctionCall;
 use sm4c_runtime::{ErrorInfo, ErrorKind};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Host configuration for REST functions. Credentials live here, never in definitions.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RestConfig {
     /// Base URL per OpenAPI document (as written in `operation`, before `#`), replacing its `servers`.
     pub servers: HashMap<String, String>,
@@ -33,6 +42,44 @@ pub struct RestConfig {
     pub timeouts: HashMap<String, Duration>,
     /// Most calls in flight at once per document (else [`DEFAULT_CONCURRENCY`]).
     pub concurrency: HashMap<String, usize>,
+    /// What calls may reach, and how much of an answer they read.
+    pub net: NetPolicy,
+    /// The configuration file's folder: documents the configuration names may be read from it.
+    pub config_dir: Option<PathBuf>,
+    /// Documents named by `[asl.resources]` (besides the keys of the maps above).
+    pub bound: HashSet<String>,
+}
+
+impl std::fmt::Debug for RestConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values are credentials: only their names are shown.
+        let headers: HashMap<&String, Vec<&String>> = self
+            .headers
+            .iter()
+            .map(|(d, h)| (d, h.iter().map(|(n, _)| n).collect()))
+            .collect();
+        f.debug_struct("RestConfig")
+            .field("servers", &self.servers)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("timeouts", &self.timeouts)
+            .field("concurrency", &self.concurrency)
+            .field("net", &self.net)
+            .field("config_dir", &self.config_dir)
+            .field("bound", &self.bound)
+            .finish()
+    }
+}
+
+impl RestConfig {
+    /// Whether the configuration names a document (so it may be read from the configuration's folder).
+    pub fn names(&self, uri: &str) -> bool {
+        self.servers.contains_key(uri)
+            || self.headers.contains_key(uri)
+            || self.timeouts.contains_key(uri)
+            || self.concurrency.contains_key(uri)
+            || self.bound.contains(uri)
+    }
 }
 
 /// Most calls in flight at once to one document's server, unless configured.
@@ -69,8 +116,9 @@ fn err(message: String, details: Value) -> ErrorInfo {
 impl RestInvoker {
     /// Relative `file://` documents resolve against `base` (the definitions' folder).
     pub fn new(base: &Path, config: RestConfig) -> RestInvoker {
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout.unwrap_or(Duration::from_secs(30)))
+        let client = config
+            .net
+            .client(config.timeout.unwrap_or(Duration::from_secs(30)))
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .unwrap_or_default();
@@ -104,23 +152,44 @@ impl RestInvoker {
             return Ok(d.clone());
         }
         let text = if uri.starts_with("http://") || uri.starts_with("https://") {
-            let resp = self.client.get(uri).send().await.map_err(|e| {
+            let fetch_err = |e: String| {
                 err(
                     format!("cannot fetch OpenAPI document {uri}: {e}"),
                     json!({"document": uri}),
                 )
-            })?;
-            resp.text().await.map_err(|e| {
-                err(
-                    format!("cannot read OpenAPI document {uri}: {e}"),
-                    json!({"document": uri}),
-                )
-            })?
+            };
+            let url = reqwest::Url::parse(uri).map_err(|e| fetch_err(e.to_string()))?;
+            self.config.net.check_url(&url).map_err(fetch_err)?;
+            let resp = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| fetch_err(crate::net::describe(&e)))?;
+            if !resp.status().is_success() {
+                return Err(fetch_err(format!("the server answered {}", resp.status())));
+            }
+            let bytes = read_capped(resp, self.config.net.max_response)
+                .await
+                .map_err(|e| fetch_err(e.to_string()))?;
+            String::from_utf8_lossy(&bytes).into_owned()
         } else {
-            let path = crate::files::resolve_uri(&self.base, uri).map_err(|e| err(e, json!({"document": uri})))?;
-            std::fs::read_to_string(&path).map_err(|e| {
+            // The file is found and read off the runtime's threads.
+            let (base, config_dir, owned) = (
+                self.base.clone(),
+                self.config.config_dir.clone().filter(|_| self.config.names(uri)),
+                uri.to_string(),
+            );
+            let read = tokio::task::spawn_blocking(move || {
+                let mut roots: Vec<&Path> = vec![&base];
+                roots.extend(config_dir.as_deref());
+                crate::files::resolve_in(&base, &roots, &owned).and_then(|p| crate::files::read_text(&p))
+            })
+            .await
+            .unwrap_or_else(|_| Err("reading the document failed".into()));
+            read.map_err(|e| {
                 err(
-                    format!("cannot read OpenAPI document {}: {e}", path.display()),
+                    format!("function operation {uri:?}: cannot read OpenAPI document: {e}"),
                     json!({"document": uri}),
                 )
             })?
@@ -237,14 +306,43 @@ impl RestInvoker {
             }
         }
         let url = format!("{}{}", op.server.trim_end_matches('/'), path);
+        let configured = self.config.headers.get(uri).filter(|h| !h.is_empty());
+        let refused = |why: String| {
+            err(
+                format!("function {}: {why}; no request was made", call.function),
+                json!({"kind": "refused", "url": url}),
+            )
+        };
+        let parsed = reqwest::Url::parse(&url).map_err(|e| refused(format!("{url:?} is not a URL: {e}")))?;
+        self.config.net.check_url(&parsed).map_err(&refused)?;
+        if configured.is_some() {
+            // Configured headers go only where the configuration sends them.
+            match self.config.servers.get(uri) {
+                Some(server) => {
+                    let prefix = reqwest::Url::parse(server)
+                        .map_err(|e| refused(format!("the configured server {server:?} is not a URL: {e}")))?;
+                    if !under(&prefix, &parsed) {
+                        return Err(refused(format!(
+                            "{url} is not under the configured server {server} of {uri}, so its configured headers cannot be sent there"
+                        )));
+                    }
+                }
+                None if uri.contains("://") && !uri.starts_with("file://") => {
+                    return Err(refused(format!(
+                        "{uri} is a remote document with configured headers and no configured server: its own servers are not trusted with them (give server in [rest.\"{uri}\"] or --rest-server)"
+                    )))
+                }
+                None => {}
+            }
+        }
         let mut req = self
             .client
-            .request(op.method.clone(), &url)
+            .request(op.method.clone(), parsed)
             .query(&query)
             .header("Idempotency-Key", format!("{}/{}", call.instance, call.op))
             .header("Accept", "application/json");
         let mut traced = false;
-        for (k, v) in headers.iter().chain(self.config.headers.get(uri).into_iter().flatten()) {
+        for (k, v) in headers.iter().chain(configured.into_iter().flatten()) {
             traced |= k.eq_ignore_ascii_case("traceparent");
             req = req.header(k.as_str(), v.as_str());
         }
@@ -276,18 +374,28 @@ impl RestInvoker {
                 "no turn within {limit:?}: at most {bound} calls to {uri} run at once, and they are all in flight"
             )));
         };
+        let cap = self.config.net.max_response;
         let exchange = async {
-            let resp = req.timeout(limit).send().await?;
+            let resp = req.timeout(limit).send().await.map_err(crate::net::ReadError::Io)?;
             let status = resp.status();
-            resp.text().await.map(|body| (status, body))
+            read_capped(resp, cap)
+                .await
+                .map(|body| (status, String::from_utf8_lossy(&body).into_owned()))
         };
         let (status, body) = match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok(answer)) => answer,
-            Ok(Err(e)) if !e.is_timeout() => {
+            Ok(Err(e @ crate::net::ReadError::TooBig(_))) => {
+                drop(turn);
+                return Err(err(
+                    format!("{target} failed: {e}"),
+                    json!({"kind": "tooLarge", "url": url, "maxResponse": cap}),
+                ));
+            }
+            Ok(Err(crate::net::ReadError::Io(e))) if !e.is_timeout() => {
                 drop(turn);
                 let kind = if e.is_connect() { "connection" } else { "request" };
                 return Err(err(
-                    format!("{target} failed: {kind}: {e}"),
+                    format!("{target} failed: {kind}: {}", crate::net::describe(&e)),
                     json!({"kind": kind, "url": url}),
                 ));
             }
