@@ -56,6 +56,13 @@ fn caller() -> Caller {
     CALLER.try_with(Caller::clone).unwrap_or_default()
 }
 
+/// `f` run as the caller of the request being answered, wherever it is polled: task-locals do not
+/// follow work moved off the request's task (the bounded [`crate::work`] pool), and without its
+/// caller a forwarded explanation would ask every worker again, which would ask it back.
+pub(crate) fn as_caller<F: Future>(f: F) -> impl Future<Output = F::Output> {
+    CALLER.scope(caller(), f)
+}
+
 type Api = Arc<dyn Backend>;
 
 /// The middleware that forwards requests about one instance to the worker that holds it.

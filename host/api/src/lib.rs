@@ -452,8 +452,10 @@ async fn post_explain(
 ) -> Result<Json<Value>, ApiError> {
     let value = read_event(req).await?;
     let rt = tokio::runtime::Handle::current();
+    // Made here, on the request's task, so that it keeps the request's caller (cluster::as_caller).
+    let explaining = cluster::as_caller(async move { h.explain(value).await });
     let explained = work::of(work)
-        .run("explaining the event", move |_| rt.block_on(h.explain(value)))
+        .run("explaining the event", move |_| rt.block_on(explaining))
         .await??;
     Ok(Json(explained))
 }
