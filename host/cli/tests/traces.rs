@@ -67,11 +67,13 @@ fn definitions(dir: &Path, rest: &str) {
         "openapi": "3.0.1", "servers": [{"url": rest}],
         "paths": {"/work": {"get": {"operationId": "work"}}}
     });
-    // Beside the definitions folder, whose every .json file is a definition.
-    std::fs::write(dir.join("../api.json"), doc.to_string()).unwrap();
+    // In a folder inside the definitions folder (a document a definition names stays in its folder),
+    // not beside the definitions, whose every .json file is a definition.
+    std::fs::create_dir_all(dir.join("apis")).unwrap();
+    std::fs::write(dir.join("apis/api.json"), doc.to_string()).unwrap();
     let traced = json!({
         "id": "traced", "name": "traced", "version": "1",
-        "functions": [{"name": "work", "operation": "../api.json#work"}],
+        "functions": [{"name": "work", "operation": "apis/api.json#work"}],
         "events": [{"name": "done", "type": "com.example.done", "source": "traced"}],
         "states": [
             {"name": "Pause", "start": true, "enterAction": {"type": "delay", "timeout": "0.2s"},
