@@ -79,6 +79,12 @@ struct CodeLabels {
     code: String,
 }
 
+/// Labels of panics: where in the worker.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhereLabels {
+    stage: String,
+}
+
 /// Labels of ended actions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
@@ -126,6 +132,9 @@ pub struct Metrics {
     parked: Family<PartitionLabels, Gauge>,
     dead_letters: Family<CodeLabels, Counter>,
     lag: Family<TopicPartitionLabels, Gauge>,
+    stalled: Family<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    stall_repairs: Family<TopicPartitionLabels, Counter>,
+    panics: Family<WhereLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -223,6 +232,24 @@ impl Metrics {
             "Kafka mode: records not read yet, by topic and partition this worker consumes",
             lag.clone(),
         );
+        let stalled = Family::<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "kafka_partition_stalled_seconds",
+            "Kafka mode: how long a partition's last stable offset has not moved while records lie past it (read_committed readers stop there), by topic and partition this worker looks after; 0 once it moves",
+            stalled.clone(),
+        );
+        let stall_repairs = Family::<TopicPartitionLabels, Counter>::default();
+        registry.register(
+            "kafka_stall_repairs",
+            "Kafka mode: transactions this worker ended on a stalled partition to finalize what the broker left prepared there",
+            stall_repairs.clone(),
+        );
+        let panics = Family::<WhereLabels, Counter>::default();
+        registry.register(
+            "kafka_panics",
+            "Kafka mode: batches whose thread panicked (a bug: please report it), by stage (decide, route); their inputs are read again",
+            panics.clone(),
+        );
         Metrics {
             registry,
             started,
@@ -239,6 +266,9 @@ impl Metrics {
             parked,
             dead_letters,
             lag,
+            stalled,
+            stall_repairs,
+            panics,
         }
     }
 
@@ -345,6 +375,29 @@ impl Observer for Observed {
             partition: partition.to_string(),
         };
         self.0.lag.get_or_create(&labels).set(lag);
+    }
+
+    fn kafka_stalled(&self, topic: &str, partition: i32, seconds: f64) {
+        let labels = TopicPartitionLabels {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+        };
+        self.0.stalled.get_or_create(&labels).set(seconds);
+    }
+
+    fn kafka_panic(&self, where_: &str) {
+        let labels = WhereLabels {
+            stage: where_.to_string(),
+        };
+        self.0.panics.get_or_create(&labels).inc();
+    }
+
+    fn kafka_stall_repair(&self, topic: &str, partition: i32) {
+        let labels = TopicPartitionLabels {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+        };
+        self.0.stall_repairs.get_or_create(&labels).inc();
     }
 }
 

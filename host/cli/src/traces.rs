@@ -210,6 +210,15 @@ impl Observer for Observed {
     fn kafka_lag(&self, topic: &str, partition: i32, lag: i64) {
         self.metrics.kafka_lag(topic, partition, lag)
     }
+    fn kafka_stalled(&self, topic: &str, partition: i32, seconds: f64) {
+        self.metrics.kafka_stalled(topic, partition, seconds)
+    }
+    fn kafka_stall_repair(&self, topic: &str, partition: i32) {
+        self.metrics.kafka_stall_repair(topic, partition)
+    }
+    fn kafka_panic(&self, where_: &str) {
+        self.metrics.kafka_panic(where_)
+    }
     // Every step is reported (not only when tracing): the web inspector hears of changes from it.
     fn step_begin(&self) -> Option<SystemTime> {
         Some(SystemTime::now())

@@ -41,6 +41,15 @@ pub trait Observer: Send + Sync {
     /// How many records of `topic` partition `partition` this worker has not read yet (the
     /// partition's end minus the worker's position).
     fn kafka_lag(&self, _topic: &str, _partition: i32, _lag: i64) {}
+    /// `topic` partition `partition` has been stalled for `seconds`: its last stable offset has not
+    /// moved while records lie past it (0 once it moves again).
+    fn kafka_stalled(&self, _topic: &str, _partition: i32, _seconds: f64) {}
+    /// A worker ended a transaction on stalled `topic` partition `partition` to finalize what the
+    /// broker left prepared there.
+    fn kafka_stall_repair(&self, _topic: &str, _partition: i32) {}
+    /// A Kafka worker's thread panicked while it decided a batch (`where_` is `decide`) or routed
+    /// events (`route`); the batch's inputs are read again.
+    fn kafka_panic(&self, _where: &str) {}
     /// A step of an instance is about to run: an observer that traces steps answers with the time
     /// it began, and is told of the step's end by [`Observer::step_traced`]. `None` (the default)
     /// traces nothing and costs nothing more.

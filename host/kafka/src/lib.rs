@@ -320,6 +320,8 @@ pub(crate) struct Shared {
     pub view: view::View,
     /// The local journals of the partitions this worker owns.
     pub(crate) journals: worker::journal::Journals,
+    /// Partitions whose last stable offset does not move ([`worker::stall`]).
+    pub(crate) stalls: worker::stall::Stalls,
 }
 
 impl Shared {
@@ -592,6 +594,7 @@ impl KafkaHost {
             ),
             view: view::View::default(),
             journals: Default::default(),
+            stalls: Default::default(),
         });
         let mut threads = Vec::new();
         {
@@ -636,6 +639,10 @@ impl KafkaHost {
             let mut threads = me.threads.lock().unwrap_or_else(|p| p.into_inner());
             threads.push(std::thread::spawn(move || worker::run(s, rx, tx)));
             threads.push(std::thread::spawn(move || members::run(&m)));
+            if shared.cfg.exactly_once {
+                let g = shared.clone();
+                threads.push(std::thread::spawn(move || worker::stall::run(&g)));
+            }
         }
         Ok(me)
     }
@@ -1207,6 +1214,7 @@ impl Backend for KafkaHost {
             "instancesInMemory": self.shared.cached.load(Ordering::Relaxed),
             "localJournals": self.shared.journals.ready_count(),
             "partitions": self.shared.partitions,
+            "stalledPartitions": self.shared.stalls.list(),
             "error": failure,
         })
     }

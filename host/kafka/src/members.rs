@@ -76,6 +76,11 @@ impl Members {
         *self.url.write().unwrap_or_else(|p| p.into_inner()) = Some(url);
     }
 
+    /// The commands partitions this worker owns, sorted.
+    pub fn owned(&self) -> Vec<i32> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub fn set_owned(&self, mut partitions: Vec<i32>) {
         partitions.sort_unstable();
         *self.owned.lock().unwrap_or_else(|p| p.into_inner()) = partitions;

@@ -15,6 +15,7 @@ mod restore;
 mod route;
 #[cfg(test)]
 mod sim;
+pub(crate) mod stall;
 use consumers::{offsets_reader_config, Consumers};
 use decision::tally_expiry;
 use index::{CorrIndex, Parking};
@@ -349,6 +350,15 @@ fn txn_producer(shared: &Shared, id: &str, timeout: Duration) -> Result<Threaded
     Ok(p)
 }
 
+/// What a panic said, for the log.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// Commits a batch: in one transaction with the input offsets (exactly once), or produce, flush,
 /// then commit offsets (at least once).
 fn commit(
@@ -389,11 +399,17 @@ fn commit(
             if let Some(o) = sm4c_host::metrics::observer() {
                 o.kafka_transaction(t0.elapsed().as_secs_f64(), r.is_ok());
             }
-            if let Err(e) = &r {
-                let _ = p.abort_transaction(ABORT_TIMEOUT);
-                return Err(e.clone());
+            if let Err(e) = r {
+                // Whether or not the abort succeeds, the caller drops this producer: one whose
+                // commit or abort failed may hold a transaction open, and its partition's last
+                // stable offset with it; the next producer of its transactional id fences it.
+                return Err(match p.abort_transaction(ABORT_TIMEOUT) {
+                    Ok(()) => e,
+                    Err(a) => format!("{e}; the abort failed too: {a}"),
+                });
             }
             count_dead_letters(shared, outs);
+            shared.stalls.wrote(outs.iter().map(|o| o.topic.as_str()));
             r
         }
         None => {
@@ -1507,32 +1523,84 @@ impl Worker {
         let me = &*self;
         type Decided = (i32, Owner, Result<(Applied, Vec<((String, i32), i32, i64)>), String>);
         type Routed = ((String, i32), Router, Result<(), String>);
+        // The partitions whose thread panicked: their owner or router went with it.
+        let mut panicked_owners: Vec<(i32, String)> = Vec::new();
+        let mut panicked_routers: Vec<((String, i32), String)> = Vec::new();
         let (decided, routed): (Vec<Decided>, Vec<Routed>) = std::thread::scope(|s| {
             let ht: Vec<_> = owned
                 .into_iter()
                 .map(|(p, mut t, msgs, extra)| {
-                    s.spawn(move || {
+                    let h = s.spawn(move || {
                         let forwarded = extra.forwarded.clone();
                         let r = me.decide(&mut t, msgs, extra).map(|applied| (applied, forwarded));
                         (p, t, r)
-                    })
+                    });
+                    (p, h)
                 })
                 .collect();
             let hr: Vec<_> = solo
                 .into_iter()
                 .map(|(k, mut r, outs, last)| {
-                    s.spawn(move || {
+                    let key = k.clone();
+                    let h = s.spawn(move || {
                         let res = me.route(&mut r, &k.0, k.1, &outs, last);
                         (k, r, res)
-                    })
+                    });
+                    (key, h)
                 })
                 .collect();
-            (
-                ht.into_iter().filter_map(|h| h.join().ok()).collect(),
-                hr.into_iter().filter_map(|h| h.join().ok()).collect(),
-            )
+            let mut decided = Vec::new();
+            for (p, h) in ht {
+                match h.join() {
+                    Ok(d) => decided.push(d),
+                    Err(panic) => panicked_owners.push((p, panic_text(panic.as_ref()))),
+                }
+            }
+            let mut routed = Vec::new();
+            for (k, h) in hr {
+                match h.join() {
+                    Ok(r) => routed.push(r),
+                    Err(panic) => panicked_routers.push((k, panic_text(panic.as_ref()))),
+                }
+            }
+            (decided, routed)
         });
-        for (p, mut t, r) in decided {
+        // A panic is a bug of ours: said loudly and counted, and no input is skipped. The batch's
+        // transaction was aborted or never committed; its inputs are read again from the committed
+        // offsets (a restore, for an owner, which its panic took with it).
+        for (p, why) in panicked_owners {
+            tracing::error!(
+                partition = p,
+                panic = why,
+                "a decision panicked; the partition is restored and its inputs read again"
+            );
+            if let Some(o) = sm4c_host::metrics::observer() {
+                o.kafka_panic("decide");
+            }
+            self.shared.view.release(p);
+            self.rewind(&commands, p);
+            let hosted: Vec<(String, i32)> = hosted_by
+                .iter()
+                .filter(|(_, host)| *host == p)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for (topic, e) in hosted {
+                self.rewind(&topic, e);
+            }
+        }
+        for ((topic, p), why) in panicked_routers {
+            tracing::error!(
+                topic,
+                partition = p,
+                panic = why,
+                "routing panicked; the events are read again"
+            );
+            if let Some(o) = sm4c_host::metrics::observer() {
+                o.kafka_panic("route");
+            }
+            self.rewind(&topic, p);
+        }
+        for (p, t, r) in decided {
             match r {
                 Ok((applied, forwarded)) => {
                     self.owners.insert(p, t);
@@ -1540,15 +1608,12 @@ impl Worker {
                 }
                 Err(e) => {
                     tracing::warn!(partition = p, error = %e, "batch not committed; the partition is restored and its inputs read again");
-                    for (_, h) in t.in_flight.drain() {
-                        h.abort();
-                    }
-                    // The restore may clear the local store the API reads this partition from.
-                    self.shared.view.release(p);
-                    self.rewind(&commands, p);
-                    for ((topic, e), _) in hosted_by.iter().filter(|(_, host)| *host == p) {
-                        self.rewind(topic, *e);
-                    }
+                    let hosted: Vec<(String, i32)> = hosted_by
+                        .iter()
+                        .filter(|(_, host)| *host == p)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    self.restore_owner(p, t, &hosted);
                 }
             }
         }
@@ -1566,6 +1631,23 @@ impl Worker {
                     drop(r);
                 }
             }
+        }
+    }
+
+    /// Lets go of owner `t` of partition `p` after a transaction of its failed, so that it is
+    /// restored with a new producer (whose init fences this one's) and its inputs, and those of the
+    /// events partitions `hosted` it decided, are read again from their committed offsets.
+    fn restore_owner(&mut self, p: i32, mut t: Owner, hosted: &[(String, i32)]) {
+        let commands = self.shared.topics.commands.clone();
+        for (_, h) in t.in_flight.drain() {
+            h.abort();
+        }
+        drop(t);
+        // The restore may clear the local store the API reads this partition from.
+        self.shared.view.release(p);
+        self.rewind(&commands, p);
+        for (topic, e) in hosted {
+            self.rewind(topic, *e);
         }
     }
 
@@ -1818,6 +1900,7 @@ impl Worker {
                 );
             }
         }
+        let mut failed = Vec::new();
         for t in self.owners.values_mut() {
             if t.txn.is_none() || !t.settle.due(true) {
                 continue;
@@ -1830,9 +1913,16 @@ impl Worker {
                 .map_err(|e| e.to_string())
                 .and_then(|()| commit(&self.shared, &self.consumers, t.txn.as_ref(), &[], &offsets));
             if let Err(e) = r {
-                tracing::warn!(partition = t.partition, error = %e, "a settling transaction failed");
+                tracing::warn!(partition = t.partition, error = %e, "a settling transaction failed; the partition is restored with a new producer");
+                failed.push(t.partition);
             }
         }
+        for p in failed {
+            if let Some(t) = self.owners.remove(&p) {
+                self.restore_owner(p, t, &[]);
+            }
+        }
+        let mut failed = Vec::new();
         for ((topic, p), r) in &mut self.routers {
             if r.txn.is_none() || !r.settle.due(false) {
                 continue;
@@ -1843,8 +1933,14 @@ impl Worker {
             let tick = command(&self.shared, r.last_target, None, &Command::Tick);
             let none = TopicPartitionList::new();
             if let Err(e) = commit(&self.shared, &self.consumers, r.txn.as_ref(), &[tick], &none) {
-                tracing::warn!(topic, partition = p, error = %e, "a router's settling transaction failed");
+                tracing::warn!(topic, partition = p, error = %e, "a router's settling transaction failed; the router is made again");
+                failed.push((topic.clone(), *p));
             }
+        }
+        for (topic, p) in failed {
+            // Made again at the next assignment check, with a new producer that fences this one.
+            self.routers.remove(&(topic.clone(), p));
+            self.rewind(&topic, p);
         }
     }
 }

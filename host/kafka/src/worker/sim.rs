@@ -174,6 +174,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         members: crate::members::Members::new("sim".into(), 0, None),
         view: Default::default(),
         journals: Default::default(),
+        stalls: Default::default(),
     }
 }
 
