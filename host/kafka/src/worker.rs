@@ -24,7 +24,7 @@ use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use restore::{restore, Restored};
-use route::{committed_of, note_committed, put_barrier, route_events, Outstanding, Routing};
+use route::{committed_of, note_committed, note_uncertain, put_barrier, route_events, Outstanding, Routing};
 pub(crate) use route::{queued, route_of};
 use serde_json::Value;
 use sm4c_host::driver::{self, ChildStart, Hosted, Work};
@@ -1521,21 +1521,23 @@ impl Worker {
             }
         }
         let me = &*self;
-        type Decided = (i32, Owner, Result<(Applied, Vec<((String, i32), i32, i64)>), String>);
+        type Forwarded = Vec<((String, i32), i32, i64)>;
+        type Decided = (i32, Owner, Forwarded, Result<Applied, String>);
         type Routed = ((String, i32), Router, Result<(), String>);
         // The partitions whose thread panicked: their owner or router went with it.
-        let mut panicked_owners: Vec<(i32, String)> = Vec::new();
+        let mut panicked_owners: Vec<(i32, Forwarded, String)> = Vec::new();
         let mut panicked_routers: Vec<((String, i32), String)> = Vec::new();
         let (decided, routed): (Vec<Decided>, Vec<Routed>) = std::thread::scope(|s| {
             let ht: Vec<_> = owned
                 .into_iter()
                 .map(|(p, mut t, msgs, extra)| {
+                    let fw = extra.forwarded.clone();
                     let h = s.spawn(move || {
                         let forwarded = extra.forwarded.clone();
-                        let r = me.decide(&mut t, msgs, extra).map(|applied| (applied, forwarded));
-                        (p, t, r)
+                        let r = me.decide(&mut t, msgs, extra);
+                        (p, t, forwarded, r)
                     });
-                    (p, h)
+                    (p, fw, h)
                 })
                 .collect();
             let hr: Vec<_> = solo
@@ -1550,10 +1552,10 @@ impl Worker {
                 })
                 .collect();
             let mut decided = Vec::new();
-            for (p, h) in ht {
+            for (p, fw, h) in ht {
                 match h.join() {
                     Ok(d) => decided.push(d),
-                    Err(panic) => panicked_owners.push((p, panic_text(panic.as_ref()))),
+                    Err(panic) => panicked_owners.push((p, fw, panic_text(panic.as_ref()))),
                 }
             }
             let mut routed = Vec::new();
@@ -1568,7 +1570,9 @@ impl Worker {
         // A panic is a bug of ours: said loudly and counted, and no input is skipped. The batch's
         // transaction was aborted or never committed; its inputs are read again from the committed
         // offsets (a restore, for an owner, which its panic took with it).
-        for (p, why) in panicked_owners {
+        for (p, forwarded, why) in panicked_owners {
+            // It may have panicked after its commit.
+            note_uncertain(&mut self.outstanding, forwarded);
             tracing::error!(
                 partition = p,
                 panic = why,
@@ -1600,13 +1604,16 @@ impl Worker {
             }
             self.rewind(&topic, p);
         }
-        for (p, t, r) in decided {
+        for (p, t, forwarded, r) in decided {
             match r {
-                Ok((applied, forwarded)) => {
+                Ok(applied) => {
                     self.owners.insert(p, t);
                     note_committed(&mut self.outstanding, p, applied, forwarded);
                 }
                 Err(e) => {
+                    // The commit may have failed after the broker committed (an ambiguous
+                    // outcome): what the batch forwarded is awaited as if it had.
+                    note_uncertain(&mut self.outstanding, forwarded);
                     tracing::warn!(partition = p, error = %e, "batch not committed; the partition is restored and its inputs read again");
                     let hosted: Vec<(String, i32)> = hosted_by
                         .iter()
@@ -1782,7 +1789,13 @@ impl Worker {
                     .store
                     .as_ref()
                     .filter(|s| progress.broken(t.partition, s))
-                    .map(|_| (t.partition, "the local store could not be written".to_string())),
+                    .map(|_| (t.partition, "the local store could not be written".to_string()))
+                    .or_else(|| {
+                        t.journal
+                            .as_ref()
+                            .filter(|(s, _)| progress.broken(t.partition, s))
+                            .map(|_| (t.partition, "the local journal could not be written".to_string()))
+                    }),
             })
             .collect();
         for (p, why) in broken {
@@ -1890,14 +1903,19 @@ impl Worker {
         for t in self.owners.values_mut() {
             t.expire(now, retention);
             let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty();
-            if idle {
-                t.last_commit = Instant::now();
-            }
             if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
-                let _ = produce(
+                match produce(
                     &self.shared.plain,
                     &command(&self.shared, t.partition, None, &Command::Tick),
-                );
+                ) {
+                    // The refresh counts from the tick's proposal; a tick not proposed is proposed
+                    // again at the next turn.
+                    Ok(()) if idle => t.last_commit = Instant::now(),
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::warn!(partition = t.partition, error = %e, "cannot propose a tick; proposed again shortly")
+                    }
+                }
             }
         }
         let mut failed = Vec::new();

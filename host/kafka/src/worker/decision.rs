@@ -60,9 +60,23 @@ pub(super) fn decide<'a>(
     let resume = d.t.resume;
     for (offset, at, payload) in records.into_iter().filter(|(o, _, _)| *o >= resume) {
         d.through = offset;
-        let Ok(c) = serde_json::from_slice::<Command>(payload) else {
-            tracing::warn!(offset, "not a command; skipped");
-            continue;
+        let c = match serde_json::from_slice::<Command>(payload) {
+            Ok(c) => c,
+            Err(e) => {
+                // Not ours to decide, and not to be lost without a word: it goes to the dead
+                // letters, in this batch's transaction (counted there by its code).
+                let why = format!(
+                    "record {offset} of {} partition {} is not a command: {e}",
+                    shared.topics.commands, d.t.partition
+                );
+                let headers = vec![(
+                    "sm4c-origin".to_string(),
+                    format!("{}/{}/{offset}", shared.topics.commands, d.t.partition).into_bytes(),
+                )];
+                d.outs
+                    .push(deadletter(shared, payload.to_vec(), headers, "notACommand", &why));
+                continue;
+            }
         };
         if let Some(o) = c.origin() {
             let e = applied.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
@@ -859,6 +873,42 @@ mod tests {
             }
         }
         (commands, dead)
+    }
+
+    #[test]
+    fn a_record_that_is_not_a_command_goes_to_the_dead_letters_with_its_reason_and_the_batch_goes_on() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 1, None, None);
+        let tick = serde_json::to_vec(&Command::Tick).expect("json");
+        let records = vec![(0, 5, &b"{not json"[..]), (1, 5, tick.as_slice())];
+        let b = decide(&shared, &mut t, records, Default::default(), 5);
+        let dead: Vec<_> = b.outs.iter().filter(|o| o.topic == shared.topics.deadletter).collect();
+        assert_eq!(dead.len(), 1, "one dead letter");
+        assert_eq!(
+            dead[0].payload.as_deref(),
+            Some(&b"{not json"[..]),
+            "the record as it was"
+        );
+        let header = |k: &str| {
+            dead[0]
+                .headers
+                .iter()
+                .find(|(h, _)| h == k)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        assert_eq!(header("sm4c-deadletter-code").as_deref(), Some("notACommand"));
+        let reason = header("sm4c-deadletter-reason").expect("a reason");
+        assert!(reason.contains("record 0 of sim.commands partition 1"), "{reason}");
+        assert_eq!(header("sm4c-origin").as_deref(), Some("sim.commands/1/0"));
+        // The batch went through both records: the next one read is the one after.
+        assert!(
+            b.offsets
+                .iter()
+                .any(|(topic, p, o)| topic == &shared.topics.commands && *p == 1 && *o == 2),
+            "{:?}",
+            b.offsets
+        );
     }
 
     #[test]

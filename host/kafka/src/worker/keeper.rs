@@ -168,15 +168,19 @@ impl Keeper {
 }
 
 fn run(rx: mpsc::Receiver<Op>, progress: &Progress) {
+    // A store that cannot be written or read is cleared, broken until its partition is restored.
+    let broken = |p: i32, store: &Arc<dyn LocalStore>, e: &dyn std::fmt::Display| {
+        tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared until the partition is restored");
+        // Broken before it is cleared: whoever reads the store empty can tell afterwards.
+        progress.marks().broken.insert(slot(p, store));
+        let _ = store.clear();
+    };
     let write = |p: i32, store: &Arc<dyn LocalStore>, changes: &[(&str, Option<&[u8]>)], checkpoint| {
         if progress.broken(p, store) {
             return;
         }
         if let Err(e) = store.apply(changes, checkpoint) {
-            tracing::warn!(partition = p, error = %e, "the local store cannot be written; it is cleared until the partition is restored");
-            // Broken before it is cleared: whoever reads the store empty can tell afterwards.
-            progress.marks().broken.insert(slot(p, store));
-            let _ = store.clear();
+            broken(p, store, &e);
         }
     };
     for op in rx {
@@ -194,12 +198,22 @@ fn run(rx: mpsc::Receiver<Op>, progress: &Progress) {
                 progress.marks().written.insert(p, ticket);
             }
             Op::Forget { p, store, prefixes } => {
-                let mut keys = Vec::new();
-                for prefix in &prefixes {
-                    let _ = store.scan(prefix, &mut |k, _| keys.push(k.to_string()));
+                if progress.broken(p, &store) {
+                    continue;
                 }
-                let refs: Vec<(&str, Option<&[u8]>)> = keys.iter().map(|k| (k.as_str(), None)).collect();
-                write(p, &store, &refs, None);
+                let mut keys = Vec::new();
+                // Keys left behind would outlive their instance: a store that cannot say which
+                // keys it has is treated as one that cannot be written.
+                let scanned: Result<(), _> = prefixes
+                    .iter()
+                    .try_for_each(|prefix| store.scan(prefix, &mut |k, _| keys.push(k.to_string())));
+                match scanned {
+                    Ok(()) => {
+                        let refs: Vec<(&str, Option<&[u8]>)> = keys.iter().map(|k| (k.as_str(), None)).collect();
+                        write(p, &store, &refs, None);
+                    }
+                    Err(e) => broken(p, &store, &format!("cannot scan it: {e}")),
+                }
             }
             Op::Flush { p, done, restore } => {
                 if restore {
@@ -230,6 +244,12 @@ mod tests {
         }
         fn get(&self, key: &str) -> Result<Option<Vec<u8>>, LocalError> {
             self.inner.get(key)
+        }
+        fn scan(&self, prefix: &str, f: &mut dyn FnMut(&str, &[u8])) -> Result<(), LocalError> {
+            if prefix == "bad" {
+                return Err(LocalError("unreadable page".into()));
+            }
+            self.inner.scan(prefix, f)
         }
         fn apply(&self, changes: &[(&str, Option<&[u8]>)], cp: Option<Checkpoint>) -> Result<(), LocalError> {
             if changes.iter().any(|(k, _)| *k == "b") {
@@ -308,5 +328,27 @@ mod tests {
         keeper.keep(1, failing.clone(), put(&["c"]), None);
         keeper.sync(1);
         assert_eq!(failing.get("c").unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_scanned_to_forget_a_prefix_is_broken_until_restored() {
+        let keeper = Keeper::start().unwrap();
+        let stores = MemoryStores::default();
+        let store: Arc<dyn LocalStore> = Arc::new(Failing {
+            inner: stores.open("j-2").unwrap(),
+        });
+        keeper.keep(
+            2,
+            store.clone(),
+            vec![("bad\u{1}1".to_string(), Some(b"v".to_vec()))],
+            None,
+        );
+        keeper.forget(2, store.clone(), vec!["bad".into()]);
+        keeper.sync(2);
+        // Not silently left behind: the store is cleared and readers learn it is broken.
+        assert!(keeper.progress().broken(2, &store));
+        assert_eq!(store.get("bad\u{1}1").unwrap(), None);
+        keeper.flush(2);
+        assert!(!keeper.progress().broken(2, &store));
     }
 }

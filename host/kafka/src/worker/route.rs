@@ -221,6 +221,19 @@ pub(super) fn note_committed(
     }
 }
 
+/// A batch whose transaction may or may not have committed (its commit failed: the broker may
+/// have committed it all the same) forwarded `forwarded`: they are awaited as if it had committed.
+/// Were they not, a newer event of the same events partition could be applied directly on the
+/// target before the forwarded one arrives, and that one would then be skipped as applied already.
+/// Awaiting one that never comes holds nothing back for long: the batch's events are read again,
+/// and forwarded again while it is awaited.
+pub(super) fn note_uncertain(outstanding: &mut Outstanding, forwarded: Vec<((String, i32), i32, i64)>) {
+    for (e, q, offset) in forwarded {
+        let o = outstanding.entry((e, q)).or_insert(offset);
+        *o = (*o).max(offset);
+    }
+}
+
 /// The committed offset of `topic`/`p` in a committed-offsets answer: 0 when the group has none, an
 /// error when the broker failed that partition.
 pub(super) fn committed_offset(c: &TopicPartitionList, topic: &str, p: i32) -> Result<i64, String> {

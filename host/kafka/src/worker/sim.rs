@@ -34,7 +34,7 @@
 
 use super::decision;
 use super::restore::Latest;
-use super::{note_committed, route_events, Out, Outstanding, Owner};
+use super::{note_committed, note_uncertain, route_events, Out, Outstanding, Owner};
 use crate::wire::{partition_of, Command, JournalRecord, Outcome, Quiet, StateRecord, CLOCK_HEADER};
 use crate::{KafkaConfig, Shared, Topics};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
@@ -50,6 +50,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
 const PARTITIONS: i32 = 4;
+
+/// What the broker does to the first transaction of a worker's turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// Aborts it.
+    Abort,
+    /// Commits it, and the worker is told it failed.
+    Ambiguous,
+}
 /// Partitions of the events topic.
 const EVENTS: i32 = 2;
 const WORKERS: usize = 3;
@@ -894,7 +904,7 @@ impl<'a> World<'a> {
     /// events batches no owned partition carries routed in their own. `crash`: the worker dies
     /// at that step of one of its transactions (a record, or after sending its offsets); `abort`:
     /// the broker aborts the first one.
-    fn turn(&mut self, w: usize, max: usize, crash: Option<usize>, mut abort: bool) {
+    fn turn(&mut self, w: usize, max: usize, crash: Option<usize>, mut abort: Fault) {
         let shared = self.shared;
         let commands = shared.topics.commands.clone();
         let events = shared.topics.events[0].clone();
@@ -1031,6 +1041,8 @@ impl<'a> World<'a> {
                     if killed {
                         return;
                     }
+                    // It may have committed: what it forwarded is awaited as if it had.
+                    note_uncertain(&mut self.workers[w].outstanding, forwarded);
                     self.drop_owner(w, p, "not committed");
                     for e in carried_events {
                         self.rewind_router(w, e);
@@ -1083,7 +1095,7 @@ impl<'a> World<'a> {
         outs: &[Out],
         offsets: &[(String, i32, i64)],
         crash: &mut Option<usize>,
-        abort: &mut bool,
+        abort: &mut Fault,
         what: &str,
     ) -> Result<(), bool> {
         let generations = self.workers[w].generations;
@@ -1116,13 +1128,21 @@ impl<'a> World<'a> {
             self.kill(w);
             return Err(true);
         }
-        if std::mem::take(abort) {
+        let fault = std::mem::replace(abort, Fault::None);
+        if fault == Fault::Abort {
             self.broker.abort(txn);
             self.note(format!("{what}: the broker aborts it"));
             return Err(false);
         }
         if let Err(e) = self.broker.commit(txn) {
             self.note(format!("{what}: commit refused: {e}"));
+            return Err(false);
+        }
+        if fault == Fault::Ambiguous {
+            self.note(format!(
+                "{what}: committed, {} records, but the worker is told it failed",
+                outs.len()
+            ));
             return Err(false);
         }
         self.note(format!("{what}: committed, {} records", outs.len()));
@@ -1392,8 +1412,14 @@ impl<'a> World<'a> {
                 let w = alive[self.rng.usize(..alive.len())];
                 let max = self.rng.usize(1..8);
                 let crash = (self.rng.u8(..20) == 0).then(|| self.rng.usize(..6));
-                let abort = self.rng.u8(..25) == 0;
-                self.turn(w, max, crash, abort);
+                // The broker aborts the first transaction, or commits it and the worker is told it
+                // failed (a timeout after EndTxn: an ambiguous outcome).
+                let fault = match self.rng.u8(..25) {
+                    0 => Fault::Abort,
+                    1 => Fault::Ambiguous,
+                    _ => Fault::None,
+                };
+                self.turn(w, max, crash, fault);
             }
             _ => {}
         }
@@ -1410,7 +1436,7 @@ impl<'a> World<'a> {
         for _ in 0..400 {
             for w in 0..WORKERS {
                 self.sync(w);
-                self.turn(w, 64, None, false);
+                self.turn(w, 64, None, Fault::None);
                 self.fire_timers(w);
             }
             while !self.calls.is_empty() {
