@@ -322,6 +322,9 @@ pub(crate) struct Shared {
     pub(crate) journals: worker::journal::Journals,
     /// Partitions whose last stable offset does not move ([`worker::stall`]).
     pub(crate) stalls: worker::stall::Stalls,
+    /// The longest turn of the worker's loop so far (ms): past `max.poll.interval.ms`, the group
+    /// would take the worker out.
+    pub longest_turn_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -595,6 +598,7 @@ impl KafkaHost {
             view: view::View::default(),
             journals: Default::default(),
             stalls: Default::default(),
+            longest_turn_ms: Default::default(),
         });
         let mut threads = Vec::new();
         {
@@ -1215,6 +1219,7 @@ impl Backend for KafkaHost {
             "localJournals": self.shared.journals.ready_count(),
             "partitions": self.shared.partitions,
             "stalledPartitions": self.shared.stalls.list(),
+            "longestTurnMs": self.shared.longest_turn_ms.load(Ordering::Relaxed),
             "error": failure,
         })
     }

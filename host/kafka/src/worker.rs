@@ -1080,6 +1080,9 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         // partition back (and past max.poll.interval.ms, the group moves them away). Say which
         // part took the time.
         let turn = started.elapsed();
+        shared
+            .longest_turn_ms
+            .fetch_max(turn.as_millis() as u64, Ordering::Relaxed);
         if turn > SLOW_TURN {
             tracing::warn!(
                 turn_ms = turn.as_millis() as u64,
@@ -1367,30 +1370,13 @@ impl Worker {
         }
     }
 
-    /// The group's committed offset of a partition, 0 when it has none. A failed fetch is an
-    /// error, also when the broker answers the request but fails the partition: taken for 0, it
-    /// would restore a partition empty or read an events partition again from its beginning.
-    fn committed(&self, topic: &str, p: i32, timeout: Duration) -> Result<i64, String> {
-        self.consumers.committed(topic, p, timeout)
-    }
-
-    /// Moves the consumer back to the committed offset, so uncommitted inputs are read again. If
-    /// that offset cannot be read, the partition is paused until it can ([`Worker::retry_rewinds`]):
-    /// going back to the beginning would hand old events to instances started since.
+    /// Moves the consumer back to the committed offset, so uncommitted inputs are read again: the
+    /// partition is paused now, and sought there and resumed at the next turn's assignment check
+    /// ([`Worker::retry_rewinds`]), which asks for the committed offsets of all the partitions to
+    /// rewind side by side. Until that offset can be read, the partition stays paused: going back
+    /// to the beginning would hand old events to instances started since.
     fn rewind(&mut self, topic: &str, p: i32) {
-        match self.committed(topic, p, REWIND_TIMEOUT) {
-            Ok(o) => {
-                let off = if o == 0 { Offset::Beginning } else { Offset::Offset(o) };
-                if let Err(e) = self.consumers.of(topic).seek(topic, p, off, REWIND_TIMEOUT) {
-                    tracing::warn!(topic, partition = p, error = %e, "cannot seek back; paused until it can");
-                    self.pause(topic, p);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(topic, partition = p, error = %e, "cannot read the committed offset to go back to; paused until it can");
-                self.pause(topic, p);
-            }
-        }
+        self.pause(topic, p);
     }
 
     fn pause(&mut self, topic: &str, p: i32) {
@@ -1412,8 +1398,29 @@ impl Worker {
             .into_iter()
             .partition(|(t, p)| !(*t == commands && self.restoring.contains_key(p)));
         self.rewinding.extend(held);
-        for (topic, p) in pending {
-            let Ok(o) = self.committed(&topic, p, REWIND_TIMEOUT) else {
+        // The committed offsets are asked for side by side: the loop waits for the slowest answer
+        // (at most REWIND_TIMEOUT), not for their sum.
+        let answers: Vec<((String, i32), Result<i64, String>)> = {
+            let consumers = &self.consumers;
+            std::thread::scope(|s| {
+                let asks: Vec<_> = pending
+                    .into_iter()
+                    .map(|key| {
+                        let ask = key.clone();
+                        let h = s.spawn(move || consumers.committed(&ask.0, ask.1, REWIND_TIMEOUT));
+                        (key, h)
+                    })
+                    .collect();
+                asks.into_iter()
+                    .map(|(key, h)| {
+                        let o = h.join().unwrap_or_else(|p| Err(panic_text(p.as_ref())));
+                        (key, o)
+                    })
+                    .collect()
+            })
+        };
+        for ((topic, p), o) in answers {
+            let Ok(o) = o else {
                 self.rewinding.insert((topic, p));
                 continue;
             };
@@ -1918,43 +1925,80 @@ impl Worker {
                 }
             }
         }
-        let mut failed = Vec::new();
-        for t in self.owners.values_mut() {
-            if t.txn.is_none() || !t.settle.due(true) {
-                continue;
-            }
-            // The owner's settling transaction commits the partition's clock offset again, as its
-            // last transaction did: it changes nothing, and it ends.
-            let mut offsets = TopicPartitionList::new();
-            let r = offsets
-                .add_partition_offset(&self.shared.topics.clock, t.partition, Offset::Offset(t.clock))
-                .map_err(|e| e.to_string())
-                .and_then(|()| commit(&self.shared, &self.consumers, t.txn.as_ref(), &[], &offsets));
-            if let Err(e) = r {
-                tracing::warn!(partition = t.partition, error = %e, "a settling transaction failed; the partition is restored with a new producer");
-                failed.push(t.partition);
-            }
-        }
-        for p in failed {
+        // Settling transactions end side by side: a slow broker costs the loop one commit's
+        // time, not one per partition.
+        let owners_due: Vec<i32> = self
+            .owners
+            .values_mut()
+            .filter_map(|t| (t.txn.is_some() && t.settle.due(true)).then_some(t.partition))
+            .collect();
+        let routers_due: Vec<(String, i32)> = self
+            .routers
+            .iter_mut()
+            .filter_map(|(k, r)| (r.txn.is_some() && r.settle.due(false)).then(|| k.clone()))
+            .collect();
+        let (failed_owners, failed_routers) = {
+            let (me, shared, consumers) = (&*self, &self.shared, &self.consumers);
+            std::thread::scope(|s| {
+                let owners: Vec<_> = owners_due
+                    .iter()
+                    .filter_map(|p| me.owners.get(p))
+                    .map(|t| {
+                        let h = s.spawn(move || {
+                            // The owner's settling transaction commits the partition's clock
+                            // offset again, as its last transaction did: it changes nothing, and
+                            // it ends.
+                            let mut offsets = TopicPartitionList::new();
+                            offsets
+                                .add_partition_offset(&shared.topics.clock, t.partition, Offset::Offset(t.clock))
+                                .map_err(|e| e.to_string())
+                                .and_then(|()| commit(shared, consumers, t.txn.as_ref(), &[], &offsets))
+                        });
+                        (t.partition, h)
+                    })
+                    .collect();
+                let routers: Vec<_> = routers_due
+                    .iter()
+                    .filter_map(|k| me.routers.get(k).map(|r| (k, r)))
+                    .map(|(k, r)| {
+                        let h = s.spawn(move || {
+                            // A router has no offset it may commit again (an owner's transaction
+                            // may have taken its events partition further since): its settling
+                            // transaction ticks the commands partition it last wrote to, whose
+                            // owner then settles as well.
+                            let tick = command(shared, r.last_target, None, &Command::Tick);
+                            let none = TopicPartitionList::new();
+                            commit(shared, consumers, r.txn.as_ref(), &[tick], &none)
+                        });
+                        (k.clone(), h)
+                    })
+                    .collect();
+                let joined =
+                    |r: std::thread::Result<Result<(), String>>| r.unwrap_or_else(|p| Err(panic_text(p.as_ref())));
+                let failed_owners: Vec<(i32, String)> = owners
+                    .into_iter()
+                    .filter_map(|(p, h)| joined(h.join()).err().map(|e| (p, e)))
+                    .collect();
+                let failed_routers: Vec<((String, i32), String)> = routers
+                    .into_iter()
+                    .filter_map(|(k, h)| joined(h.join()).err().map(|e| (k, e)))
+                    .collect();
+                (failed_owners, failed_routers)
+            })
+        };
+        for (p, e) in failed_owners {
+            tracing::warn!(partition = p, error = %e, "a settling transaction failed; the partition is restored with a new producer");
             if let Some(t) = self.owners.remove(&p) {
                 self.restore_owner(p, t, &[]);
             }
         }
-        let mut failed = Vec::new();
-        for ((topic, p), r) in &mut self.routers {
-            if r.txn.is_none() || !r.settle.due(false) {
-                continue;
-            }
-            // A router has no offset it may commit again (an owner's transaction may have taken
-            // its events partition further since): its settling transaction ticks the commands
-            // partition it last wrote to, whose owner then settles as well.
-            let tick = command(&self.shared, r.last_target, None, &Command::Tick);
-            let none = TopicPartitionList::new();
-            if let Err(e) = commit(&self.shared, &self.consumers, r.txn.as_ref(), &[tick], &none) {
+        let failed: Vec<(String, i32)> = failed_routers
+            .into_iter()
+            .map(|((topic, p), e)| {
                 tracing::warn!(topic, partition = p, error = %e, "a router's settling transaction failed; the router is made again");
-                failed.push((topic.clone(), *p));
-            }
-        }
+                (topic, p)
+            })
+            .collect();
         for (topic, p) in failed {
             // Made again at the next assignment check, with a new producer that fences this one.
             self.routers.remove(&(topic.clone(), p));

@@ -185,6 +185,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         view: Default::default(),
         journals: Default::default(),
         stalls: Default::default(),
+        longest_turn_ms: Default::default(),
     }
 }
 
