@@ -516,6 +516,10 @@ impl Slot {
 /// The owner of one commands partition.
 struct Owner {
     partition: i32,
+    /// The partition's stream time (ms): the latest timestamp its inputs carried. What is decided
+    /// is decided at it (parked events handed over, an input without a timestamp), never at the
+    /// worker's clock, which only says when to propose a timer or a tick.
+    stream_ms: i64,
     /// Records the next transaction writes first: the committed record (or a tombstone) again of
     /// each state key whose last record was not committed when the partition was restored.
     ///
@@ -1689,11 +1693,14 @@ impl Worker {
     fn decide(&self, t: &mut Owner, msgs: Vec<OwnedMessage>, hosted: Carried) -> Result<Applied, String> {
         let shared = self.shared.clone();
         let decide_started = Instant::now();
+        // Decided at the time the inputs carry (stream time), not at this worker's clock: a record
+        // without a timestamp takes the partition's stream time.
+        let stream = t.stream_ms;
         let records = msgs.iter().map(|m| {
-            let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
+            let at = m.timestamp().to_millis().unwrap_or(stream);
             (m.offset(), at, m.payload().unwrap_or_default())
         });
-        let mut b = decision::decide(&shared, t, records, hosted, now_ms());
+        let mut b = decision::decide(&shared, t, records, hosted, stream);
         // An instance read from the local store while it was failing may have been taken for
         // one that does not exist: such a batch is not committed, and the partition is restored.
         let failed = [

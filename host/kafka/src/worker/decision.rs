@@ -39,7 +39,9 @@ pub(super) struct Batch {
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
 /// (offset, timestamp in ms, payload) in order, `hosted` what events partitions' batches bring to
-/// its transaction, and `now` the time parked events are found for waiting instances at. The
+/// its transaction, and `now` a floor for the partition's stream time: the latest timestamp its
+/// inputs carried, at which parked events are found for waiting instances (never the worker's
+/// clock: what is decided follows the inputs). The
 /// owner changes as if the batch committed; [`Owner::committed`] finishes that once it has, and a
 /// batch that does not commit leaves the owner to be restored.
 pub(super) fn decide<'a>(
@@ -58,8 +60,10 @@ pub(super) fn decide<'a>(
         through: -1,
     };
     let resume = d.t.resume;
+    d.t.stream_ms = d.t.stream_ms.max(now);
     for (offset, at, payload) in records.into_iter().filter(|(o, _, _)| *o >= resume) {
         d.through = offset;
+        d.t.stream_ms = d.t.stream_ms.max(at);
         let c = match serde_json::from_slice::<Command>(payload) {
             Ok(c) => c,
             Err(e) => {
@@ -91,9 +95,10 @@ pub(super) fn decide<'a>(
         d.apply(c, at, offset);
     }
     for (c, at, offset) in hosted.inline {
+        d.t.stream_ms = d.t.stream_ms.max(at);
         d.apply(c, at, offset);
     }
-    d.unpark(now);
+    d.unpark(d.t.stream_ms);
     let through = d.through;
     let (new, after) = (d.outs, d.after);
     let mut outs = std::mem::take(&mut t.repair);
@@ -508,12 +513,14 @@ impl Decision<'_> {
                 }
             }
             Command::Timer { id, timer } => {
-                if self
+                let due = self
                     .t
                     .slot(self.shared, &id)
-                    .is_some_and(|s| s.h.inst.snapshot().timers.contains_key(&timer))
-                {
-                    self.handle(&id, Input::TimerFired { timer }, at);
+                    .and_then(|s| s.h.inst.snapshot().timers.get(&timer).copied());
+                if let Some(due) = due {
+                    // Never decided before it is due: a worker whose clock runs ahead proposes a
+                    // timer early, and its proposal's timestamp says so.
+                    self.handle(&id, Input::TimerFired { timer }, at.max(due));
                 }
             }
             Command::Barrier { .. } => {}
@@ -873,6 +880,35 @@ mod tests {
             }
         }
         (commands, dead)
+    }
+
+    #[test]
+    fn the_stream_time_follows_the_inputs_timestamps_and_never_goes_back() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        let tick = serde_json::to_vec(&Command::Tick).expect("json");
+        // The latest timestamp of the batch, whatever the floor the caller gives.
+        decide(
+            &shared,
+            &mut t,
+            vec![(0, 7_000, tick.as_slice()), (1, 5_000, tick.as_slice())],
+            Default::default(),
+            1_000,
+        );
+        assert_eq!(t.stream_ms, 7_000);
+        // An older batch (a producer's clock behind) does not take it back.
+        decide(
+            &shared,
+            &mut t,
+            vec![(2, 3_000, tick.as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!(t.stream_ms, 7_000);
+        // A floor above it (the simulation's clock) moves it on.
+        decide(&shared, &mut t, Vec::new(), Default::default(), 9_000);
+        assert_eq!(t.stream_ms, 9_000);
     }
 
     #[test]

@@ -283,7 +283,9 @@ pub(super) struct Latest {
     /// The group's committed offsets of the commands partition and its clock.
     committed: i64,
     clock: i64,
-    /// The latest committed record of each key; `None` for a committed tombstone.
+    /// The latest committed record of each key; `None` for a committed tombstone. Ordered, so a
+    /// restore takes the instances in the same order in every process (which ones the owner keeps
+    /// in memory follows it; the simulation replays a seed exactly).
     latest: HashMap<String, Option<StateRecord>>,
     /// The keys whose last record is not committed (yet): see [`Owner::repair`].
     stale: BTreeSet<String>,
@@ -462,6 +464,7 @@ impl Latest {
             .collect();
         let mut t = Owner {
             partition: p,
+            stream_ms: 0,
             repair,
             txn,
             slots: HashMap::new(),

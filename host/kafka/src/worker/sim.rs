@@ -50,6 +50,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
 const PARTITIONS: i32 = 4;
+/// Instances per seed: at least the first, plus up to the second.
+const INSTANCES: (usize, usize) = (50, 20);
+/// Steps of a seed's schedule before it heals: at least the first, plus up to the second.
+const STEPS: (usize, usize) = (1000, 500);
 
 /// What the broker does to the first transaction of a worker's turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1827,9 +1831,19 @@ fn message(topic: &str, p: i32, r: &Rec) -> OwnedMessage {
 /// Runs one seed: how many instances took a go event routed by key, and whether its groups
 /// rebalanced eagerly.
 fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<(usize, bool), (String, Vec<String>)> {
+    run_traced(shared, seed, verbose).0
+}
+
+/// [`run`], and the whole schedule as it ran.
+#[allow(clippy::type_complexity)]
+fn run_traced(
+    shared: &Shared,
+    seed: u64,
+    verbose: bool,
+) -> (Result<(usize, bool), (String, Vec<String>)>, Vec<String>) {
     let mut w = World::new(shared, seed, verbose);
-    let instances = 4 + w.rng.usize(..8);
-    let steps = 100 + w.rng.usize(..200);
+    let instances = INSTANCES.0 + w.rng.usize(..INSTANCES.1);
+    let steps = STEPS.0 + w.rng.usize(..STEPS.1);
     let mut next_start = 0;
     for _ in 0..steps {
         w.random_step(&mut next_start, instances);
@@ -1839,14 +1853,38 @@ fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<(usize, bool), (Stri
         next_start += 1;
     }
     let r = w.heal().and_then(|()| w.check()).map(|n| (n, w.eager));
-    r.map_err(|e| {
+    let trace = w.trace.clone();
+    let r = r.map_err(|e| {
         let mode = if w.broker.shows_aborted {
             "showing aborted records"
         } else {
             "hiding aborted records"
         };
         (format!("{e} ({mode})"), w.trace)
-    })
+    });
+    (r, trace)
+}
+
+/// A seed is a replay: the same schedule, the same decisions, the same trace, every time (no
+/// `HashMap` order, clock or randomness of the process leaks into what the workers decide).
+#[test]
+fn a_seed_runs_the_same_way_every_time() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in 0..10 {
+        let (first, a) = run_traced(&shared, seed, false);
+        let (second, b) = run_traced(&shared, seed, false);
+        assert_eq!(first.is_ok(), second.is_ok(), "seed {seed}");
+        if let Some(i) = (0..a.len().max(b.len())).find(|i| a.get(*i) != b.get(*i)) {
+            panic!(
+                "seed {seed} ran differently the second time, at step {i}:\n  {:?}\n  {:?}",
+                a.get(i),
+                b.get(i)
+            );
+        }
+    }
 }
 
 #[test]
@@ -1864,7 +1902,7 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
     let seeds: u64 = std::env::var("SM4C_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(120);
     let (mut by_key, mut eager) = (0, 0);
     for seed in 0..seeds {
         match run(&shared, seed, false) {
