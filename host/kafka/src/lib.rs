@@ -775,6 +775,15 @@ impl KafkaHost {
         }
     }
 
+    /// [`KafkaHost::record`] on a blocking thread: the view may read the partition's local store
+    /// (SQLite), which must not hold up the tokio threads that make function calls.
+    async fn record_off(&self, id: &str) -> Result<Option<wire::InstanceRecord>, HostError> {
+        let (me, id) = (self.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || me.record(&id))
+            .await
+            .map_err(|e| HostError::Unavailable(e.to_string()))?
+    }
+
     /// Why a request about instance `id` (of partition `p`) is not answered here.
     fn elsewhere(&self, id: &str, p: i32) -> String {
         let m = &self.shared.members;
@@ -864,7 +873,11 @@ impl Backend for KafkaHost {
                     lists.entry(l.to_string()).or_default();
                 }
             }
-            for (list, open) in self.shared.view.open_tasks() {
+            let me = self.clone();
+            let open = tokio::task::spawn_blocking(move || me.shared.view.open_tasks())
+                .await
+                .map_err(|e| HostError::Unavailable(e.to_string()))?;
+            for (list, open) in open {
                 *lists.entry(list.to_string()).or_default() += open;
             }
             Ok(lists
@@ -992,7 +1005,7 @@ impl Backend for KafkaHost {
             let id = id.unwrap_or_else(|| sm4c_host::service::new_id(&m.id));
             let request = sm4c_host::service::new_id("start");
             let p = partition_of(&id, self.shared.partitions);
-            if self.record(&id)?.is_some() {
+            if self.record_off(&id).await?.is_some() {
                 return Ok((id, false));
             }
             let c = Command::Start {
@@ -1033,8 +1046,17 @@ impl Backend for KafkaHost {
         after: i64,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>> {
-        let rows = self.shared.view.list(status, definition, after, limit);
-        Box::pin(async move { Ok(rows) })
+        // Off the tokio threads: the view may read the local stores (SQLite).
+        let (me, status, definition) = (self.clone(), status.map(str::to_string), definition.map(str::to_string));
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                me.shared
+                    .view
+                    .list(status.as_deref(), definition.as_deref(), after, limit)
+            })
+            .await
+            .map_err(|e| HostError::Unavailable(e.to_string()))
+        })
     }
 
     fn history(&self, id: &str, after: i64, limit: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>> {
@@ -1056,7 +1078,7 @@ impl Backend for KafkaHost {
     fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
             let p = partition_of(&id, self.shared.partitions);
-            match self.record(&id)? {
+            match self.record_off(&id).await? {
                 None => return Err(HostError::UnknownInstance(id)),
                 Some(r) if r.snapshot.status.is_final() => return Err(HostError::Ended(id)),
                 Some(_) => {}

@@ -1203,53 +1203,89 @@ impl Worker {
         }
         self.start_restores(&assigned);
         self.finish_restores();
-        let mut new_router = false;
-        for (topic, p) in assigned.into_iter().filter(|(t, _)| *t != commands) {
-            if !self.routers.contains_key(&(topic.clone(), p)) {
-                new_router = true;
-                let txn = if self.shared.cfg.exactly_once {
-                    let id = format!("{}.{}.{}", self.shared.cfg.group, topic, p);
-                    match txn_producer(&self.shared, &id, RESTORE_TIMEOUT) {
-                        Ok(t) => Some(t),
-                        Err(e) => {
-                            // What was polled from it meanwhile is not routed: read it again once
-                            // a router runs (the next assignment check tries again).
-                            tracing::error!(topic, partition = p, error = %e, "cannot start the router; its records are read again");
-                            self.rewind(&topic, p);
-                            continue;
-                        }
-                    }
-                } else {
-                    None
-                };
-                // The barriers below must land after the last transaction of the previous owner
-                // that consumed from this events partition, or commands it routed here would come
-                // after events applied directly. Reading the committed offset with read_committed
-                // isolation asks the broker for a stable offset (KIP-447): it answers once that
-                // owner's pending transaction is committed or aborted.
-                // A partition the events group has no offset for yet goes on from where the
-                // commands group's workers of an earlier version left it.
-                match self
-                    .consumers
-                    .adopt_earlier_offset(&self.offsets, &topic, p, RESTORE_TIMEOUT)
-                {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(e) => {
-                        tracing::error!(topic, partition = p, error = %e, "cannot read the stable committed offset; the router starts later");
-                        self.rewind(&topic, p);
-                        continue;
-                    }
+        // New routers start side by side: each fences its events partition's transactional id and
+        // reads its committed offset (up to RESTORE_TIMEOUT each), and the loop waits for the
+        // slowest, not for their sum.
+        let mut wanted: Vec<(String, i32)> = assigned
+            .into_iter()
+            .filter(|(t, p)| *t != commands && !self.routers.contains_key(&(t.clone(), *p)))
+            .collect();
+        wanted.sort_unstable();
+        let new_router = !wanted.is_empty();
+        type Started = (
+            (String, i32),
+            Result<Option<ThreadedProducer<Quiet>>, String>,
+            Result<bool, String>,
+        );
+        let started: Vec<Started> = {
+            let (shared, consumers, offsets) = (&self.shared, &self.consumers, &self.offsets);
+            std::thread::scope(|s| {
+                let hs: Vec<_> = wanted
+                    .into_iter()
+                    .map(|(topic, p)| {
+                        s.spawn(move || {
+                            let txn = if shared.cfg.exactly_once {
+                                let id = format!("{}.{}.{}", shared.cfg.group, topic, p);
+                                match txn_producer(shared, &id, RESTORE_TIMEOUT) {
+                                    Ok(t) => Ok(Some(t)),
+                                    Err(e) => return ((topic, p), Err(e), Ok(false)),
+                                }
+                            } else {
+                                Ok(None)
+                            };
+                            // The barriers below must land after the last transaction of the
+                            // previous owner that consumed from this events partition, or commands
+                            // it routed here would come after events applied directly. Reading the
+                            // committed offset with read_committed isolation asks the broker for a
+                            // stable offset (KIP-447): it answers once that owner's pending
+                            // transaction is committed or aborted. A partition the events group
+                            // has no offset for yet goes on from where the commands group's
+                            // workers of an earlier version left it.
+                            let adopted = consumers.adopt_earlier_offset(offsets, &topic, p, RESTORE_TIMEOUT);
+                            ((topic, p), txn, adopted)
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .filter_map(|h| {
+                        h.join()
+                            .map_err(|panic| {
+                                // Not in `routers`: the next assignment check starts it again.
+                                tracing::error!(panic = panic_text(panic.as_ref()), "starting a router panicked");
+                            })
+                            .ok()
+                    })
+                    .collect()
+            })
+        };
+        for ((topic, p), txn, adopted) in started {
+            let txn = match txn {
+                Ok(t) => t,
+                Err(e) => {
+                    // What was polled from it meanwhile is not routed: read it again once a router
+                    // runs (the next assignment check tries again).
+                    tracing::error!(topic, partition = p, error = %e, "cannot start the router; its records are read again");
+                    self.rewind(&topic, p);
+                    continue;
                 }
-                self.routers.insert(
-                    (topic, p),
-                    Router {
-                        txn,
-                        settle: Settle::default(),
-                        last_target: p,
-                    },
-                );
+            };
+            match adopted {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::error!(topic, partition = p, error = %e, "cannot read the stable committed offset; the router starts later");
+                    self.rewind(&topic, p);
+                    continue;
+                }
             }
+            self.routers.insert(
+                (topic, p),
+                Router {
+                    txn,
+                    settle: Settle::default(),
+                    last_target: p,
+                },
+            );
         }
         if new_router {
             // Its previous owner (fenced now) may have routed events to our partitions: those
