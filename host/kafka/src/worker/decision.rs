@@ -92,11 +92,11 @@ pub(super) fn decide<'a>(
             }
             continue;
         }
-        d.apply(c, at, offset);
+        d.guarded(c, at, offset);
     }
     for (c, at, offset) in hosted.inline {
         d.t.stream_ms = d.t.stream_ms.max(at);
-        d.apply(c, at, offset);
+        d.guarded(c, at, offset);
     }
     d.unpark(d.t.stream_ms);
     let through = d.through;
@@ -236,7 +236,57 @@ struct Decision<'a> {
 }
 
 impl Decision<'_> {
+    /// [`Decision::apply`], a panic in it (a bug of ours; the engine's own are caught by the
+    /// driver) caught: it fails only the instance the command is for, and the command goes to the
+    /// dead letters with the panic's message (code `panicked`), logged and counted. The batch goes
+    /// on: reading it again would panic again, for ever.
+    fn guarded(&mut self, c: Command, at: i64, offset: i64) {
+        let copy = serde_json::to_vec(&c).unwrap_or_default();
+        let id = serde_json::from_slice::<Value>(&copy)
+            .ok()
+            .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.apply(c, at, offset)));
+        let Err(panic) = r else { return };
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into());
+        tracing::error!(
+            partition = self.t.partition,
+            offset,
+            instance = id.as_deref(),
+            panic = what,
+            "deciding a command panicked; its instance is failed"
+        );
+        if let Some(o) = sm4c_host::metrics::observer() {
+            o.kafka_panic("decide");
+        }
+        if let Some(id) = &id {
+            if let Some(slot) = self.t.slot(self.shared, id) {
+                if !slot.h.inst.status().is_final() {
+                    slot.h.inst.force_fail(sm4c_runtime::ErrorInfo::new(
+                        sm4c_runtime::ErrorKind::InternalError,
+                        format!("the worker failed on this instance: {what}"),
+                    ));
+                }
+                self.t.dirty.insert(id.clone());
+            }
+        }
+        let origin = format!("{}/{}/{offset}", self.shared.topics.commands, self.t.partition);
+        let why = format!("deciding this command panicked: {what}");
+        self.outs.push(deadletter(
+            self.shared,
+            copy,
+            vec![("sm4c-origin".to_string(), origin.into_bytes())],
+            "panicked",
+            &why,
+        ));
+    }
+
     fn apply(&mut self, c: Command, at: i64, offset: i64) {
+        #[cfg(test)]
+        tests::maybe_panic(&c);
         let n = self.shared.partitions;
         match c {
             Command::Start {
@@ -847,6 +897,28 @@ fn parse_origin(key: &str) -> Origin {
 #[cfg(test)]
 mod tests {
     use super::decide;
+
+    thread_local! {
+        /// The kind of command whose decision panics, for the test of a panic's containment.
+        static PANIC_ON: std::cell::RefCell<Option<&'static str>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// A seam for tests: panics when deciding a command of the kind set in [`PANIC_ON`].
+    pub(super) fn maybe_panic(c: &Command) {
+        let kind = serde_json::to_value(c).ok().and_then(|v| {
+            v.get("kind")
+                .or(v.get("type"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+        PANIC_ON.with(|p| {
+            if let (Some(want), Some(kind)) = (*p.borrow(), kind) {
+                if kind == want {
+                    panic!("a bug while deciding {kind}");
+                }
+            }
+        });
+    }
     use crate::wire::{corr_key, partition_of, Command, Origin};
     use serde_json::{json, Value};
 
@@ -880,6 +952,72 @@ mod tests {
             }
         }
         (commands, dead)
+    }
+
+    #[test]
+    fn a_panic_while_deciding_a_command_fails_only_its_instance_and_dead_letters_the_command() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let start = |id: &str| Command::Start {
+            id: id.into(),
+            definition: "sim".into(),
+            version: None,
+            input: json!({"n": 1}),
+            parent: None,
+            depth: 0,
+            origin: None,
+            request: None,
+            traceparent: None,
+        };
+        // Two instances of one partition.
+        let ids: Vec<String> = (0..200)
+            .map(|i| format!("x{i}"))
+            .filter(|id| partition_of(id, shared.partitions) == 0)
+            .take(2)
+            .collect();
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        run(&shared, &mut t, &[start(&ids[0]), start(&ids[1])], 1);
+        let cancel = Command::Cancel {
+            id: ids[0].clone(),
+            reason: "test".into(),
+        };
+        let payloads: Vec<Vec<u8>> = [cancel, Command::Tick]
+            .iter()
+            .map(|c| serde_json::to_vec(c).expect("json"))
+            .collect();
+        PANIC_ON.with(|p| *p.borrow_mut() = Some("cancel"));
+        let records: Vec<(i64, i64, &[u8])> =
+            vec![(5000, 2, payloads[0].as_slice()), (5001, 2, payloads[1].as_slice())];
+        let b = decide(&shared, &mut t, records, Default::default(), 2);
+        PANIC_ON.with(|p| *p.borrow_mut() = None);
+        // The command is a dead letter that says why.
+        let dead: Vec<_> = b.outs.iter().filter(|o| o.topic == shared.topics.deadletter).collect();
+        assert_eq!(dead.len(), 1);
+        let code = dead[0]
+            .headers
+            .iter()
+            .find(|(k, _)| k == "sm4c-deadletter-code")
+            .map(|(_, v)| v.clone());
+        assert_eq!(code.as_deref(), Some(&b"panicked"[..]));
+        // Its instance failed, with what panicked; the other one is untouched, and the batch went on.
+        let failed = t.slot(&shared, &ids[0]).expect("the instance");
+        assert_eq!(failed.h.inst.status(), sm4c_runtime::Status::Failed);
+        let err = failed.h.inst.snapshot().error.clone().expect("an error");
+        assert!(err.message.contains("a bug while deciding cancel"), "{err:?}");
+        let other = t.slot(&shared, &ids[1]).expect("the other instance");
+        assert!(!other.h.inst.status().is_final());
+        assert!(
+            b.offsets
+                .iter()
+                .any(|(topic, p, o)| topic == &shared.topics.commands && *p == 0 && *o == 5002),
+            "{:?}",
+            b.offsets
+        );
+        // Its new state is written in the batch's transaction.
+        assert!(
+            b.records.iter().any(|(id, r)| id == &ids[0] && r.is_some()),
+            "the failed instance's record"
+        );
     }
 
     #[test]
