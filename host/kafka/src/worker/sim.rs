@@ -788,7 +788,7 @@ impl<'a> World<'a> {
         self.barriers += 1;
         let token = format!("barrier-{}", self.barriers);
         let out = super::command(self.shared, p, None, &Command::Barrier { token: token.clone() });
-        self.broker.plain(&out, self.now);
+        self.plain_lossy(&out, self.now);
         token
     }
 
@@ -897,7 +897,7 @@ impl<'a> World<'a> {
                     .and_then(|s| s.h.origin.clone());
                 let out = super::subflow_start(self.shared, &start, origin);
                 self.note(format!("w{w} sends the start of {} again", start.id));
-                self.broker.plain(&out, self.now);
+                self.plain_lossy(&out, self.now);
             }
             Work::Task { .. } | Work::Send { .. } => {}
         }
@@ -1164,6 +1164,15 @@ impl<'a> World<'a> {
         self.rebalance(BOTH, None);
     }
 
+    /// A worker's plain produce, which the broker may not take (before the world heals).
+    fn plain_lossy(&mut self, out: &Out, now: i64) {
+        if self.lossy && self.rng.u8(..6) == 0 {
+            self.note("(the broker does not take it)".into());
+            return;
+        }
+        self.broker.plain(out, now);
+    }
+
     fn command(&mut self, id: &str, c: &Command) {
         let p = partition_of(id, PARTITIONS);
         if self.lossy && matches!(c, Command::Timer { .. } | Command::Result { .. }) && self.rng.u8(..6) == 0 {
@@ -1208,7 +1217,7 @@ impl<'a> World<'a> {
         for p in ticks {
             self.note(format!("w{w} ticks p{p}"));
             let out = super::command(self.shared, p, None, &Command::Tick);
-            self.broker.plain(&out, now);
+            self.plain_lossy(&out, now);
         }
     }
 
