@@ -256,7 +256,14 @@ async fn instance_get(
 ) -> Result<Json<Value>, ApiError> {
     match rest.strip_suffix("/history") {
         Some(id) => history(h, id.to_string(), q.0).await,
-        None => Ok(Json(instance_json(&h, &rest)?)),
+        // The host may read its store (SQLite) for it: on a blocking thread, not on the tokio
+        // threads that serve every other request and make function calls.
+        None => {
+            let v = tokio::task::spawn_blocking(move || instance_json(&h, &rest))
+                .await
+                .map_err(|e| ApiError::from(HostError::Unavailable(e.to_string())))??;
+            Ok(Json(v))
+        }
     }
 }
 
