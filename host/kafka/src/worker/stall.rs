@@ -373,12 +373,21 @@ impl Guard {
             let record = if topic == shared.topics.commands {
                 super::command(shared, q, None, &crate::wire::Command::Tick)
             } else {
+                let mut headers = vec![(UNSTICK_HEADER.to_string(), b"aborted".to_vec())];
+                if topic == shared.topics.deadletter {
+                    // Readers of dead letters expect a code and a reason on every record.
+                    headers.push(("sm4c-deadletter-code".into(), b"unstick".to_vec()));
+                    headers.push((
+                        "sm4c-deadletter-reason".into(),
+                        b"not a dead letter: an aborted record a worker wrote to end a stalled transaction".to_vec(),
+                    ));
+                }
                 super::Out {
                     topic: topic.to_string(),
                     partition: Some(q),
                     key: None,
                     payload: Some(Vec::new()),
-                    headers: vec![(UNSTICK_HEADER.to_string(), b"aborted".to_vec())],
+                    headers,
                 }
             };
             super::produce(producer, &record)?;
