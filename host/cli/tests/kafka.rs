@@ -882,6 +882,11 @@ fn three_workers_run_a_thousand_sagas_through_a_sigkill_and_restart_with_exactly
     assert_eq!(ids.len(), n, "one request per saga");
     let dups: Vec<_> = ids.iter().filter(|(_, c)| **c != 1).collect();
     assert!(dups.is_empty(), "events sent more than once: {dups:?}");
+    // For the record (no bound asserted: speed is measured, not tested): each worker loop's
+    // longest turn, which must stay well under max.poll.interval.ms (10 s here).
+    for w in [&w1, &w2, &w3] {
+        eprintln!("longest turn of {}: {} ms", w.base, w.get("/healthz")["longestTurnMs"]);
+    }
     // A journal shows the start, the reply and the end once each.
     let some = all_instances(&w1)[0]["id"].as_str().expect("id").to_string();
     let (inputs, h) = history_inputs(&w1, &some);
