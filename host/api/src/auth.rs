@@ -11,10 +11,18 @@
 //! `GET /healthz`, `GET /openapi.json` and the web inspector's assets (`/ui`, not its data) stay open. Tokens are kept as their SHA-256 digests and
 //! compared in constant time; no message or log quotes them. Without any token or client mapping,
 //! [`Auth::is_on`] is false and [`layer`] lets every request through.
+//!
+//! The workers of a Kafka group authenticate to each other with a token of their own, the group's
+//! [`PeerToken`], never with a caller's credentials: a request one worker forwards to another
+//! carries the peer token in [`PEER_TOKEN`] and the role its caller authenticated with at the first
+//! worker in [`CALLER_ROLE`]. The receiving worker trusts that role only when the peer token is
+//! valid (compared by digest in constant time, like the API tokens); a client cannot name its own
+//! role, nor pass as a forwarded request ([`crate::cluster::FORWARDED`] is removed from requests
+//! that carry no peer token).
 
 use crate::errors::{Forbidden, Unauthenticated};
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -68,17 +76,79 @@ impl FromStr for Role {
 
 /// The SHA-256 digest of a token, the only form in which the server keeps it.
 pub fn digest(token: &str) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    digest_bytes(token.as_bytes())
+}
+
+fn digest_bytes(token: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token);
     let mut out = [0; 32];
     out.copy_from_slice(d.as_ref());
     out
 }
 
-/// Who may do what: token digests and client certificate names with their roles.
+/// The header of a request from another worker of the group: the group's [`PeerToken`].
+pub const PEER_TOKEN: &str = "sm4c-peer-token";
+
+/// The header of a request from another worker of the group: the [`Role`] its caller
+/// authenticated with there. Trusted only beside a valid [`PEER_TOKEN`].
+pub const CALLER_ROLE: &str = "sm4c-caller-role";
+
+/// The secret the workers of a group share to authenticate to each other (`[server] peer_token`
+/// in the configuration file, or `SM4C_PEER_TOKEN`). Its `Debug` hides it, and it goes out only
+/// in the [`PEER_TOKEN`] header, marked sensitive.
+#[derive(Clone)]
+pub struct PeerToken(HeaderValue);
+
+impl PeerToken {
+    /// A peer token: at least 16 characters, printable ASCII without spaces (it travels in a
+    /// header). The error never quotes it.
+    pub fn new(token: &str) -> Result<PeerToken, String> {
+        if token.is_empty() {
+            return Err("the peer token is empty".into());
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("a peer token is printable ASCII without spaces".into());
+        }
+        if token.len() < 16 {
+            return Err(format!(
+                "the peer token has {} characters: use at least 16 (e.g. `openssl rand -hex 32`)",
+                token.len()
+            ));
+        }
+        let mut v = HeaderValue::from_str(token).map_err(|_| "a peer token is printable ASCII without spaces")?;
+        v.set_sensitive(true);
+        Ok(PeerToken(v))
+    }
+
+    /// Its SHA-256 digest, what the receiving worker keeps ([`Auth::peer`]).
+    pub fn digest(&self) -> [u8; 32] {
+        digest_bytes(self.0.as_bytes())
+    }
+
+    /// The header value sent to the other workers.
+    pub(crate) fn header(&self) -> HeaderValue {
+        self.0.clone()
+    }
+}
+
+impl fmt::Debug for PeerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PeerToken(hidden)")
+    }
+}
+
+/// The role a request's caller authenticated with, which the authentication layer puts in the
+/// request's extensions: a worker that forwards the request names it to the other ([`CALLER_ROLE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authenticated(pub Role);
+
+/// Who may do what: token digests and client certificate names with their roles, and the digest
+/// of the group's peer token.
 #[derive(Default, Clone)]
 pub struct Auth {
     tokens: Vec<([u8; 32], Role)>,
     clients: BTreeMap<String, Role>,
+    peer: Option<[u8; 32]>,
 }
 
 impl fmt::Debug for Auth {
@@ -86,6 +156,7 @@ impl fmt::Debug for Auth {
         f.debug_struct("Auth")
             .field("tokens", &self.tokens.len())
             .field("clients", &self.clients)
+            .field("peer", &self.peer.is_some())
             .finish()
     }
 }
@@ -99,6 +170,17 @@ impl Auth {
     /// Maps the subject common name of a verified client certificate to a role.
     pub fn client(&mut self, common_name: impl Into<String>, role: Role) {
         self.clients.insert(common_name.into(), role);
+    }
+
+    /// Accepts requests from the other workers of the group that carry the peer token of this
+    /// [`PeerToken::digest`], with the role they name for their caller.
+    pub fn peer(&mut self, digest: [u8; 32]) {
+        self.peer = Some(digest);
+    }
+
+    /// Whether a peer token is configured.
+    pub fn has_peer(&self) -> bool {
+        self.peer.is_some()
     }
 
     /// Whether requests must authenticate (some token or client certificate is configured).
@@ -178,7 +260,20 @@ fn authenticated(auth: &Auth, req: &Request) -> bool {
         .is_some_and(|cn| auth.clients.contains_key(cn))
 }
 
-async fn check(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
+/// Whether `given` is the group's peer token, compared by digest in constant time.
+fn is_peer(auth: &Auth, given: &HeaderValue) -> bool {
+    auth.peer
+        .as_ref()
+        .is_some_and(|known| bool::from(known.ct_eq(&digest_bytes(given.as_bytes()))))
+}
+
+async fn check(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
+    if let Some(given) = req.headers().get(PEER_TOKEN) {
+        return from_peer(&auth, is_peer(&auth, given), req, next).await;
+    }
+    // Only another worker may say a request was forwarded, and name its caller's role.
+    req.headers_mut().remove(crate::cluster::FORWARDED);
+    req.headers_mut().remove(CALLER_ROLE);
     let Some(needed) = needs(req.method(), req.uri().path()) else {
         if req.uri().path() == "/healthz" && !authenticated(&auth, &req) {
             return hide_health(next.run(req).await).await;
@@ -218,6 +313,38 @@ async fn check(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Respo
     if role < needed {
         return Forbidden(role.to_string(), needed.to_string()).into_response();
     }
+    req.extensions_mut().insert(Authenticated(role));
+    next.run(req).await
+}
+
+/// A request from another worker of the group (it carries [`PEER_TOKEN`], `valid` or not): with a
+/// valid peer token, answered as its caller's role ([`CALLER_ROLE`]) allows, here, never forwarded
+/// again.
+async fn from_peer(auth: &Auth, valid: bool, mut req: Request, next: Next) -> Response {
+    if !valid {
+        return unauthenticated(match auth.peer {
+            Some(_) => "the peer token (sm4c-peer-token) is not valid: the workers of a group must share one",
+            None => "this worker has no peer token configured, so it takes no request from another worker",
+        });
+    }
+    let role = req
+        .headers()
+        .get(CALLER_ROLE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::parse::<Role>);
+    let Some(Ok(role)) = role else {
+        return unauthenticated(
+            "a request from another worker names its caller's role (sm4c-caller-role: read, operate or admin)",
+        );
+    };
+    if let Some(needed) = needs(req.method(), req.uri().path()) {
+        if role < needed {
+            return Forbidden(role.to_string(), needed.to_string()).into_response();
+        }
+    }
+    req.headers_mut()
+        .insert(crate::cluster::FORWARDED, HeaderValue::from_static("1"));
+    req.extensions_mut().insert(Authenticated(role));
     next.run(req).await
 }
 
@@ -343,6 +470,26 @@ mod tests {
         assert_eq!(a.role_of_token("R"), None);
         assert_eq!(a.role_of_token(""), None);
         assert!(!format!("{a:?}").contains(&format!("{:?}", digest("r"))));
+    }
+
+    #[test]
+    fn a_peer_token_is_long_printable_and_never_shown() {
+        let t = PeerToken::new("peer-s3cret-0123456789").expect("peer token");
+        assert_eq!(format!("{t:?}"), "PeerToken(hidden)");
+        assert!(t.header().is_sensitive());
+        assert_eq!(t.digest(), digest("peer-s3cret-0123456789"));
+        assert_eq!(PeerToken::new("").unwrap_err(), "the peer token is empty");
+        let short = PeerToken::new("s3cret").unwrap_err();
+        assert!(short.contains("6 characters") && !short.contains("s3cret"), "{short}");
+        assert!(PeerToken::new("peer s3cret 0123456789").is_err());
+        assert!(PeerToken::new("peer-s3cret-0123456789\n").is_err());
+        let mut a = Auth::default();
+        a.peer(t.digest());
+        assert!(
+            a.has_peer() && !a.is_on(),
+            "a peer token alone does not turn authentication on"
+        );
+        assert!(!format!("{a:?}").contains("s3cret"));
     }
 
     #[test]

@@ -2,14 +2,22 @@
 //!
 //! - A request about one instance (`/instances/{id}…`, a task answer, the inspector's instance
 //!   page, `POST /instances`) is answered by the worker that holds the instance: the worker that
-//!   receives it asks its [`Backend::locate`] and forwards the request there as it came (the
-//!   caller's credentials included), with the header [`FORWARDED`], and returns the answer.
+//!   receives it asks its [`Backend::locate`] and forwards the request there, with the header
+//!   [`FORWARDED`], and returns the answer.
 //! - A listing (`GET /instances`, the inspector's lists and searches, `GET /tasklists`,
 //!   `POST /events/explain`) asks every worker ([`Backend::peers`]) for its share and merges.
 //!
 //! A request that carries [`FORWARDED`] is answered where it lands: it is never forwarded again.
 //! The worker that holds nothing of it answers 503 (say, when the partition moved meanwhile).
+//!
+//! A worker never passes its caller's credentials on (`Authorization`, cookies): with
+//! authentication on, it authenticates to the other worker with the group's own
+//! [`PeerToken`](crate::auth::PeerToken) ([`Peering`]) and names the role its caller authenticated
+//! with ([`crate::auth::CALLER_ROLE`]), which the other worker trusts only beside a valid peer
+//! token. It sends the peer token over plain `http://` only to a loopback address, or when told
+//! to (`--insecure-plain-http`): anyone on the network path could read it and act as any caller.
 
+use crate::auth::{Authenticated, PeerToken, Role, CALLER_ROLE, PEER_TOKEN};
 use crate::errors::Unavailable;
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{Request, State};
@@ -38,11 +46,67 @@ pub trait Forward: Send + Sync + 'static {
     fn send(&self, req: axum::http::Request<Bytes>) -> BoxFuture<'static, Result<axum::http::Response<Bytes>, String>>;
 }
 
+/// How this worker authenticates to the others of its group.
+#[derive(Clone, Debug, Default)]
+pub struct Peering {
+    /// The group's peer token, sent with every request to another worker; `None` when
+    /// authentication is off (then the caller's role is not sent either: nobody checks it).
+    pub token: Option<PeerToken>,
+    /// Whether the peer token may go to a worker whose URL is plain `http://` beyond loopback
+    /// (`--insecure-plain-http`).
+    pub plain_http: bool,
+}
+
+impl Peering {
+    /// The headers that authenticate a request to the worker at `url` for a caller of `role`, or
+    /// why it must not be sent there.
+    fn headers(&self, url: &Uri, role: Option<Role>) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+        let Some(token) = &self.token else {
+            return Ok(Vec::new());
+        };
+        if url.scheme_str() != Some("https") && !self.plain_http && !url.host().is_some_and(is_loopback) {
+            let base = format!(
+                "{}://{}",
+                url.scheme_str().unwrap_or("http"),
+                url.authority().map(|a| a.as_str()).unwrap_or_default()
+            );
+            return Err(format!(
+                "refusing to send the group's peer token to {base} over plain HTTP: anyone on the network \
+                 path could read it and act as any caller. Serve the workers over HTTPS ([server.tls]) and \
+                 advertise https:// URLs, or pass --insecure-plain-http"
+            ));
+        }
+        let mut out = vec![(HeaderName::from_static(PEER_TOKEN), token.header())];
+        if let Some(r) = role {
+            out.push((
+                HeaderName::from_static(CALLER_ROLE),
+                HeaderValue::from_static(r.as_str()),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+impl Peering {
+    /// Why a request must not be sent to the worker at `base`, if it must not.
+    fn allows(&self, base: &str) -> Result<(), String> {
+        let uri = base.parse::<Uri>().map_err(|e| format!("{base:?}: {e}"))?;
+        self.headers(&uri, None).map(|_| ())
+    }
+}
+
+/// Whether a URL's host is this machine: `localhost`, or a loopback address.
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The request being answered.
 #[derive(Clone, Default)]
 struct Caller {
-    /// Its credentials, passed on when it asks other workers.
-    auth: Option<HeaderValue>,
+    /// The role it authenticated with (none when authentication is off), named to the other
+    /// workers it asks.
+    role: Option<Role>,
     /// Whether another worker forwarded it: then it asks no one.
     forwarded: bool,
 }
@@ -66,9 +130,13 @@ pub(crate) fn as_caller<F: Future>(f: F) -> impl Future<Output = F::Output> {
 type Api = Arc<dyn Backend>;
 
 /// The middleware that forwards requests about one instance to the worker that holds it.
-pub(crate) async fn forwarding(State((h, fwd)): State<(Api, Arc<dyn Forward>)>, req: Request, next: Next) -> Response {
+pub(crate) async fn forwarding(
+    State((h, fwd, peering)): State<(Api, Arc<dyn Forward>, Peering)>,
+    req: Request,
+    next: Next,
+) -> Response {
     let caller = Caller {
-        auth: req.headers().get(header::AUTHORIZATION).cloned(),
+        role: req.extensions().get::<Authenticated>().map(|a| a.0),
         forwarded: req.headers().contains_key(FORWARDED),
     };
     if caller.forwarded {
@@ -84,18 +152,34 @@ pub(crate) async fn forwarding(State((h, fwd)): State<(Api, Arc<dyn Forward>)>, 
     match h.locate(&id).await {
         Whereabouts::Here => CALLER.scope(caller, next.run(req)).await,
         Whereabouts::Unavailable(why) => Unavailable(why).into_response(),
-        Whereabouts::At(url) => match forward(&*fwd, &url, req).await {
-            Ok(mut r) => {
-                if let Ok(v) = HeaderValue::from_str(&url) {
-                    r.headers_mut().insert(ANSWERED_BY, v);
-                }
-                r
-            }
-            Err(e) => Unavailable(format!(
-                "instance {id:?} is held by the worker at {url}, which did not answer: {e}"
-            ))
-            .into_response(),
+        Whereabouts::At(url) => match peering.allows(&url) {
+            Err(why) => Unavailable(format!("instance {id:?} is held by the worker at {url}: {why}")).into_response(),
+            Ok(()) => forward_to(&*fwd, &peering, caller.role, &id, &url, req).await,
         },
+    }
+}
+
+/// `req` forwarded to the worker at `url`, which holds instance `id`, and its answer marked
+/// [`ANSWERED_BY`].
+async fn forward_to(
+    fwd: &dyn Forward,
+    peering: &Peering,
+    role: Option<Role>,
+    id: &str,
+    url: &str,
+    req: Request,
+) -> Response {
+    match forward(fwd, peering, role, url, req).await {
+        Ok(mut r) => {
+            if let Ok(v) = HeaderValue::from_str(url) {
+                r.headers_mut().insert(ANSWERED_BY, v);
+            }
+            r
+        }
+        Err(e) => Unavailable(format!(
+            "instance {id:?} is held by the worker at {url}, which did not answer: {e}"
+        ))
+        .into_response(),
     }
 }
 
@@ -194,7 +278,7 @@ fn decode(s: &str) -> String {
     String::from_utf8(out).unwrap_or_else(|_| s.to_string())
 }
 
-/// Headers not passed on (hop by hop, or set again for the new request).
+/// Headers not passed on in an answer (hop by hop, or set again for the new message).
 const DROPPED: [HeaderName; 5] = [
     header::HOST,
     header::CONNECTION,
@@ -203,25 +287,44 @@ const DROPPED: [HeaderName; 5] = [
     header::TE,
 ];
 
+/// Headers of a request not passed on to another worker besides [`DROPPED`]: the caller's
+/// credentials (the worker authenticates with its own, [`Peering`]) and what only this worker may
+/// say about the request.
+fn withheld(name: &HeaderName) -> bool {
+    DROPPED.contains(name)
+        || [header::AUTHORIZATION, header::PROXY_AUTHORIZATION, header::COOKIE].contains(name)
+        || [PEER_TOKEN, CALLER_ROLE, FORWARDED].contains(&name.as_str())
+}
+
 /// How long a forwarded request may take: a start waits up to 30 s for its owner to apply it.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Sends `req` to the worker at `base` as it came, marked [`FORWARDED`].
-async fn forward(fwd: &dyn Forward, base: &str, req: Request) -> Result<Response, String> {
+/// Sends `req` to the worker at `base`, marked [`FORWARDED`] and authenticated with `peering`
+/// for a caller of `role`, without the caller's credentials.
+async fn forward(
+    fwd: &dyn Forward,
+    peering: &Peering,
+    role: Option<Role>,
+    base: &str,
+    req: Request,
+) -> Result<Response, String> {
     let (parts, body) = req.into_parts();
-    let body = to_bytes(body, crate::MAX_BODY + 1).await.map_err(|e| e.to_string())?;
     let target = format!(
         "{}{}",
         base.trim_end_matches('/'),
         parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
     );
-    let mut out = axum::http::Request::builder()
-        .method(parts.method)
-        .uri(target.parse::<Uri>().map_err(|e| format!("{target:?}: {e}"))?);
+    let uri = target.parse::<Uri>().map_err(|e| format!("{target:?}: {e}"))?;
+    let credentials = peering.headers(&uri, role)?;
+    let body = to_bytes(body, crate::MAX_BODY + 1).await.map_err(|e| e.to_string())?;
+    let mut out = axum::http::Request::builder().method(parts.method).uri(uri);
     for (k, v) in &parts.headers {
-        if !DROPPED.contains(k) {
+        if !withheld(k) {
             out = out.header(k, v);
         }
+    }
+    for (k, v) in credentials {
+        out = out.header(k, v);
     }
     let out = out.header(FORWARDED, "1").body(body).map_err(|e| e.to_string())?;
     let answer = fwd.send(out).await?;
@@ -232,10 +335,11 @@ async fn forward(fwd: &dyn Forward, base: &str, req: Request) -> Result<Response
     Ok(Response::from_parts(parts, Body::from(body)))
 }
 
-/// Asks the worker at `base` (a request marked [`FORWARDED`], with the caller's credentials) and
-/// reads its JSON answer.
+/// Asks the worker at `base` (a request marked [`FORWARDED`], authenticated with `peering` for the
+/// caller of the request being answered) and reads its JSON answer.
 async fn ask(
     fwd: &dyn Forward,
+    peering: &Peering,
     base: &str,
     method: Method,
     path_and_query: &str,
@@ -243,12 +347,16 @@ async fn ask(
 ) -> Result<Value, HostError> {
     let url = format!("{}{path_and_query}", base.trim_end_matches('/'));
     let unavailable = |why: String| HostError::Unavailable(format!("the worker at {base} did not answer: {why}"));
+    let uri = url.parse::<Uri>().map_err(|e| unavailable(e.to_string()))?;
+    let credentials = peering
+        .headers(&uri, caller().role)
+        .map_err(|why| HostError::Unavailable(format!("the worker at {base} was not asked: {why}")))?;
     let mut req = axum::http::Request::builder()
         .method(method)
-        .uri(url.parse::<Uri>().map_err(|e| unavailable(e.to_string()))?)
+        .uri(uri)
         .header(FORWARDED, "1");
-    if let Some(auth) = caller().auth {
-        req = req.header(header::AUTHORIZATION, auth);
+    for (k, v) in credentials {
+        req = req.header(k, v);
     }
     let body = match body {
         Some(b) => {
@@ -309,6 +417,7 @@ fn query(pairs: &[(&str, Option<String>)]) -> String {
 pub(crate) struct Clustered {
     pub inner: Api,
     pub fwd: Arc<dyn Forward>,
+    pub peering: Peering,
 }
 
 impl Clustered {
@@ -372,12 +481,12 @@ impl Backend for Clustered {
                 ("after", Some(after.to_string())),
                 ("limit", Some(limit.to_string())),
             ]);
-            let fwd = self.fwd.clone();
+            let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
             let pages = ask_all(self.peers(), move |p| {
-                let (fwd, q) = (fwd.clone(), q.clone());
+                let (fwd, peering, q) = (fwd.clone(), peering.clone(), q.clone());
                 let caller = caller();
                 CALLER.scope(caller, async move {
-                    ask(&*fwd, &p, Method::GET, &format!("/instances?{q}"), None).await
+                    ask(&*fwd, &peering, &p, Method::GET, &format!("/instances?{q}"), None).await
                 })
             })
             .await?;
@@ -410,22 +519,24 @@ impl Backend for Clustered {
     /// worker, their instances reached and near misses together.
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
         Box::pin(async move {
-            let fwd = self.fwd.clone();
+            let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
             if let Some(target) = sm4c_runtime::engine::event::attribute_text(&event, "sm4cinstanceid") {
                 return match self.inner.locate(&target).await {
                     _ if caller().forwarded => self.inner.explain(event).await,
                     Whereabouts::Here => self.inner.explain(event).await,
-                    Whereabouts::At(url) => ask(&*fwd, &url, Method::POST, "/events/explain", Some(&event)).await,
+                    Whereabouts::At(url) => {
+                        ask(&*fwd, &peering, &url, Method::POST, "/events/explain", Some(&event)).await
+                    }
                     Whereabouts::Unavailable(why) => Err(HostError::Unavailable(why)),
                 };
             }
             let mut mine = self.inner.explain(event.clone()).await?;
             let event = Arc::new(event);
             let theirs = ask_all(self.peers(), move |p| {
-                let (fwd, event) = (fwd.clone(), event.clone());
+                let (fwd, peering, event) = (fwd.clone(), peering.clone(), event.clone());
                 let caller = caller();
                 CALLER.scope(caller, async move {
-                    ask(&*fwd, &p, Method::POST, "/events/explain", Some(&event)).await
+                    ask(&*fwd, &peering, &p, Method::POST, "/events/explain", Some(&event)).await
                 })
             })
             .await?;
@@ -444,14 +555,13 @@ impl Backend for Clustered {
     fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>> {
         Box::pin(async move {
             let mut lists = self.inner.task_lists().await?;
-            let fwd = self.fwd.clone();
+            let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
             let theirs = ask_all(self.peers(), move |p| {
-                let fwd = fwd.clone();
+                let (fwd, peering) = (fwd.clone(), peering.clone());
                 let caller = caller();
-                CALLER.scope(
-                    caller,
-                    async move { ask(&*fwd, &p, Method::GET, "/tasklists", None).await },
-                )
+                CALLER.scope(caller, async move {
+                    ask(&*fwd, &peering, &p, Method::GET, "/tasklists", None).await
+                })
             })
             .await?;
             for t in theirs {
@@ -506,4 +616,358 @@ impl Backend for Clustered {
 /// Whether the request was forwarded by another worker.
 pub(crate) fn forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{Auth, Role};
+    use axum::Router;
+    use std::sync::Mutex;
+
+    /// Requests over HTTP/1.1 with hyper's client connection, one connection each.
+    struct Http;
+
+    impl Forward for Http {
+        fn send(
+            &self,
+            req: axum::http::Request<Bytes>,
+        ) -> BoxFuture<'static, Result<axum::http::Response<Bytes>, String>> {
+            Box::pin(async move {
+                let authority = req.uri().authority().map(|a| a.to_string()).ok_or("no authority")?;
+                let stream = tokio::net::TcpStream::connect(&authority)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tokio::spawn(conn);
+                let (mut parts, body) = req.into_parts();
+                parts.headers.insert(
+                    header::HOST,
+                    HeaderValue::from_str(&authority).map_err(|e| e.to_string())?,
+                );
+                parts.uri = parts
+                    .uri
+                    .path_and_query()
+                    .map(|p| p.as_str())
+                    .unwrap_or("/")
+                    .parse()
+                    .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?;
+                let answer = sender
+                    .send_request(axum::http::Request::from_parts(parts, Body::from(body)))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (parts, body) = answer.into_parts();
+                let body = to_bytes(Body::new(body), usize::MAX).await.map_err(|e| e.to_string())?;
+                Ok(axum::http::Response::from_parts(parts, body))
+            })
+        }
+    }
+
+    /// A real HTTP server on loopback that records the headers of every request it receives and
+    /// answers `{"instances": []}`. Its base URL, and what it saw.
+    async fn recorder() -> (String, Arc<Mutex<Vec<HeaderMap>>>) {
+        let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+        let log = seen.clone();
+        let app = Router::new().fallback(move |headers: HeaderMap| {
+            let log = log.clone();
+            async move {
+                log.lock().expect("log").push(headers);
+                axum::Json(json!({"instances": []}))
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, seen)
+    }
+
+    const PEER: &str = "peer-s3cret-0123456789";
+
+    fn peering() -> Peering {
+        Peering {
+            token: Some(PeerToken::new(PEER).expect("peer token")),
+            plain_http: false,
+        }
+    }
+
+    /// What the other worker must never see: the caller's credentials, and a peer token or role
+    /// the caller wrote itself.
+    fn callers_request() -> Request {
+        axum::http::Request::post("/instances/o-1/cancel")
+            .header(header::AUTHORIZATION, "Bearer caller-s3cret")
+            .header(header::PROXY_AUTHORIZATION, "Basic caller-s3cret")
+            .header(header::COOKIE, "session=caller-s3cret")
+            .header(PEER_TOKEN, "forged-by-the-caller")
+            .header(CALLER_ROLE, "admin")
+            .header("x-request-id", "r-1")
+            .body(Body::from("{}"))
+            .expect("request")
+    }
+
+    fn only(seen: &Mutex<Vec<HeaderMap>>) -> HeaderMap {
+        let seen = seen.lock().expect("log");
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        seen[0].clone()
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_request_carries_the_peer_token_and_the_callers_role_never_the_callers_token() {
+        let (base, seen) = recorder().await;
+        let r = forward(&Http, &peering(), Some(Role::Operate), &base, callers_request())
+            .await
+            .expect("forwarded");
+        assert_eq!(r.status(), 200);
+        let h = only(&seen);
+        assert_eq!(h.get(PEER_TOKEN).and_then(|v| v.to_str().ok()), Some(PEER), "{h:?}");
+        assert_eq!(
+            h.get(CALLER_ROLE).and_then(|v| v.to_str().ok()),
+            Some("operate"),
+            "{h:?}"
+        );
+        assert_eq!(h.get_all(PEER_TOKEN).iter().count(), 1, "{h:?}");
+        assert_eq!(h.get_all(CALLER_ROLE).iter().count(), 1, "{h:?}");
+        assert!(h.contains_key(FORWARDED), "{h:?}");
+        for gone in [header::AUTHORIZATION, header::PROXY_AUTHORIZATION, header::COOKIE] {
+            assert!(!h.contains_key(&gone), "{gone} passed on: {h:?}");
+        }
+        assert!(
+            !format!("{h:?}").contains("caller-s3cret"),
+            "the caller's secret reached the other worker: {h:?}"
+        );
+        // What is not a credential goes on as it came.
+        assert_eq!(h.get("x-request-id").and_then(|v| v.to_str().ok()), Some("r-1"));
+    }
+
+    #[tokio::test]
+    async fn a_listing_asks_the_others_with_the_peer_token_and_the_callers_role() {
+        let (base, seen) = recorder().await;
+        let caller = Caller {
+            role: Some(Role::Read),
+            forwarded: false,
+        };
+        let page = CALLER
+            .scope(
+                caller,
+                ask(&Http, &peering(), &base, Method::GET, "/instances?limit=1", None),
+            )
+            .await
+            .expect("asked");
+        assert_eq!(page, json!({"instances": []}));
+        let h = only(&seen);
+        assert_eq!(h.get(PEER_TOKEN).and_then(|v| v.to_str().ok()), Some(PEER), "{h:?}");
+        assert_eq!(h.get(CALLER_ROLE).and_then(|v| v.to_str().ok()), Some("read"), "{h:?}");
+        assert!(!h.contains_key(header::AUTHORIZATION), "{h:?}");
+    }
+
+    #[tokio::test]
+    async fn without_authentication_nothing_is_sent_for_the_caller() {
+        let (base, seen) = recorder().await;
+        forward(&Http, &Peering::default(), None, &base, callers_request())
+            .await
+            .expect("forwarded");
+        let h = only(&seen);
+        for gone in [header::AUTHORIZATION, header::COOKIE] {
+            assert!(!h.contains_key(&gone), "{h:?}");
+        }
+        assert!(!h.contains_key(PEER_TOKEN) && !h.contains_key(CALLER_ROLE), "{h:?}");
+    }
+
+    #[test]
+    fn the_peer_token_goes_over_plain_http_only_to_loopback_or_when_allowed() {
+        let p = peering();
+        for ok in [
+            "https://w2.internal:8080",
+            "http://127.0.0.1:8080",
+            "http://127.0.0.2:8080",
+            "http://localhost:8080",
+            "http://[::1]:8080",
+        ] {
+            assert_eq!(p.allows(ok), Ok(()), "{ok}");
+        }
+        let why = p.allows("http://w2.internal:8080/").expect_err("refused");
+        assert!(
+            why.starts_with("refusing to send the group's peer token to http://w2.internal:8080 over plain HTTP")
+                && why.contains("--insecure-plain-http"),
+            "{why}"
+        );
+        assert!(!why.contains(PEER), "{why}");
+        assert!(p.allows("http://10.0.0.7:8080").is_err());
+        let allowed = Peering {
+            plain_http: true,
+            ..peering()
+        };
+        assert_eq!(allowed.allows("http://w2.internal:8080"), Ok(()));
+        assert_eq!(
+            Peering::default().allows("http://w2.internal:8080"),
+            Ok(()),
+            "nothing to protect"
+        );
+    }
+
+    #[tokio::test]
+    async fn asking_a_plain_http_worker_beyond_loopback_is_refused_before_connecting() {
+        // TEST-NET-1: nothing answers there; a request sent would fail another way, or hang.
+        let asked = tokio::time::timeout(
+            Duration::from_secs(20),
+            ask(&Http, &peering(), "http://192.0.2.1:9", Method::GET, "/tasklists", None),
+        )
+        .await
+        .expect("answered at once");
+        match asked {
+            Err(HostError::Unavailable(why)) => assert!(
+                why.starts_with(
+                    "the worker at http://192.0.2.1:9 was not asked: refusing to send the group's peer token"
+                ),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A worker that receives forwarded requests: what the handler learns of its caller.
+    fn receiving(peer: Option<&str>) -> Router {
+        let who = |req: Request| async move {
+            axum::Json(json!({
+                "role": req.extensions().get::<Authenticated>().map(|a| a.0.as_str()),
+                "forwarded": req.headers().contains_key(FORWARDED),
+            }))
+        };
+        let mut auth = Auth::default();
+        auth.token(Role::Read, crate::auth::digest("read-token"));
+        if let Some(p) = peer {
+            auth.peer(PeerToken::new(p).expect("peer token").digest());
+        }
+        crate::auth::layer(
+            Router::new().route("/instances/{*rest}", axum::routing::get(who).post(who)),
+            auth,
+        )
+    }
+
+    async fn serve(app: Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        base
+    }
+
+    #[tokio::test]
+    async fn the_receiving_worker_takes_the_callers_role_only_from_a_valid_peer_token() {
+        let base = serve(receiving(Some(PEER))).await;
+        let send = |method: Method, path: &str, headers: &[(&str, &str)]| {
+            let mut b = axum::http::Request::builder()
+                .method(method)
+                .uri(format!("{base}{path}"));
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            let req = b.body(Bytes::new()).expect("request");
+            async move {
+                let r = Http.send(req).await.expect("answered");
+                let v: Value = serde_json::from_slice(r.body()).unwrap_or(Value::Null);
+                (r.status().as_u16(), v)
+            }
+        };
+        // Forwarded with the peer token: the role it names, answered here.
+        let (status, v) = send(
+            Method::GET,
+            "/instances/a",
+            &[(PEER_TOKEN, PEER), (CALLER_ROLE, "read"), (FORWARDED, "1")],
+        )
+        .await;
+        assert_eq!((status, &v), (200, &json!({"role": "read", "forwarded": true})));
+        // The named role is the caller's: a reader may not cancel, whoever forwards it.
+        let (status, v) = send(
+            Method::POST,
+            "/instances/a/cancel",
+            &[(PEER_TOKEN, PEER), (CALLER_ROLE, "read")],
+        )
+        .await;
+        assert_eq!(status, 403, "{v}");
+        let (status, v) = send(
+            Method::POST,
+            "/instances/a/cancel",
+            &[(PEER_TOKEN, PEER), (CALLER_ROLE, "operate")],
+        )
+        .await;
+        assert_eq!((status, &v), (200, &json!({"role": "operate", "forwarded": true})));
+        // A wrong peer token, or none with a role named: not trusted.
+        let (status, v) = send(
+            Method::GET,
+            "/instances/a",
+            &[(PEER_TOKEN, "peer-s3cret-0123456780"), (CALLER_ROLE, "admin")],
+        )
+        .await;
+        assert_eq!(status, 401, "{v}");
+        assert!(
+            v.to_string().contains("peer token (sm4c-peer-token) is not valid"),
+            "{v}"
+        );
+        let (status, _) = send(Method::GET, "/instances/a", &[(CALLER_ROLE, "admin"), (FORWARDED, "1")]).await;
+        assert_eq!(status, 401, "no credentials at all");
+        let (status, v) = send(Method::GET, "/instances/a", &[(PEER_TOKEN, PEER)]).await;
+        assert_eq!(status, 401, "a peer request names its caller's role: {v}");
+        // A client with a token of its own cannot raise its role, nor pass as a forwarded request.
+        let bearer = "Bearer read-token";
+        let (status, v) = send(
+            Method::GET,
+            "/instances/a",
+            &[("authorization", bearer), (CALLER_ROLE, "admin"), (FORWARDED, "1")],
+        )
+        .await;
+        assert_eq!((status, &v), (200, &json!({"role": "read", "forwarded": false})));
+        let (status, _) = send(
+            Method::POST,
+            "/instances/a/cancel",
+            &[("authorization", bearer), (CALLER_ROLE, "admin")],
+        )
+        .await;
+        assert_eq!(status, 403);
+        // A worker without a peer token takes no request from another.
+        let lone = serve(receiving(None)).await;
+        let req = axum::http::Request::get(format!("{lone}/instances/a"))
+            .header(PEER_TOKEN, PEER)
+            .header(CALLER_ROLE, "read")
+            .body(Bytes::new())
+            .expect("request");
+        let r = Http.send(req).await.expect("answered");
+        assert_eq!(r.status(), 401);
+        assert!(String::from_utf8_lossy(r.body()).contains("no peer token configured"));
+    }
+
+    #[tokio::test]
+    async fn one_worker_forwards_to_another_that_checks_the_peer_token() {
+        // The forwarding side's request, as built here, is what the receiving side accepts.
+        let base = serve(receiving(Some(PEER))).await;
+        let r = forward(&Http, &peering(), Some(Role::Read), &base, {
+            axum::http::Request::get("/instances/a")
+                .header(header::AUTHORIZATION, "Bearer read-token")
+                .body(Body::empty())
+                .expect("request")
+        })
+        .await
+        .expect("forwarded");
+        assert_eq!(r.status(), 200);
+        let v: Value = serde_json::from_slice(&to_bytes(r.into_body(), 1 << 16).await.expect("body")).expect("JSON");
+        assert_eq!(v, json!({"role": "read", "forwarded": true}));
+        // A group whose workers hold different peer tokens refuses the forwarded request.
+        let other = Peering {
+            token: Some(PeerToken::new("another-peer-token-0123").expect("peer token")),
+            plain_http: false,
+        };
+        let r = forward(&Http, &other, Some(Role::Read), &base, {
+            axum::http::Request::get("/instances/a")
+                .header(header::AUTHORIZATION, "Bearer read-token")
+                .body(Body::empty())
+                .expect("request")
+        })
+        .await
+        .expect("answered");
+        assert_eq!(
+            r.status(),
+            401,
+            "the caller's valid token was not passed on, and the peer token is wrong"
+        );
+    }
 }

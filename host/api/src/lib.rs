@@ -74,15 +74,18 @@ pub fn router(backend: impl Backend) -> Router {
 
 /// The API's routes for one worker of several that each hold a share of the instances
 /// ([`Backend::peers`]): requests about an instance held elsewhere are forwarded to the worker that
-/// holds it, and listings ask every worker, with `forward` ([`cluster`]).
-pub fn router_with(backend: impl Backend, forward: Arc<dyn cluster::Forward>) -> Router {
+/// holds it, and listings ask every worker, with `forward`, authenticated with `peering`
+/// ([`cluster`]). With authentication on, [`auth::layer`] goes around this router: forwarding
+/// needs the role it established.
+pub fn router_with(backend: impl Backend, forward: Arc<dyn cluster::Forward>, peering: cluster::Peering) -> Router {
     let inner: Api = Arc::new(backend);
     let host: Api = Arc::new(cluster::Clustered {
         inner: inner.clone(),
         fwd: forward.clone(),
+        peering: peering.clone(),
     });
     routes(host).layer(axum::middleware::from_fn_with_state(
-        (inner, forward),
+        (inner, forward, peering),
         cluster::forwarding,
     ))
 }

@@ -102,6 +102,8 @@ struct ServeArgs {
     insecure_no_auth: bool,
     /// Accept bearer tokens over plain HTTP on an address other than loopback (anyone on the path
     /// can read them): without it, such a server refuses to start; configure [server.tls] instead.
+    /// In Kafka mode it also lets a worker send the group's peer token to workers whose URLs are
+    /// plain http:// beyond loopback.
     #[arg(long)]
     insecure_plain_http: bool,
     /// Most connections open at once; one more is answered 503 and closed.
@@ -876,7 +878,8 @@ fn serve_kafka(
                 return Ok(ExitCode::from(2));
             }
         };
-        let api = sm4c_api::router_with(kafka.clone(), peers).merge(sm4c_api::metrics::route(metrics));
+        let api =
+            sm4c_api::router_with(kafka.clone(), peers, security.peering).merge(sm4c_api::metrics::route(metrics));
         let door = door(args, security.auth.is_on(), listener.local_addr()?, Some(&url))?;
         let app = sm4c_api::door::layer(sm4c_api::auth::layer(api, security.auth), door);
         sm4c_api::tls::serve(listener, security.tls, conns, app, shutdown_signal()).await?;
@@ -944,9 +947,12 @@ fn advertised(addr: std::net::SocketAddr, tls: bool) -> String {
 
 /// Who may use the server and whether it speaks TLS: from the `[server]` section of the
 /// configuration file and the `SM4C_TOKEN_ADMIN`, `SM4C_TOKEN_OPERATE` and `SM4C_TOKEN_READ`
-/// variables (comma-separated tokens).
+/// variables (comma-separated tokens); in Kafka mode, the group's peer token (`[server]
+/// peer_token`, or `SM4C_PEER_TOKEN`, which wins).
 struct Security {
     auth: sm4c_api::auth::Auth,
+    /// How this worker authenticates to the others of its group (Kafka mode).
+    peering: sm4c_api::cluster::Peering,
     tls: Option<Arc<sm4c_api::tls::ServerConfig>>,
     /// The server certificate's chain (PEM): trusted when this worker asks another of its group,
     /// which usually serves the same.
@@ -973,6 +979,14 @@ impl Security {
             .config
             .as_deref()
             .unwrap_or(Path::new("the configuration file"));
+        let peer = match (std::env::var(PEER_TOKEN_VAR), &server.peer_token) {
+            (Ok(t), _) => Some(sm4c_api::auth::PeerToken::new(&t).map_err(|e| format!("{PEER_TOKEN_VAR}: {e}"))?),
+            (Err(_), Some(t)) => Some(
+                sm4c_api::auth::PeerToken::new(t)
+                    .map_err(|e| format!("{}: server.peer_token: {e}", config_file.display()))?,
+            ),
+            (Err(_), None) => None,
+        };
         let mut tls_roots = None;
         let tls = match &server.tls {
             None => None,
@@ -994,6 +1008,25 @@ impl Security {
                 args.listen
             ));
         }
+        // A group whose API needs credentials needs the workers' own: they never pass a caller's
+        // on. Refused at the start rather than at the first request for an instance held by
+        // another worker, which a user would meet only once the group grew past one worker.
+        if auth.is_on() && args.kafka.kafka.is_some() && peer.is_none() {
+            return Err(format!(
+                "Kafka mode with authentication needs a peer token, which the workers of the group \
+                 authenticate to each other with (they never pass a caller's token on): set \
+                 {PEER_TOKEN_VAR}, or [server] peer_token in --config (\"env:VARIABLE\" or a literal), \
+                 to the same secret of at least 16 characters on every worker"
+            ));
+        }
+        let peering = sm4c_api::cluster::Peering {
+            // With authentication off nobody checks it: it is not sent.
+            token: peer.filter(|_| auth.is_on()),
+            plain_http: args.insecure_plain_http,
+        };
+        if let Some(p) = &peering.token {
+            auth.peer(p.digest());
+        }
         if !auth.is_on() {
             if !is_loopback(&args.listen) && !args.insecure_no_auth {
                 return Err(format!(
@@ -1008,9 +1041,17 @@ impl Security {
                 tracing::warn!(listen = %args.listen, "no authentication (--insecure-no-auth): anyone who reaches this address may do anything");
             }
         }
-        Ok(Security { auth, tls, tls_roots })
+        Ok(Security {
+            auth,
+            peering,
+            tls,
+            tls_roots,
+        })
     }
 }
+
+/// The variable of the peer token of a Kafka group (see [`Security`]).
+const PEER_TOKEN_VAR: &str = "SM4C_PEER_TOKEN";
 
 /// The checks and limits in front of the API ([`sm4c_api::door`]) for a server listening at
 /// `local` (from `--listen`), advertised to its group at `advertise` (Kafka).

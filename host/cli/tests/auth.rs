@@ -511,6 +511,56 @@ fn listening_beyond_loopback_needs_authentication_or_the_unsafe_flag() {
     try_listen("127.0.0.2:0", &[], &[]).expect("127.0.0.0/8 is loopback");
 }
 
+/// `sm4c serve --kafka` with tokens, refused before it connects to anything (the broker address
+/// is a closed port): its workers need a peer token of their own to forward requests to each
+/// other, and a bad one is named by where it came from, never quoted.
+fn kafka_start(env: &[(&str, &str)], config: Option<&Path>) -> (Option<i32>, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--kafka", "127.0.0.1:1", "--listen", "127.0.0.1:0"])
+        .env_remove("SM4C_TOKEN_ADMIN")
+        .env_remove("SM4C_TOKEN_OPERATE")
+        .env_remove("SM4C_TOKEN_READ")
+        .env_remove("SM4C_PEER_TOKEN")
+        .envs(env.iter().copied());
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
+    }
+    let out = cmd.output().expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn kafka_mode_with_tokens_needs_a_peer_token_and_names_a_bad_one() {
+    let (code, err) = kafka_start(&[("SM4C_TOKEN_READ", READ)], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("Kafka mode with authentication needs a peer token")
+            && err.contains("SM4C_PEER_TOKEN")
+            && err.contains("[server] peer_token"),
+        "{err}"
+    );
+    let (code, err) = kafka_start(&[("SM4C_TOKEN_READ", READ), ("SM4C_PEER_TOKEN", "tiny-s3cret")], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("SM4C_PEER_TOKEN: the peer token has 11 characters: use at least 16"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sm4c.toml");
+    std::fs::write(
+        &config,
+        format!("[server]\ntokens = [{{ role = \"read\", token = \"{READ}\" }}]\npeer_token = \"short s3cret\"\n"),
+    )
+    .unwrap();
+    let (code, err) = kafka_start(&[], Some(&config));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("sm4c.toml: server.peer_token: a peer token is printable ASCII without spaces"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "a peer token quoted: {err}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // TLS
 // ---------------------------------------------------------------------------------------------

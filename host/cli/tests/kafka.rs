@@ -2956,7 +2956,7 @@ fn kafka_mode_asks_for_tokens_over_https_and_refuses_an_open_listen() {
     std::fs::write(
         &config,
         format!(
-            "[server]\ntokens = [{{ role = \"read\", token = \"kafka-read\" }}, {{ role = \"operate\", token = \"kafka-operate\" }}]\n[server.tls]\ncert = {:?}\nkey = {:?}\n",
+            "[server]\ntokens = [{{ role = \"read\", token = \"kafka-read\" }}, {{ role = \"operate\", token = \"kafka-operate\" }}]\npeer_token = \"kafka-peer-token-0123\"\n[server.tls]\ncert = {:?}\nkey = {:?}\n",
             tls.join("server.pem"),
             tls.join("server.key")
         ),
@@ -3520,14 +3520,20 @@ fn each_worker_holds_its_share_and_requests_about_an_instance_go_to_its_owner() 
 }
 
 /// With authentication on, a request forwarded to the owner, or asked of every worker for a
-/// listing, carries the caller's token, and the owner checks it too.
+/// listing, carries the group's peer token and the role its caller authenticated with (never the
+/// caller's token), and the owner enforces that role. (host/api's cluster tests check what goes on
+/// the wire.)
 #[test]
-fn forwarded_requests_carry_the_callers_token() {
+fn forwarded_requests_carry_the_peer_token_and_the_callers_role() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "authfw";
     let args = worker_args(&broker, prefix, 4, &[]);
-    let env = [("SM4C_TOKEN_OPERATE", "op-secret"), ("SM4C_TOKEN_READ", "read-secret")];
+    let env = [
+        ("SM4C_TOKEN_OPERATE", "op-secret"),
+        ("SM4C_TOKEN_READ", "read-secret"),
+        ("SM4C_PEER_TOKEN", "authfw-peer-token-0123"),
+    ];
     let w1 = Worker::start_with_env(dir.path(), "w1", &args, &env);
     let w2 = Worker::start_with_env(dir.path(), "w2", &args, &env);
     wait_owned(&[&w1, &w2], 4);

@@ -24,6 +24,7 @@
 //! ```toml
 //! [server]
 //! tokens = [{ role = "admin", token = "env:SM4C_ADMIN" }, { role = "read", token = "env:DASHBOARD" }]
+//! peer_token = "env:SM4C_PEER"         # Kafka mode: the secret the workers of a group share
 //!
 //! [server.tls]
 //! cert = "certs/server.pem"
@@ -148,6 +149,9 @@ pub const ROLES: [&str; 3] = ["read", "operate", "admin"];
 pub struct ServerConfig {
     /// Bearer tokens: (role, SHA-256 digest of the token). The tokens themselves are not kept.
     pub tokens: Vec<(String, [u8; 32])>,
+    /// The token the workers of a Kafka group authenticate to each other with (`peer_token`):
+    /// kept as it is, since this worker sends it. `Debug` only says whether it is set.
+    pub peer_token: Option<String>,
     /// HTTPS instead of HTTP.
     pub tls: Option<ServerTls>,
 }
@@ -170,6 +174,7 @@ impl std::fmt::Debug for ServerConfig {
         let roles: Vec<&str> = self.tokens.iter().map(|(r, _)| r.as_str()).collect();
         f.debug_struct("ServerConfig")
             .field("tokens", &roles)
+            .field("peer_token", &self.peer_token.as_ref().map(|_| "(set)"))
             .field("tls", &self.tls.as_ref().map(|t| (&t.clients, t.client_ca.is_some())))
             .finish()
     }
@@ -234,6 +239,7 @@ struct RawConnection {
 struct RawServer {
     #[serde(default)]
     tokens: Vec<RawToken>,
+    peer_token: Option<Spanned<String>>,
     tls: Option<RawServerTls>,
 }
 
@@ -671,6 +677,17 @@ impl CallConfig {
                     Err(m) => fail(t.token.span().start, at("token"), m),
                 }
             }
+            if let Some(t) = &server.peer_token {
+                match secret(t.get_ref()) {
+                    Ok(v) if v.is_empty() => fail(
+                        t.span().start,
+                        "server.peer_token".into(),
+                        "the peer token is empty".into(),
+                    ),
+                    Ok(v) => c.server.peer_token = Some(v),
+                    Err(m) => fail(t.span().start, "server.peer_token".into(), m),
+                }
+            }
             if let Some(tls) = &server.tls {
                 let file = |v: &Option<Spanned<String>>,
                             name: &str,
@@ -968,6 +985,24 @@ mod tests {
         );
         let errs = load("[server]\ntokens = [{ role = \"read\", token = \"t\", note = \"x\" }]\n").unwrap_err();
         assert!(errs[0].contains("unknown field `note`"), "{errs:?}");
+    }
+
+    #[test]
+    fn reads_the_peer_token_and_keeps_it_out_of_debug() {
+        std::env::set_var("SM4C_CONFIG_TEST_PEER", "peer-s3cret-from-env");
+        let c = load("[server]\npeer_token = \"env:SM4C_CONFIG_TEST_PEER\"\n").unwrap();
+        assert_eq!(c.server.peer_token.as_deref(), Some("peer-s3cret-from-env"));
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("s3cret") && debug.contains("peer_token"), "{debug}");
+        assert_eq!(load("[server]\n").unwrap().server.peer_token, None);
+        assert_eq!(
+            load("[server]\npeer_token = \"\"\n").unwrap_err(),
+            vec!["line 2: server.peer_token: the peer token is empty"]
+        );
+        assert_eq!(
+            load("[server]\npeer_token = \"env:SM4C_CONFIG_TEST_UNSET_PEER\"\n").unwrap_err(),
+            vec!["line 2: server.peer_token: environment variable SM4C_CONFIG_TEST_UNSET_PEER is not set"]
+        );
     }
 
     #[test]
