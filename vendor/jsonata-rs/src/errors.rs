@@ -76,6 +76,9 @@ pub enum Error {
     // Expression timebox/depth errors
     U1001StackOverflow,
     U1001Timeout,
+    // sm4c patch: the deterministic evaluation budget (see PATCHED.md).
+    U1002StepBudget(u64),
+    U1003MemoryBudget(usize),
 }
 
 impl error::Error for Error {}
@@ -167,6 +170,8 @@ impl Error {
             // Expression timebox/depth errors
             Error::U1001StackOverflow => "U1001",
             Error::U1001Timeout => "U1001",
+            Error::U1002StepBudget(..) => "U1002",
+            Error::U1003MemoryBudget(..) => "U1003",
         }
     }
 }
@@ -310,7 +315,11 @@ impl fmt::Display for Error {
             U1001StackOverflow =>
                 write!(f, "Stack overflow error: Check for non-terminating recursive function.  Consider rewriting as tail-recursive."),
             U1001Timeout =>
-                write!(f, "Expression evaluation timeout: Check for infinite loop")
+                write!(f, "Expression evaluation timeout: Check for infinite loop"),
+            U1002StepBudget(ref max) =>
+                write!(f, "Expression evaluation step budget exceeded: more than {max} steps"),
+            U1003MemoryBudget(ref max) =>
+                write!(f, "Expression evaluation memory budget exceeded: more than {max} bytes")
         }
     }
 }

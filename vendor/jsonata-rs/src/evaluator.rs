@@ -20,6 +20,19 @@ struct EvaluatorInternal {
     started_at: Option<Instant>,
     max_depth: Option<usize>,
     time_limit: Option<usize>,
+    // sm4c patch: the deterministic budget (see PATCHED.md).
+    steps: u64,
+    budget: Budget,
+}
+
+/// sm4c patch: a deterministic evaluation budget. `max_steps` counts evaluated syntax-tree nodes,
+/// plus the elements of every range built and of every array passed to a native function;
+/// `max_bytes` bounds the bytes the arena holds, checked at every step. Exceeding either is
+/// [`Error::U1002StepBudget`] or [`Error::U1003MemoryBudget`]; no clock is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Budget {
+    pub max_steps: Option<u64>,
+    pub max_bytes: Option<usize>,
 }
 
 pub struct Evaluator<'a> {
@@ -43,8 +56,33 @@ impl<'a> Evaluator<'a> {
                 started_at: None,
                 max_depth,
                 time_limit,
+                steps: 0,
+                budget: Budget::default(),
             }),
         }
+    }
+
+    /// sm4c patch: the evaluator with `budget` (see [`Budget`]).
+    pub fn with_budget(self, budget: Budget) -> Self {
+        self.internal.borrow_mut().budget = budget;
+        self
+    }
+
+    /// sm4c patch: charges `n` steps, and checks the arena against the memory budget.
+    fn charge(&self, n: u64) -> Result<()> {
+        let mut internal = self.internal.borrow_mut();
+        internal.steps = internal.steps.saturating_add(n);
+        if let Some(max) = internal.budget.max_steps {
+            if internal.steps > max {
+                return Err(Error::U1002StepBudget(max));
+            }
+        }
+        if let Some(max) = internal.budget.max_bytes {
+            if self.arena.allocated_bytes() > max {
+                return Err(Error::U1003MemoryBudget(max));
+            }
+        }
+        Ok(())
     }
 
     fn fn_context<'e>(
@@ -95,6 +133,7 @@ impl<'a> Evaluator<'a> {
         frame: &Frame<'a>,
     ) -> Result<&'a Value<'a>> {
         self.check_limits(true)?;
+        self.charge(1)?;
 
         let mut result = match node.kind {
             AstKind::Null => Value::null(self.arena),
@@ -521,6 +560,7 @@ impl<'a> Evaluator<'a> {
                 if size > 10_000_000 {
                     return Err(Error::D2014RangeOutOfBounds(node.char_index, size));
                 }
+                self.charge(size as u64)?;
 
                 Ok(Value::range(self.arena, lhs, rhs))
             }
@@ -1298,6 +1338,13 @@ impl<'a> Evaluator<'a> {
             Value::NativeFn {
                 ref name, ref func, ..
             } => {
+                // sm4c patch: a native function's work grows with its array arguments.
+                let elements = evaluated_args
+                    .iter()
+                    .filter(|arg| arg.is_array())
+                    .map(|arg| arg.len() as u64)
+                    .sum();
+                self.charge(elements)?;
                 let context = self.fn_context(name, char_index, input, frame);
                 func(context, evaluated_args)
             }

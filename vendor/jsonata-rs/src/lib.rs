@@ -1,4 +1,6 @@
 #![cfg_attr(not(doctest), doc = include_str!("../README.md"))]
+// sm4c patch: the toolchain sm4c builds with warns about elided lifetimes in the crate's code.
+#![allow(unknown_lints, mismatched_lifetime_syntaxes)]
 use std::collections::HashMap;
 
 use bumpalo::Bump;
@@ -11,6 +13,7 @@ mod parser;
 pub use errors::Error;
 pub use evaluator::functions::FunctionContext;
 pub use evaluator::value::{ArrayFlags, Value};
+pub use evaluator::Budget;
 
 use evaluator::{frame::Frame, functions::*, Evaluator};
 use parser::ast::Ast;
@@ -21,6 +24,8 @@ pub struct JsonAta<'a> {
     ast: Ast,
     frame: Frame<'a>,
     arena: &'a Bump,
+    // sm4c patch: the budget of the next evaluation.
+    budget: std::cell::Cell<Budget>,
 }
 
 impl<'a> JsonAta<'a> {
@@ -29,7 +34,13 @@ impl<'a> JsonAta<'a> {
             ast: parser::parse(expr)?,
             frame: Frame::new(),
             arena,
+            budget: std::cell::Cell::new(Budget::default()),
         })
+    }
+
+    /// sm4c patch: bounds the evaluations that follow by `budget` (see [`Budget`]).
+    pub fn set_budget(&self, budget: Budget) {
+        self.budget.set(budget);
     }
 
     pub fn ast(&self) -> &Ast {
@@ -177,7 +188,8 @@ impl<'a> JsonAta<'a> {
         let chain_ast = Some(parser::parse(
             "function($f, $g) { function($x){ $g($f($x)) } }",
         )?);
-        let evaluator = Evaluator::new(chain_ast, self.arena, max_depth, time_limit);
+        let evaluator = Evaluator::new(chain_ast, self.arena, max_depth, time_limit)
+            .with_budget(self.budget.get());
         evaluator.evaluate(&self.ast, input, &self.frame)
     }
 }
