@@ -445,6 +445,10 @@ impl Functions for Metered {
     fn task_lists(&self) -> Option<Arc<sm4c_host::driver::TaskListBindings>> {
         self.inner.task_lists()
     }
+
+    fn check_definition(&self, m: &Machine) -> Vec<sm4c_runtime::ValidationError> {
+        self.inner.check_definition(m)
+    }
 }
 
 /// `GET /metrics`, answering `metrics` (merge it into the API's router, inside the auth layer: it

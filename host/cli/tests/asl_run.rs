@@ -184,6 +184,25 @@ fn variables_and_jsonata() {
     assert_eq!(parse(&out), json!({"total": 6.5, "double": 13}));
 }
 
+/// The JSONata expression that would run for hours without a budget.
+const RUNAWAY: &str = "{% [1..10000000].[1..10000000] %}";
+
+#[test]
+fn a_runaway_jsonata_expression_fails_at_its_step_budget() {
+    let def = json!({
+        "QueryLanguage": "JSONata",
+        "StartAt": "Spin",
+        "States": {"Spin": {"Type": "Pass", "Output": {"v": RUNAWAY}, "End": true}}
+    });
+    let (code, out, err) = run_asl(&def, &json!({}), None, &[]);
+    assert_ne!(code, 0, "{out}{err}");
+    let failure = parse(&out);
+    assert_eq!(failure["Error"], "States.QueryEvaluationError", "{out}");
+    let cause = failure["Cause"].as_str().unwrap_or_default();
+    assert!(cause.contains("JSONata evaluation budget of 10000000 steps"), "{out}");
+    assert!(err.contains("Spin"), "the failed state is named: {err}");
+}
+
 #[test]
 fn invalid_definitions_report_every_error_with_its_pointer() {
     let def = json!({

@@ -371,6 +371,37 @@ fn asl_definitions_register_from_the_folder_by_file_name_and_over_http_by_name()
     assert!(err.contains("invalidDefinition") && err.contains("/States/B"), "{err}");
 }
 
+#[test]
+fn a_runaway_jsonata_expression_fails_its_instance_and_the_server_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Server::start(&dir.path().join("s.db"), None, &dir.path().join("log"));
+    let spin = json!({
+        "QueryLanguage": "JSONata",
+        "StartAt": "Spin",
+        "States": {"Spin": {"Type": "Pass", "Output": {"v": "{% [1..10000000].[1..10000000] %}"}, "End": true}}
+    });
+    let (st, body) = s.post("/definitions?name=spin", &spin);
+    assert_eq!(st, 201, "{body}");
+    let (st, body) = s.post("/definitions?name=greet", &greet());
+    assert_eq!(st, 201, "{body}");
+
+    s.start_instance("spin", "spin-1", json!({}));
+    let (v, h) = s.wait_for("spin-1", "ended", |v, _| {
+        !matches!(v["status"].as_str(), Some("waiting" | "running"))
+    });
+    assert_eq!(v["status"], "failed", "{v}\n{h:?}");
+    assert_eq!(v["error"]["type"], "States.QueryEvaluationError", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("JSONata evaluation budget of 10000000 steps"), "{v}");
+
+    // The task that decides for every instance is free again.
+    s.start_instance("greet", "greet-1", json!({"name": "Ada"}));
+    let (v, _) = s.wait_for("greet-1", "ended", |v, _| {
+        !matches!(v["status"].as_str(), Some("waiting" | "running"))
+    });
+    assert_eq!(v["status"], "completed", "{v}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Instances: start, show, list, history, cancel, explain
 // ---------------------------------------------------------------------------------------------

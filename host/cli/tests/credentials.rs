@@ -549,3 +549,92 @@ fn local_files_outside_the_definitions_folder_are_refused() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("\"../events.json\" is outside the folder"), "{err}");
 }
+
+#[test]
+fn definitions_registered_over_http_may_not_name_files_outside_the_folder() {
+    let top = tempfile::tempdir().unwrap();
+    let defs = top.path().join("defs");
+    // The folder's own files are read as definitions; the documents sit in a subfolder.
+    std::fs::create_dir_all(defs.join("apis")).unwrap();
+    let doc = json!({"openapi": "3.0.1", "servers": [{"url": "http://127.0.0.1:9"}],
+                     "paths": {"/x": {"get": {"operationId": "x"}}}});
+    std::fs::write(top.path().join("outside.json"), doc.to_string()).unwrap();
+    std::fs::write(defs.join("apis/api.json"), doc.to_string()).unwrap();
+    std::os::unix::fs::symlink(top.path().join("outside.json"), defs.join("apis/link.json")).unwrap();
+    std::fs::write(top.path().join("s.proto"), "syntax = \"proto3\";\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+        .arg(&defs)
+        .arg("--db")
+        .arg(top.path().join("s.db"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _server = Kill(child);
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking::Client::new();
+    let up = (0..400).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        client.get(format!("{url}/healthz")).send().is_ok()
+    });
+    assert!(up, "sm4c serve did not start");
+    let define = |id: &str, function: Value| -> (u16, Value) {
+        let def = json!({
+            "id": id, "name": id, "version": "1",
+            "functions": [{"name": "keep", "operation": "apis/api.json#x"}, function],
+            "states": [{"name": "A", "start": true, "end": true}]
+        });
+        let r = client
+            .post(format!("{url}/definitions"))
+            .header("content-type", "application/json")
+            .body(def.to_string())
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    };
+    let outside = top.path().join("outside.json");
+    for (i, uri) in [
+        "../outside.json".to_string(),
+        format!("file://{}", outside.display()),
+        "apis/link.json".to_string(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (status, body) = define(
+            &format!("esc{i}"),
+            json!({"name": "x", "operation": format!("{uri}#x")}),
+        );
+        assert_eq!(status, 400, "{uri}: {body}");
+        assert_eq!(body["error"], "invalidDefinition", "{uri}: {body}");
+        assert_eq!(body["details"][0]["pointer"], "/functions/1/operation", "{uri}: {body}");
+        let message = body["details"][0]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("{uri:?} is outside the folder")),
+            "{uri}: {body}"
+        );
+        let r = client.get(format!("{url}/definitions/esc{i}")).send().unwrap();
+        assert_eq!(r.status().as_u16(), 404, "a refused definition is not stored: {uri}");
+    }
+    let (status, body) = define(
+        "proto",
+        json!({"name": "g", "type": "rpc", "operation": "../s.proto#a.B/C"}),
+    );
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("invalidDefinition")),
+        "{body}"
+    );
+    assert!(body["details"].to_string().contains("gRPC function"), "{body}");
+    // Files inside the folder, and ones that do not exist yet (reported when called), are fine.
+    let (status, body) = define("inside", json!({"name": "y", "operation": "file://apis/api.json#x"}));
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = define("later", json!({"name": "z", "operation": "missing.json#x"}));
+    assert_eq!(status, 201, "{body}");
+}

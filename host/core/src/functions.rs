@@ -1,7 +1,7 @@
 //! The `Functions` trait: what an application gives the runtime so its state machines can touch the world.
 
 use serde_json::Value;
-use sm4c_runtime::{Effect, ErrorInfo, Machine};
+use sm4c_runtime::{Effect, ErrorInfo, Machine, ValidationError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,5 +101,13 @@ pub trait Functions: Send + Sync + 'static {
     /// [`Functions::invoke`] ([`crate::driver::Driver::task_lists`]).
     fn task_lists(&self) -> Option<Arc<crate::driver::TaskListBindings>> {
         None
+    }
+
+    /// What is wrong with a definition being registered that only this host's configuration can
+    /// see, such as a local file it names outside the definitions folder; a non-empty list refuses
+    /// the registration with these errors. Cheap: it reads no file's contents and no network.
+    fn check_definition(&self, m: &Machine) -> Vec<ValidationError> {
+        let _ = m;
+        Vec::new()
     }
 }

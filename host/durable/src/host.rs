@@ -1183,6 +1183,10 @@ impl Loop {
             limits: self.limits.expression,
         };
         let m = load(&doc, &mut sm4c_runtime::no_files, options).map_err(HostError::Invalid)?;
+        let refused = self.host.check_definition(&m);
+        if !refused.is_empty() {
+            return Err(HostError::Invalid(refused));
+        }
         let created = self.store.put_definition(&m.id, &m.version, &doc)?;
         let m = Arc::new(m);
         if created || self.machine(&m.id, &m.version).is_none() {

@@ -85,6 +85,44 @@ pub fn resolve_in(dir: &Path, roots: &[&Path], uri: &str) -> Result<PathBuf, Str
     Ok(real)
 }
 
+/// The `rest` and `rpc` functions of `m` whose local OpenAPI document or `.proto` (`file://` or a
+/// relative path, resolved against the definitions folder `dir`) is outside that folder, each as
+/// an error at `/functions/N/operation`. A file that does not exist is left to the call, which
+/// reports it; only a path that leaves the folder is refused here (no file's contents are read).
+pub fn escaping_files(dir: &Path, m: &sm4c_runtime::Machine) -> Vec<sm4c_runtime::ValidationError> {
+    use sm4c_runtime::model::FunctionKind;
+    let listed = m.source.get("functions").and_then(serde_json::Value::as_array);
+    let mut errs = Vec::new();
+    for (i, f) in m.functions.iter().enumerate() {
+        let what = match f.kind {
+            FunctionKind::Rest => "REST",
+            FunctionKind::Rpc => "gRPC",
+            _ => continue,
+        };
+        let Some((file, _)) = f.operation.rsplit_once('#') else {
+            continue;
+        };
+        if file.contains("://") && !file.starts_with("file://") {
+            continue;
+        }
+        if let Err(e) = resolve_uri(dir, file) {
+            if e.contains("is outside the folder") {
+                let index = listed
+                    .and_then(|list| {
+                        list.iter()
+                            .position(|d| d.get("name").and_then(serde_json::Value::as_str) == Some(&f.name))
+                    })
+                    .unwrap_or(i);
+                errs.push(sm4c_runtime::ValidationError {
+                    pointer: format!("/functions/{index}/operation"),
+                    message: format!("{what} function {:?}: operation {:?}: {e}", f.name, f.operation),
+                });
+            }
+        }
+    }
+    errs
+}
+
 /// Reads a file [`resolve_in`] returned, at most [`MAX_FILE`] bytes of it (it may have grown since).
 pub fn read_text(path: &Path) -> Result<String, String> {
     use std::io::Read;

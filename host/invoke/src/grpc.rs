@@ -456,6 +456,11 @@ pub fn check_definition(file: &Path, m: &Machine) -> Vec<FileError> {
 }
 
 impl GrpcInvoker {
+    /// The folder relative `.proto` URIs resolve against (the definitions' folder).
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
     /// Relative `.proto` URIs resolve against `base` (the definitions' folder).
     pub fn new(base: &Path, config: GrpcConfig) -> GrpcInvoker {
         GrpcInvoker {

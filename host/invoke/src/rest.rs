@@ -102,6 +102,13 @@ pub struct RestInvoker {
     slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
+impl RestInvoker {
+    /// The folder relative documents resolve against (the definitions' folder).
+    pub fn base(&self) -> &std::path::Path {
+        &self.base
+    }
+}
+
 struct Operation {
     method: reqwest::Method,
     server: String,

@@ -108,6 +108,18 @@ impl CallRouter {
 }
 
 impl Functions for CallRouter {
+    /// A definition registered over HTTP may not name a local file outside the definitions folder
+    /// ([`crate::files::escaping_files`]); the folder's own definitions are checked the same way
+    /// when they are loaded.
+    fn check_definition(&self, m: &Machine) -> Vec<sm4c_runtime::ValidationError> {
+        let base = match (&self.rest, &self.grpc) {
+            (Some(rest), _) => rest.base(),
+            (None, Some(grpc)) => grpc.base(),
+            (None, None) => return Vec::new(),
+        };
+        crate::files::escaping_files(base, m)
+    }
+
     fn invoke(&self, call: FunctionCall) -> BoxFuture<'static, Result<Value, ErrorInfo>> {
         if call.function_type == "asl" {
             return self.asl_task(call);

@@ -703,6 +703,10 @@ impl KafkaHost {
             limits: self.shared.cfg.expression,
         };
         let m = load(&doc, &mut sm4c_runtime::no_files, options).map_err(HostError::Invalid)?;
+        let refused = self.shared.host.check_definition(&m);
+        if !refused.is_empty() {
+            return Err(HostError::Invalid(refused));
+        }
         // Its task lists' topics exist before an instance can put a task on them.
         self.create_task_topics(task_lists_of(&m))
             .await

@@ -18,7 +18,7 @@
 
 use super::{jsonata_regex, AslError, Env};
 use bumpalo::Bump;
-use jsonata_rs::{ArrayFlags, FunctionContext, JsonAta, Value as JValue};
+use jsonata_rs::{ArrayFlags, Budget, Error as JError, FunctionContext, JsonAta, Value as JValue};
 use serde_json::{Map, Number, Value};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -33,6 +33,20 @@ const MAX_HIDDEN_OPERATORS: usize = 600;
 /// The deepest evaluation (nested calls of the crate's evaluator) allowed before an expression
 /// fails with a stack overflow error instead of exhausting the thread's stack.
 const MAX_EVAL_DEPTH: usize = 200;
+
+/// Steps one evaluation may take (see `vendor/jsonata-rs/PATCHED.md` for what counts): each
+/// evaluated node of the expression, each element of a range it builds, and each element of an
+/// array it passes to a built-in function. Like jq's fuel, a count rather than a time, so that a
+/// replay stops at the same point; evaluations run at several million steps a second.
+pub const MAX_STEPS: u64 = 10_000_000;
+
+/// Bytes one evaluation may build in its arena, beyond the values bound to its variables (the
+/// input's size is bounded where it enters); checked at every step.
+pub const MAX_BYTES: usize = 64 << 20;
+
+/// The arena's hard limit beyond the bound values: an allocation past it panics (caught, and
+/// reported as the memory budget), for a single step that builds more than [`MAX_BYTES`] at once.
+const HARD_BYTES: usize = 2 * MAX_BYTES;
 
 /// The deepest nesting of brackets and prefix operators allowed in an expression's text, which
 /// bounds the parser's recursion.
@@ -443,12 +457,47 @@ fn prelude(expr: &str) -> &'static str {
 /// Evaluates `expr` (already checked); `Ok(None)` when it yields undefined.
 fn evaluate(expr: &str, states: &Value, env: &Env, time: Option<String>) -> Result<Option<Value>, String> {
     let arena = Bump::new();
+    let bound = Cell::new(usize::MAX);
+    match catch_unwind(AssertUnwindSafe(|| {
+        evaluate_in(&arena, &bound, expr, states, env, time)
+    })) {
+        Ok(result) => result,
+        Err(_) if arena.allocated_bytes().saturating_sub(bound.get()) > MAX_BYTES => {
+            Err(budget_message(&JError::U1003MemoryBudget(MAX_BYTES)))
+        }
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// The error of an exhausted budget, naming it.
+fn budget_message(e: &JError) -> String {
+    match e {
+        JError::U1002StepBudget(max) => format!(
+            "it exceeded the JSONata evaluation budget of {max} steps (nodes evaluated, and elements of ranges built and of arrays passed to functions)"
+        ),
+        JError::U1003MemoryBudget(_) => format!(
+            "it exceeded the JSONata evaluation budget of {MAX_BYTES} bytes of memory"
+        ),
+        e => e.to_string(),
+    }
+}
+
+/// [`evaluate`] in `arena`; `bound` is set to the bytes the bound variables take, from which the
+/// memory budget counts.
+fn evaluate_in(
+    arena: &Bump,
+    bound: &Cell<usize>,
+    expr: &str,
+    states: &Value,
+    env: &Env,
+    time: Option<String>,
+) -> Result<Option<Value>, String> {
     let prelude = prelude(expr);
     let source = format!("{prelude}{expr}\n))");
-    let jsonata = JsonAta::new(&source, &arena).map_err(|e| e.to_string())?;
+    let jsonata = JsonAta::new(&source, arena).map_err(|e| e.to_string())?;
     let origins = RefCell::new(HashMap::new());
     let bind = |name: &str, v: &Value| {
-        let value = to_jsonata(&arena, v, &origins);
+        let value = to_jsonata(arena, v, &origins);
         jsonata.assign_var(name, value);
     };
     if expr.contains("$states") {
@@ -462,6 +511,12 @@ fn evaluate(expr: &str, states: &Value, env: &Env, time: Option<String>) -> Resu
     if let Some(time) = time {
         bind("__sm4c_now", &Value::String(time));
     }
+    bound.set(arena.allocated_bytes());
+    arena.set_allocation_limit(Some(bound.get().saturating_add(HARD_BYTES)));
+    jsonata.set_budget(Budget {
+        max_steps: Some(MAX_STEPS),
+        max_bytes: Some(bound.get().saturating_add(MAX_BYTES)),
+    });
     jsonata.register_function("__sm4c_random", 1, fn_random);
     jsonata.register_function("__sm4c_uuid", 0, fn_uuid);
     jsonata.register_function("range", 3, fn_range);
@@ -477,7 +532,10 @@ fn evaluate(expr: &str, states: &Value, env: &Env, time: Option<String>) -> Resu
     jsonata.register_function("__sm4c_replace", 4, jsonata_regex::fn_replace);
     let result = jsonata
         .evaluate_timeboxed(None, Some(MAX_EVAL_DEPTH), None)
-        .map_err(|e| unshift(&e.to_string(), prelude.len()))?;
+        .map_err(|e| match e {
+            JError::U1002StepBudget(_) | JError::U1003MemoryBudget(_) => budget_message(&e),
+            e => unshift(&e.to_string(), prelude.len()),
+        })?;
     if result.is_undefined() {
         return Ok(None);
     }
@@ -1223,5 +1281,48 @@ mod tests {
             rng: &rng,
         };
         query_error(q.eval(&states, &env));
+    }
+
+    #[test]
+    fn a_product_of_ranges_stops_at_the_step_budget() {
+        let cause = query_error(expr("[1..10000000].[1..10000000]", json!({})));
+        assert!(cause.contains(&format!("budget of {MAX_STEPS} steps")), "{cause}");
+    }
+
+    #[test]
+    fn loops_stop_at_a_budget() {
+        // Every step of these allocates a little, so the memory budget may stop them first.
+        for e in [
+            "[1..1000000].$sum([1..1000])",
+            "[1..5000].$reduce([1..5000], function($a, $b) { $a })",
+            "($f := function($n) { $n = 0 ? 0 : $f($n - 1) }; [1..100000].$f(90))",
+        ] {
+            let cause = query_error(expr(e, json!({})));
+            assert!(cause.contains("the JSONata evaluation budget of"), "{cause}");
+        }
+    }
+
+    #[test]
+    fn building_a_large_value_stops_at_the_memory_budget() {
+        // Few steps, each doubling a string: the memory budget stops it.
+        let cause = query_error(expr(
+            "($p := function($s, $n) { $n = 0 ? $s : $p($s & $s, $n - 1) }; $length($p('x', 40)))",
+            json!({}),
+        ));
+        assert!(cause.contains(&format!("budget of {MAX_BYTES} bytes")), "{cause}");
+    }
+
+    #[test]
+    fn the_budget_stops_at_the_same_point_every_time() {
+        let first = query_error(expr("[1..3000000].{'a': $}", json!({})));
+        let second = query_error(expr("[1..3000000].{'a': $}", json!({})));
+        assert_eq!(first, second);
+        assert!(first.contains("budget"), "{first}");
+    }
+
+    #[test]
+    fn work_within_the_budget_is_untouched() {
+        assert_eq!(expr("$sum([1..100000])", json!({})).unwrap(), json!(5000050000u64));
+        assert_eq!(expr("$count([1..100000].($ * 2))", json!({})).unwrap(), json!(100000));
     }
 }
