@@ -143,8 +143,24 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+/// A row read back. serde_json's reader stops at 128 levels, a few above what the API takes in
+/// once a journal row wraps it (issue 35: a 126-level input was written and the server could no
+/// longer start). Rows are read with its limit off, behind a checked depth of
+/// [`sm4c_runtime::json::READ_DEPTH`], well above [`sm4c_runtime::json::MAX_DEPTH`] and the
+/// levels a row adds, and well below what a thread's stack holds.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
+    use sm4c_runtime::json::{text_nesting, READ_DEPTH};
+    let depth = text_nesting(text.as_bytes());
+    if depth > READ_DEPTH {
+        return Err(StoreError::Corrupt(format!(
+            "nested {depth} levels deep, more than the {READ_DEPTH} a stored record may have"
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    T::deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 /// The entries of one journal row with their numbers: a JSON array of the entries one commit
@@ -217,6 +233,15 @@ impl Store for SqliteStore {
             })
         })
         .transpose()
+    }
+
+    fn definition_of(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
+        let conn = self.conn();
+        Ok(conn
+            .query_row("SELECT definition, version FROM instances WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?)
     }
 
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
@@ -305,7 +330,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Summary>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT seq, id, definition, version, status, snapshot, started_at, ended_at, parent FROM instances
+            "SELECT seq, id, definition, version, status, state, started_at, ended_at, parent FROM instances
              WHERE seq > ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR definition = ?3) ORDER BY seq LIMIT ?4",
         )?;
         let rows = stmt.query_map(params![after, status, definition, limit as i64], |r| {
@@ -315,7 +340,7 @@ impl Store for SqliteStore {
                 r.get::<_, String>(2)?,
                 r.get::<_, String>(3)?,
                 r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
+                r.get::<_, Option<String>>(5)?,
                 r.get::<_, Option<i64>>(6)?,
                 r.get::<_, Option<i64>>(7)?,
                 r.get::<_, Option<String>>(8)?,
@@ -323,14 +348,15 @@ impl Store for SqliteStore {
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (seq, id, definition, version, status, snap, started, ended, parent) = row?;
-            let snapshot: Snapshot = parse(&snap)?;
+            // The row's own columns (the state's name is kept beside the snapshot): a listing
+            // reads no snapshot, so one that cannot be read back does not hide the others.
+            let (seq, id, definition, version, status, state, started, ended, parent) = row?;
             out.push(Summary {
                 id,
                 definition,
                 version,
                 status,
-                state: snapshot.state_name.clone(),
+                state,
                 started_at: time(started),
                 ended_at: time(ended),
                 parent,
