@@ -166,6 +166,25 @@ pub fn val_too_deep(v: &Val, limit: usize) -> bool {
     }
 }
 
+/// Reads a record a host stored (a SQLite row, a Kafka record). serde_json's reader stops at 128
+/// levels, a few above [`MAX_DEPTH`] once a record wraps a value (issue 35: a 126-level input was
+/// written and the server could no longer start); records are read with its limit off, behind a
+/// checked depth of [`READ_DEPTH`], so whatever was written reads back and nothing overflows a
+/// thread's stack. The error says what is wrong.
+pub fn read_stored<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let depth = text_nesting(bytes);
+    if depth > READ_DEPTH {
+        return Err(format!(
+            "nested {depth} levels deep, more than the {READ_DEPTH} a stored record may have"
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    T::deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| e.to_string())
+}
+
 /// The deepest nesting of arrays and objects in JSON text (brackets inside strings do not count),
 /// without parsing it: malformed text gets some number, and the parser then says what is wrong.
 pub fn text_nesting(text: &[u8]) -> usize {
@@ -216,6 +235,17 @@ mod depth_tests {
         assert!(check_depth(&nested(MAX_DEPTH), "input").is_ok());
         assert!(!val_too_deep(&to_val(&nested(MAX_DEPTH)), MAX_DEPTH));
         assert!(val_too_deep(&to_val(&json!({"x": nested(MAX_DEPTH)})), MAX_DEPTH));
+    }
+
+    #[test]
+    fn stored_records_read_back_past_serde_jsons_limit_up_to_the_read_depth() {
+        let text = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        assert!(serde_json::from_str::<Value>(&text(130)).is_err());
+        assert_eq!(read_stored::<Value>(text(130).as_bytes()), Ok(nested(130)));
+        assert!(read_stored::<Value>(text(READ_DEPTH).as_bytes()).is_ok());
+        let err = read_stored::<Value>(text(READ_DEPTH + 1).as_bytes()).expect_err("too deep");
+        assert!(err.contains("more than the 256"), "{err}");
+        assert!(read_stored::<Value>(b"[1] x").is_err());
     }
 
     #[test]

@@ -143,24 +143,10 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-/// A row read back. serde_json's reader stops at 128 levels, a few above what the API takes in
-/// once a journal row wraps it (issue 35: a 126-level input was written and the server could no
-/// longer start). Rows are read with its limit off, behind a checked depth of
-/// [`sm4c_runtime::json::READ_DEPTH`], well above [`sm4c_runtime::json::MAX_DEPTH`] and the
-/// levels a row adds, and well below what a thread's stack holds.
+/// A row read back, with the checked depth of [`sm4c_runtime::json::read_stored`] (rows deeper
+/// than serde_json's default 128 levels read back).
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
-    use sm4c_runtime::json::{text_nesting, READ_DEPTH};
-    let depth = text_nesting(text.as_bytes());
-    if depth > READ_DEPTH {
-        return Err(StoreError::Corrupt(format!(
-            "nested {depth} levels deep, more than the {READ_DEPTH} a stored record may have"
-        )));
-    }
-    let mut de = serde_json::Deserializer::from_str(text);
-    de.disable_recursion_limit();
-    T::deserialize(&mut de)
-        .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
+    sm4c_runtime::json::read_stored(text.as_bytes()).map_err(StoreError::Corrupt)
 }
 
 /// The entries of one journal row with their numbers: a JSON array of the entries one commit
@@ -470,7 +456,21 @@ impl Store for SqliteStore {
         let rows: Vec<(i64, String)> = stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<Result<_, _>>()?;
-        rows.into_iter().map(|(s, e)| Ok((s, parse(&e)?))).collect()
+        // A parked event that cannot be read back belongs to no instance yet: it is passed over
+        // (logged and counted) rather than stop the server from starting.
+        Ok(rows
+            .into_iter()
+            .filter_map(|(s, e)| match parse(&e) {
+                Ok(event) => Some((s, event)),
+                Err(err) => {
+                    tracing::error!(parked = s, error = %err, "a parked event cannot be read back; it is passed over");
+                    if let Some(o) = sm4c_host::metrics::observer() {
+                        o.corrupt_record("parked");
+                    }
+                    None
+                }
+            })
+            .collect())
     }
 }
 

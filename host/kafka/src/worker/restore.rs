@@ -331,7 +331,7 @@ impl Latest {
         if crate::view::is_index_key(key) {
             return true;
         }
-        match serde_json::from_slice::<StateRecord>(value) {
+        match sm4c_runtime::json::read_stored::<StateRecord>(value) {
             Ok(r) => {
                 if let Some(rec) = &r.instance {
                     self.stored_order.insert(key.to_string(), rec.order);
@@ -388,15 +388,24 @@ impl Latest {
         self.touched.insert(k.clone());
         match payload {
             Some(payload) => {
-                if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
-                    self.clocked += u64::from(r.clock.is_some());
-                    if crate::wire::committed(r.through, r.clock, committed, clock) {
-                        self.stale.remove(&k);
-                        self.latest.insert(k, Some(r));
-                    } else {
-                        self.uncommitted += 1;
-                        self.stale.insert(k);
+                let r = match sm4c_runtime::json::read_stored::<StateRecord>(payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Not silent: logged and counted (the key's earlier record stays).
+                        tracing::error!(key = %k, error = %e, "a state record cannot be read back");
+                        if let Some(o) = sm4c_host::metrics::observer() {
+                            o.corrupt_record("state");
+                        }
+                        return;
                     }
+                };
+                self.clocked += u64::from(r.clock.is_some());
+                if crate::wire::committed(r.through, r.clock, committed, clock) {
+                    self.stale.remove(&k);
+                    self.latest.insert(k, Some(r));
+                } else {
+                    self.uncommitted += 1;
+                    self.stale.insert(k);
                 }
             }
             None => {
