@@ -595,3 +595,52 @@ impl Latest {
         (t, calls)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Origin, Parked};
+    use serde_json::{json, Value};
+
+    fn parked_record(event: Value) -> Vec<u8> {
+        let record = StateRecord {
+            through: 1,
+            parked: Some(Parked {
+                event,
+                origin: Origin {
+                    topic: "events".into(),
+                    partition: 0,
+                    offset: 7,
+                },
+                target: None,
+                home: None,
+                key: None,
+                expect: None,
+                expires: i64::MAX,
+            }),
+            ..StateRecord::default()
+        };
+        serde_json::to_vec(&record).expect("a record")
+    }
+
+    #[test]
+    fn a_record_deeper_than_serde_jsons_default_limit_is_restored() {
+        // What an earlier version let in: 126 levels of event data, a few more in the record.
+        let deep = (0..126).fold(json!(1), |v, _| json!([v]));
+        let payload = parked_record(json!({"data": deep}));
+        assert!(serde_json::from_slice::<StateRecord>(&payload).is_err());
+        let mut latest = Latest::new(100, 0);
+        latest.record(Some("p1".into()), Some(&payload), None);
+        let restored = latest
+            .latest
+            .get("p1")
+            .and_then(Option::as_ref)
+            .and_then(|r| r.parked.as_ref());
+        assert_eq!(restored.map(|p| &p.event["data"]), Some(&deep));
+        // A record that does not decode is not taken for one (the key's earlier record stays).
+        latest.record(Some("p1".into()), Some(b"{\"through\": garbage"), None);
+        assert!(latest.latest.get("p1").and_then(Option::as_ref).is_some());
+        assert!(latest.known("p2", &payload));
+        assert!(!latest.known("p3", b"not json"));
+    }
+}
