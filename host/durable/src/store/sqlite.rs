@@ -632,4 +632,56 @@ mod tests {
         assert!(matches!(journal_row(3, "[1]"), Err(StoreError::Corrupt(_))));
         assert_eq!(journal_row(5, &json(&entry(0))).expect("format 1 row").len(), 1);
     }
+
+    /// Values written through the store read back equal at every depth the door lets in and past
+    /// serde_json's 128 levels; deeper than the read depth is a corrupt record, never a stack
+    /// overflow (the store_roundtrip fuzz target does the same with arbitrary values).
+    #[test]
+    fn values_written_read_back_up_to_the_read_depth_and_deeper_is_a_corrupt_record() {
+        use sm4c_runtime::json::{from_val, to_val, MAX_DEPTH, READ_DEPTH};
+        let nested = |levels: usize| (0..levels).fold(json!({"s": "[{\\\""}), |v, _| json!([v]));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("s.db")).expect("open");
+        for levels in [0, MAX_DEPTH, 130, READ_DEPTH - 8, READ_DEPTH + 1, 600] {
+            let v = nested(levels);
+            let id = format!("i{levels}");
+            let mut snap = snapshot(&id);
+            snap.data.0 = to_val(&v);
+            let batch = Batch {
+                instances: vec![InstanceWrite {
+                    snapshot: snap,
+                    parent: None,
+                    entries: Vec::new(),
+                    calls: Vec::new(),
+                    origin: None,
+                }],
+                outbox: vec![(id.clone(), v.clone(), 0)],
+                parked: vec![(v.clone(), i64::MAX)],
+                unparked: Vec::new(),
+            };
+            store.commit(&batch).expect("commit");
+            let read = store.instance(&id);
+            let sent = store.outbox(0, usize::MAX);
+            if levels + 4 <= READ_DEPTH {
+                let data = from_val(&read.expect("reads back").expect("the instance").snapshot.data.0);
+                assert_eq!(data, v, "{levels} levels");
+                let sent = sent.expect("reads back");
+                assert_eq!(sent.last().map(|(_, _, e)| e), Some(&v), "{levels} levels");
+                let parked = store.parked(0).expect("reads back");
+                assert_eq!(parked.last().map(|(_, e)| e), Some(&v), "{levels} levels");
+            } else {
+                let err = read.map(|s| s.is_some()).expect_err("too deep to read back");
+                assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+                assert!(err.to_string().contains("more than the 256"), "{err}");
+                assert!(matches!(sent, Err(StoreError::Corrupt(_))));
+                // A parked event that cannot be read back is passed over, the others still read.
+                let parked = store.parked(0).expect("the others read back");
+                assert!(parked.iter().all(|(_, e)| e != &v));
+                // The sent event of this level, which cannot be read back, is not left for the next.
+                let conn = store.conn();
+                conn.execute("DELETE FROM outbox WHERE instance = ?1", [&id])
+                    .expect("delete");
+            }
+        }
+    }
 }
