@@ -14,7 +14,7 @@ import glob, hashlib, json, os, re, sys
 
 root, out = sys.argv[1], sys.argv[2]
 targets = ["load_definition", "asl_execution", "asl_paths_intrinsics", "jq_expression", "timespan", "cloudevent_http",
-           "kafka_records", "store_records", "store_reads"]
+           "kafka_records", "store_records", "store_reads", "store_roundtrip"]
 for t in targets:
     os.makedirs(os.path.join(out, t), exist_ok=True)
 counts = dict.fromkeys(targets, 0)

@@ -17,7 +17,7 @@ fi
 export RUSTC_BOOTSTRAP=1
 cd fuzz
 targets=(load_definition asl_execution asl_paths_intrinsics jq_expression timespan cloudevent_http kafka_records
-  store_records store_reads)
+  store_records store_reads store_roundtrip)
 # kafka_records builds librdkafka from source (rdkafka's cmake-build): cmake from scripts/setup.sh.
 if ! command -v cmake >/dev/null && [ -x ../.tools/venv/bin/cmake ]; then
   export PATH="$PWD/../.tools/venv/bin:$PATH"
@@ -33,7 +33,7 @@ nice -n 19 cargo fuzz build -O -a 2>&1 | tail -n 3 >&2 || { echo "fuzz-smoke: th
 dict() {
   case "$1" in
     load_definition | asl_execution) echo dict/definition.dict ;;
-    cloudevent_http | kafka_records | store_records | store_reads) ;;
+    cloudevent_http | kafka_records | store_records | store_reads | store_roundtrip) ;;
     *) echo "dict/$1.dict" ;;
   esac
 }

@@ -1909,10 +1909,18 @@ impl Expr {
     }
 
     /// A value the expression yields, if it stays within [`Limits::memory`] written out (see
-    /// [`expanded_size`]); else the error of an evaluation that would build too much.
+    /// [`expanded_size`]) and within [`crate::json::MAX_DEPTH`] levels of nesting; else the error of
+    /// an evaluation that would build too much.
     fn bounded(&self, v: Val) -> Result<Val, EvalError> {
         if matches!(v, Val::Arr(_) | Val::Obj(_)) && expanded_size(&v, self.0.limits.memory).is_none() {
             return Err(self.too_large());
+        }
+        if crate::json::val_too_deep(&v, crate::json::MAX_DEPTH) {
+            return Err(self.stopped(format!(
+                "expression result is nested deeper than {} levels, the most sm4c keeps (in {})",
+                crate::json::MAX_DEPTH,
+                self.0.source
+            )));
         }
         Ok(v)
     }
@@ -2310,6 +2318,32 @@ mod tests {
         let e = Expr::compile("error({code: 42})", &[], Limits::default()).unwrap();
         let err = e.eval_json(&json!(null)).unwrap_err();
         assert_eq!(err.value, Some(json!({"code": 42})));
+    }
+
+    #[test]
+    fn a_result_nested_deeper_than_the_limit_is_an_error_that_names_it() {
+        let depth = crate::json::MAX_DEPTH;
+        // Built by the expression: `reduce` wraps one level per step (the direct evaluator and jaq).
+        let deep = Expr::compile(
+            &format!("reduce range({}) as $i (1; [.])", depth + 1),
+            &[],
+            Limits::default(),
+        )
+        .unwrap();
+        let err = deep.eval_json(&json!(null)).expect_err("too deep");
+        assert!(err.message.contains("nested deeper than 64 levels"), "{}", err.message);
+        // `try` cannot catch it: the output is refused, not an error inside the expression.
+        assert!(err.out_of_fuel);
+        let at = Expr::compile(&format!("reduce range({depth}) as $i (1; [.])"), &[], Limits::default()).unwrap();
+        assert!(at.eval_json(&json!(null)).is_ok());
+        // Wrapping data that sits at the limit passes it too, on the direct path.
+        let input = (0..depth).fold(json!(1), |v, _| json!([v]));
+        let wrap = Expr::compile(".a = .", &[], Limits::default()).unwrap();
+        assert!(wrap.eval_json(&input).is_err());
+        // `fromjson` of a text that nests deeper is refused the same way.
+        let text = format!("{}1{}", "[".repeat(depth + 1), "]".repeat(depth + 1));
+        let from = Expr::compile("fromjson", &[], Limits::default()).unwrap();
+        assert!(from.eval_json(&json!(text)).is_err());
     }
 
     #[test]

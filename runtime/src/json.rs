@@ -105,3 +105,153 @@ mod tests {
         assert_eq!(from_val(&to_val(&v)), v);
     }
 }
+
+/// Deepest nesting of arrays and objects a value may have where it enters an instance: a start's
+/// input, an event's data, a task's answer, a function's result, an expression's result. One
+/// limit, checked where data comes in, well under what every reader in the project accepts
+/// ([`READ_DEPTH`]), so that the records the hosts wrap around a value always read back.
+pub const MAX_DEPTH: usize = 64;
+
+/// Deepest nesting a host reads back from what it stored (a SQLite row, a Kafka record): above
+/// [`MAX_DEPTH`] and the few levels a record wraps around a value, and far below what a thread's
+/// stack holds.
+pub const READ_DEPTH: usize = 256;
+
+/// The JSON pointer of the first array or object of `v` nested deeper than `limit` levels (a
+/// scalar is at no level, `[1]` at one), `None` when `v` stays within it. Looks no deeper than
+/// `limit + 1` levels, so any value can be checked.
+pub fn too_deep(v: &Value, limit: usize) -> Option<String> {
+    fn walk(v: &Value, left: usize, path: &mut String) -> bool {
+        let into = |key: &str, child: &Value, path: &mut String| {
+            let len = path.len();
+            path.push('/');
+            path.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            let deep = walk(child, left - 1, path);
+            if !deep {
+                path.truncate(len);
+            }
+            deep
+        };
+        match v {
+            Value::Array(_) | Value::Object(_) if left == 0 => true,
+            Value::Array(a) => a.iter().enumerate().any(|(i, c)| into(&i.to_string(), c, path)),
+            Value::Object(o) => o.iter().any(|(k, c)| into(k, c, path)),
+            _ => false,
+        }
+    }
+    let mut path = String::new();
+    walk(v, limit, &mut path).then_some(path)
+}
+
+/// Whether `v` stays within [`MAX_DEPTH`]; else what is wrong, naming `what` (a field, a JSON
+/// pointer) and where the limit is passed.
+pub fn check_depth(v: &Value, what: &str) -> Result<(), String> {
+    match too_deep(v, MAX_DEPTH) {
+        None => Ok(()),
+        Some(at) => Err(format!(
+            "{what} is nested deeper than {MAX_DEPTH} levels, the most sm4c takes in (the array or object at {:?} is level {})",
+            if at.is_empty() { "/".to_string() } else { at },
+            MAX_DEPTH + 1
+        )),
+    }
+}
+
+/// Whether a jq value nests arrays and objects deeper than `limit` levels (see [`too_deep`]).
+pub fn val_too_deep(v: &Val, limit: usize) -> bool {
+    match v {
+        Val::Arr(_) | Val::Obj(_) if limit == 0 => true,
+        Val::Arr(a) => a.iter().any(|c| val_too_deep(c, limit - 1)),
+        Val::Obj(o) => o.values().any(|c| val_too_deep(c, limit - 1)),
+        _ => false,
+    }
+}
+
+/// Reads a record a host stored (a SQLite row, a Kafka record). serde_json's reader stops at 128
+/// levels, a few above [`MAX_DEPTH`] once a record wraps a value (issue 35: a 126-level input was
+/// written and the server could no longer start); records are read with its limit off, behind a
+/// checked depth of [`READ_DEPTH`], so whatever was written reads back and nothing overflows a
+/// thread's stack. The error says what is wrong.
+pub fn read_stored<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let depth = text_nesting(bytes);
+    if depth > READ_DEPTH {
+        return Err(format!(
+            "nested {depth} levels deep, more than the {READ_DEPTH} a stored record may have"
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    T::deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| e.to_string())
+}
+
+/// The deepest nesting of arrays and objects in JSON text (brackets inside strings do not count),
+/// without parsing it: malformed text gets some number, and the parser then says what is wrong.
+pub fn text_nesting(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn nested(levels: usize) -> Value {
+        (0..levels).fold(json!(1), |v, _| json!([v]))
+    }
+
+    #[test]
+    fn values_at_the_limit_pass_and_one_level_more_is_named_by_its_pointer() {
+        assert_eq!(too_deep(&json!(1), 0), None);
+        assert_eq!(too_deep(&json!([]), 0).as_deref(), Some(""));
+        assert_eq!(too_deep(&nested(MAX_DEPTH), MAX_DEPTH), None);
+        let v = json!({"a/b": nested(MAX_DEPTH)});
+        let at = too_deep(&v, MAX_DEPTH).expect("too deep");
+        assert!(at.starts_with("/a~1b/0/0/"), "{at}");
+        assert_eq!(at.matches('/').count(), MAX_DEPTH);
+        let err = check_depth(&nested(MAX_DEPTH + 1), "input").expect_err("too deep");
+        assert!(err.starts_with("input is nested deeper than 64 levels"), "{err}");
+        assert!(check_depth(&nested(MAX_DEPTH), "input").is_ok());
+        assert!(!val_too_deep(&to_val(&nested(MAX_DEPTH)), MAX_DEPTH));
+        assert!(val_too_deep(&to_val(&json!({"x": nested(MAX_DEPTH)})), MAX_DEPTH));
+    }
+
+    #[test]
+    fn stored_records_read_back_past_serde_jsons_limit_up_to_the_read_depth() {
+        let text = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        assert!(serde_json::from_str::<Value>(&text(130)).is_err());
+        assert_eq!(read_stored::<Value>(text(130).as_bytes()), Ok(nested(130)));
+        assert!(read_stored::<Value>(text(READ_DEPTH).as_bytes()).is_ok());
+        let err = read_stored::<Value>(text(READ_DEPTH + 1).as_bytes()).expect_err("too deep");
+        assert!(err.contains("more than the 256"), "{err}");
+        assert!(read_stored::<Value>(b"[1] x").is_err());
+    }
+
+    #[test]
+    fn text_nesting_skips_brackets_in_strings() {
+        assert_eq!(text_nesting(br#"{"a":"[[[{{","b":[[1]]}"#), 3);
+        assert_eq!(text_nesting(br#"["\"[["]"#), 1);
+        assert_eq!(text_nesting(b"1"), 0);
+    }
+}

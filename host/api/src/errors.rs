@@ -121,6 +121,8 @@ errors! {
     PayloadTooLarge(usize) => PAYLOAD_TOO_LARGE, "payloadTooLarge", |s| format!("the body is larger than {} bytes", s.0);
     /// The body is not JSON, or not the JSON the endpoint takes (what the parser said).
     MalformedJson(String) => BAD_REQUEST, "malformedJson", |s| s.0.clone();
+    /// A value in the body nests deeper than [`sm4c_runtime::json::MAX_DEPTH`] levels (which, and where).
+    TooDeep(String) => BAD_REQUEST, "tooDeep", |s| s.0.clone();
     /// A query string the endpoint does not take (what is wrong).
     InvalidQuery(String) => BAD_REQUEST, "invalidQuery", |s| s.0.clone();
     /// An instance id out of bounds.

@@ -44,6 +44,12 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> 
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, MAX_BODY)
+            .await
+            .map_err(|_| PayloadTooLarge(MAX_BODY))?;
+        check_nesting(&bytes, false)?;
+        let req = Request::from_parts(parts, axum::body::Body::from(bytes));
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(Body(v)),
             Err(JsonRejection::MissingJsonContentType(_)) => Err(UnsupportedMediaType.into()),
@@ -51,6 +57,34 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> 
             Err(e) => Err(MalformedJson(e.body_text()).into()),
         }
     }
+}
+
+/// Whether a JSON body's values stay within [`sm4c_runtime::json::MAX_DEPTH`] levels: those of an
+/// object body's members (a start's `input`, an event's `data`), or the whole body when it is not an
+/// object or is one value (`whole`: a task's result). Too deep is a `tooDeep` error naming the member, so that nothing the
+/// server takes in nests deeper than its store reads back.
+fn check_nesting(bytes: &[u8], whole: bool) -> Result<(), ApiError> {
+    use sm4c_runtime::json::{check_depth, text_nesting, MAX_DEPTH};
+    if text_nesting(bytes) <= MAX_DEPTH {
+        return Ok(());
+    }
+    let body = match serde_json::from_slice::<Value>(bytes) {
+        Ok(body) => body,
+        // Deeper than the JSON reader goes.
+        Err(e) if e.to_string().contains("recursion limit") => {
+            return Err(TooDeep(format!(
+                "the body is nested deeper than {MAX_DEPTH} levels, the most sm4c takes in"
+            ))
+            .into())
+        }
+        // Not JSON: the parser says what is wrong.
+        Err(_) => return Ok(()),
+    };
+    let problem = match &body {
+        Value::Object(o) if !whole => o.iter().find_map(|(k, v)| check_depth(v, k).err()),
+        other => check_depth(other, "the body").err(),
+    };
+    problem.map_or(Ok(()), |m| Err(TooDeep(m).into()))
 }
 
 /// Query strings with our error shape.
@@ -551,6 +585,7 @@ async fn optional_json(req: Request) -> Result<Option<Value>, ApiError> {
     if door::media(door::content_type(&parts.headers)) != door::Media::Json {
         return Err(UnsupportedMediaType.into());
     }
+    check_nesting(&bytes, true)?;
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| MalformedJson(format!("the body is not JSON: {e}")).into())
@@ -587,6 +622,7 @@ async fn aws_answer(req: Request, fields: &[&str]) -> Result<(String, serde_json
     if door::media(door::content_type(&parts.headers)) == door::Media::Other {
         return Err(UnsupportedMediaType.into());
     }
+    check_nesting(&bytes, false)?;
     let body: Value =
         serde_json::from_slice(&bytes).map_err(|e| MalformedJson(format!("the body is not JSON: {e}")))?;
     let Value::Object(mut o) = body else {
@@ -610,8 +646,11 @@ async fn aws_answer(req: Request, fields: &[&str]) -> Result<(String, serde_json
 async fn send_task_success(State(h): State<Api>, req: Request) -> Result<Json<Value>, ApiError> {
     let (token, o) = aws_answer(req, &["output"]).await?;
     let result = match o.get("output") {
-        Some(Value::String(text)) => serde_json::from_str(text)
-            .map_err(|e| InvalidFailure(format!("output must be a JSON text (a string holding JSON): {e}")))?,
+        Some(Value::String(text)) => {
+            check_nesting(text.as_bytes(), true)?;
+            serde_json::from_str(text)
+                .map_err(|e| InvalidFailure(format!("output must be a JSON text (a string holding JSON): {e}")))?
+        }
         _ => {
             return Err(InvalidFailure(
                 "output (a string holding the task's JSON result, as AWS's SendTaskSuccess) is missing".into(),

@@ -73,6 +73,12 @@ struct TopicPartitionLabels {
     partition: String,
 }
 
+/// Labels of unreadable stored records.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecordLabels {
+    record: String,
+}
+
 /// Labels of dead letters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabels {
@@ -131,6 +137,7 @@ pub struct Metrics {
     task_closes: Histograms<TaskOutcomeLabels>,
     parked: Family<PartitionLabels, Gauge>,
     dead_letters: Family<CodeLabels, Counter>,
+    corrupt: Family<RecordLabels, Counter>,
     lag: Family<TopicPartitionLabels, Gauge>,
     stalled: Family<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     stall_repairs: Family<TopicPartitionLabels, Counter>,
@@ -226,6 +233,12 @@ impl Metrics {
             "Kafka mode: events this worker put on the dead-letter topic, by reason code",
             dead_letters.clone(),
         );
+        let corrupt = Family::<RecordLabels, Counter>::default();
+        registry.register(
+            "corrupt_records",
+            "Stored records that could not be read back (each failed its instance with corruptRecord), by kind of record",
+            corrupt.clone(),
+        );
         let lag = Family::<TopicPartitionLabels, Gauge>::default();
         registry.register(
             "kafka_consumer_lag",
@@ -265,6 +278,7 @@ impl Metrics {
             task_closes,
             parked,
             dead_letters,
+            corrupt,
             lag,
             stalled,
             stall_repairs,
@@ -367,6 +381,13 @@ impl Observer for Observed {
     fn kafka_dead_letter(&self, code: &str) {
         let labels = CodeLabels { code: code.to_string() };
         self.0.dead_letters.get_or_create(&labels).inc();
+    }
+
+    fn corrupt_record(&self, record: &str) {
+        let labels = RecordLabels {
+            record: record.to_string(),
+        };
+        self.0.corrupt.get_or_create(&labels).inc();
     }
 
     fn kafka_lag(&self, topic: &str, partition: i32, lag: i64) {

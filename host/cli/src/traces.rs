@@ -207,6 +207,9 @@ impl Observer for Observed {
     fn kafka_dead_letter(&self, code: &str) {
         self.metrics.kafka_dead_letter(code)
     }
+    fn corrupt_record(&self, record: &str) {
+        self.metrics.corrupt_record(record)
+    }
     fn kafka_lag(&self, topic: &str, partition: i32, lag: i64) {
         self.metrics.kafka_lag(topic, partition, lag)
     }

@@ -1558,3 +1558,225 @@ fn an_instance_whose_state_was_removed_from_its_definition_fails_and_the_server_
         "the instance waited in state Ask, which its definition no longer has: {v}\njournal: {before:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Nesting and unreadable records (issue 35, item 1)
+// ---------------------------------------------------------------------------------------------
+
+/// `levels` arrays nested in one another around `1`.
+fn nested(levels: usize) -> Value {
+    (0..levels).fold(json!(1), |v, _| json!([v]))
+}
+
+fn waiter_definition() -> Value {
+    json!({
+        "id": "waiter", "name": "Waiter", "version": "1.0",
+        "events": [{"name": "go", "type": "com.example.go", "source": "test"}],
+        "states": [
+            {"name": "Wait", "start": true, "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["go"]}]}]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+/// A 126-level input was accepted, and its journal row (two levels deeper) could no longer be
+/// read back: the next start stopped with `recursion limit exceeded`, exit 2. Now the door refuses
+/// it naming the limit, and an input at the limit is kept across a restart.
+#[test]
+fn an_input_nested_deeper_than_the_limit_is_refused_and_one_at_the_limit_reads_back_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("deep.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&waiter_definition());
+    for levels in [126, 65, 300] {
+        let (st, body) = s.post(
+            "/instances",
+            &json!({"definition": "waiter", "id": format!("deep-{levels}"), "input": nested(levels)}),
+        );
+        assert_eq!(st, 400, "a {levels}-level input: {body}");
+        assert_eq!(body["error"], "tooDeep", "a {levels}-level input: {body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("nested deeper than 64 levels"), "{message}");
+        if levels < 128 {
+            assert!(message.starts_with("input is nested"), "names the field: {message}");
+        }
+        let (st, _) = s.get(&format!("/instances/deep-{levels}"));
+        assert_eq!(st, 404, "a refused start leaves no instance");
+    }
+    // An event whose data nests deeper is refused too, and is not delivered.
+    let (st, body) = s.post_event(&json!({"specversion": "1.0", "id": "e-1", "source": "test",
+        "type": "com.example.go", "datacontenttype": "application/json", "data": nested(65)}));
+    assert_eq!(st, 400, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the event's data is nested deeper than 64 levels"),
+        "{body}"
+    );
+
+    // At the limit: accepted, and read back after a restart, as are the inputs of other instances.
+    let input = json!({"x": nested(63)});
+    s.start_instance("waiter", "at-limit", input.clone());
+    s.start_instance("waiter", "plain", json!({"n": 1}));
+    s.wait_instance("at-limit", Duration::from_secs(10), "waiting", |v| {
+        v["status"] == "waiting"
+    });
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let v = s.instance("at-limit");
+    assert_eq!(v["status"], "waiting", "{v}");
+    assert_eq!(v["data"], input);
+    assert!(!s.history("at-limit").is_empty());
+    assert_eq!(s.instance("plain")["data"], json!({"n": 1}));
+}
+
+/// A store written by a version without the limit (a 126-level input, its journal row 128 levels
+/// deep) starts, and the instance reads back.
+#[test]
+fn a_row_deeper_than_the_json_readers_default_limit_reads_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("old.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&waiter_definition());
+    s.start_instance("waiter", "deep", json!({"n": 1}));
+    s.wait_instance("deep", Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    s.kill9();
+    // What the door let in before: the data and the start entry, 126 levels deep.
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let deep = nested(126).to_string();
+        let snapshot: String = conn
+            .query_row("SELECT snapshot FROM instances WHERE id = 'deep'", [], |r| r.get(0))
+            .expect("snapshot");
+        let snapshot = snapshot.replace(r#"{"n":1}"#, &deep);
+        let entry: String = conn
+            .query_row(
+                "SELECT entry FROM journal WHERE instance = 'deep' ORDER BY seq LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .expect("journal row");
+        assert!(entry.contains(r#"{"n":1}"#), "{entry}");
+        let entry = entry.replacen(r#"{"n":1}"#, &deep, 1);
+        assert!(
+            text_depth(&entry) >= 128,
+            "the row is as deep as the one that broke starts"
+        );
+        conn.execute("UPDATE instances SET snapshot = ?1 WHERE id = 'deep'", [&snapshot])
+            .expect("update");
+        conn.execute("UPDATE journal SET entry = ?1 WHERE instance = 'deep'", [&entry])
+            .expect("update");
+    }
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let v = s.instance("deep");
+    assert_eq!(v["status"], "waiting", "{v}");
+    assert_eq!(v["data"], nested(126));
+}
+
+/// The deepest nesting of JSON text (no strings with brackets in these rows).
+fn text_depth(text: &str) -> usize {
+    let (mut d, mut most) = (0usize, 0usize);
+    for c in text.bytes() {
+        match c {
+            b'[' | b'{' => {
+                d += 1;
+                most = most.max(d);
+            }
+            b']' | b'}' => d = d.saturating_sub(1),
+            _ => {}
+        }
+    }
+    most
+}
+
+/// Rows overwritten with garbage by hand: the server starts, the instances they belong to are
+/// failed with `corruptRecord` naming the record, the failures are counted, and every other instance
+/// is served (one completes on an event after the restart).
+#[test]
+fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bad.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&waiter_definition());
+    for id in ["bad-journal", "bad-snapshot", "good"] {
+        s.start_instance("waiter", id, json!({"who": id}));
+        s.wait_instance(id, Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    }
+    s.kill9();
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let n = conn
+            .execute(
+                "UPDATE journal SET entry = '[{\"entry\": garbage' WHERE instance = 'bad-journal'",
+                [],
+            )
+            .expect("overwrite a journal row");
+        assert!(n >= 1);
+        let n = conn
+            .execute(
+                "UPDATE instances SET snapshot = 'not json at all' WHERE id = 'bad-snapshot'",
+                [],
+            )
+            .expect("overwrite a snapshot");
+        assert_eq!(n, 1);
+    }
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    for (id, record) in [("bad-journal", "journal"), ("bad-snapshot", "snapshot")] {
+        let v = s.wait_instance(id, Duration::from_secs(10), "failed", |v| v["status"] != "waiting");
+        assert_eq!(v["status"], "failed", "{v}");
+        assert_eq!(v["error"]["type"], "corruptRecord", "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(record) && message.contains(id),
+            "names the record and the instance: {message}"
+        );
+    }
+    // The others are served: listed, and the good one goes on.
+    let (st, list) = s.get("/instances?limit=10");
+    assert_eq!(st, 200, "{list}");
+    assert_eq!(list["instances"].as_array().map(Vec::len), Some(3), "{list}");
+    assert_eq!(s.instance("good")["status"], "waiting");
+    let (st, body) = s.post_event(&json!({"specversion": "1.0", "id": "go-1", "source": "test",
+        "type": "com.example.go", "sm4cinstanceid": "good"}));
+    assert_eq!(st, 202, "{body}");
+    let v = s.wait_instance("good", Duration::from_secs(10), "completed", |v| {
+        v["status"] == "completed"
+    });
+    assert_eq!(v["data"], json!({"who": "good"}));
+    // Counted, by kind of record, and logged.
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    for record in ["journal", "snapshot"] {
+        let line = format!("sm4c_corrupt_records_total{{record=\"{record}\"}} 1");
+        assert!(text.contains(&line), "{line} in:\n{text}");
+    }
+    let logged = s.log();
+    assert!(
+        logged.contains("corruptRecord") && logged.contains("bad-journal"),
+        "{logged}"
+    );
+    // And a second restart keeps them failed and starts as well.
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    assert_eq!(s.instance("bad-snapshot")["error"]["type"], "corruptRecord");
+    assert_eq!(s.instance("good")["status"], "completed");
+}

@@ -3,7 +3,8 @@
 use serde_json::Value;
 
 /// A CloudEvent read through the SDK, in the JSON form the engine takes; a JSON body sent in
-/// binary mode becomes JSON `data`.
+/// binary mode becomes JSON `data`. Data nested deeper than [`sm4c_runtime::json::MAX_DEPTH`]
+/// levels is refused, saying so.
 pub fn event_json(event: &cloudevents::Event) -> Result<Value, String> {
     use cloudevents::AttributesReader;
     let mut value = serde_json::to_value(event).map_err(|e| e.to_string())?;
@@ -16,6 +17,9 @@ pub fn event_json(event: &cloudevents::Event) -> Result<Value, String> {
                 o.insert("data".into(), data);
             }
         }
+    }
+    if let Some(data) = value.get("data") {
+        sm4c_runtime::json::check_depth(data, "the event's data")?;
     }
     Ok(value)
 }

@@ -38,6 +38,9 @@ pub trait Observer: Send + Sync {
     fn kafka_parked(&self, _partition: i32, _count: usize) {}
     /// A committed transaction put an event on the dead-letter topic, for reason `code`.
     fn kafka_dead_letter(&self, _code: &str) {}
+    /// A stored record (`record`: `snapshot`, `journal`, `call`, `parked`, a Kafka record kind)
+    /// could not be read back; its instance was failed with `corruptRecord` (or the record skipped).
+    fn corrupt_record(&self, _record: &str) {}
     /// How many records of `topic` partition `partition` this worker has not read yet (the
     /// partition's end minus the worker's position).
     fn kafka_lag(&self, _topic: &str, _partition: i32, _lag: i64) {}

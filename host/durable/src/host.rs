@@ -372,6 +372,11 @@ impl DurableHost {
     }
 }
 
+/// Whether a store error, as a host error's text, is a record that cannot be read back.
+fn corrupt_text(e: &str) -> bool {
+    e.starts_with("store: corrupt record:")
+}
+
 struct Slot {
     h: Hosted,
     dirty: bool,
@@ -431,23 +436,103 @@ impl Loop {
     }
 
     /// Restores timers and calls in flight; checks unfinished instances against their definitions.
+    ///
+    /// One record that cannot be read back never stops recovery: its instance is failed with
+    /// `corruptRecord` naming the record (see [`Loop::corrupt`]), and every other instance goes on.
     fn recover(&mut self) -> Result<(), HostError> {
         for (inst, timer, due) in self.store.timers()? {
             self.timers.insert((due, inst, timer));
         }
         let mut ids: BTreeSet<String> = self.timers.iter().map(|(_, i, _)| i.clone()).collect();
-        for (inst, effect) in self.store.calls()? {
+        let all: Vec<(String, String)> = self.registry.read().unwrap_or_else(|p| p.into_inner()).keys().to_vec();
+        let active = self.store.active(&all)?;
+        let mut corrupt: Vec<(String, &'static str, String)> = Vec::new();
+        let calls = match self.store.calls() {
+            Ok(calls) => calls,
+            // Some call cannot be read back: read them instance by instance, to know whose.
+            Err(StoreError::Corrupt(_)) => {
+                let mut calls = Vec::new();
+                for id in &active {
+                    match self.store.calls_of(id) {
+                        Ok(open) => calls.extend(open.into_iter().map(|e| (id.clone(), e))),
+                        Err(StoreError::Corrupt(e)) => corrupt.push((id.clone(), "call", e)),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                calls
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for (inst, effect) in calls {
             ids.insert(inst.clone());
-            if let Some(work) = self.recovered(&inst, effect)? {
-                self.after.push((inst, work));
+            match self.recovered(&inst, effect) {
+                Ok(Some(work)) => self.after.push((inst, work)),
+                Ok(None) => {}
+                Err(HostError::Store(e)) if corrupt_text(&e) => corrupt.push((inst, "snapshot", e)),
+                Err(e) => return Err(e),
             }
         }
-        let all: Vec<(String, String)> = self.registry.read().unwrap_or_else(|p| p.into_inner()).keys().to_vec();
-        ids.extend(self.store.active(&all)?);
+        ids.extend(active);
         for id in ids {
-            self.verify(&id)?;
+            if corrupt.iter().any(|(c, ..)| *c == id) {
+                continue;
+            }
+            if let Err((record, e)) = self.verify(&id)? {
+                corrupt.push((id, record, e));
+            }
+        }
+        for (id, record, e) in corrupt {
+            self.after.retain(|(i, _)| *i != id);
+            self.corrupt(&id, record, &e)?;
         }
         self.parked_count = self.store.parked(now_ms())?.len();
+        Ok(())
+    }
+
+    /// Fails an instance one of whose records (`record`: its `snapshot`, a `journal` row, an open
+    /// `call`) cannot be read back (`why`): logged, counted, and recorded as a `corruptRecord`
+    /// error naming the record. An instance whose snapshot is readable is aborted as usual; one
+    /// whose snapshot is not gets a new one, failed, made from its definition.
+    fn corrupt(&mut self, id: &str, record: &str, why: &str) -> Result<(), HostError> {
+        tracing::error!(instance = %id, record, error = %why, "a stored record of the instance cannot be read back; the instance is failed with corruptRecord");
+        if let Some(o) = sm4c_host::metrics::observer() {
+            o.corrupt_record(record);
+        }
+        let error = ErrorInfo::new(
+            ErrorKind::CorruptRecord,
+            format!("the store's {record} record of instance {id:?} cannot be read back: {why}"),
+        )
+        .with_details(json!({"record": record}));
+        if let Ok(Some(_)) = self.store.instance(id) {
+            self.queue.push((id.to_string(), Input::Abort { error }));
+            return Ok(());
+        }
+        let Some((definition, version)) = self.store.definition_of(id)? else {
+            return Ok(());
+        };
+        let Some(m) = self.machine(&definition, &version) else {
+            tracing::error!(instance = %id, definition, version, "the definition of an instance with an unreadable snapshot is not registered; it is left as it is");
+            return Ok(());
+        };
+        let mut snapshot = sm4c_runtime::Instance::new(m, id, self.driver.options)
+            .snapshot()
+            .clone();
+        let now = now_ms();
+        snapshot.status = Status::Failed;
+        snapshot.error = Some(error);
+        snapshot.now = now;
+        snapshot.ended_at = Some(now);
+        let batch = Batch {
+            instances: vec![InstanceWrite {
+                snapshot,
+                parent: None,
+                entries: Vec::new(),
+                calls: Vec::new(),
+                origin: None,
+            }],
+            ..Batch::default()
+        };
+        self.store.commit(&batch)?;
         Ok(())
     }
 
@@ -497,22 +582,25 @@ impl Loop {
     }
 
     /// Replays an unfinished instance's journal; a mismatch fails the instance, naming the entry.
-    fn verify(&mut self, id: &str) -> Result<(), HostError> {
-        let Some(stored) = self.store.instance(id)? else {
-            return Ok(());
+    /// `Ok(Err((record, why)))` when a record of the instance cannot be read back.
+    fn verify(&mut self, id: &str) -> Result<Result<(), (&'static str, String)>, HostError> {
+        let stored = match self.store.instance(id) {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Ok(Ok(())),
+            Err(StoreError::Corrupt(e)) => return Ok(Err(("snapshot", e))),
+            Err(e) => return Err(e.into()),
         };
         if stored.snapshot.status.is_final() {
-            return Ok(());
+            return Ok(Ok(()));
         }
         let Some(m) = self.machine(&stored.snapshot.definition, &stored.snapshot.version) else {
-            return Ok(());
+            return Ok(Ok(()));
         };
-        let journal: Vec<Entry> = self
-            .store
-            .history(id, 0, usize::MAX)?
-            .into_iter()
-            .map(|(_, e)| e)
-            .collect();
+        let journal: Vec<Entry> = match self.store.history(id, 0, usize::MAX) {
+            Ok(history) => history.into_iter().map(|(_, e)| e).collect(),
+            Err(StoreError::Corrupt(e)) => return Ok(Err(("journal", e))),
+            Err(e) => return Err(e.into()),
+        };
         let error = match sm4c_runtime::Instance::replay(m, id, &journal, self.driver.options) {
             Err(e) => {
                 Some(ErrorInfo::new(ErrorKind::ReplayMismatch, e.to_string()).with_details(json!({"entry": e.index})))
@@ -536,7 +624,7 @@ impl Loop {
         if let Some(error) = error {
             self.queue.push((id.to_string(), Input::Abort { error }));
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {

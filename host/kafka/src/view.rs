@@ -204,7 +204,7 @@ pub(crate) fn stored(store: &dyn LocalStore, id: &str) -> Result<Option<Instance
     else {
         return Ok(None);
     };
-    serde_json::from_slice::<StateRecord>(&bytes)
+    sm4c_runtime::json::read_stored::<StateRecord>(&bytes)
         .map(|r| r.instance)
         .map_err(|e| format!("instance {id:?} in the local store does not read: {e}"))
 }

@@ -106,7 +106,13 @@ pub fn eval_expression(expr: &str, states: &Value, env: &Env) -> Result<Value, A
         env.rng.set(state);
     }
     match result {
-        Ok(Ok(Some(v))) => Ok(v),
+        Ok(Ok(Some(v))) => match crate::json::too_deep(&v, crate::json::MAX_DEPTH) {
+            None => Ok(v),
+            Some(_) => Err(AslError::query(format!(
+                "The JSONata expression '{expr}' returned a value nested deeper than {} levels, the most sm4c keeps.",
+                crate::json::MAX_DEPTH
+            ))),
+        },
         Ok(Ok(None)) => Err(AslError::query(format!(
             "The JSONata expression '{expr}' returned nothing (undefined)."
         ))),
@@ -1109,6 +1115,15 @@ mod tests {
         );
         assert_eq!(expr("$uppercase('abc')", json!({})), Ok(json!("ABC")));
         assert_eq!(expr("$string(12)", json!({})), Ok(json!("12")));
+    }
+
+    #[test]
+    fn a_result_nested_deeper_than_the_limit_is_a_query_evaluation_error() {
+        let depth = crate::json::MAX_DEPTH;
+        let input = (0..depth).fold(json!(1), |v, _| json!([v]));
+        assert_eq!(expr("$states.input", input.clone()), Ok(input.clone()));
+        let cause = query_error(expr("{'a': $states.input}", input));
+        assert!(cause.contains("nested deeper than 64 levels"), "{cause}");
     }
 
     #[test]

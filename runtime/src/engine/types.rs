@@ -225,6 +225,9 @@ pub enum ErrorKind {
     Stuck,
     /// Replaying the journal against the definition no longer gives the same instance.
     ReplayMismatch,
+    /// A stored record of the instance (its snapshot, a journal row, an open call) cannot be read
+    /// back: the host fails the instance rather than stop serving the others.
+    CorruptRecord,
     /// The engine failed on this instance (a bug, caught).
     InternalError,
     /// The host could not do what the instance asked.
@@ -234,7 +237,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const NAMED: [(ErrorKind, &'static str); 12] = [
+    const NAMED: [(ErrorKind, &'static str); 13] = [
         (ErrorKind::FunctionError, "functionError"),
         (ErrorKind::ExpressionError, "expressionError"),
         (ErrorKind::SubflowError, "subflowError"),
@@ -245,6 +248,7 @@ impl ErrorKind {
         (ErrorKind::Cancelled, "cancelled"),
         (ErrorKind::Stuck, "stuck"),
         (ErrorKind::ReplayMismatch, "replayMismatch"),
+        (ErrorKind::CorruptRecord, "corruptRecord"),
         (ErrorKind::InternalError, "internalError"),
         (ErrorKind::HostError, "hostError"),
     ];

@@ -672,7 +672,7 @@ impl Driver {
         }
         let op = op.to_string();
         Some(match result {
-            Ok(result) => Input::Completed { op, result },
+            Ok(result) => completed(op, result, "function's result"),
             Err(error) => Input::Failed { op, error },
         })
     }
@@ -689,7 +689,7 @@ impl Driver {
             Answer::Heartbeat(details) => Input::TaskHeartbeat { op, details },
             Answer::Complete(result) => {
                 h.close(&op);
-                Input::Completed { op, result }
+                completed(op, result, "task's result")
             }
             Answer::Fail(error) => {
                 h.close(&op);
@@ -709,6 +709,20 @@ impl Driver {
 /// A worker's failure of an ASL Task: the `error` a worker gives (`{"error": CODE, "message":
 /// TEXT}`) is the ASL error name and its message the cause, so `Catch` and `Retry` see the name.
 /// A failure that already names its ASL `Error` (`SendTaskFailure`) is left as it is.
+/// A call's or task's result as the instance receives it: a result nested deeper than
+/// [`sm4c_runtime::json::MAX_DEPTH`] fails the call (a `functionError` naming the limit) instead of
+/// entering the instance, so that nothing the host stores nests deeper than it reads back.
+pub fn completed(op: String, result: Value, what: &str) -> Input {
+    match sm4c_runtime::json::check_depth(&result, &format!("the {what}")) {
+        Ok(()) => Input::Completed { op, result },
+        Err(message) => Input::Failed {
+            error: ErrorInfo::new(ErrorKind::FunctionError, message)
+                .with_details(json!({"limit": sm4c_runtime::json::MAX_DEPTH})),
+            op,
+        },
+    }
+}
+
 fn asl_failure(mut error: ErrorInfo) -> ErrorInfo {
     if let Some(Value::Object(d)) = &mut error.details {
         if !d.contains_key("Error") {

@@ -583,3 +583,40 @@ fn a_cancelled_timer_is_named_with_its_due_time_and_one_armed_again_lets_go_of_t
     );
     assert_eq!(h.inst.status(), Status::Completed);
 }
+
+#[test]
+fn a_function_result_nested_deeper_than_the_limit_fails_the_call_and_enters_nothing() {
+    let depth = sm4c_runtime::json::MAX_DEPTH;
+    let nested = |levels: usize| (0..levels).fold(json!(1), |v, _| json!([v]));
+    let d = Driver::durable();
+    let mut h = d.create(caller("rest", true), "i");
+    only_call(&start(&d, &mut h, json!({"n": 3})));
+    let input = d
+        .call_done(&mut h, "1.enter", Ok(nested(depth + 1)))
+        .expect("the instance waits");
+    match &input {
+        Input::Failed { op, error } => {
+            assert_eq!(op, "1.enter");
+            assert_eq!(error.kind, ErrorKind::FunctionError);
+            assert!(
+                error
+                    .message
+                    .contains("function's result is nested deeper than 64 levels"),
+                "{}",
+                error.message
+            );
+        }
+        other => panic!("expected a failed call, got {other:?}"),
+    }
+    d.step(&mut h, at(T0 + 1, input));
+    assert_eq!(h.inst.status(), Status::Failed);
+    assert_eq!(h.inst.data().get("r"), None);
+
+    // At the limit, the result enters the instance.
+    let mut h = d.create(caller("rest", true), "j");
+    only_call(&start(&d, &mut h, json!({"n": 3})));
+    let input = d
+        .call_done(&mut h, "1.enter", Ok(nested(depth)))
+        .expect("the instance waits");
+    assert!(matches!(input, Input::Completed { .. }), "{input:?}");
+}

@@ -139,6 +139,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Summary>, StoreError>;
     /// Journal entries of an instance with their sequence numbers, after a cursor.
     fn history(&self, id: &str, after: i64, limit: usize) -> Result<Vec<(i64, Entry)>, StoreError>;
+    /// The definition id and version of an instance, from its row alone (not its snapshot): what
+    /// recovery needs to fail an instance whose snapshot cannot be read back. `None` by default.
+    fn definition_of(&self, _id: &str) -> Result<Option<(String, String)>, StoreError> {
+        Ok(None)
+    }
     /// Every active timer: (instance, timer, due).
     fn timers(&self) -> Result<Vec<(String, String, Millis)>, StoreError>;
     /// Every open call and subflow start: (instance, effect).

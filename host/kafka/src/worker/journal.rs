@@ -277,7 +277,7 @@ pub(crate) fn read(store: &dyn LocalStore, id: &str) -> Result<Vec<(i64, sm4c_ru
     let mut entries = BTreeMap::new();
     store
         .scan(&prefix(id), &mut |_, v| {
-            if let Ok(r) = serde_json::from_slice::<JournalRecord>(v) {
+            if let Ok(r) = sm4c_runtime::json::read_stored::<JournalRecord>(v) {
                 for (i, e) in r.entries.into_iter().enumerate() {
                     entries.insert(r.seq + i as i64, e);
                 }

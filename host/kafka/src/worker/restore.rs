@@ -333,7 +333,7 @@ impl Latest {
         if crate::view::is_index_key(key) {
             return true;
         }
-        match serde_json::from_slice::<StateRecord>(value) {
+        match sm4c_runtime::json::read_stored::<StateRecord>(value) {
             Ok(r) => {
                 if let Some(rec) = &r.instance {
                     self.stored_order.insert(key.to_string(), rec.order);
@@ -390,15 +390,24 @@ impl Latest {
         self.touched.insert(k.clone());
         match payload {
             Some(payload) => {
-                if let Ok(r) = serde_json::from_slice::<StateRecord>(payload) {
-                    self.clocked += u64::from(r.clock.is_some());
-                    if crate::wire::committed(r.through, r.clock, committed, clock) {
-                        self.stale.remove(&k);
-                        self.latest.insert(k, Some(r));
-                    } else {
-                        self.uncommitted += 1;
-                        self.stale.insert(k);
+                let r = match sm4c_runtime::json::read_stored::<StateRecord>(payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Not silent: logged and counted (the key's earlier record stays).
+                        tracing::error!(key = %k, error = %e, "a state record cannot be read back");
+                        if let Some(o) = sm4c_host::metrics::observer() {
+                            o.corrupt_record("state");
+                        }
+                        return;
                     }
+                };
+                self.clocked += u64::from(r.clock.is_some());
+                if crate::wire::committed(r.through, r.clock, committed, clock) {
+                    self.stale.remove(&k);
+                    self.latest.insert(k, Some(r));
+                } else {
+                    self.uncommitted += 1;
+                    self.stale.insert(k);
                 }
             }
             None => {
@@ -587,5 +596,54 @@ impl Latest {
             t.parking.restore(&k, r);
         }
         (t, calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Origin, Parked};
+    use serde_json::{json, Value};
+
+    fn parked_record(event: Value) -> Vec<u8> {
+        let record = StateRecord {
+            through: 1,
+            parked: Some(Parked {
+                event,
+                origin: Origin {
+                    topic: "events".into(),
+                    partition: 0,
+                    offset: 7,
+                },
+                target: None,
+                home: None,
+                key: None,
+                expect: None,
+                expires: i64::MAX,
+            }),
+            ..StateRecord::default()
+        };
+        serde_json::to_vec(&record).expect("a record")
+    }
+
+    #[test]
+    fn a_record_deeper_than_serde_jsons_default_limit_is_restored() {
+        // What an earlier version let in: 126 levels of event data, a few more in the record.
+        let deep = (0..126).fold(json!(1), |v, _| json!([v]));
+        let payload = parked_record(json!({"data": deep}));
+        assert!(serde_json::from_slice::<StateRecord>(&payload).is_err());
+        let mut latest = Latest::new(100, 0);
+        latest.record(Some("p1".into()), Some(&payload), None);
+        let restored = latest
+            .latest
+            .get("p1")
+            .and_then(Option::as_ref)
+            .and_then(|r| r.parked.as_ref());
+        assert_eq!(restored.map(|p| &p.event["data"]), Some(&deep));
+        // A record that does not decode is not taken for one (the key's earlier record stays).
+        latest.record(Some("p1".into()), Some(b"{\"through\": garbage"), None);
+        assert!(latest.latest.get("p1").and_then(Option::as_ref).is_some());
+        assert!(latest.known("p2", &payload));
+        assert!(!latest.known("p3", b"not json"));
     }
 }
