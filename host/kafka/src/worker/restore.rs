@@ -286,7 +286,7 @@ pub(super) struct Latest {
     /// The latest committed record of each key; `None` for a committed tombstone. Ordered, so a
     /// restore takes the instances in the same order in every process (which ones the owner keeps
     /// in memory follows it; the simulation replays a seed exactly).
-    latest: HashMap<String, Option<StateRecord>>,
+    latest: BTreeMap<String, Option<StateRecord>>,
     /// The keys whose last record is not committed (yet): see [`Owner::repair`].
     stale: BTreeSet<String>,
     read: u64,
@@ -307,7 +307,7 @@ impl Latest {
         Latest {
             committed,
             clock,
-            latest: HashMap::new(),
+            latest: BTreeMap::new(),
             stale: BTreeSet::new(),
             read: 0,
             uncommitted: 0,
