@@ -398,7 +398,9 @@ async function main() {
 
     // With tokens: the page loads, asks for one, and reads with it.
     const authDir = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-inspector-auth-"));
-    const a = await serve(authDir, await freePort(), `[server]\ntokens = [ { role = "admin", token = "${TOKEN}" } ]\n`);
+    // A Kafka worker with tokens also needs the peer token its group's workers share.
+    const peer = KAFKA ? `peer_token = "inspector-peer-token-0123456789"\n` : "";
+    const a = await serve(authDir, await freePort(), `[server]\ntokens = [ { role = "admin", token = "${TOKEN}" } ]\n${peer}`);
     await post(a, "/definitions", order, { Authorization: "Bearer " + TOKEN });
     await post(a, "/instances", { definition: "order", id: "secret-1", input: { orderId: "Z" } }, { Authorization: "Bearer " + TOKEN });
     await page.goto(a.url + "/ui");
