@@ -689,28 +689,7 @@ pub const MAX_JSON_DEPTH: usize = 10_000;
 
 /// The deepest nesting of arrays and objects in a JSON text (strings skipped).
 fn json_nesting(text: &str) -> usize {
-    let (mut depth, mut max, mut in_str, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if in_str {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_str = true,
-            b'[' | b'{' => {
-                depth += 1;
-                max = max.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    max
+    crate::json::text_nesting(text.as_bytes())
 }
 
 /// The halt of a limit, remembered (see [`Env::halted`]).
