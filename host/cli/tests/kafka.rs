@@ -1188,6 +1188,101 @@ fn state_of(w: &Worker, id: &str) -> String {
         .to_string()
 }
 
+/// One bad record never stops a restore: an input nested deeper than the limit is refused at the
+/// door and one at the limit reads back after a restart; an instance whose latest state record is
+/// not a record (written by hand on the state topic) is failed with `corruptRecord` when its
+/// partition is restored, from its last readable record, while the others go on.
+#[test]
+fn an_unreadable_state_record_fails_only_its_instance_and_inputs_at_the_limit_read_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "corrupt";
+    let args = worker_args(&broker, prefix, 1, &[]);
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 1);
+    let nested = |n: usize| (1..n).fold(json!(1), |v, _| json!([v]));
+    let (status, body) = w.post(
+        "/instances",
+        json!({"definition": "saga", "id": "too-deep", "input": {"orderId": "too-deep", "amount": 1, "x": nested(126)}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"], "tooDeep", "{body}");
+    let deep = nested(62);
+    start(
+        &w,
+        "saga",
+        "at-limit",
+        json!({"orderId": "at-limit", "amount": 1, "x": deep}),
+    );
+    start(&w, "saga", "bad", json!({"orderId": "bad", "amount": 1}));
+    start(&w, "saga", "good", json!({"orderId": "good", "amount": 1}));
+    wait_until(
+        "the sagas to wait for their payments",
+        60,
+        || {
+            ["at-limit", "bad", "good"]
+                .iter()
+                .all(|id| w.get(&format!("/instances/{id}"))["status"] == "waiting")
+        },
+        &[&w],
+    );
+    w.kill9();
+    // The latest record of `bad` on the state topic: bytes that are not a record.
+    let p = producer(&broker);
+    p.send(
+        BaseRecord::<str, [u8]>::to(&format!("{prefix}.state"))
+            .partition(0)
+            .key("bad")
+            .payload(b"{\"through\": garbage"),
+    )
+    .expect("send");
+    p.flush(Duration::from_secs(10)).expect("flush");
+    w.run();
+    wait_owned(&[&w], 1);
+    wait_until(
+        "the instance with the unreadable record to fail",
+        60,
+        || w.get("/instances/bad")["status"] == "failed",
+        &[&w],
+    );
+    let bad = w.get("/instances/bad");
+    assert_eq!(bad["error"]["type"], "corruptRecord", "{bad}");
+    let why = bad["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("state record") && why.contains("\"bad\""),
+        "names the record: {bad}"
+    );
+    // The others were restored as they were: the one at the limit with its input, and both go on.
+    let at_limit = w.get("/instances/at-limit");
+    assert_eq!(at_limit["status"], "waiting", "{at_limit}");
+    assert_eq!(at_limit["data"]["x"], deep, "the input at the limit reads back");
+    for id in ["at-limit", "good"] {
+        post_event(
+            &w,
+            json!({"specversion": "1.0", "id": format!("paid-{id}"), "source": "payments", "type": "payment.done",
+                   "orderid": id, "datacontenttype": "application/json", "data": {"paid": 1}}),
+        );
+    }
+    wait_until(
+        "the other sagas to be paid",
+        60,
+        || ["at-limit", "good"].iter().all(|id| state_of(&w, id) == "Paid"),
+        &[&w],
+    );
+    let metrics = http()
+        .get(format!("{}/metrics", w.base))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_default();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sm4c_corrupt_records_total") && l.contains("state") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    w.kill9();
+}
+
 #[test]
 fn a_worker_restarted_after_sigkill_resumes_and_fires_the_timers_that_came_due() {
     let dir = tempfile::tempdir().expect("tempdir");

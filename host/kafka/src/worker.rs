@@ -554,6 +554,9 @@ struct Owner {
     resubscribe: Vec<String>,
     /// The instances the batch being decided changed: their records are written.
     dirty: BTreeSet<String>,
+    /// Instances whose last state record could not be read back at the restore, and why: the
+    /// next batch fails each from its last readable record with `corruptRecord`.
+    corrupt: Vec<(String, String)>,
     /// Ended instances, when they ended (ms) and their places in listings ([`crate::view::seq`]),
     /// in the local store when there is one: a start with the same id starts nothing, an event
     /// naming one is dead-lettered. Past the retention their state records are deleted.
@@ -1952,7 +1955,8 @@ impl Worker {
         let retention = self.shared.cfg.retention_ms;
         for t in self.owners.values_mut() {
             t.expire(now, retention);
-            let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty();
+            // An instance to fail for an unreadable record is failed in a batch of its own.
+            let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty() || !t.corrupt.is_empty();
             if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
                 match produce(
                     &self.shared.plain,

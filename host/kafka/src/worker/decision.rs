@@ -61,6 +61,20 @@ pub(super) fn decide<'a>(
     };
     let resume = d.t.resume;
     d.t.stream_ms = d.t.stream_ms.max(now);
+    // Instances whose last state record the restore could not read back: failed from their last
+    // readable one, through the driver (a parent learns of it as of any failure), in this batch.
+    for (id, why) in std::mem::take(&mut d.t.corrupt) {
+        let error = sm4c_runtime::ErrorInfo::new(
+            sm4c_runtime::ErrorKind::CorruptRecord,
+            format!(
+                "the state record of instance {id:?} on {} partition {} cannot be read back: {why}",
+                shared.topics.state, d.t.partition
+            ),
+        )
+        .with_details(serde_json::json!({"record": "state"}));
+        let at = d.t.stream_ms;
+        d.handle(&id, Input::Abort { error }, at);
+    }
     for (offset, at, payload) in records.into_iter().filter(|(o, _, _)| *o >= resume) {
         d.through = offset;
         d.t.stream_ms = d.t.stream_ms.max(at);

@@ -300,6 +300,9 @@ pub(super) struct Latest {
     /// With a local store that holds every record read: how many instances the owner keeps in
     /// memory ([`Latest::cache`]).
     cache: Option<usize>,
+    /// The keys whose last record cannot be read back, and why: an instance among them is failed
+    /// with `corruptRecord` from its last readable record ([`Owner::corrupt`]).
+    corrupt: BTreeMap<String, String>,
 }
 
 impl Latest {
@@ -315,6 +318,7 @@ impl Latest {
             touched: BTreeSet::new(),
             stored_order: HashMap::new(),
             cache: None,
+            corrupt: BTreeMap::new(),
         }
     }
 
@@ -393,14 +397,17 @@ impl Latest {
                 let r = match sm4c_runtime::json::read_stored::<StateRecord>(payload) {
                     Ok(r) => r,
                     Err(e) => {
-                        // Not silent: logged and counted (the key's earlier record stays).
+                        // Not silent: logged and counted; the key's earlier record stays, and an
+                        // instance is failed from it (see [`Latest::owner`]).
                         tracing::error!(key = %k, error = %e, "a state record cannot be read back");
                         if let Some(o) = sm4c_host::metrics::observer() {
                             o.corrupt_record("state");
                         }
+                        self.corrupt.insert(k, e.to_string());
                         return;
                     }
                 };
+                self.corrupt.remove(&k);
                 self.clocked += u64::from(r.clock.is_some());
                 if crate::wire::committed(r.through, r.clock, committed, clock) {
                     self.stale.remove(&k);
@@ -414,6 +421,7 @@ impl Latest {
                 // A deletion counts once its transaction committed (brokers that show aborted
                 // records must not make a restore lose a parked event).
                 if clock_header.is_none_or(|c| c < clock) {
+                    self.corrupt.remove(&k);
                     self.stale.remove(&k);
                     self.latest.insert(k, None);
                 } else {
@@ -441,6 +449,7 @@ impl Latest {
             read,
             clocked,
             cache,
+            corrupt,
             ..
         } = self;
         if committed > 0 && clock == 0 && clocked > 0 {
@@ -506,6 +515,7 @@ impl Latest {
             records: Default::default(),
             known: HashSet::new(),
             journal: None,
+            corrupt: Vec::new(),
         };
         let mut calls = Vec::new();
         // What earlier versions kept in the one partition record becomes a record per entry (the
@@ -524,6 +534,7 @@ impl Latest {
             t.parking.changed.insert(PARTITION_KEY.to_string());
         }
         let mut own: Vec<(String, StateRecord)> = Vec::new();
+        let mut unended = BTreeSet::new();
         for (k, r) in latest {
             let Some(r) = r else {
                 // Deleted: an entry the old partition record had may have left since.
@@ -552,6 +563,7 @@ impl Latest {
                 }
                 continue;
             }
+            unended.insert(k.clone());
             if cache.is_none() {
                 t.records.insert(k.clone(), rec.clone());
             }
@@ -594,6 +606,34 @@ impl Latest {
         });
         for (k, r) in own {
             t.parking.restore(&k, r);
+        }
+        for (k, why) in corrupt {
+            let instance = ![PARKED_PREFIX, TALLY_PREFIX, SUBSCRIPTION_PREFIX]
+                .iter()
+                .any(|prefix| k.starts_with(prefix))
+                && k != PARTITION_KEY;
+            if !instance {
+                tracing::error!(
+                    partition = p,
+                    key = k,
+                    "an unreadable state record of the partition's own was skipped; its earlier record stays"
+                );
+            } else if unended.contains(&k) {
+                tracing::error!(partition = p, instance = k, "the last state record of the instance cannot be read back; it is failed with corruptRecord from its last readable one");
+                t.corrupt.push((k, why));
+            } else if t.known.contains(&k) {
+                tracing::error!(
+                    partition = p,
+                    instance = k,
+                    "the last state record of an ended instance cannot be read back; its last readable one stays"
+                );
+            } else {
+                tracing::error!(
+                    partition = p,
+                    instance = k,
+                    "the state record of the instance cannot be read back and it has no earlier one; it is left out"
+                );
+            }
         }
         (t, calls)
     }
@@ -640,9 +680,16 @@ mod tests {
             .and_then(Option::as_ref)
             .and_then(|r| r.parked.as_ref());
         assert_eq!(restored.map(|p| &p.event["data"]), Some(&deep));
-        // A record that does not decode is not taken for one (the key's earlier record stays).
+        // A record that does not decode is not taken for one (the key's earlier record stays),
+        // and the key is known to be corrupt until a readable record or a deletion follows.
         latest.record(Some("p1".into()), Some(b"{\"through\": garbage"), None);
         assert!(latest.latest.get("p1").and_then(Option::as_ref).is_some());
+        assert!(latest.corrupt.get("p1").is_some_and(|why| !why.is_empty()));
+        latest.record(Some("p1".into()), Some(&payload), None);
+        assert!(latest.corrupt.is_empty());
+        latest.record(Some("p1".into()), Some(b"not json"), None);
+        latest.record(Some("p1".into()), None, None);
+        assert!(latest.corrupt.is_empty());
         assert!(latest.known("p2", &payload));
         assert!(!latest.known("p3", b"not json"));
     }
