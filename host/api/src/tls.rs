@@ -13,9 +13,9 @@ use crate::auth::{common_name, Peer};
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -74,7 +74,8 @@ pub struct Connections {
     /// Most connections open at once; one more is answered 503 and closed.
     pub max: usize,
     /// Longest a client may take to send a request's headers over HTTP/1, counted from the
-    /// connection's start or the end of its previous request.
+    /// connection's start or the end of its previous request; over HTTP/2, to send its connection
+    /// preface and the headers of its first request.
     pub header_timeout: Duration,
 }
 
@@ -117,7 +118,8 @@ pub async fn serve(
     http.http2().timer(TokioTimer::new());
     let open = Arc::new(Semaphore::new(limits.max.max(1)));
     let refusing = Arc::new(Semaphore::new(REFUSING));
-    let graceful = GracefulShutdown::new();
+    // Told to every connection when the server stops; it has stopped once they all dropped theirs.
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
     let acceptor = tls.map(TlsAcceptor::from);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -143,12 +145,15 @@ pub async fn serve(
             }
             continue;
         };
-        let (http, app, watcher) = (http.clone(), app.clone(), graceful.watcher());
+        let (http, app, stop) = (http.clone(), app.clone(), stopped.clone());
+        let first = limits.header_timeout;
         match &acceptor {
             None => {
                 tokio::spawn(async move {
-                    let conn = http.serve_connection_with_upgrades(TokioIo::new(stream), service(app, None));
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    let asked = Arc::new(AtomicBool::new(false));
+                    let conn =
+                        http.serve_connection_with_upgrades(TokioIo::new(stream), service(app, None, asked.clone()));
+                    run(conn.into_owned(), asked, first, stop).await;
                     drop(permit);
                 });
             }
@@ -168,22 +173,62 @@ pub async fn serve(
                             .and_then(|c| c.first())
                             .and_then(|c| common_name(c)),
                     };
-                    let conn = http.serve_connection_with_upgrades(TokioIo::new(tls), service(app, Some(peer)));
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    let asked = Arc::new(AtomicBool::new(false));
+                    let conn =
+                        http.serve_connection_with_upgrades(TokioIo::new(tls), service(app, Some(peer), asked.clone()));
+                    run(conn.into_owned(), asked, first, stop).await;
                     drop(permit);
                 });
             }
         }
     }
     drop(tcp);
-    graceful.shutdown().await;
+    let _ = stopping.send(true);
+    drop(stopped);
+    stopping.closed().await;
     Ok(())
 }
 
-/// The service of one connection: the router, with the connection's [`Peer`] over TLS.
+/// Serves one connection until it ends: shut down gracefully (its open requests finish) when the
+/// server stops, or when no request has begun on it within `first` of its start. HTTP/1's
+/// header-read timeout covers that case over HTTP/1; this covers HTTP/2, whose server waits
+/// without a bound for a client's preface and first request (a slowloris client holding one of
+/// the [`Connections::max`] slots for ever).
+async fn run<C>(conn: C, asked: Arc<AtomicBool>, first: Duration, mut stop: tokio::sync::watch::Receiver<bool>)
+where
+    C: hyper_util::server::graceful::GracefulConnection,
+{
+    let mut conn = std::pin::pin!(conn);
+    let deadline = tokio::time::sleep(first);
+    let mut deadline = std::pin::pin!(deadline);
+    let mut shutting = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            r = stop.changed(), if !shutting => {
+                if r.is_err() || *stop.borrow() {
+                    shutting = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ = deadline.as_mut(), if !shutting && !asked.load(Ordering::Relaxed) => {
+                tracing::debug!(timeout_ms = first.as_millis() as u64, "no request within the header timeout: closing the connection");
+                // Politely (an HTTP/2 GOAWAY), but HTTP/2's graceful close waits for the client to
+                // answer a PING, which such a client may never do: dropped after a moment.
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
+                return;
+            }
+        }
+    }
+}
+
+/// The service of one connection: the router, with the connection's [`Peer`] over TLS; `asked`
+/// is set once a request has begun on it.
 fn service(
     app: axum::Router,
     peer: Option<Peer>,
+    asked: Arc<AtomicBool>,
 ) -> impl hyper::service::Service<
     hyper::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -191,6 +236,7 @@ fn service(
     Future = tower::util::Oneshot<axum::Router, axum::extract::Request>,
 > + Clone {
     hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        asked.store(true, Ordering::Relaxed);
         let mut req = req.map(axum::body::Body::new);
         if let Some(p) = &peer {
             req.extensions_mut().insert(ConnectInfo(p.clone()));

@@ -387,6 +387,48 @@ fn a_client_that_sends_its_headers_a_byte_a_second_is_cut_off() {
 }
 
 #[test]
+fn an_http2_client_that_never_sends_a_request_is_cut_off() {
+    let s = serve(&["--header-timeout", "2s"], &[]);
+    let mut idle = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    // HTTP/2 with prior knowledge: the preface and an empty SETTINGS frame, then nothing.
+    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").expect("preface");
+    idle.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).expect("settings");
+    let started = Instant::now();
+    let mut received = Vec::new();
+    let closed = loop {
+        let mut buf = [0u8; 512];
+        match idle.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break true,
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+    };
+    assert!(
+        closed,
+        "the server kept an HTTP/2 connection without a request for {:?}",
+        started.elapsed()
+    );
+    // It spoke HTTP/2 (its SETTINGS frame, type 4, came first) and said goodbye (GOAWAY, type 7).
+    assert_eq!(received.get(3), Some(&4), "{received:?}");
+    let mut at = 0;
+    let mut types = Vec::new();
+    while at + 9 <= received.len() {
+        let len =
+            (usize::from(received[at]) << 16) | (usize::from(received[at + 1]) << 8) | usize::from(received[at + 2]);
+        types.push(received[at + 3]);
+        at += 9 + len;
+    }
+    assert!(types.contains(&7), "frames {types:?}");
+    assert_eq!(answer(s.get("/healthz")).0, 200, "and it serves on");
+}
+
+#[test]
 fn connections_beyond_the_cap_are_answered_503_and_the_server_serves_on() {
     let s = serve(&["--max-connections", "2", "--header-timeout", "60s"], &[]);
     // Wait until the client of the start-up check has gone: hold both slots.
