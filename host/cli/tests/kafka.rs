@@ -49,11 +49,27 @@ fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kafka")
 }
 
+/// What a failing test shows of a worker's log: the lines that tell how its group membership went
+/// (from the whole log, the last 40 of them), then the log's last 3000 characters.
 fn tail(log: &Path) -> String {
+    const STORY: [&str; 10] = [
+        "assignment changed",
+        "stopped",
+        "ERROR",
+        "WARN",
+        "JOINGROUP",
+        "SYNCGROUP",
+        "ASSIGN",
+        "REBALANCE",
+        "FENCED",
+        "serving on Kafka",
+    ];
     let text = std::fs::read_to_string(log).unwrap_or_default();
+    let story: Vec<&str> = text.lines().filter(|l| STORY.iter().any(|s| l.contains(s))).collect();
+    let story = story[story.len().saturating_sub(40)..].join("\n");
     let start = text.len().saturating_sub(3000);
     let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    text[start..].to_string()
+    format!("{}:\n{story}\n[...]\n{}", log.display(), &text[start..])
 }
 
 /// How many Kafka tests run at once: each starts a broker and up to three workers, and how long a
@@ -348,6 +364,11 @@ fn worker_args(broker: &Broker, prefix: &str, partitions: i32, extra: &[&str]) -
 }
 
 fn wait_owned(workers: &[&Worker], partitions: u64) {
+    wait_owned_told(workers, partitions, &[]);
+}
+
+/// [`wait_owned`], a failure showing the logs of `others` too.
+fn wait_owned_told(workers: &[&Worker], partitions: u64, others: &[&Worker]) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let owned: u64 = workers.iter().map(|w| w.owned()).sum();
@@ -359,6 +380,7 @@ fn wait_owned(workers: &[&Worker], partitions: u64) {
             "the group did not settle: {owned} of {partitions} partitions owned\n{}",
             workers
                 .iter()
+                .chain(others)
                 .map(|w| tail(&w.log))
                 .collect::<Vec<_>>()
                 .join("\n----\n")
@@ -927,9 +949,18 @@ fn workers_named_in_their_group_come_back_under_their_name_and_a_second_of_a_nam
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "named";
-    let named = |name: &str| worker_args(&broker, prefix, 4, &["--group-instance-id", name]);
-    let mut w1 = Worker::start(dir.path(), "w1", &named("w1"));
-    let mut w2 = Worker::start(dir.path(), "w2", &named("w2"));
+    // librdkafka's account of the group protocol in the logs, for a failure to show.
+    let named = |name: &str| {
+        worker_args(
+            &broker,
+            prefix,
+            4,
+            &["--group-instance-id", name, "--kafka-config", "debug=cgrp"],
+        )
+    };
+    let env = [("RUST_LOG", "info,librdkafka=debug")];
+    let mut w1 = Worker::start_with_env(dir.path(), "w1", &named("w1"), &env);
+    let mut w2 = Worker::start_with_env(dir.path(), "w2", &named("w2"), &env);
     wait_owned(&[&w1, &w2], 4);
     let ids: Vec<String> = (0..20).map(|i| format!("named-{i}")).collect();
     for id in &ids {
@@ -954,7 +985,7 @@ fn workers_named_in_their_group_come_back_under_their_name_and_a_second_of_a_nam
     );
     // A third worker under w1's name: w1 stops and says why; w2 and w3 own every partition and
     // finish the rest.
-    let mut w3 = Worker::start(dir.path(), "w3", &named("w1"));
+    let mut w3 = Worker::start_with_env(dir.path(), "w3", &named("w1"), &env);
     wait_until(
         "w1 to stop, superseded",
         30,
@@ -969,7 +1000,7 @@ fn workers_named_in_their_group_come_back_under_their_name_and_a_second_of_a_nam
         "{health}"
     );
     assert_eq!(health["ownedPartitions"], 0, "{health}");
-    wait_owned(&[&w2, &w3], 4);
+    wait_owned_told(&[&w2, &w3], 4, &[&w1]);
     for id in &ids[10..] {
         post_event(&w3, reply(id));
     }

@@ -6,8 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a worker publishes its record when nothing changed.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -44,6 +45,9 @@ pub struct Members {
     url: RwLock<Option<String>>,
     /// The commands partitions this worker owns, restored.
     owned: Mutex<Vec<i32>>,
+    /// Set once this worker stopped for good (superseded): its record is deleted, and not
+    /// published again.
+    retired: AtomicBool,
 }
 
 impl Members {
@@ -55,7 +59,41 @@ impl Members {
             known: RwLock::default(),
             url: RwLock::default(),
             owned: Mutex::default(),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// This worker stopped for good: its record is deleted (the next turn of [`run`]), so that a
+    /// worker that replaces it under its name need not wait for it ([`hand_over`]).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    /// Where this worker's HTTP API answers, once it listens.
+    pub fn url(&self) -> Option<String> {
+        self.url.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether this worker's own record has been read back from `P.members`: what was published
+    /// before it has been read too (the topic has one partition).
+    pub fn knows_me(&self) -> bool {
+        self.known
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&self.me)
+    }
+
+    /// The live members other than this worker that have its static name and started before it
+    /// (see [`Members::superseded_by`] for the order), if it has a name.
+    pub fn older_namesakes(&self, now: i64) -> Vec<(String, Member)> {
+        let Some(name) = self.name.as_ref() else {
+            return Vec::new();
+        };
+        self.live(now)
+            .into_iter()
+            .filter(|(k, m)| *k != self.me && m.name.as_ref() == Some(name))
+            .filter(|(k, m)| (m.started, k.as_str()) < (self.started, self.me.as_str()))
+            .collect()
     }
 
     /// A record of `P.members`: `None` deletes the member.
@@ -179,9 +217,15 @@ pub(crate) fn run(shared: &crate::Shared) {
         }
     };
     let mut last: Option<Member> = None;
+    let mut deleted = false;
     while !shared.stop.load(Ordering::Relaxed) {
         let now = sm4c_host::clock::wall_ms();
-        if let Some(m) = due(last.as_ref(), shared.members.mine(now)) {
+        if shared.members.retired.load(Ordering::Relaxed) {
+            if !deleted {
+                publish(None);
+                deleted = true;
+            }
+        } else if let Some(m) = due(last.as_ref(), shared.members.mine(now)) {
             publish(Some(serde_json::to_vec(&m).unwrap_or_default()));
             last = Some(m);
         }
@@ -196,8 +240,99 @@ pub(crate) fn run(shared: &crate::Shared) {
             None => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    publish(None);
+    if !deleted {
+        publish(None);
+    }
     let _ = rdkafka::producer::Producer::flush(&shared.plain, Duration::from_secs(2));
+}
+
+/// How long a worker with a static name waits for an older worker of its name to stop before it
+/// joins its groups anyway.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Before a worker with a static name (`--group-instance-id`) joins its consumer groups: an older
+/// worker of the same name that still runs is let stop first. That one stops once it reads this
+/// worker's record ([`Members::superseded_by`]), and deletes its own ([`Members::retire`]).
+///
+/// Joining before it has stopped works on Kafka, which fences the older member; tansu instead
+/// gives both processes the one member id of the name, and the two took that member's
+/// partitions from each other until the group stopped assigning them at all (a rare race that the
+/// named-workers test found under load). An older record whose worker is gone (killed: its
+/// address is now this worker's, or nothing answers a TCP connection there) is not waited for, so a
+/// restart under the same name joins at once. Waits at most [`HANDOVER_WAIT`], then joins with a
+/// warning.
+pub(crate) fn hand_over(shared: &crate::Shared) {
+    let m = &shared.members;
+    if m.name.is_none() {
+        return;
+    }
+    let started = Instant::now();
+    let stopping = || shared.stop.load(Ordering::Relaxed);
+    // What was published before this worker's record has been read once that record reads back;
+    // its address is known once it listens (a host embedded without one is not waited for).
+    while !(m.knows_me() && m.url().is_some()) && !stopping() {
+        if started.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mine = m.url();
+    let mut said = false;
+    while !stopping() {
+        let running: Vec<(String, Member)> = m
+            .older_namesakes(sm4c_host::clock::wall_ms())
+            .into_iter()
+            .filter(|(_, o)| {
+                o.url
+                    .as_deref()
+                    .is_some_and(|u| Some(u) != mine.as_deref() && answers(u))
+            })
+            .collect();
+        let Some((member, older)) = running.first() else {
+            return;
+        };
+        if started.elapsed() > HANDOVER_WAIT {
+            tracing::warn!(
+                member,
+                url = older.url.as_deref(),
+                "an older worker of this worker's name (--group-instance-id) has not stopped; joining the group anyway"
+            );
+            return;
+        }
+        if !said {
+            tracing::info!(
+                member,
+                url = older.url.as_deref(),
+                "an older worker of this worker's name (--group-instance-id) still runs; it stops on reading this worker's record, then this one joins"
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether something accepts a TCP connection at `url`'s host and port (within a second).
+fn answers(url: &str) -> bool {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let (https, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (scheme.eq_ignore_ascii_case("https"), rest),
+        None => (false, url),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:{}", if https { 443 } else { 80 })
+    };
+    let Ok(addrs) = with_port.to_socket_addrs() else {
+        return false;
+    };
+    addrs
+        .into_iter()
+        .any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
 }
 
 #[cfg(test)]
@@ -263,6 +398,26 @@ mod tests {
         let legacy = br#"{"url":null,"partitions":[1],"at":5000,"started":9000}"#;
         m.note("legacy", Some(legacy));
         assert_eq!(m.live(6_000)["legacy"].name, None);
+        // The older workers of its name are the ones a hand-over waits for; only once its own
+        // record read back does it know it has read what came before.
+        let older: Vec<String> = m.older_namesakes(6_000).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(older, ["old"]);
+        assert!(m.knows_me());
+        assert!(!Members::new("fresh".into(), 0, Some("w1".into())).knows_me());
+        assert!(unnamed.older_namesakes(6_000).is_empty());
+        m.note("old", None);
+        assert!(m.older_namesakes(6_000).is_empty());
+    }
+
+    #[test]
+    fn a_worker_that_is_gone_does_not_answer_at_its_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        assert!(answers(&format!("http://127.0.0.1:{port}")));
+        assert!(answers(&format!("https://127.0.0.1:{port}/")));
+        drop(listener);
+        assert!(!answers(&format!("http://127.0.0.1:{port}")));
+        assert!(!answers("http://no-such-host.invalid:1"));
     }
 
     #[test]

@@ -993,6 +993,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             return;
         }
     };
+    crate::members::hand_over(&shared);
     let consumers = match Consumers::new(&shared) {
         Ok(c) => c,
         Err(e) => {
@@ -1102,6 +1103,7 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
             );
         }
     }
+    let stopped = fatal.is_some();
     if let Some(why) = fatal {
         // The process goes on serving its health; it owns nothing now, and its API answers for
         // none of the partitions (their new owners do).
@@ -1121,6 +1123,10 @@ pub(crate) fn run(shared: Arc<Shared>, results: mpsc::Receiver<CallDone>, result
         }
     }
     w.consumers.unsubscribe();
+    if stopped {
+        // Stopped for good: a worker that replaces this one under its name need not wait for it.
+        shared.members.retire();
+    }
 }
 
 struct Worker {
