@@ -270,7 +270,7 @@ pub(crate) fn hand_over(shared: &crate::Shared) {
     let stopping = || shared.stop.load(Ordering::Relaxed);
     // What was published before this worker's record has been read once that record reads back;
     // its address is known once it listens (a host embedded without one is not waited for).
-    while !(m.knows_me() && m.url().is_some()) && !stopping() {
+    while !(stopping() || m.knows_me() && m.url().is_some()) {
         if started.elapsed() > Duration::from_secs(10) {
             break;
         }
