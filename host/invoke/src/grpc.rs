@@ -249,9 +249,35 @@ pub fn compile(path: &Path) -> Result<DescriptorPool, String> {
     let name = name.to_string_lossy();
     let root = dir.display().to_string();
     let fail = |e: protox::Error| format!("cannot compile {}: {}", path.display(), describe(&name, &root, &e));
-    let mut compiler = protox::Compiler::new([dir]).map_err(fail)?;
+    let mut chain = protox::file::ChainFileResolver::new();
+    chain.add(protox::file::GoogleFileResolver::new());
+    chain.add(LocalResolver {
+        root: dir.to_path_buf(),
+    });
+    let mut compiler = protox::Compiler::with_file_resolver(chain);
     compiler.open_file(&*name).map_err(fail)?;
     Ok(compiler.descriptor_pool())
+}
+
+/// Opens a local `.proto` and its imports by name in its folder, each as a definition's own file
+/// is opened ([`crate::files::resolve_in`]): made canonical, a regular file of at most
+/// [`crate::files::MAX_FILE`] bytes, inside that folder. An import that leaves it (`../x.proto`, or
+/// a symbolic link that points out) is refused, where protox's own resolver followed it.
+struct LocalResolver {
+    root: PathBuf,
+}
+
+impl protox::file::FileResolver for LocalResolver {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        let path = self.root.join(name);
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Err(protox::Error::file_not_found(name));
+        }
+        let fail = |why: String| protox::Error::new(std::io::Error::other(why));
+        let real = crate::files::resolve_in(&self.root, &[&self.root], name).map_err(fail)?;
+        let text = std::fs::read_to_string(&real).map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+        protox::file::File::from_source(name, &text)
+    }
 }
 
 /// Fetches `.proto` files over HTTP(S), by their import name relative to a base URL.
@@ -829,5 +855,41 @@ impl Decoder for DynamicCodec {
         DynamicMessage::decode(self.0.clone(), src)
             .map(Some)
             .map_err(|e| Status::internal(format!("cannot decode {}: {e}", self.0.full_name())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_proto_imports_files_of_its_folder_only() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let defs = top.path().join("defs");
+        std::fs::create_dir(&defs).expect("dir");
+        let service = |import: &str| {
+            format!(
+                "syntax = \"proto3\";\npackage t;\nimport \"{import}\";\nimport \"google/protobuf/empty.proto\";\nservice S {{ rpc M (Req) returns (google.protobuf.Empty); }}\n"
+            )
+        };
+        let message = "syntax = \"proto3\";\npackage t;\nmessage Req { string a = 1; }\n";
+        std::fs::write(defs.join("req.proto"), message).expect("write");
+        std::fs::write(top.path().join("outside.proto"), message).expect("write");
+        std::os::unix::fs::symlink(top.path().join("outside.proto"), defs.join("link.proto")).expect("symlink");
+        // An import inside the folder, and a built-in one: compiled.
+        std::fs::write(defs.join("ok.proto"), service("req.proto")).expect("write");
+        let pool = compile(&defs.join("ok.proto")).expect("compiles");
+        assert!(pool.get_service_by_name("t.S").is_some());
+        // A symbolic link out of the folder: refused, naming why (protox's own resolver read it).
+        std::fs::write(defs.join("link-user.proto"), service("link.proto")).expect("write");
+        let e = compile(&defs.join("link-user.proto")).expect_err("refused");
+        assert!(e.contains("outside the folder"), "{e}");
+        // A path that leaves it: refused too (protox takes no `..` in an import).
+        std::fs::write(defs.join("up.proto"), service("../outside.proto")).expect("write");
+        compile(&defs.join("up.proto")).expect_err("refused");
+        // A missing import is reported as missing.
+        std::fs::write(defs.join("missing.proto"), service("nope.proto")).expect("write");
+        let e = compile(&defs.join("missing.proto")).expect_err("missing");
+        assert!(e.contains("nope.proto"), "{e}");
     }
 }
