@@ -1915,3 +1915,114 @@ fn parked_events_of_a_store_without_the_type_column_are_kept_and_delivered() {
         .expect("columns");
     assert_eq!(columns, 1, "the column was added");
 }
+
+/// A definition row or a sent event corrupted by hand: the server used to refuse to start (a bad
+/// definition row) and `GET /events/sent` to fail (a bad outbox row). Now the bad definition is left
+/// out and its unfinished instance fails with `corruptRecord` naming it, the bad sent event is listed
+/// with a `corruptRecord` error, both are logged and counted, and everything else is served.
+#[test]
+fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bad.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&json!({
+        "id": "notifier", "name": "Notifier", "version": "1.0",
+        "events": [
+            {"name": "shipped", "type": "com.example.shipped", "source": "warehouse"},
+            {"name": "ack", "type": "com.example.ack", "source": "test"}
+        ],
+        "states": [
+            {"name": "Notify", "start": true,
+             "enterAction": {"type": "sendEvent", "event": "shipped", "expression": "${ {order: .order} }"},
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["ack"]}]}]},
+            {"name": "Done"}
+        ]
+    }));
+    s.define(&waiter_definition());
+    for n in 1..=3 {
+        let id = format!("n-{n}");
+        s.start_instance("notifier", &id, json!({"order": n}));
+        s.wait_instance(&id, Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    }
+    s.start_instance("waiter", "w-1", json!({"who": "w-1"}));
+    s.wait_instance("w-1", Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    assert_eq!(s.sent().len(), 3);
+    s.kill9();
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let n = conn
+            .execute("UPDATE definitions SET doc = '{\"id\": broken' WHERE id = 'waiter'", [])
+            .expect("overwrite a definition row");
+        assert_eq!(n, 1);
+        let n = conn
+            .execute("UPDATE outbox SET event = 'not json' WHERE instance = 'n-2'", [])
+            .expect("overwrite an outbox row");
+        assert_eq!(n, 1);
+    }
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    // The instance of the unreadable definition is failed, naming the record and the definition.
+    let v = s.wait_instance("w-1", Duration::from_secs(10), "failed", |v| v["status"] != "waiting");
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"]["type"], "corruptRecord", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("definition") && message.contains("waiter"),
+        "{message}"
+    );
+    let (st, body) = s.post("/instances", &json!({"definition": "waiter", "input": {}}));
+    assert_eq!(st, 404, "the definition is left out: {body}");
+    // The outbox is served, the bad row marked in its place.
+    let sent = s.sent();
+    let instances: Vec<&str> = sent
+        .iter()
+        .map(|e| e["instance"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(instances, ["n-1", "n-2", "n-3"], "{sent:?}");
+    assert_eq!(sent[1]["event"], Value::Null, "{}", sent[1]);
+    assert_eq!(sent[1]["error"]["type"], "corruptRecord", "{}", sent[1]);
+    assert!(
+        sent[1]["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("outbox"),
+        "{}",
+        sent[1]
+    );
+    assert_eq!(sent[0]["event"]["data"], json!({"order": 1}));
+    assert_eq!(sent[2]["event"]["data"], json!({"order": 3}));
+    // The other definition's instances go on.
+    let (st, body) = s.post_event(&json!({"specversion": "1.0", "id": "ack-1", "source": "test",
+        "type": "com.example.ack", "sm4cinstanceid": "n-1"}));
+    assert_eq!(st, 202, "{body}");
+    s.wait_instance("n-1", Duration::from_secs(10), "completed", |v| {
+        v["status"] == "completed"
+    });
+    // Counted, by kind of record, and logged.
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    assert!(
+        text.contains("sm4c_corrupt_records_total{record=\"definition\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("sm4c_corrupt_records_total{record=\"outbox\"}"), "{text}");
+    let logged = s.log();
+    assert!(
+        logged.contains("a stored definition cannot be read back") && logged.contains("waiter"),
+        "{logged}"
+    );
+    // A second restart starts as well, and keeps the instance failed.
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    assert_eq!(s.instance("w-1")["error"]["type"], "corruptRecord");
+    assert_eq!(s.instance("n-3")["status"], "waiting");
+}

@@ -116,15 +116,34 @@ fn now_ms() -> Millis {
 impl DurableHost {
     /// Opens the host on a store: loads definitions, timers and calls in flight, checks every
     /// unfinished instance's journal against its definition, and starts the deciding task.
+    ///
+    /// A stored definition that cannot be read back (or no longer loads) does not stop the start:
+    /// it is logged, counted (`corrupt_record("definition")`) and left out, and its unfinished
+    /// instances are failed with `corruptRecord` naming it; the other definitions are served.
     pub fn start(store: Arc<dyn Store>, host: Arc<dyn Functions>, limits: Limits) -> Result<DurableHost, HostError> {
         let mut registry = Registry::default();
-        for doc in store.definitions()? {
+        let mut lost: Vec<(String, String, String)> = Vec::new();
+        for row in store.definition_rows()? {
+            let doc = match row {
+                Ok(doc) => doc,
+                Err(bad) => {
+                    lost.push(bad);
+                    continue;
+                }
+            };
             let options = LoadOptions {
                 limits: limits.expression,
             };
             match load(&doc, &mut sm4c_runtime::no_files, options) {
                 Ok(m) => registry.insert(Arc::new(m)),
-                Err(errs) => return Err(HostError::Invalid(errs)),
+                Err(errs) => {
+                    let text = |k: &str| match &doc[k] {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    let why = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+                    lost.push((text("id"), text("version"), format!("it no longer loads: {why}")));
+                }
             }
         }
         let registry = Arc::new(RwLock::new(registry));
@@ -171,6 +190,7 @@ impl DurableHost {
             task_times: HashMap::new(),
             closing: false,
         };
+        lp.lost_definitions(&lost)?;
         lp.recover()?;
         tokio::spawn(lp.run(rx));
         Ok(DurableHost {
@@ -504,6 +524,59 @@ impl Loop {
         let now = now_ms();
         (self.parked_count, self.parked_bytes) = self.store.parked_totals(now)?;
         self.parked_counted = now;
+        Ok(())
+    }
+
+    /// Definitions left out at start because their stored row cannot be read back (`lost`:
+    /// id, version, why): each is logged and counted, and its unfinished instances, which nothing
+    /// can step without it, are failed with `corruptRecord` naming the definition record (their
+    /// timers and open calls are dropped; a parent waiting for one is not told).
+    fn lost_definitions(&mut self, lost: &[(String, String, String)]) -> Result<(), HostError> {
+        for (definition, version, why) in lost {
+            tracing::error!(definition, version, error = %why, "a stored definition cannot be read back; it is left out and its unfinished instances are failed with corruptRecord");
+            if let Some(o) = sm4c_host::metrics::observer() {
+                o.corrupt_record("definition");
+            }
+            let key = [(definition.clone(), version.clone())];
+            let now = now_ms();
+            for id in self.store.active(&key)? {
+                let mut snapshot = match self.store.instance(&id) {
+                    Ok(Some(stored)) => stored.snapshot,
+                    Ok(None) => continue,
+                    // Its snapshot cannot be read either: it stays as it is (listed, not served).
+                    Err(e) => {
+                        tracing::error!(instance = %id, error = %e, "the snapshot of an instance of an unreadable definition cannot be read back either; it is left as it is");
+                        continue;
+                    }
+                };
+                tracing::error!(instance = %id, definition, version, "the instance's definition cannot be read back; the instance is failed with corruptRecord");
+                snapshot.status = Status::Failed;
+                snapshot.error = Some(
+                    ErrorInfo::new(
+                        ErrorKind::CorruptRecord,
+                        format!(
+                            "the store's definition record of {definition:?} version {version:?}, which instance {id:?} runs, cannot be read back: {why}"
+                        ),
+                    )
+                    .with_details(json!({"record": "definition", "definition": definition, "version": version})),
+                );
+                snapshot.timers.clear();
+                snapshot.state_timer = None;
+                snapshot.now = now;
+                snapshot.ended_at = Some(now);
+                let batch = Batch {
+                    instances: vec![InstanceWrite {
+                        snapshot,
+                        parent: None,
+                        entries: Vec::new(),
+                        calls: Vec::new(),
+                        origin: None,
+                    }],
+                    ..Batch::default()
+                };
+                self.store.commit(&batch)?;
+            }
+        }
         Ok(())
     }
 

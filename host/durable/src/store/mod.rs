@@ -95,6 +95,12 @@ pub struct Batch {
     pub unparked: Vec<i64>,
 }
 
+/// A stored definition: its document, or `(id, version, why)` when the row cannot be read back.
+pub type DefinitionRow = Result<Value, (String, String, String)>;
+
+/// A sent event: (seq, instance, the event or why it cannot be read back).
+pub type SentRow = (i64, String, Result<Value, String>);
+
 /// One instance's write in a batch.
 #[derive(Debug)]
 pub struct InstanceWrite {
@@ -126,6 +132,12 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Every registered definition.
     fn definitions(&self) -> Result<Vec<Value>, StoreError>;
+    /// Every registered definition, each row read on its own: `Err((id, version, why))` for one
+    /// that cannot be read back, so that one bad row does not hide the others. By default from
+    /// [`Store::definitions`].
+    fn definition_rows(&self) -> Result<Vec<DefinitionRow>, StoreError> {
+        Ok(self.definitions()?.into_iter().map(Ok).collect())
+    }
     /// One instance.
     fn instance(&self, id: &str) -> Result<Option<Stored>, StoreError>;
     /// Commits a batch atomically.
@@ -157,8 +169,10 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Ids of instances that have not ended, of the given definitions.
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError>;
-    /// Sent events after a sequence number: (seq, instance, event).
-    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, Value)>, StoreError>;
+    /// Sent events after a sequence number: (seq, instance, event). A row whose event cannot be
+    /// read back is in the page with `Err(why)`, so that it neither fails the page nor stops the
+    /// cursor.
+    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<SentRow>, StoreError>;
     /// Parked events not expired at `now`: (seq, event).
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError>;
     /// Parked events not expired at `now` whose CloudEvent `type` is one of `types` (every one
