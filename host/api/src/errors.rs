@@ -155,6 +155,8 @@ errors! {
     Unavailable(String) => SERVICE_UNAVAILABLE, "unavailable", |s| s.0.clone();
     /// The store's disk is full: the request was not written (what the store said).
     StorageFull(String) => SERVICE_UNAVAILABLE, "storageFull", |s| s.0.clone();
+    /// An event that reached no instance could not be parked: the parked events are at a limit (why).
+    ParkedLimit(String) => TOO_MANY_REQUESTS, "parkedLimit", |s| s.0.clone();
     /// Resume or step of an instance that is not paused.
     NotPaused(String) => CONFLICT, "notPaused", |s| format!("instance {:?} is not paused", s.0);
     /// A breakpoint that does not fit its definition, or is not a breakpoint (what is wrong).
@@ -216,6 +218,7 @@ impl From<HostError> for ApiError {
             HostError::NotPaused(i) => NotPaused(i).into(),
             HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
             HostError::InvalidInstanceId(_) => InvalidId.into(),
+            HostError::ParkedLimit(m) => ParkedLimit(m).into(),
             other @ (HostError::Store(_) | HostError::Stopped | HostError::Failed(_)) => {
                 Internal(other.to_string()).into()
             }

@@ -94,6 +94,10 @@ struct ServeArgs {
     /// How long an event that reached no instance is kept for one that starts waiting (e.g. 5m).
     #[arg(long, default_value = "5m")]
     event_window: String,
+    /// SQLite mode: most bytes (JSON text) of events kept parked at once; an event that reaches no
+    /// instance and would pass it is refused with 429 `parkedLimit`. Default 64 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20, conflicts_with = "kafka")]
+    max_parked_bytes: u64,
     #[command(flatten)]
     expression: ExpressionArgs,
     /// Listen on an address other than loopback without authentication (no token and no client
@@ -156,8 +160,10 @@ struct KafkaArgs {
     /// Partitions of the topics created at start.
     #[arg(long, default_value_t = 8, requires = "kafka")]
     partitions: i32,
-    /// Events a commands partition keeps parked at most (more are dead-lettered, `parkedLimit`).
-    #[arg(long, default_value_t = 100_000, requires = "kafka")]
+    /// Events kept parked at most: in SQLite mode by the server (one more that reaches no instance
+    /// is refused with 429 `parkedLimit`), in Kafka mode by each commands partition (more are
+    /// dead-lettered, `parkedLimit`).
+    #[arg(long, default_value_t = 100_000)]
     max_parked: usize,
     /// How many unended instances a worker keeps in memory; the others wait in its local store
     /// and are read from there when a command, an event or a timer comes for them.
@@ -688,6 +694,8 @@ fn serve_on(
         let host = served_functions(args.definitions.as_deref(), calls, mocks, &metrics);
         let limits = HostLimits {
             park_ms,
+            max_parked: args.kafka.max_parked,
+            max_parked_bytes: args.max_parked_bytes,
             expression: args.expression.limits(),
             ..HostLimits::default()
         };

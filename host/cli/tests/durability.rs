@@ -66,6 +66,11 @@ struct Server {
 impl Server {
     /// Starts `sm4c serve --db DB [--mock MOCK]` on a free port and waits until `/healthz` answers.
     fn start(db: &Path, mock: Option<&Path>, log: &Path) -> Server {
+        Server::start_with(db, mock, log, &[])
+    }
+
+    /// [`Server::start`] with more arguments to `sm4c serve`.
+    fn start_with(db: &Path, mock: Option<&Path>, log: &Path, args: &[&str]) -> Server {
         // The server binds a port the system picks and says which in its log: a port picked here
         // and bound by the server later could be taken meanwhile by a server of a test running
         // beside this one, whose /healthz would then answer for this one (two tests failed so,
@@ -81,6 +86,7 @@ impl Server {
         if let Some(m) = mock {
             cmd.arg("--mock").arg(m);
         }
+        cmd.args(args);
         cmd.stdin(Stdio::null())
             .stdout(out.try_clone().expect("clone log handle"))
             .stderr(out);
@@ -1779,4 +1785,244 @@ fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() 
     };
     assert_eq!(s.instance("bad-snapshot")["error"]["type"], "corruptRecord");
     assert_eq!(s.instance("good")["status"], "completed");
+}
+
+fn correlated_waiter() -> Value {
+    json!({
+        "id": "waiter", "name": "Waiter", "version": "1.0",
+        "events": [{"name": "go", "type": "com.example.go", "source": "test",
+                    "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .order }"}]}],
+        "states": [
+            {"name": "Wait", "start": true,
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["go"], "resultHandler": "${ .got = ($value | .data) }"}]}]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+fn go_event(order: &str) -> Value {
+    json!({"specversion": "1.0", "id": format!("go-{order}"), "source": "test", "type": "com.example.go",
+           "orderid": order, "datacontenttype": "application/json", "data": {"order": order}})
+}
+
+/// Events that no instance waits for were parked without limit. Past `--max-parked` (or
+/// `--max-parked-bytes`) an event is refused with 429 `parkedLimit` naming the flag, the events
+/// parked before are kept (across a restart too), and there is room again once one is taken.
+#[test]
+fn parked_events_past_the_limits_are_refused_with_429_and_the_parked_ones_are_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("parked.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start_with(&db, None, &log, &["--max-parked", "2"]);
+    s.define(&correlated_waiter());
+    for order in ["A", "B"] {
+        let (st, body) = s.post_event(&go_event(order));
+        assert_eq!((st, &body["parked"]), (202, &json!(true)), "{body}");
+    }
+    let (st, body) = s.post_event(&go_event("C"));
+    assert_eq!(st, 429, "{body}");
+    assert_eq!(body["error"], "parkedLimit", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--max-parked") && message.contains('2'), "{message}");
+    // The limit holds across a restart: it counts what the file holds.
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start_with(&db, None, &log, &["--max-parked", "2"])
+    };
+    let (st, body) = s.post_event(&go_event("C"));
+    assert_eq!((st, body["error"].as_str()), (429, Some("parkedLimit")), "{body}");
+    // Both parked events are still there: each instance gets its own.
+    for order in ["A", "B"] {
+        let id = format!("w-{order}");
+        s.start_instance("waiter", &id, json!({"order": order}));
+        let v = s.wait_instance(&id, Duration::from_secs(10), "completed by its parked event", |v| {
+            v["status"] == "completed"
+        });
+        assert_eq!(v["data"]["got"], json!({"order": order}));
+    }
+    let (st, body) = s.post_event(&go_event("C"));
+    assert_eq!((st, &body["parked"]), (202, &json!(true)), "room again: {body}");
+    drop(s);
+
+    // The bytes limit: smaller than one event.
+    let db = dir.path().join("bytes.db");
+    let s = Server::start_with(&db, None, &log, &["--max-parked-bytes", "100"]);
+    s.define(&correlated_waiter());
+    let (st, body) = s.post_event(&go_event("A"));
+    assert_eq!((st, body["error"].as_str()), (429, Some("parkedLimit")), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--max-parked-bytes"),
+        "{body}"
+    );
+    s.start_instance("waiter", "w-A", json!({"order": "A"}));
+    let (st, body) = s.post_event(&go_event("A"));
+    assert_eq!(
+        (st, &body["reached"]),
+        (202, &json!(["w-A"])),
+        "delivered events are not limited: {body}"
+    );
+}
+
+/// A store written before parked events carried their type (no `type` column, no index) opens,
+/// gets the column, and its parked events still reach the instances that start waiting for them.
+#[test]
+fn parked_events_of_a_store_without_the_type_column_are_kept_and_delivered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("old.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&correlated_waiter());
+    let (st, body) = s.post_event(&go_event("A"));
+    assert_eq!((st, &body["parked"]), (202, &json!(true)), "{body}");
+    s.kill9();
+    {
+        // Back to the schema of the versions before the column.
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        conn.execute_batch("DROP INDEX parked_type; DROP INDEX parked_expires; ALTER TABLE parked DROP COLUMN type;")
+            .expect("drop the type column");
+        let columns: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('parked') WHERE name = 'type'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("columns");
+        assert_eq!(columns, 0);
+    }
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    s.start_instance("waiter", "w-A", json!({"order": "A"}));
+    let v = s.wait_instance(
+        "w-A",
+        Duration::from_secs(10),
+        "completed by the old parked event",
+        |v| v["status"] == "completed",
+    );
+    assert_eq!(v["data"]["got"], json!({"order": "A"}));
+    let conn = rusqlite::Connection::open(&db).expect("open store");
+    let columns: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('parked') WHERE name = 'type'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("columns");
+    assert_eq!(columns, 1, "the column was added");
+}
+
+/// A definition row or a sent event corrupted by hand: the server used to refuse to start (a bad
+/// definition row) and `GET /events/sent` to fail (a bad outbox row). Now the bad definition is left
+/// out and its unfinished instance fails with `corruptRecord` naming it, the bad sent event is listed
+/// with a `corruptRecord` error, both are logged and counted, and everything else is served.
+#[test]
+fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bad.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&json!({
+        "id": "notifier", "name": "Notifier", "version": "1.0",
+        "events": [
+            {"name": "shipped", "type": "com.example.shipped", "source": "warehouse"},
+            {"name": "ack", "type": "com.example.ack", "source": "test"}
+        ],
+        "states": [
+            {"name": "Notify", "start": true,
+             "enterAction": {"type": "sendEvent", "event": "shipped", "expression": "${ {order: .order} }"},
+             "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["ack"]}]}]},
+            {"name": "Done"}
+        ]
+    }));
+    s.define(&waiter_definition());
+    for n in 1..=3 {
+        let id = format!("n-{n}");
+        s.start_instance("notifier", &id, json!({"order": n}));
+        s.wait_instance(&id, Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    }
+    s.start_instance("waiter", "w-1", json!({"who": "w-1"}));
+    s.wait_instance("w-1", Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
+    assert_eq!(s.sent().len(), 3);
+    s.kill9();
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let n = conn
+            .execute("UPDATE definitions SET doc = '{\"id\": broken' WHERE id = 'waiter'", [])
+            .expect("overwrite a definition row");
+        assert_eq!(n, 1);
+        let n = conn
+            .execute("UPDATE outbox SET event = 'not json' WHERE instance = 'n-2'", [])
+            .expect("overwrite an outbox row");
+        assert_eq!(n, 1);
+    }
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    // The instance of the unreadable definition is failed, naming the record and the definition.
+    let v = s.wait_instance("w-1", Duration::from_secs(10), "failed", |v| v["status"] != "waiting");
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"]["type"], "corruptRecord", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("definition") && message.contains("waiter"),
+        "{message}"
+    );
+    let (st, body) = s.post("/instances", &json!({"definition": "waiter", "input": {}}));
+    assert_eq!(st, 404, "the definition is left out: {body}");
+    // The outbox is served, the bad row marked in its place.
+    let sent = s.sent();
+    let instances: Vec<&str> = sent
+        .iter()
+        .map(|e| e["instance"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(instances, ["n-1", "n-2", "n-3"], "{sent:?}");
+    assert_eq!(sent[1]["event"], Value::Null, "{}", sent[1]);
+    assert_eq!(sent[1]["error"]["type"], "corruptRecord", "{}", sent[1]);
+    assert!(
+        sent[1]["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("outbox"),
+        "{}",
+        sent[1]
+    );
+    assert_eq!(sent[0]["event"]["data"], json!({"order": 1}));
+    assert_eq!(sent[2]["event"]["data"], json!({"order": 3}));
+    // The other definition's instances go on.
+    let (st, body) = s.post_event(&json!({"specversion": "1.0", "id": "ack-1", "source": "test",
+        "type": "com.example.ack", "sm4cinstanceid": "n-1"}));
+    assert_eq!(st, 202, "{body}");
+    s.wait_instance("n-1", Duration::from_secs(10), "completed", |v| {
+        v["status"] == "completed"
+    });
+    // Counted, by kind of record, and logged.
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    assert!(
+        text.contains("sm4c_corrupt_records_total{record=\"definition\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("sm4c_corrupt_records_total{record=\"outbox\"}"), "{text}");
+    let logged = s.log();
+    assert!(
+        logged.contains("a stored definition cannot be read back") && logged.contains("waiter"),
+        "{logged}"
+    );
+    // A second restart starts as well, and keeps the instance failed.
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    assert_eq!(s.instance("w-1")["error"]["type"], "corruptRecord");
+    assert_eq!(s.instance("n-3")["status"], "waiting");
 }

@@ -117,6 +117,10 @@ pub enum HostError {
     /// A breakpoint that does not fit its definition (an unknown state, action or transition).
     #[error("{0}")]
     InvalidBreakpoint(String),
+    /// An event that reached no instance was not parked: the parked events are at a limit (which
+    /// one, and how to raise it). Nothing of the event was kept.
+    #[error("{0}")]
+    ParkedLimit(String),
     /// An instance id that [`valid_instance_id`] refuses.
     #[error("{INSTANCE_ID_RULE}, not {0:?}")]
     InvalidInstanceId(String),

@@ -112,7 +112,13 @@ impl Backend for DurableHost {
                 let next = rows.last().map(|r| r.0.to_string());
                 let events = rows
                     .into_iter()
-                    .map(|(s, i, e)| json!({"seq": s, "instance": i, "event": e}))
+                    .map(|(s, i, e)| match e {
+                        Ok(e) => json!({"seq": s, "instance": i, "event": e}),
+                        Err(why) => json!({"seq": s, "instance": i, "event": null, "error": {
+                            "type": "corruptRecord",
+                            "message": format!("the store's outbox record {s} cannot be read back: {why}"),
+                            "details": {"record": "outbox"}}}),
+                    })
                     .collect();
                 Ok((events, next))
             });

@@ -31,6 +31,12 @@ type Reply = Box<dyn FnOnce(Result<(), HostError>) + Send>;
 pub struct Limits {
     /// How long an event that reached no instance is kept for one that starts waiting (ms).
     pub park_ms: u64,
+    /// Most events kept parked at once; one more that reaches no instance is refused
+    /// ([`HostError::ParkedLimit`]).
+    pub max_parked: usize,
+    /// Most bytes (their JSON text) of events kept parked at once; an event that would pass it is
+    /// refused ([`HostError::ParkedLimit`]).
+    pub max_parked_bytes: u64,
     /// Largest journal of one instance (entries); past it the instance fails.
     pub max_journal: i64,
     /// Inputs handled per batch (one commit).
@@ -43,6 +49,8 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             park_ms: 5 * 60 * 1000,
+            max_parked: 100_000,
+            max_parked_bytes: 64 << 20,
             max_journal: 100_000,
             batch: 512,
             expression: sm4c_runtime::Limits::default(),
@@ -108,15 +116,34 @@ fn now_ms() -> Millis {
 impl DurableHost {
     /// Opens the host on a store: loads definitions, timers and calls in flight, checks every
     /// unfinished instance's journal against its definition, and starts the deciding task.
+    ///
+    /// A stored definition that cannot be read back (or no longer loads) does not stop the start:
+    /// it is logged, counted (`corrupt_record("definition")`) and left out, and its unfinished
+    /// instances are failed with `corruptRecord` naming it; the other definitions are served.
     pub fn start(store: Arc<dyn Store>, host: Arc<dyn Functions>, limits: Limits) -> Result<DurableHost, HostError> {
         let mut registry = Registry::default();
-        for doc in store.definitions()? {
+        let mut lost: Vec<(String, String, String)> = Vec::new();
+        for row in store.definition_rows()? {
+            let doc = match row {
+                Ok(doc) => doc,
+                Err(bad) => {
+                    lost.push(bad);
+                    continue;
+                }
+            };
             let options = LoadOptions {
                 limits: limits.expression,
             };
             match load(&doc, &mut sm4c_runtime::no_files, options) {
                 Ok(m) => registry.insert(Arc::new(m)),
-                Err(errs) => return Err(HostError::Invalid(errs)),
+                Err(errs) => {
+                    let text = |k: &str| match &doc[k] {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    let why = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+                    lost.push((text("id"), text("version"), format!("it no longer loads: {why}")));
+                }
             }
         }
         let registry = Arc::new(RwLock::new(registry));
@@ -156,11 +183,14 @@ impl DurableHost {
             held: Vec::new(),
             carried: Vec::new(),
             parked_count: 0,
+            parked_bytes: 0,
+            parked_counted: 0,
             tasks: TaskLists::default(),
             handouts: Vec::new(),
             task_times: HashMap::new(),
             closing: false,
         };
+        lp.lost_definitions(&lost)?;
         lp.recover()?;
         tokio::spawn(lp.run(rx));
         Ok(DurableHost {
@@ -415,7 +445,13 @@ struct Loop {
     /// Inputs a written batch left for the next (past the batch size): when the next cannot be
     /// written, they are handled again after the pause, since what they answer is written.
     carried: Vec<(String, Input)>,
+    /// Events parked (written or in the batch), as last counted plus what was parked and taken
+    /// since: more than are left when some expired, which a count at the limit corrects.
     parked_count: usize,
+    /// Their bytes (JSON text), counted the same way.
+    parked_bytes: u64,
+    /// When the parked events were last counted in the store (ms).
+    parked_counted: Millis,
     /// Worker tasks waiting for workers, and workers waiting for tasks.
     tasks: TaskLists,
     /// Tasks handed to workers, sent to them once their `TaskStarted` is committed.
@@ -485,7 +521,62 @@ impl Loop {
             self.after.retain(|(i, _)| *i != id);
             self.corrupt(&id, record, &e)?;
         }
-        self.parked_count = self.store.parked(now_ms())?.len();
+        let now = now_ms();
+        (self.parked_count, self.parked_bytes) = self.store.parked_totals(now)?;
+        self.parked_counted = now;
+        Ok(())
+    }
+
+    /// Definitions left out at start because their stored row cannot be read back (`lost`:
+    /// id, version, why): each is logged and counted, and its unfinished instances, which nothing
+    /// can step without it, are failed with `corruptRecord` naming the definition record (their
+    /// timers and open calls are dropped; a parent waiting for one is not told).
+    fn lost_definitions(&mut self, lost: &[(String, String, String)]) -> Result<(), HostError> {
+        for (definition, version, why) in lost {
+            tracing::error!(definition, version, error = %why, "a stored definition cannot be read back; it is left out and its unfinished instances are failed with corruptRecord");
+            if let Some(o) = sm4c_host::metrics::observer() {
+                o.corrupt_record("definition");
+            }
+            let key = [(definition.clone(), version.clone())];
+            let now = now_ms();
+            for id in self.store.active(&key)? {
+                let mut snapshot = match self.store.instance(&id) {
+                    Ok(Some(stored)) => stored.snapshot,
+                    Ok(None) => continue,
+                    // Its snapshot cannot be read either: it stays as it is (listed, not served).
+                    Err(e) => {
+                        tracing::error!(instance = %id, error = %e, "the snapshot of an instance of an unreadable definition cannot be read back either; it is left as it is");
+                        continue;
+                    }
+                };
+                tracing::error!(instance = %id, definition, version, "the instance's definition cannot be read back; the instance is failed with corruptRecord");
+                snapshot.status = Status::Failed;
+                snapshot.error = Some(
+                    ErrorInfo::new(
+                        ErrorKind::CorruptRecord,
+                        format!(
+                            "the store's definition record of {definition:?} version {version:?}, which instance {id:?} runs, cannot be read back: {why}"
+                        ),
+                    )
+                    .with_details(json!({"record": "definition", "definition": definition, "version": version})),
+                );
+                snapshot.timers.clear();
+                snapshot.state_timer = None;
+                snapshot.now = now;
+                snapshot.ended_at = Some(now);
+                let batch = Batch {
+                    instances: vec![InstanceWrite {
+                        snapshot,
+                        parent: None,
+                        entries: Vec::new(),
+                        calls: Vec::new(),
+                        origin: None,
+                    }],
+                    ..Batch::default()
+                };
+                self.store.commit(&batch)?;
+            }
+        }
         Ok(())
     }
 
@@ -780,7 +871,8 @@ impl Loop {
         for work in step.work {
             if let Work::Send { event, .. } = &work {
                 self.batch.outbox.push((id.to_string(), event.clone(), now));
-                self.route(event.clone(), Some(id));
+                // An instance's own event is never refused (only events from outside are parked).
+                let _ = self.route(event.clone(), Some(id));
             }
             self.after.push((id.to_string(), work));
         }
@@ -791,39 +883,92 @@ impl Loop {
 
     /// Sends an event to the instance it names, else to every unfinished instance with a matching
     /// event definition; parks it when it reaches none. `from` does not receive its own event.
-    fn route(&mut self, event: Value, from: Option<&str>) -> Delivery {
+    /// An event from outside that reaches none is refused when parking it would pass a limit
+    /// ([`Limits::max_parked`], [`Limits::max_parked_bytes`]); an event an instance sent is never
+    /// refused (it is in the instance's outbox) and never parked.
+    fn route(&mut self, event: Value, from: Option<&str>) -> Result<Delivery, HostError> {
         if from.is_none() {
             if let Some(target) = driver::target(&event) {
                 if self.slot(&target).is_some() {
                     self.queue.push((target.clone(), Input::Event { event }));
-                    return Delivery {
+                    return Ok(Delivery {
                         reached: vec![target],
                         parked: false,
                         cancel_requested: None,
-                    };
+                    });
                 }
             }
         }
         let candidates = self.candidates(&event, from);
         if candidates.is_empty() {
             if from.is_none() {
+                let size = crate::store::parked_size(&event);
+                self.room_to_park(size)?;
                 self.batch.parked.push((event, now_ms() + self.limits.park_ms as i64));
                 self.parked_count += 1;
+                self.parked_bytes += size;
             }
-            return Delivery {
+            return Ok(Delivery {
                 reached: Vec::new(),
                 parked: from.is_none(),
                 cancel_requested: None,
-            };
+            });
         }
         for id in &candidates {
             self.queue.push((id.clone(), Input::Event { event: event.clone() }));
         }
-        Delivery {
+        Ok(Delivery {
             reached: candidates,
             parked: false,
             cancel_requested: None,
+        })
+    }
+
+    /// Whether an event of `size` bytes may be parked: `Err` naming the limit it would pass. At a
+    /// limit the parked events are counted again in the store (expired ones leave it), at most
+    /// once a second.
+    fn room_to_park(&mut self, size: u64) -> Result<(), HostError> {
+        let fits = |l: &Self| {
+            l.parked_count < l.limits.max_parked && l.parked_bytes.saturating_add(size) <= l.limits.max_parked_bytes
+        };
+        if fits(self) {
+            return Ok(());
         }
+        let now = now_ms();
+        if now - self.parked_counted >= 1000 {
+            if let Ok((count, bytes)) = self.store.parked_totals(now) {
+                // What this batch parks is not in the store yet.
+                let pending: u64 = self
+                    .batch
+                    .parked
+                    .iter()
+                    .map(|(e, _)| crate::store::parked_size(e))
+                    .sum();
+                self.parked_count = count + self.batch.parked.len();
+                self.parked_bytes = bytes + pending;
+                self.parked_counted = now;
+                if fits(self) {
+                    return Ok(());
+                }
+            }
+        }
+        let why = if self.parked_count >= self.limits.max_parked {
+            format!(
+                "the event reached no instance and was not parked: {} events are parked already (the limit, --max-parked); it was not kept, send it again once instances take parked events or they expire",
+                self.limits.max_parked
+            )
+        } else {
+            format!(
+                "the event reached no instance and was not parked: its {size} bytes would take the parked events past {} bytes (the limit, --max-parked-bytes); it was not kept, send it again once instances take parked events or they expire",
+                self.limits.max_parked_bytes
+            )
+        };
+        tracing::warn!(
+            max_parked = self.limits.max_parked,
+            max_parked_bytes = self.limits.max_parked_bytes,
+            "an event was refused: the parked events are at a limit"
+        );
+        Err(HostError::ParkedLimit(why))
     }
 
     /// Unfinished instances with an event definition that matches the event.
@@ -871,15 +1016,34 @@ impl Loop {
         if waiting.is_empty() {
             return;
         }
-        let parked = self.store.parked(now_ms()).unwrap_or_default();
-        self.parked_count = parked.len();
+        // Only the parked events of the types these instances wait for are read.
+        let types = self.awaited_types(&waiting);
+        let parked = self.store.parked_of(now_ms(), types.as_ref()).unwrap_or_default();
         for (seq, event) in parked {
             if let Some(id) = waiting.iter().find(|id| self.accepts(id, &event)).cloned() {
                 self.batch.unparked.push(seq);
                 self.parked_count = self.parked_count.saturating_sub(1);
+                self.parked_bytes = self.parked_bytes.saturating_sub(crate::store::parked_size(&event));
                 self.queue.push((id, Input::Event { event }));
             }
         }
+    }
+
+    /// The CloudEvent types the instances `ids` have event definitions for; `None` when one of
+    /// them takes events of any type (a definition with a `source` and no `type`).
+    fn awaited_types(&mut self, ids: &[String]) -> Option<BTreeSet<String>> {
+        let mut types = BTreeSet::new();
+        for id in ids {
+            let Some(slot) = self.cache.get(id) else { continue };
+            for def in &slot.h.inst.machine().events {
+                match (&def.event_type, &def.source) {
+                    (Some(t), _) => types.insert(t.clone()),
+                    (None, None) => types.insert(def.name.clone()),
+                    (None, Some(_)) => return None,
+                };
+            }
+        }
+        Some(types)
     }
 
     /// Commits the batch of `inputs` inputs in one transaction.
@@ -1102,12 +1266,15 @@ impl Loop {
                     }
                 }
             }
-            Cmd::Event(event, reply) => {
-                let delivery = self.route(event, None);
-                self.replies.push(Box::new(move |r| {
+            Cmd::Event(event, reply) => match self.route(event, None) {
+                Ok(delivery) => self.replies.push(Box::new(move |r| {
                     let _ = reply.send(r.map(|()| delivery));
-                }));
-            }
+                })),
+                // Nothing of a refused event is in the batch: answered at once.
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.h.inst.status()) {
                 None => {
                     let _ = reply.send(Err(HostError::UnknownInstance(id)));
@@ -1327,6 +1494,72 @@ mod tests {
 
     fn go(order: &str) -> Value {
         json!({"specversion": "1.0", "id": format!("e-{order}"), "source": "t", "type": "go", "orderid": order, "data": order})
+    }
+
+    #[tokio::test]
+    async fn parked_events_stop_at_the_count_and_bytes_limits_and_a_refused_event_is_not_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(crate::store::SqliteStore::open(&dir.path().join("s.db")).expect("open"));
+        let limits = Limits {
+            max_parked: 2,
+            ..Limits::default()
+        };
+        let h = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts");
+        h.define(waiter()).await.unwrap();
+        assert!(h.deliver(go("A")).await.unwrap().parked);
+        assert!(h.deliver(go("B")).await.unwrap().parked);
+        match h.deliver(go("C")).await {
+            Err(HostError::ParkedLimit(why)) => {
+                assert!(
+                    why.contains("2 events are parked") && why.contains("--max-parked"),
+                    "{why}"
+                )
+            }
+            other => panic!("the third event is refused, not {other:?}"),
+        }
+        assert_eq!(store.parked_totals(0).unwrap().0, 2, "the refused event was not kept");
+        // An instance takes a parked event: there is room again, and nothing parked was lost.
+        h.start_instance("w", None, Some("a".into()), json!({"order": "A"}))
+            .await
+            .unwrap();
+        assert_eq!(settle(&h, "a").await.status, Status::Completed, "A was still parked");
+        assert!(h.deliver(go("C")).await.unwrap().parked, "room for C once A was taken");
+        let ids: Vec<String> = store
+            .parked(0)
+            .unwrap()
+            .iter()
+            .map(|(_, e)| e["orderid"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(ids, ["B", "C"]);
+        // Events sent to an instance are never refused.
+        h.start_instance("w", None, Some("d".into()), json!({"order": "D"}))
+            .await
+            .unwrap();
+        let d = h.deliver(go("D")).await.unwrap();
+        assert_eq!(d.reached, ["d"]);
+        h.shutdown().await;
+
+        // The bytes limit: room for one event of this size, not two.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(crate::store::SqliteStore::open(&dir.path().join("s.db")).expect("open"));
+        let size = crate::store::parked_size(&go("A"));
+        let limits = Limits {
+            max_parked_bytes: size + size / 2,
+            ..Limits::default()
+        };
+        let h = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts");
+        h.define(waiter()).await.unwrap();
+        assert!(h.deliver(go("A")).await.unwrap().parked);
+        match h.deliver(go("B")).await {
+            Err(HostError::ParkedLimit(why)) => assert!(why.contains("--max-parked-bytes"), "{why}"),
+            other => panic!("the second event is refused, not {other:?}"),
+        }
+        assert_eq!(store.parked_totals(0).unwrap(), (1, size));
+        h.shutdown().await;
+        // After a restart the limit counts what the file holds.
+        let h = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts again");
+        assert!(matches!(h.deliver(go("B")).await, Err(HostError::ParkedLimit(_))));
+        h.shutdown().await;
     }
 
     #[tokio::test]

@@ -217,14 +217,14 @@ impl Store for MemoryStore {
         Ok(rows.into_iter().map(|(_, id)| id).collect())
     }
 
-    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, Value)>, StoreError> {
+    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<super::SentRow>, StoreError> {
         Ok(self
             .inner()
             .outbox
             .iter()
             .filter(|(s, _, _)| *s > after)
             .take(limit)
-            .cloned()
+            .map(|(s, i, e)| (*s, i.clone(), Ok(e.clone())))
             .collect())
     }
 

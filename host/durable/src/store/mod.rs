@@ -16,6 +16,7 @@ use sm4c_host::driver::ParentLink;
 use sm4c_host::service::HostError;
 pub use sm4c_host::service::{Stored, Summary};
 use sm4c_runtime::{Breakpoint, Effect, Entry, Millis, Snapshot};
+use std::collections::BTreeSet;
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,12 @@ pub struct Batch {
     pub unparked: Vec<i64>,
 }
 
+/// A stored definition: its document, or `(id, version, why)` when the row cannot be read back.
+pub type DefinitionRow = Result<Value, (String, String, String)>;
+
+/// A sent event: (seq, instance, the event or why it cannot be read back).
+pub type SentRow = (i64, String, Result<Value, String>);
+
 /// One instance's write in a batch.
 #[derive(Debug)]
 pub struct InstanceWrite {
@@ -125,6 +132,12 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Every registered definition.
     fn definitions(&self) -> Result<Vec<Value>, StoreError>;
+    /// Every registered definition, each row read on its own: `Err((id, version, why))` for one
+    /// that cannot be read back, so that one bad row does not hide the others. By default from
+    /// [`Store::definitions`].
+    fn definition_rows(&self) -> Result<Vec<DefinitionRow>, StoreError> {
+        Ok(self.definitions()?.into_iter().map(Ok).collect())
+    }
     /// One instance.
     fn instance(&self, id: &str) -> Result<Option<Stored>, StoreError>;
     /// Commits a batch atomically.
@@ -156,8 +169,40 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Ids of instances that have not ended, of the given definitions.
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError>;
-    /// Sent events after a sequence number: (seq, instance, event).
-    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, Value)>, StoreError>;
+    /// Sent events after a sequence number: (seq, instance, event). A row whose event cannot be
+    /// read back is in the page with `Err(why)`, so that it neither fails the page nor stops the
+    /// cursor.
+    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<SentRow>, StoreError>;
     /// Parked events not expired at `now`: (seq, event).
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError>;
+    /// Parked events not expired at `now` whose CloudEvent `type` is one of `types` (every one
+    /// when `types` is `None`): (seq, event). Events parked without a known type (by an older
+    /// version) are among them. By default [`Store::parked`], filtered.
+    fn parked_of(&self, now: Millis, types: Option<&BTreeSet<String>>) -> Result<Vec<(i64, Value)>, StoreError> {
+        let all = self.parked(now)?;
+        Ok(match types {
+            None => all,
+            Some(types) => all
+                .into_iter()
+                .filter(|(_, e)| types.contains(&parked_type(e)))
+                .collect(),
+        })
+    }
+    /// How many events are parked and not expired at `now`, and their size in bytes (as stored,
+    /// JSON text). By default from [`Store::parked`].
+    fn parked_totals(&self, now: Millis) -> Result<(usize, u64), StoreError> {
+        let all = self.parked(now)?;
+        let bytes = all.iter().map(|(_, e)| parked_size(e)).sum();
+        Ok((all.len(), bytes))
+    }
+}
+
+/// The type a parked event is looked up by: its CloudEvent `type` as text (empty when it has none).
+pub fn parked_type(event: &Value) -> String {
+    sm4c_runtime::engine::event::attribute_text(event, "type").unwrap_or_default()
+}
+
+/// The size a parked event counts for against the bytes cap: its JSON text, as stored.
+pub fn parked_size(event: &Value) -> u64 {
+    serde_json::to_vec(event).map_or(0, |v| v.len() as u64)
 }

@@ -6,6 +6,7 @@ use serde_json::Value;
 use sm4c_host::driver::ParentLink;
 use sm4c_host::service::time;
 use sm4c_runtime::{Breakpoint, Effect, Entry, Millis, Snapshot};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -45,7 +46,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE TABLE IF NOT EXISTS origins (
     instance TEXT PRIMARY KEY, traceparent TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS parked (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL, expires INTEGER NOT NULL);
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL, expires INTEGER NOT NULL, type TEXT);
 CREATE TABLE IF NOT EXISTS breakpoints (
     definition TEXT PRIMARY KEY, breakpoints TEXT NOT NULL) WITHOUT ROWID;
 ";
@@ -118,6 +119,27 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL").map_err(damaged)?;
         conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(damaged)?;
         conn.execute_batch(SCHEMA).map_err(damaged)?;
+        // Parked events are looked up by their type: a file whose `parked` table has no `type`
+        // column (written before it existed) gets one, and the index. Its rows keep a NULL type and
+        // are read by every lookup until they expire; versions without the column still read and
+        // write the file (they park without a type). Otherwise nothing is written.
+        let typed: bool = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('parked') WHERE name = 'type'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(damaged)?
+            > 0;
+        if !typed {
+            conn.execute_batch("ALTER TABLE parked ADD COLUMN type TEXT;")
+                .map_err(damaged)?;
+        }
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS parked_type ON parked (type, seq);
+             CREATE INDEX IF NOT EXISTS parked_expires ON parked (expires);",
+        )
+        .map_err(damaged)?;
         // A new file gets the format; a format-1 file is upgraded (its rows read as they are; the
         // index no query uses any more is dropped, sparing every commit a page). Otherwise opening
         // writes nothing, so a store on a full disk still opens.
@@ -198,6 +220,23 @@ impl Store for SqliteStore {
         let mut stmt = conn.prepare("SELECT doc FROM definitions ORDER BY seq")?;
         let rows: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
         rows.iter().map(|t| parse(t)).collect()
+    }
+
+    fn definition_rows(&self) -> Result<Vec<super::DefinitionRow>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT id, version, doc FROM definitions ORDER BY seq")?;
+        let rows: Vec<(String, String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, version, doc)| {
+                parse(&doc).map_err(|e| match e {
+                    StoreError::Corrupt(why) => (id, version, why),
+                    other => (id, version, other.to_string()),
+                })
+            })
+            .collect())
     }
 
     fn instance(&self, id: &str) -> Result<Option<Stored>, StoreError> {
@@ -294,9 +333,9 @@ impl Store for SqliteStore {
             for (inst, ev, at) in &batch.outbox {
                 out.execute(params![inst, json(ev), at])?;
             }
-            let mut park = tx.prepare_cached("INSERT INTO parked (event, expires) VALUES (?1, ?2)")?;
+            let mut park = tx.prepare_cached("INSERT INTO parked (event, expires, type) VALUES (?1, ?2, ?3)")?;
             for (ev, exp) in &batch.parked {
-                park.execute(params![json(ev), exp])?;
+                park.execute(params![json(ev), exp, super::parked_type(ev)])?;
             }
             let mut unpark = tx.prepare_cached("DELETE FROM parked WHERE seq = ?1")?;
             for seq in &batch.unparked {
@@ -438,14 +477,31 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, Value)>, StoreError> {
+    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<super::SentRow>, StoreError> {
         let conn = self.conn();
         let mut stmt =
             conn.prepare_cached("SELECT seq, instance, event FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
         let rows: Vec<(i64, String, String)> = stmt
             .query_map(params![after, limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<Result<_, _>>()?;
-        rows.into_iter().map(|(s, i, e)| Ok((s, i, parse(&e)?))).collect()
+        // A sent event that cannot be read back is marked, logged and counted: the page and the
+        // rows after it are still served.
+        Ok(rows
+            .into_iter()
+            .map(|(s, i, e)| {
+                let event = parse(&e).map_err(|err| {
+                    tracing::error!(outbox = s, instance = %i, error = %err, "a sent event cannot be read back; it is listed with a corruptRecord error");
+                    if let Some(o) = sm4c_host::metrics::observer() {
+                        o.corrupt_record("outbox");
+                    }
+                    match err {
+                        StoreError::Corrupt(why) => why,
+                        other => other.to_string(),
+                    }
+                });
+                (s, i, event)
+            })
+            .collect())
     }
 
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError> {
@@ -456,22 +512,61 @@ impl Store for SqliteStore {
         let rows: Vec<(i64, String)> = stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<Result<_, _>>()?;
-        // A parked event that cannot be read back belongs to no instance yet: it is passed over
-        // (logged and counted) rather than stop the server from starting.
-        Ok(rows
-            .into_iter()
-            .filter_map(|(s, e)| match parse(&e) {
-                Ok(event) => Some((s, event)),
-                Err(err) => {
-                    tracing::error!(parked = s, error = %err, "a parked event cannot be read back; it is passed over");
-                    if let Some(o) = sm4c_host::metrics::observer() {
-                        o.corrupt_record("parked");
-                    }
-                    None
-                }
-            })
-            .collect())
+        Ok(read_parked(rows))
     }
+
+    fn parked_of(&self, now: Millis, types: Option<&BTreeSet<String>>) -> Result<Vec<(i64, Value)>, StoreError> {
+        let Some(types) = types else {
+            return self.parked(now);
+        };
+        let conn = self.conn();
+        conn.prepare_cached("DELETE FROM parked WHERE expires <= ?1")?
+            .execute([now])?;
+        // Through the `(type, seq)` index: one range per type, and the rows parked before the
+        // column existed (NULL type).
+        let mut rows: Vec<(i64, String)> = Vec::new();
+        let mut stmt = conn.prepare_cached("SELECT seq, event FROM parked WHERE type IS NULL")?;
+        for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))? {
+            rows.push(row?);
+        }
+        let mut stmt = conn.prepare_cached("SELECT seq, event FROM parked WHERE type = ?1")?;
+        for ty in types {
+            for row in stmt.query_map([ty], |r| Ok((r.get(0)?, r.get(1)?)))? {
+                rows.push(row?);
+            }
+        }
+        rows.sort_unstable_by_key(|(s, _)| *s);
+        Ok(read_parked(rows))
+    }
+
+    fn parked_totals(&self, now: Millis) -> Result<(usize, u64), StoreError> {
+        let conn = self.conn();
+        conn.prepare_cached("DELETE FROM parked WHERE expires <= ?1")?
+            .execute([now])?;
+        let (count, bytes): (i64, i64) = conn.query_row(
+            "SELECT count(*), coalesce(sum(length(CAST(event AS BLOB))), 0) FROM parked",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((count.max(0) as usize, bytes.max(0) as u64))
+    }
+}
+
+/// Parked rows read back. One that cannot be read back belongs to no instance yet: it is passed
+/// over (logged and counted) rather than stop the server from starting.
+fn read_parked(rows: Vec<(i64, String)>) -> Vec<(i64, Value)> {
+    rows.into_iter()
+        .filter_map(|(s, e)| match parse(&e) {
+            Ok(event) => Some((s, event)),
+            Err(err) => {
+                tracing::error!(parked = s, error = %err, "a parked event cannot be read back; it is passed over");
+                if let Some(o) = sm4c_host::metrics::observer() {
+                    o.corrupt_record("parked");
+                }
+                None
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -608,6 +703,104 @@ mod tests {
         assert_eq!(index, None);
     }
 
+    fn event(ty: &str, n: u32) -> Value {
+        serde_json::json!({"specversion": "1.0", "id": format!("{ty}-{n}"), "source": "t", "type": ty})
+    }
+
+    fn park(store: &SqliteStore, events: &[Value], expires: Millis) {
+        let batch = Batch {
+            parked: events.iter().map(|e| (e.clone(), expires)).collect(),
+            ..Batch::default()
+        };
+        store.commit(&batch).expect("park");
+    }
+
+    fn ids(rows: &[(i64, Value)]) -> Vec<&str> {
+        rows.iter().map(|(_, e)| e["id"].as_str().unwrap_or_default()).collect()
+    }
+
+    #[test]
+    fn parked_events_are_read_by_type_through_an_index_and_expire() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("s.db")).expect("open");
+        park(
+            &store,
+            &[event("a", 1), event("b", 1), event("c", 1), event("a", 2)],
+            1_000,
+        );
+        park(&store, &[event("b", 2)], 10);
+        let types: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        assert_eq!(
+            ids(&store.parked_of(0, Some(&types)).expect("read")),
+            ["a-1", "b-1", "a-2", "b-2"]
+        );
+        assert_eq!(
+            ids(&store.parked_of(0, Some(&BTreeSet::new())).expect("read")),
+            Vec::<&str>::new()
+        );
+        assert_eq!(ids(&store.parked_of(0, None).expect("read")).len(), 5);
+        // Expired at 10: gone from lookups and totals.
+        assert_eq!(
+            ids(&store.parked_of(10, Some(&types)).expect("read")),
+            ["a-1", "b-1", "a-2"]
+        );
+        let (count, bytes) = store.parked_totals(10).expect("totals");
+        let want: u64 = [event("a", 1), event("b", 1), event("c", 1), event("a", 2)]
+            .iter()
+            .map(super::super::parked_size)
+            .sum();
+        assert_eq!((count, bytes), (4, want));
+        // The lookup by type goes through the index, not over every parked row.
+        let c = store.conn();
+        let plan: Vec<String> = c
+            .prepare("EXPLAIN QUERY PLAN SELECT seq, event FROM parked WHERE type = ?1")
+            .and_then(|mut s| s.query_map(["a"], |r| r.get::<_, String>(3))?.collect())
+            .expect("plan");
+        assert!(plan.iter().any(|p| p.contains("USING INDEX parked_type")), "{plan:?}");
+    }
+
+    #[test]
+    fn a_store_whose_parked_events_have_no_type_gets_the_column_and_keeps_its_parked_events() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.db");
+        {
+            // What the versions before the `type` column wrote.
+            let c = Connection::open(&path).expect("open");
+            c.execute_batch(&SCHEMA.replace(", expires INTEGER NOT NULL, type TEXT)", ", expires INTEGER NOT NULL)"))
+                .expect("schema");
+            c.execute("INSERT INTO sm4c_meta (key, value) VALUES ('format', ?1)", [FORMAT])
+                .expect("format");
+            for e in [event("a", 1), event("b", 1)] {
+                c.execute(
+                    "INSERT INTO parked (event, expires) VALUES (?1, ?2)",
+                    params![json(&e), 1_000],
+                )
+                .expect("parked");
+            }
+            let typed: i64 = c
+                .query_row(
+                    "SELECT count(*) FROM pragma_table_info('parked') WHERE name = 'type'",
+                    [],
+                    |r| r.get(0),
+                )
+                .expect("columns");
+            assert_eq!(typed, 0, "the old schema has no type column");
+        }
+        let store = SqliteStore::open(&path).expect("an old store opens");
+        park(&store, &[event("a", 2), event("c", 1)], 1_000);
+        // The old rows have no type: every lookup reads them (they expire with the window).
+        let types: BTreeSet<String> = ["a".to_string()].into();
+        assert_eq!(
+            ids(&store.parked_of(0, Some(&types)).expect("read")),
+            ["a-1", "b-1", "a-2"]
+        );
+        assert_eq!(ids(&store.parked(0).expect("read")), ["a-1", "b-1", "a-2", "c-1"]);
+        drop(store);
+        // Opened again: nothing more to migrate, the same rows.
+        let store = SqliteStore::open(&path).expect("opens again");
+        assert_eq!(store.parked_totals(0).expect("totals").0, 4);
+    }
+
     #[test]
     fn a_store_of_a_later_format_is_refused_by_name_and_left_as_it_was() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -666,14 +859,19 @@ mod tests {
                 let data = from_val(&read.expect("reads back").expect("the instance").snapshot.data.0);
                 assert_eq!(data, v, "{levels} levels");
                 let sent = sent.expect("reads back");
-                assert_eq!(sent.last().map(|(_, _, e)| e), Some(&v), "{levels} levels");
+                assert_eq!(sent.last().map(|(_, _, e)| e), Some(&Ok(v.clone())), "{levels} levels");
                 let parked = store.parked(0).expect("reads back");
                 assert_eq!(parked.last().map(|(_, e)| e), Some(&v), "{levels} levels");
             } else {
                 let err = read.map(|s| s.is_some()).expect_err("too deep to read back");
                 assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
                 assert!(err.to_string().contains("more than the 256"), "{err}");
-                assert!(matches!(sent, Err(StoreError::Corrupt(_))));
+                // A sent event that cannot be read back is marked in its page, not a failed page.
+                let sent = sent.expect("the page reads");
+                assert!(
+                    matches!(sent.last(), Some((_, i, Err(why))) if *i == id && why.contains("more than the 256")),
+                    "{sent:?}"
+                );
                 // A parked event that cannot be read back is passed over, the others still read.
                 let parked = store.parked(0).expect("the others read back");
                 assert!(parked.iter().all(|(_, e)| e != &v));

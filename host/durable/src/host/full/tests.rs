@@ -63,7 +63,7 @@ impl Store for Filling {
     fn active(&self, definitions: &[(String, String)]) -> Result<Vec<String>, StoreError> {
         self.inner.active(definitions)
     }
-    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, Value)>, StoreError> {
+    fn outbox(&self, after: i64, limit: usize) -> Result<Vec<crate::store::SentRow>, StoreError> {
         self.inner.outbox(after, limit)
     }
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError> {
