@@ -11,7 +11,7 @@
 //! The worker that holds nothing of it answers 503 (say, when the partition moved meanwhile).
 //!
 //! A write (a start, a cancel, a task answer) is not refused when the worker that holds its
-//! instance does not answer (killed, say) or none holds it now (the group is rebalancing): the
+//! instance does not answer (killed, say), answers 503 (it holds it no more), or none holds it now (the group is rebalancing): the
 //! log is the source of truth, and any worker can append the command to it. The worker that
 //! received it runs it here, marked [`Write::not_owner`], which appends it, then follows the
 //! partition to its next owner and asks it again, with the same request id ([`WRITE_REQUEST`], so
@@ -258,6 +258,15 @@ async fn write(
         Whereabouts::At(url) => match peering.allows(&url) {
             Err(why) => Unavailable(format!("instance {id:?} is held by the worker at {url}: {why}")).into_response(),
             Ok(()) => match forward(fwd, peering, caller.role, &url, req.forwarded(false)).await {
+                // It no longer holds the instance (the partition moved meanwhile), or could not
+                // write to Kafka: appended here all the same.
+                Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                    let why = format!(
+                        "instance {id:?} is held by the worker at {url}, which answered: {}",
+                        message(r).await
+                    );
+                    failover(h, fwd, peering, caller, id, &req, next, why).await
+                }
                 Ok(r) => answered_by(r, &url),
                 Err(e) => {
                     let why = format!("instance {id:?} is held by the worker at {url}, which did not answer: {e}");
@@ -329,8 +338,12 @@ async fn failover(
     let first = here(false).await;
     if first.status() != StatusCode::ACCEPTED {
         return match first.status() {
-            // Not appended (Kafka did not take it): why the owner was not asked says more.
-            StatusCode::SERVICE_UNAVAILABLE => Unavailable(why).into_response(),
+            // Not appended (Kafka did not take it): why neither worker took it.
+            StatusCode::SERVICE_UNAVAILABLE => Unavailable(format!(
+                "{why}; and this worker could not take it: {}",
+                message(first).await
+            ))
+            .into_response(),
             _ => first,
         };
     }
@@ -355,6 +368,15 @@ async fn failover(
             _ => {}
         }
     }
+}
+
+/// The `message` of an error answer (its body, when it is not one).
+async fn message(r: Response) -> String {
+    let body = to_bytes(r.into_body(), 1 << 16).await.unwrap_or_default();
+    serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned())
 }
 
 /// An answer another worker (at `url`) gave, marked [`ANSWERED_BY`].
@@ -1371,6 +1393,24 @@ mod tests {
         // Another start of it is not its creator's: 200, through the owner, appended no more.
         let (status, by, v) = call(Method::POST, format!("{a}/instances"), Some(start)).await;
         assert_eq!((status, &v), (200, &json!({"id": "o-1", "created": false})));
+        assert_eq!(by.as_deref(), Some(owner.as_str()));
+        assert_eq!(log.lock().expect("log").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_start_the_located_owner_no_longer_holds_is_appended_here_and_answered_by_the_next() {
+        let (log, dead) = (Log::default(), killed());
+        let (owner, _) = worker(true, &log, &dead, None).await;
+        // The worker the members record still names: it answers, but holds nothing now.
+        let (moved, _) = worker(false, &log, &dead, None).await;
+        let (a, _) = worker(false, &log, &moved, Some(&owner)).await;
+        let (status, by, v) = call(
+            Method::POST,
+            format!("{a}/instances"),
+            Some(json!({"definition": "saga", "id": "o-4"})),
+        )
+        .await;
+        assert_eq!((status, &v), (201, &json!({"id": "o-4", "created": true})));
         assert_eq!(by.as_deref(), Some(owner.as_str()));
         assert_eq!(log.lock().expect("log").len(), 1);
     }
