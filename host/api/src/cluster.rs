@@ -11,9 +11,9 @@
 //! The worker that holds nothing of it answers 503 (say, when the partition moved meanwhile).
 //!
 //! A write (a start, a cancel, a task answer) is not refused when the worker that holds its
-//! instance does not answer (killed, say), answers 503 (it holds it no more), or none holds it now (the group is rebalancing): the
-//! log is the source of truth, and any worker can append the command to it. The worker that
-//! received it runs it here, marked [`Write::not_owner`], which appends it, then follows the
+//! instance does not answer (killed, say), answers 503 (it holds it no more), or none holds it
+//! now (the group is rebalancing): the log is the source of truth, and any worker can append the
+//! command to it. The worker that received it runs it here, marked [`Write::not_owner`], which appends it, then follows the
 //! partition to its next owner and asks it again, with the same request id ([`WRITE_REQUEST`], so
 //! that a start still answers 201 only to the request that created the instance), until it has
 //! decided, or [`FAILOVER_WAIT`] has passed: then it answers 202 Accepted (the command is in the
@@ -316,7 +316,8 @@ impl Sendable {
 /// A write whose instance's owner did not answer (`why`), or that no worker holds now: appended
 /// to the log here, then asked again of the instance's next owner (or run here again, once the
 /// instance is held here) until one decides it, within [`FAILOVER_WAIT`]; 202 Accepted after
-/// that ([`failover_wait`]). What is refused before it is appended (an unknown definition, say) is answered at once.
+/// that ([`failover_wait`]). What is refused before it is appended (an unknown definition, say)
+/// is answered at once.
 #[allow(clippy::too_many_arguments)]
 async fn failover(
     h: &Api,
@@ -328,6 +329,7 @@ async fn failover(
     next: Next,
     why: String,
 ) -> Response {
+    use tokio::time::timeout_at;
     let deadline = tokio::time::Instant::now() + failover_wait();
     let here = |appended: bool| {
         CALLER.scope(
@@ -349,7 +351,6 @@ async fn failover(
     }
     loop {
         tokio::time::sleep(FAILOVER_POLL).await;
-        use tokio::time::timeout_at;
         let answer = match timeout_at(deadline, h.locate(id)).await {
             Err(_) => return first,
             Ok(Whereabouts::Here) => timeout_at(deadline, here(true)).await.ok(),
