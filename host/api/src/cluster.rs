@@ -10,6 +10,15 @@
 //! A request that carries [`FORWARDED`] is answered where it lands: it is never forwarded again.
 //! The worker that holds nothing of it answers 503 (say, when the partition moved meanwhile).
 //!
+//! A write (a start, a cancel, a task answer) is not refused when the worker that holds its
+//! instance does not answer (killed, say), answers 503 (it holds it no more), or none holds it
+//! now (the group is rebalancing): the log is the source of truth, and any worker can append the
+//! command to it. The worker that received it runs it here, marked [`Write::not_owner`], which appends it, then follows the
+//! partition to its next owner and asks it again, with the same request id ([`WRITE_REQUEST`], so
+//! that a start still answers 201 only to the request that created the instance), until it has
+//! decided, or [`FAILOVER_WAIT`] has passed: then it answers 202 Accepted (the command is in the
+//! log and will be decided). Reads still answer 503 then: they need the owner's memory.
+//!
 //! A worker never passes its caller's credentials on (`Authorization`, cookies): with
 //! authentication on, it authenticates to the other worker with the group's own
 //! [`PeerToken`](crate::auth::PeerToken) ([`Peering`]) and names the role its caller authenticated
@@ -21,11 +30,11 @@ use crate::auth::{Authenticated, PeerToken, Role, CALLER_ROLE, PEER_TOKEN};
 use crate::errors::Unavailable;
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use sm4c_host::service::{Answered, Backend, HostError, SentPage, Stored, Summary, Whereabouts};
+use sm4c_host::service::{writing, Answered, Backend, HostError, SentPage, Stored, Summary, Whereabouts, Write};
 use sm4c_host::tasks::Answer;
 use sm4c_host::BoxFuture;
 use sm4c_runtime::{Breakpoint, Entry, Machine};
@@ -38,6 +47,47 @@ pub const FORWARDED: &str = "sm4c-forwarded";
 
 /// The header of an answer that another worker gave: its URL.
 pub const ANSWERED_BY: &str = "sm4c-answered-by";
+
+/// The header of a forwarded write: the client request's id ([`Write::request`]), the same on
+/// every worker that runs it.
+pub const WRITE_REQUEST: &str = "sm4c-write-request";
+
+/// The header of a forwarded write whose command is in the log already ([`Write::appended`]).
+pub const WRITE_APPENDED: &str = "sm4c-write-appended";
+
+/// How long a write whose instance's owner did not answer waits for another worker to take the
+/// instance over and decide it, once appended, before it answers 202 Accepted: the Kafka host's
+/// own bound on a write (30 s), well beyond a rebalance (the consumers' session timeout, 6 s by
+/// default in sm4c, then the new owner's restore).
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// How long [`failover`] waits: [`FAILOVER_WAIT`], shorter in this crate's tests (which see the
+/// bound pass).
+fn failover_wait() -> Duration {
+    if cfg!(test) {
+        Duration::from_secs(2)
+    } else {
+        FAILOVER_WAIT
+    }
+}
+
+/// How often a write appended during a failover looks for the instance's next owner.
+const FAILOVER_POLL: Duration = Duration::from_millis(100);
+
+/// Whether a request is a write about one instance that can be appended to the log by a worker
+/// that does not hold the instance: a start, a cancel, a task answer.
+fn appendable(method: &Method, path: &str) -> bool {
+    if method != Method::POST {
+        return false;
+    }
+    let task_answer = path.strip_prefix("/tasks/").is_some_and(|rest| {
+        rest.starts_with("send-task-")
+            || rest
+                .split_once('/')
+                .is_some_and(|(_, what)| ["complete", "fail", "heartbeat"].contains(&what))
+    });
+    path == "/instances" || (path.starts_with("/instances/") && path.ends_with("/cancel")) || task_answer
+}
 
 /// Sends a request to another worker's HTTP API. `sm4c serve` gives one built on its HTTP client
 /// (with the TLS roots it trusts); an error is why the worker did not answer.
@@ -140,7 +190,21 @@ pub(crate) async fn forwarding(
         forwarded: req.headers().contains_key(FORWARDED),
     };
     if caller.forwarded {
-        return CALLER.scope(caller, next.run(req)).await;
+        let w = Write {
+            request: req
+                .headers()
+                .get(WRITE_REQUEST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            not_owner: false,
+            appended: req.headers().contains_key(WRITE_APPENDED),
+        };
+        return CALLER.scope(caller, writing(w, next.run(req))).await;
+    }
+    // Only another worker says what a write is ([`Sendable::forwarded`]).
+    let mut req = req;
+    for h in [WRITE_REQUEST, WRITE_APPENDED] {
+        req.headers_mut().remove(h);
     }
     let (req, id) = match about(&h, req).await {
         Ok(x) => x,
@@ -149,6 +213,9 @@ pub(crate) async fn forwarding(
     let Some(id) = id else {
         return CALLER.scope(caller, next.run(req)).await;
     };
+    if appendable(req.method(), req.uri().path()) {
+        return write(&h, &*fwd, &peering, caller, &id, req, next).await;
+    }
     match h.locate(&id).await {
         Whereabouts::Here => CALLER.scope(caller, next.run(req)).await,
         Whereabouts::Unavailable(why) => Unavailable(why).into_response(),
@@ -157,6 +224,168 @@ pub(crate) async fn forwarding(
             Ok(()) => forward_to(&*fwd, &peering, caller.role, &id, &url, req).await,
         },
     }
+}
+
+/// A write about instance `id`: run here if it is held here, forwarded to the worker that holds
+/// it otherwise, and appended here if that worker does not answer or none holds it now
+/// ([`failover`]). Every run of it carries one request id.
+async fn write(
+    h: &Api,
+    fwd: &dyn Forward,
+    peering: &Peering,
+    caller: Caller,
+    id: &str,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match to_bytes(body, crate::MAX_BODY + 1).await {
+        Ok(b) => b,
+        Err(_) => return crate::errors::PayloadTooLarge(crate::MAX_BODY).into_response(),
+    };
+    let req = Sendable {
+        parts,
+        body,
+        request: sm4c_host::service::new_id("request"),
+    };
+    match h.locate(id).await {
+        Whereabouts::Here => {
+            CALLER
+                .scope(caller, writing(req.write(false, false), next.run(req.request())))
+                .await
+        }
+        Whereabouts::Unavailable(why) => failover(h, fwd, peering, caller, id, &req, next, why).await,
+        Whereabouts::At(url) => match peering.allows(&url) {
+            Err(why) => Unavailable(format!("instance {id:?} is held by the worker at {url}: {why}")).into_response(),
+            Ok(()) => match forward(fwd, peering, caller.role, &url, req.forwarded(false)).await {
+                // It no longer holds the instance (the partition moved meanwhile), or could not
+                // write to Kafka: appended here all the same.
+                Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                    let why = format!(
+                        "instance {id:?} is held by the worker at {url}, which answered: {}",
+                        message(r).await
+                    );
+                    failover(h, fwd, peering, caller, id, &req, next, why).await
+                }
+                Ok(r) => answered_by(r, &url),
+                Err(e) => {
+                    let why = format!("instance {id:?} is held by the worker at {url}, which did not answer: {e}");
+                    failover(h, fwd, peering, caller, id, &req, next, why).await
+                }
+            },
+        },
+    }
+}
+
+/// A write kept whole, to be run more than once: here, and at the workers asked.
+struct Sendable {
+    parts: axum::http::request::Parts,
+    body: Bytes,
+    /// The client request's id ([`Write::request`]).
+    request: String,
+}
+
+impl Sendable {
+    /// The request, to run here.
+    fn request(&self) -> Request {
+        Request::from_parts(self.parts.clone(), Body::from(self.body.clone()))
+    }
+
+    /// What the backend learns of it when it runs here.
+    fn write(&self, not_owner: bool, appended: bool) -> Write {
+        Write {
+            request: Some(self.request.clone()),
+            not_owner,
+            appended,
+        }
+    }
+
+    /// The request, to forward: marked with its id, and whether it is in the log already.
+    fn forwarded(&self, appended: bool) -> Request {
+        let mut r = self.request();
+        if let Ok(v) = HeaderValue::from_str(&self.request) {
+            r.headers_mut().insert(WRITE_REQUEST, v);
+        }
+        if appended {
+            r.headers_mut().insert(WRITE_APPENDED, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// A write whose instance's owner did not answer (`why`), or that no worker holds now: appended
+/// to the log here, then asked again of the instance's next owner (or run here again, once the
+/// instance is held here) until one decides it, within [`FAILOVER_WAIT`]; 202 Accepted after
+/// that ([`failover_wait`]). What is refused before it is appended (an unknown definition, say)
+/// is answered at once.
+#[allow(clippy::too_many_arguments)]
+async fn failover(
+    h: &Api,
+    fwd: &dyn Forward,
+    peering: &Peering,
+    caller: Caller,
+    id: &str,
+    req: &Sendable,
+    next: Next,
+    why: String,
+) -> Response {
+    use tokio::time::timeout_at;
+    let deadline = tokio::time::Instant::now() + failover_wait();
+    let here = |appended: bool| {
+        CALLER.scope(
+            caller.clone(),
+            writing(req.write(true, appended), next.clone().run(req.request())),
+        )
+    };
+    let first = here(false).await;
+    if first.status() != StatusCode::ACCEPTED {
+        return match first.status() {
+            // Not appended (Kafka did not take it): why neither worker took it.
+            StatusCode::SERVICE_UNAVAILABLE => Unavailable(format!(
+                "{why}; and this worker could not take it: {}",
+                message(first).await
+            ))
+            .into_response(),
+            _ => first,
+        };
+    }
+    loop {
+        tokio::time::sleep(FAILOVER_POLL).await;
+        let answer = match timeout_at(deadline, h.locate(id)).await {
+            Err(_) => return first,
+            Ok(Whereabouts::Here) => timeout_at(deadline, here(true)).await.ok(),
+            Ok(Whereabouts::At(url)) if peering.allows(&url).is_ok() => {
+                match timeout_at(deadline, forward(fwd, peering, caller.role, &url, req.forwarded(true))).await {
+                    Ok(Ok(r)) => Some(answered_by(r, &url)),
+                    _ => None,
+                }
+            }
+            Ok(_) => None,
+        };
+        match answer {
+            // Decided (or refused by the owner, which knows).
+            Some(r) if ![StatusCode::ACCEPTED, StatusCode::SERVICE_UNAVAILABLE].contains(&r.status()) => return r,
+            _ if tokio::time::Instant::now() >= deadline => return first,
+            _ => {}
+        }
+    }
+}
+
+/// The `message` of an error answer (its body, when it is not one).
+async fn message(r: Response) -> String {
+    let body = to_bytes(r.into_body(), 1 << 16).await.unwrap_or_default();
+    serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned())
+}
+
+/// An answer another worker (at `url`) gave, marked [`ANSWERED_BY`].
+fn answered_by(mut r: Response, url: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(url) {
+        r.headers_mut().insert(ANSWERED_BY, v);
+    }
+    r
 }
 
 /// `req` forwarded to the worker at `url`, which holds instance `id`, and its answer marked
@@ -170,12 +399,7 @@ async fn forward_to(
     req: Request,
 ) -> Response {
     match forward(fwd, peering, role, url, req).await {
-        Ok(mut r) => {
-            if let Ok(v) = HeaderValue::from_str(url) {
-                r.headers_mut().insert(ANSWERED_BY, v);
-            }
-            r
-        }
+        Ok(r) => answered_by(r, url),
         Err(e) => Unavailable(format!(
             "instance {id:?} is held by the worker at {url}, which did not answer: {e}"
         ))
@@ -969,5 +1193,268 @@ mod tests {
             401,
             "the caller's valid token was not passed on, and the peer token is wrong"
         );
+    }
+
+    type Log = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+    /// One worker of a group, for the failover tests: `log` stands for the commands topic the
+    /// group shares (the starts appended: id, request id). A worker that `holds` the instances
+    /// decides them (the first start of an id creates it); one that does not locates them at
+    /// `dead` until something is in the log, then at `next` (none: no worker holds them now).
+    struct Stand {
+        holds: bool,
+        log: Log,
+        dead: String,
+        next: Option<String>,
+        /// What the API said of each write run here.
+        seen: Arc<Mutex<Vec<Write>>>,
+    }
+
+    fn not_here<T>() -> BoxFuture<'static, Result<T, HostError>>
+    where
+        T: Send + 'static,
+    {
+        Box::pin(async { Err(HostError::NotSupported("not in these tests".into())) })
+    }
+
+    impl Backend for Stand {
+        fn define(&self, _: Value) -> BoxFuture<'_, Result<(Arc<Machine>, bool), HostError>> {
+            not_here()
+        }
+        fn machines(&self) -> Vec<Arc<Machine>> {
+            Vec::new()
+        }
+        fn latest(&self, _: &str) -> Option<Arc<Machine>> {
+            None
+        }
+        fn start_instance(
+            &self,
+            definition: String,
+            version: Option<String>,
+            id: Option<String>,
+            input: Value,
+        ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+            self.start_traced(definition, version, id, input, None)
+        }
+        fn start_traced(
+            &self,
+            definition: String,
+            _: Option<String>,
+            id: Option<String>,
+            _: Value,
+            _: Option<String>,
+        ) -> BoxFuture<'_, Result<(String, bool), HostError>> {
+            let w = sm4c_host::service::write();
+            self.seen.lock().expect("seen").push(w.clone());
+            Box::pin(async move {
+                let id = id.expect("the tests name their instances");
+                if definition != "saga" {
+                    return Err(HostError::UnknownDefinition(definition));
+                }
+                let mut log = self.log.lock().expect("log");
+                if !self.holds {
+                    if !w.not_owner {
+                        return Err(HostError::Unavailable(format!("{id:?} is not held here")));
+                    }
+                    log.push((id.clone(), w.request));
+                    return Err(HostError::Appended(format!("the start of {id:?} is in the log")));
+                }
+                if !log.iter().any(|(i, _)| *i == id) {
+                    log.push((id.clone(), w.request.clone()));
+                }
+                let creator = log.iter().find(|(i, _)| *i == id).and_then(|(_, r)| r.clone());
+                Ok((id, creator.is_some() && creator == w.request))
+            })
+        }
+        fn instance(&self, id: &str) -> Result<Option<Stored>, HostError> {
+            Err(HostError::Unavailable(format!("{id:?} is not held here")))
+        }
+        fn list(
+            &self,
+            _: Option<&str>,
+            _: Option<&str>,
+            _: i64,
+            _: usize,
+        ) -> BoxFuture<'_, Result<Vec<Summary>, HostError>> {
+            not_here()
+        }
+        fn history(&self, _: &str, _: i64, _: usize) -> BoxFuture<'_, Result<Vec<(i64, Entry)>, HostError>> {
+            not_here()
+        }
+        fn cancel(&self, _: String) -> BoxFuture<'_, Result<(), HostError>> {
+            not_here()
+        }
+        fn deliver(&self, _: Value) -> BoxFuture<'_, Result<Value, HostError>> {
+            not_here()
+        }
+        fn sent(&self, _: &str, _: usize) -> BoxFuture<'_, Result<SentPage, HostError>> {
+            not_here()
+        }
+        fn explain(&self, _: Value) -> BoxFuture<'_, Result<Value, HostError>> {
+            not_here()
+        }
+        fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>> {
+            not_here()
+        }
+        fn poll(&self, _: String, _: Option<String>, _: Duration) -> BoxFuture<'_, Result<Option<Value>, HostError>> {
+            not_here()
+        }
+        fn answer(&self, _: String, _: Answer) -> BoxFuture<'_, Result<Answered, HostError>> {
+            not_here()
+        }
+        fn locate(&self, _: &str) -> BoxFuture<'_, Whereabouts> {
+            let w = match (self.holds, self.log.lock().expect("log").is_empty(), &self.next) {
+                (true, _, _) => Whereabouts::Here,
+                (false, true, _) => Whereabouts::At(self.dead.clone()),
+                (false, false, Some(next)) => Whereabouts::At(next.clone()),
+                (false, false, None) => Whereabouts::Unavailable("no worker holds it now".into()),
+            };
+            Box::pin(async move { w })
+        }
+        fn peers(&self) -> Option<Vec<String>> {
+            Some(Vec::new())
+        }
+    }
+
+    /// The URL of a worker that was killed: nothing listens there any more.
+    fn killed() -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", l.local_addr().expect("address"))
+    }
+
+    /// A worker of a group serving its API on loopback, as `sm4c serve --kafka` does.
+    async fn worker(holds: bool, log: &Log, dead: &str, next: Option<&str>) -> (String, Arc<Mutex<Vec<Write>>>) {
+        let seen: Arc<Mutex<Vec<Write>>> = Arc::default();
+        let stand = Stand {
+            holds,
+            log: log.clone(),
+            dead: dead.to_string(),
+            next: next.map(str::to_string),
+            seen: seen.clone(),
+        };
+        (
+            serve(crate::router_with(stand, Arc::new(Http), Peering::default())).await,
+            seen,
+        )
+    }
+
+    async fn call(method: Method, url: String, body: Option<Value>) -> (u16, Option<String>, Value) {
+        let mut b = axum::http::Request::builder().method(method).uri(url);
+        if body.is_some() {
+            b = b.header(header::CONTENT_TYPE, "application/json");
+        }
+        let body = body.map(|v| Bytes::from(v.to_string())).unwrap_or_default();
+        let r = Http.send(b.body(body).expect("request")).await.expect("answered");
+        let by = r
+            .headers()
+            .get(ANSWERED_BY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (
+            r.status().as_u16(),
+            by,
+            serde_json::from_slice(r.body()).unwrap_or(Value::Null),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_start_whose_owner_does_not_answer_is_appended_here_and_answered_by_the_next_owner() {
+        let (log, dead) = (Log::default(), killed());
+        let (owner, owner_saw) = worker(true, &log, &dead, None).await;
+        let (a, a_saw) = worker(false, &log, &dead, Some(&owner)).await;
+        let start = json!({"definition": "saga", "id": "o-1"});
+        let (status, by, v) = call(Method::POST, format!("{a}/instances"), Some(start.clone())).await;
+        assert_eq!(
+            (status, &v),
+            (201, &json!({"id": "o-1", "created": true})),
+            "not refused"
+        );
+        assert_eq!(by.as_deref(), Some(owner.as_str()), "decided by the next owner");
+        // Appended once, here, with the request's id; the owner knew the request by that id.
+        let appended = log.lock().expect("log").clone();
+        assert_eq!(appended.len(), 1, "{appended:?}");
+        let request = appended[0].1.clone();
+        assert!(request.is_some());
+        assert_eq!(
+            *a_saw.lock().expect("seen"),
+            vec![Write {
+                request: request.clone(),
+                not_owner: true,
+                appended: false
+            }]
+        );
+        assert_eq!(
+            *owner_saw.lock().expect("seen"),
+            vec![Write {
+                request,
+                not_owner: false,
+                appended: true
+            }]
+        );
+        // Another start of it is not its creator's: 200, through the owner, appended no more.
+        let (status, by, v) = call(Method::POST, format!("{a}/instances"), Some(start)).await;
+        assert_eq!((status, &v), (200, &json!({"id": "o-1", "created": false})));
+        assert_eq!(by.as_deref(), Some(owner.as_str()));
+        assert_eq!(log.lock().expect("log").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_start_the_located_owner_no_longer_holds_is_appended_here_and_answered_by_the_next() {
+        let (log, dead) = (Log::default(), killed());
+        let (owner, _) = worker(true, &log, &dead, None).await;
+        // The worker the members record still names: it answers, but holds nothing now.
+        let (moved, _) = worker(false, &log, &dead, None).await;
+        let (a, _) = worker(false, &log, &moved, Some(&owner)).await;
+        let (status, by, v) = call(
+            Method::POST,
+            format!("{a}/instances"),
+            Some(json!({"definition": "saga", "id": "o-4"})),
+        )
+        .await;
+        assert_eq!((status, &v), (201, &json!({"id": "o-4", "created": true})));
+        assert_eq!(by.as_deref(), Some(owner.as_str()));
+        assert_eq!(log.lock().expect("log").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn during_a_failover_a_read_still_answers_503_and_a_refused_write_is_not_appended() {
+        let (log, dead) = (Log::default(), killed());
+        let (a, _) = worker(false, &log, &dead, None).await;
+        let (status, _, v) = call(Method::GET, format!("{a}/instances/o-1"), None).await;
+        assert_eq!(status, 503, "{v}");
+        let message = v["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!(
+                "instance \"o-1\" is held by the worker at {dead}, which did not answer"
+            )),
+            "{v}"
+        );
+        let (status, _, v) = call(
+            Method::POST,
+            format!("{a}/instances"),
+            Some(json!({"definition": "nope", "id": "o-2"})),
+        )
+        .await;
+        assert_eq!((status, &v["error"]), (404, &json!("unknownDefinition")), "{v}");
+        assert!(log.lock().expect("log").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_write_no_worker_decides_within_the_bound_answers_202_and_stays_in_the_log() {
+        let (log, dead) = (Log::default(), killed());
+        let (a, _) = worker(false, &log, &dead, None).await;
+        let (status, by, v) = call(
+            Method::POST,
+            format!("{a}/instances"),
+            Some(json!({"definition": "saga", "id": "o-3"})),
+        )
+        .await;
+        assert_eq!(status, 202, "{v}");
+        assert_eq!(by, None);
+        assert_eq!(
+            v,
+            json!({"error": "accepted", "message": "the start of \"o-3\" is in the log"})
+        );
+        assert_eq!(log.lock().expect("log").len(), 1);
     }
 }

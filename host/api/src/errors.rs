@@ -151,6 +151,9 @@ errors! {
     /// The task was answered, timed out or cancelled: (instance, operation).
     TaskClosed(String, String) => CONFLICT, "taskClosed",
         |s| format!("task {:?} of instance {:?} is closed: it was completed, failed, timed out or cancelled", s.1, s.0);
+    /// The command is in the log but not decided yet: the worker that holds the instance did not
+    /// answer, and no other had taken it over within the bound (what, and how to follow it).
+    Accepted(String) => ACCEPTED, "accepted", |s| s.0.clone();
     /// A service the host depends on did not answer in time (what).
     Unavailable(String) => SERVICE_UNAVAILABLE, "unavailable", |s| s.0.clone();
     /// The store's disk is full: the request was not written (what the store said).
@@ -219,6 +222,7 @@ impl From<HostError> for ApiError {
             HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
             HostError::InvalidInstanceId(_) => InvalidId.into(),
             HostError::ParkedLimit(m) => ParkedLimit(m).into(),
+            HostError::Appended(m) => Accepted(m).into(),
             other @ (HostError::Store(_) | HostError::Stopped | HostError::Failed(_)) => {
                 Internal(other.to_string()).into()
             }

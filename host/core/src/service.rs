@@ -124,6 +124,10 @@ pub enum HostError {
     /// An instance id that [`valid_instance_id`] refuses.
     #[error("{INSTANCE_ID_RULE}, not {0:?}")]
     InvalidInstanceId(String),
+    /// The command is in the log, but no worker has decided it yet (the worker that holds its
+    /// instance did not answer): it will be decided once another worker takes the instance over.
+    #[error("{0}")]
+    Appended(String),
 }
 
 /// What an instance id given by a client must be.
@@ -201,6 +205,35 @@ pub struct Stored {
 /// A time as listings show it (RFC 3339).
 pub fn time(ms: Option<Millis>) -> Option<String> {
     ms.map(sm4c_runtime::engine::rfc3339)
+}
+
+/// What the API says of a write (a start, a cancel, a task answer) it runs on behalf of the worker
+/// that holds its instance, in a group of workers (`sm4c serve --kafka`); [`write`] reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Write {
+    /// The client request's id, the same on every worker that runs it: a start or a task answer
+    /// recorded with it is this request's (a 201, an answer taken), whichever worker appended it.
+    pub request: Option<String>,
+    /// The worker that holds the instance did not answer, or none holds it now: a host that does
+    /// not hold the instance appends the command anyway and answers [`HostError::Appended`].
+    pub not_owner: bool,
+    /// The command was appended already (by an earlier run of the same request): a cancel
+    /// answers once the instance is final, whoever ended it.
+    pub appended: bool,
+}
+
+tokio::task_local! {
+    static WRITE: Write;
+}
+
+/// What the API said of the write being answered ([`Write`]); the default outside one.
+pub fn write() -> Write {
+    WRITE.try_with(Write::clone).unwrap_or_default()
+}
+
+/// `f` run as the write `w`.
+pub async fn writing<F: std::future::Future>(w: Write, f: F) -> F::Output {
+    WRITE.scope(w, f).await
 }
 
 /// A fresh instance id: the definition id, the time, the process (workers of one Kafka group start

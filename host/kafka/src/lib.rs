@@ -759,13 +759,33 @@ impl KafkaHost {
         let deadline = Instant::now() + API_WAIT;
         while !f(&self.shared.view) {
             if Instant::now() > deadline {
-                return Err(HostError::Unavailable(format!(
-                    "{what} was accepted but no worker has taken it into account yet; check that workers are running"
+                // In the log already: refusing it now would tell the client a lie.
+                return Err(HostError::Appended(format!(
+                    "{what} was accepted (it is in the log) but no worker has taken it into account yet; check that workers are running"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
         Ok(())
+    }
+
+    /// Whether a write about instance `id` (of partition `p`) is to be appended here without its
+    /// partition: the API says its owner did not answer ([`sm4c_host::service::Write`]) and the
+    /// partition is not held here.
+    fn stranger(&self, w: &sm4c_host::service::Write, p: i32) -> bool {
+        w.not_owner && !self.shared.view.holds(p)
+    }
+
+    /// What a write appended without its partition answers: `what` (about instance `id`, of
+    /// partition `p`) is in the log, to be decided by the partition's next owner.
+    fn appended(&self, what: &str, id: &str, p: i32) -> HostError {
+        HostError::Appended(format!(
+            "{what} is in the log (partition {p} of topic {:?}) but not decided yet: the worker that held \
+             instance {id:?} did not answer, and no other has taken its partition over yet. It will be \
+             decided once one has (the group rebalances within the consumers' session timeout); \
+             GET /instances/{id} shows it then",
+            self.shared.topics.commands
+        ))
     }
 
     /// Instance `id`'s record, when its partition is held here (owned and restored); an error that
@@ -916,12 +936,46 @@ impl Backend for KafkaHost {
                     "{token:?} is not a task token (tokens come in the tasks on the task list topics)"
                 ))
             })?;
+            let heartbeat = matches!(answer, sm4c_host::tasks::Answer::Heartbeat(_));
+            let w = sm4c_host::service::write();
+            let request = w
+                .request
+                .clone()
+                .unwrap_or_else(|| sm4c_host::service::new_id("answer"));
+            let p = partition_of(&instance, self.shared.partitions);
+            if self.stranger(&w, p) {
+                let c = Command::Answer {
+                    id: instance.clone(),
+                    op: op.clone(),
+                    answer,
+                    event: None,
+                    request: (!heartbeat).then(|| request.clone()),
+                };
+                self.send_command(&instance, &c).await?;
+                // A heartbeat is not decided: the task is wanted as far as this worker knows.
+                return match heartbeat {
+                    true => Ok(sm4c_host::service::Answered {
+                        instance,
+                        op,
+                        cancel_requested: false,
+                    }),
+                    false => Err(self.appended(&format!("the answer to task {op:?}"), &instance, p)),
+                };
+            }
             let Some(r) = self.record(&instance)? else {
                 return Err(HostError::UnknownTask(format!(
                     "no task: the token names instance {instance:?}, which does not exist"
                 )));
             };
-            let heartbeat = matches!(answer, sm4c_host::tasks::Answer::Heartbeat(_));
+            // This request's answer, appended by a worker that did not hold the instance, was taken.
+            let taken = |r: &wire::InstanceRecord| r.answered.iter().any(|(o, t)| *o == op && *t == request);
+            if !heartbeat && taken(&r) {
+                return Ok(sm4c_host::service::Answered {
+                    instance,
+                    op,
+                    cancel_requested: false,
+                });
+            }
             if !task_open(&r, &op) {
                 return if heartbeat {
                     Ok(sm4c_host::service::Answered {
@@ -933,7 +987,6 @@ impl Backend for KafkaHost {
                     Err(HostError::TaskClosed { instance, op })
                 };
             }
-            let request = sm4c_host::service::new_id("answer");
             let c = Command::Answer {
                 id: instance.clone(),
                 op: op.clone(),
@@ -943,17 +996,12 @@ impl Backend for KafkaHost {
             };
             self.send_command(&instance, &c).await?;
             if !heartbeat {
-                let p = partition_of(&instance, self.shared.partitions);
                 self.wait_for("the answer", |v| {
                     v.get(p, &instance).is_none_or(|r| !task_open(&r, &op))
                 })
                 .await?;
                 // Another answer may have closed the task first: only the one applied says so.
-                let mine = self
-                    .shared
-                    .view
-                    .get(p, &instance)
-                    .is_some_and(|r| r.answered.iter().any(|(o, t)| *o == op && *t == request));
+                let mine = self.shared.view.get(p, &instance).is_some_and(|r| taken(&r));
                 if !mine {
                     return Err(HostError::TaskClosed { instance, op });
                 }
@@ -1007,11 +1055,9 @@ impl Backend for KafkaHost {
                 return Err(HostError::InvalidInstanceId(id.to_string()));
             }
             let id = id.unwrap_or_else(|| sm4c_host::service::new_id(&m.id));
-            let request = sm4c_host::service::new_id("start");
+            let w = sm4c_host::service::write();
+            let request = w.request.clone().unwrap_or_else(|| sm4c_host::service::new_id("start"));
             let p = partition_of(&id, self.shared.partitions);
-            if self.record_off(&id).await?.is_some() {
-                return Ok((id, false));
-            }
             let c = Command::Start {
                 id: id.clone(),
                 definition: m.id.clone(),
@@ -1023,6 +1069,16 @@ impl Backend for KafkaHost {
                 request: Some(request.clone()),
                 traceparent: origin,
             };
+            if self.stranger(&w, p) {
+                // Whether the instance exists is the next owner's to decide: a second start of
+                // one is ignored.
+                self.send_command(&id, &c).await?;
+                return Err(self.appended(&format!("the start of instance {id:?}"), &id, p));
+            }
+            // Only the request that created it says 201, wherever it was appended.
+            if let Some(r) = self.record_off(&id).await? {
+                return Ok((id, r.request.as_ref() == Some(&request)));
+            }
             self.send_command(&id, &c).await?;
             self.wait_for("the start", |v| v.get(p, &id).is_some()).await?;
             // Another request for the same id may have won the race: only the creator says 201.
@@ -1082,15 +1138,22 @@ impl Backend for KafkaHost {
     fn cancel(&self, id: String) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
             let p = partition_of(&id, self.shared.partitions);
-            match self.record_off(&id).await? {
-                None => return Err(HostError::UnknownInstance(id)),
-                Some(r) if r.snapshot.status.is_final() => return Err(HostError::Ended(id)),
-                Some(_) => {}
-            }
+            let w = sm4c_host::service::write();
             let c = Command::Cancel {
                 id: id.clone(),
                 reason: "cancelled through the API".into(),
             };
+            if self.stranger(&w, p) {
+                self.send_command(&id, &c).await?;
+                return Err(self.appended(&format!("the cancel of instance {id:?}"), &id, p));
+            }
+            match self.record_off(&id).await? {
+                None => return Err(HostError::UnknownInstance(id)),
+                // This request's cancel is in the log already: a final instance is what it asked.
+                Some(r) if r.snapshot.status.is_final() && w.appended => return Ok(()),
+                Some(r) if r.snapshot.status.is_final() => return Err(HostError::Ended(id)),
+                Some(_) => {}
+            }
             self.send_command(&id, &c).await?;
             self.wait_for("the cancel", |v| {
                 v.get(p, &id).is_some_and(|r| r.snapshot.status.is_final())
