@@ -201,7 +201,7 @@ where
     let mut conn = std::pin::pin!(conn);
     let deadline = tokio::time::sleep(first);
     let mut deadline = std::pin::pin!(deadline);
-    let mut shutting = false;
+    let (mut shutting, mut timed) = (false, true);
     loop {
         tokio::select! {
             _ = conn.as_mut() => return,
@@ -211,7 +211,13 @@ where
                     conn.as_mut().graceful_shutdown();
                 }
             }
-            _ = deadline.as_mut(), if !shutting && !asked.load(Ordering::Relaxed) => {
+            // The guard is read when the select begins: a request that began while it waited is
+            // looked for again when the deadline comes.
+            _ = deadline.as_mut(), if !shutting && timed => {
+                timed = false;
+                if asked.load(Ordering::Relaxed) {
+                    continue;
+                }
                 tracing::debug!(timeout_ms = first.as_millis() as u64, "no request within the header timeout: closing the connection");
                 // Politely (an HTTP/2 GOAWAY), but HTTP/2's graceful close waits for the client to
                 // answer a PING, which such a client may never do: dropped after a moment.

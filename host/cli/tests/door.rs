@@ -387,6 +387,48 @@ fn a_client_that_sends_its_headers_a_byte_a_second_is_cut_off() {
 }
 
 #[test]
+fn a_connection_in_use_outlives_the_header_timeout() {
+    let s = serve(&["--header-timeout", "2s"], &[]);
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    // One keep-alive connection, a request every half second for three times the timeout: each is
+    // answered on it (the first-request deadline is for connections that never ask).
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .expect("the connection is still open");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The whole answer: its head, then as many body bytes as it says.
+        let complete = |got: &[u8]| {
+            let text = String::from_utf8_lossy(got);
+            let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                return false;
+            };
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok());
+            len.is_some_and(|n| body.len() >= n)
+        };
+        while !complete(&got) {
+            let n = c.read(&mut buf).expect("an answer");
+            assert!(n > 0, "the server closed a connection in use after {answered} answers");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+        answered += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(answered >= 8, "{answered}");
+}
+
+#[test]
 fn an_http2_client_that_never_sends_a_request_is_cut_off() {
     let s = serve(&["--header-timeout", "2s"], &[]);
     let mut idle = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
