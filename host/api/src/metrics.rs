@@ -137,6 +137,7 @@ pub struct Metrics {
     task_closes: Histograms<TaskOutcomeLabels>,
     parked: Family<PartitionLabels, Gauge>,
     dead_letters: Family<CodeLabels, Counter>,
+    refused: Family<CodeLabels, Counter>,
     corrupt: Family<RecordLabels, Counter>,
     lag: Family<TopicPartitionLabels, Gauge>,
     stalled: Family<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -233,6 +234,12 @@ impl Metrics {
             "Kafka mode: events this worker put on the dead-letter topic, by reason code",
             dead_letters.clone(),
         );
+        let refused = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "events_refused",
+            "Events the server refused to keep, by reason code (parkedLimit: the parked events are at a limit)",
+            refused.clone(),
+        );
         let corrupt = Family::<RecordLabels, Counter>::default();
         registry.register(
             "corrupt_records",
@@ -278,6 +285,7 @@ impl Metrics {
             task_closes,
             parked,
             dead_letters,
+            refused,
             corrupt,
             lag,
             stalled,
@@ -381,6 +389,11 @@ impl Observer for Observed {
     fn kafka_dead_letter(&self, code: &str) {
         let labels = CodeLabels { code: code.to_string() };
         self.0.dead_letters.get_or_create(&labels).inc();
+    }
+
+    fn event_refused(&self, code: &str) {
+        let labels = CodeLabels { code: code.to_string() };
+        self.0.refused.get_or_create(&labels).inc();
     }
 
     fn corrupt_record(&self, record: &str) {

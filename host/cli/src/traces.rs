@@ -210,6 +210,9 @@ impl Observer for Observed {
     fn corrupt_record(&self, record: &str) {
         self.metrics.corrupt_record(record)
     }
+    fn event_refused(&self, code: &str) {
+        self.metrics.event_refused(code)
+    }
     fn kafka_lag(&self, topic: &str, partition: i32, lag: i64) {
         self.metrics.kafka_lag(topic, partition, lag)
     }

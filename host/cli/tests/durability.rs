@@ -1832,6 +1832,15 @@ fn parked_events_past_the_limits_are_refused_with_429_and_the_parked_ones_are_ke
     };
     let (st, body) = s.post_event(&go_event("C"));
     assert_eq!((st, body["error"].as_str()), (429, Some("parkedLimit")), "{body}");
+    // Counted, by reason (this process refused one).
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    let line = "sm4c_events_refused_total{code=\"parkedLimit\"} 1";
+    assert!(text.contains(line), "{line} in:\n{text}");
     // Both parked events are still there: each instance gets its own.
     for order in ["A", "B"] {
         let id = format!("w-{order}");

@@ -41,6 +41,9 @@ pub trait Observer: Send + Sync {
     /// A stored record (`record`: `snapshot`, `journal`, `call`, `parked`, a Kafka record kind)
     /// could not be read back; its instance was failed with `corruptRecord` (or the record skipped).
     fn corrupt_record(&self, _record: &str) {}
+    /// An event the server refused to keep, by reason code (`parkedLimit`: the parked events
+    /// are at a limit).
+    fn event_refused(&self, _code: &str) {}
     /// How many records of `topic` partition `partition` this worker has not read yet (the
     /// partition's end minus the worker's position).
     fn kafka_lag(&self, _topic: &str, _partition: i32, _lag: i64) {}

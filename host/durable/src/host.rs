@@ -968,6 +968,9 @@ impl Loop {
             max_parked_bytes = self.limits.max_parked_bytes,
             "an event was refused: the parked events are at a limit"
         );
+        if let Some(o) = sm4c_host::metrics::observer() {
+            o.event_refused("parkedLimit");
+        }
         Err(HostError::ParkedLimit(why))
     }
 
