@@ -562,19 +562,7 @@ impl Loop {
                 );
                 snapshot.timers.clear();
                 snapshot.state_timer = None;
-                snapshot.now = now;
-                snapshot.ended_at = Some(now);
-                let batch = Batch {
-                    instances: vec![InstanceWrite {
-                        snapshot,
-                        parent: None,
-                        entries: Vec::new(),
-                        calls: Vec::new(),
-                        origin: None,
-                    }],
-                    ..Batch::default()
-                };
-                self.store.commit(&batch)?;
+                self.write_ended(snapshot, now)?;
             }
         }
         Ok(())
@@ -608,9 +596,14 @@ impl Loop {
         let mut snapshot = sm4c_runtime::Instance::new(m, id, self.driver.options)
             .snapshot()
             .clone();
-        let now = now_ms();
         snapshot.status = Status::Failed;
         snapshot.error = Some(error);
+        self.write_ended(snapshot, now_ms())
+    }
+
+    /// Writes `snapshot` of an instance that ends at `now` outside any step (a recovery that fails
+    /// it), in a batch of its own: no journal entries, no calls.
+    fn write_ended(&self, mut snapshot: sm4c_runtime::Snapshot, now: Millis) -> Result<(), HostError> {
         snapshot.now = now;
         snapshot.ended_at = Some(now);
         let batch = Batch {
