@@ -120,6 +120,14 @@ struct ServeArgs {
     /// poll, bounded by its `wait`, nor the inspector's event stream).
     #[arg(long, value_name = "TIME", default_value = "2m")]
     request_timeout: String,
+    /// Longest a search of the inspector, a replay of an instance's journal for its page or a
+    /// `POST /events/explain` may run (and wait for a slot) before it is answered 503 `busy`, e.g. 10s.
+    #[arg(long, value_name = "TIME", default_value = "10s")]
+    work_budget: String,
+    /// How many of those jobs run at once (0: as many as the machine has cores); one more waits for
+    /// a slot, at most `--work-budget`.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    work_slots: usize,
     /// Export OpenTelemetry traces (a span per instance step) over OTLP/HTTP to this URL, e.g. a
     /// collector's http://localhost:4318 (`/v1/traces` is added to a URL without a path). Off by
     /// default; the standard OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_* variables configure it too.
@@ -619,6 +627,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         sm4c_runtime::timespan::parse(&args.event_window).map_err(|e| anyhow::anyhow!("--event-window: {e}"))?;
     connections(&args)?;
     timespan(&args.request_timeout, "--request-timeout")?;
+    timespan(&args.work_budget, "--work-budget")?;
     let mut errs = Vec::new();
     let mut docs = Vec::new();
     if let Some(dir) = &args.definitions {
@@ -1073,7 +1082,11 @@ fn door(
         auth,
         any_ip: local.ip().is_unspecified(),
         request_timeout: timespan(&args.request_timeout, "--request-timeout")?,
-        work: sm4c_api::work::Work::new(args.expression.limits(), sm4c_api::work::BUDGET, 0),
+        work: sm4c_api::work::Work::new(
+            args.expression.limits(),
+            timespan(&args.work_budget, "--work-budget")?,
+            args.work_slots,
+        ),
         ..Default::default()
     };
     if !local.ip().is_unspecified() {

@@ -526,6 +526,8 @@ fn the_request_timeout_spares_long_polls() {
         ["--request-timeout", "0s"],
         ["--header-timeout", "soon"],
         ["--max-connections", "0"],
+        ["--work-budget", "0s"],
+        ["--work-slots", "many"],
     ] {
         let out = Command::new(BIN)
             .args(["serve", "--db", "/nonexistent/x.db"])
@@ -552,6 +554,35 @@ fn a_search_condition_runs_within_the_configured_expression_limits() {
     let (st, v) = answer(s.get("/ui/api/search").query(&[("condition", ".n >= 2")]));
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["instances"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(answer(s.get("/healthz")).0, 200);
+}
+
+#[test]
+fn searches_run_within_the_configured_work_budget_and_slots() {
+    // One slot, a budget of 1 s, and fuel enough for a condition that runs far longer.
+    let s = serve(
+        &[
+            "--work-budget",
+            "1s",
+            "--work-slots",
+            "1",
+            "--expression-fuel",
+            "10000000000",
+        ],
+        &[],
+    );
+    s.waiting(1);
+    let slow = "reduce range(10000000000) as $i (0; . + 1) > 0";
+    let (st, v) = answer(s.get("/ui/api/search").query(&[("condition", slow)]));
+    assert_eq!((st, v["error"].as_str()), (503, Some("busy")), "{v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("took longer than its budget, PT1S"), "{msg}");
+    // The job keeps its one slot while it runs: the next search waits the budget for it, in vain.
+    let (st, v) = answer(s.get("/ui/api/search").query(&[("condition", ".n >= 0")]));
+    assert_eq!((st, v["error"].as_str()), (503, Some("busy")), "{v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("busy with 1 searches"), "{msg}");
+    // What needs no slot is served meanwhile.
     assert_eq!(answer(s.get("/healthz")).0, 200);
 }
 
