@@ -1925,6 +1925,77 @@ fn parked_events_of_a_store_without_the_type_column_are_kept_and_delivered() {
     assert_eq!(columns, 1, "the column was added");
 }
 
+/// A subflow whose definition row is corrupted while its parent waits for it: recovery fails the
+/// subflow with `corruptRecord`, and the parent is told, as it is of any subflow that fails (it
+/// waited for ever before: recovery failed the child outside any step, so nobody told the parent).
+#[test]
+fn a_parent_is_told_when_recovery_fails_its_subflow_for_a_corrupt_definition() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bad.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&waiter_definition());
+    s.define(&json!({
+        "id": "parent", "name": "Parent", "version": "1.0",
+        "states": [
+            {"name": "Call", "start": true,
+             "enterAction": {"type": "invokeSubflow", "subflowName": "waiter", "waitForCompletion": true},
+             "transitions": [{"nextState": "Done"}]},
+            {"name": "Done"}
+        ]
+    }));
+    s.start_instance("parent", "p-1", json!({}));
+    // The subflow waits for its event, and its parent for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (st, page) = s.get("/instances?definition=waiter&status=waiting");
+        assert_eq!(st, 200, "{page}");
+        if page["instances"].as_array().is_some_and(|a| a.len() == 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the subflow did not wait: {page}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(s.instance("p-1")["status"], "running");
+    s.kill9();
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open store");
+        let child: String = conn
+            .query_row("SELECT id FROM instances WHERE parent = 'p-1'", [], |r| r.get(0))
+            .expect("the subflow's row");
+        assert_ne!(child, "p-1");
+        let n = conn
+            .execute("UPDATE definitions SET doc = '{\"id\": broken' WHERE id = 'waiter'", [])
+            .expect("overwrite a definition row");
+        assert_eq!(n, 1);
+    }
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let v = s.wait_instance("p-1", Duration::from_secs(10), "told", |v| v["status"] != "waiting");
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"]["type"], "subflowError", "{v}");
+    let child = v["error"]["details"]["instance"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(v["error"]["details"]["error"]["type"], "corruptRecord", "{v}");
+    let c = s.instance(&child);
+    assert_eq!(
+        (c["status"].as_str(), c["error"]["type"].as_str()),
+        (Some("failed"), Some("corruptRecord")),
+        "{c}"
+    );
+    // A second restart keeps both as they are.
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    assert_eq!(s.instance("p-1")["error"]["type"], "subflowError");
+    assert_eq!(s.instance(&child)["status"], "failed");
+}
+
 /// A definition row or a sent event corrupted by hand: the server used to refuse to start (a bad
 /// definition row) and `GET /events/sent` to fail (a bad outbox row). Now the bad definition is left
 /// out and its unfinished instance fails with `corruptRecord` naming it, the bad sent event is listed

@@ -530,7 +530,7 @@ impl Loop {
     /// Definitions left out at start because their stored row cannot be read back (`lost`:
     /// id, version, why): each is logged and counted, and its unfinished instances, which nothing
     /// can step without it, are failed with `corruptRecord` naming the definition record (their
-    /// timers and open calls are dropped; a parent waiting for one is not told).
+    /// timers and open calls are dropped; a parent waiting for one is told it failed).
     fn lost_definitions(&mut self, lost: &[(String, String, String)]) -> Result<(), HostError> {
         for (definition, version, why) in lost {
             tracing::error!(definition, version, error = %why, "a stored definition cannot be read back; it is left out and its unfinished instances are failed with corruptRecord");
@@ -540,8 +540,8 @@ impl Loop {
             let key = [(definition.clone(), version.clone())];
             let now = now_ms();
             for id in self.store.active(&key)? {
-                let mut snapshot = match self.store.instance(&id) {
-                    Ok(Some(stored)) => stored.snapshot,
+                let (mut snapshot, parent) = match self.store.instance(&id) {
+                    Ok(Some(stored)) => (stored.snapshot, stored.parent),
                     Ok(None) => continue,
                     // Its snapshot cannot be read either: it stays as it is (listed, not served).
                     Err(e) => {
@@ -562,7 +562,8 @@ impl Loop {
                 );
                 snapshot.timers.clear();
                 snapshot.state_timer = None;
-                self.write_ended(snapshot, now)?;
+                let told = self.tell_parent(&id, parent.as_ref(), &snapshot);
+                self.write_ended(snapshot, now, told)?;
             }
         }
         Ok(())
@@ -598,22 +599,51 @@ impl Loop {
             .clone();
         snapshot.status = Status::Failed;
         snapshot.error = Some(error);
-        self.write_ended(snapshot, now_ms())
+        let parent = self.store.parent_of(id)?;
+        let told = self.tell_parent(id, parent.as_ref(), &snapshot);
+        self.write_ended(snapshot, now_ms(), told)
+    }
+
+    /// A parent that waits for instance `id`, failed by recovery as `snapshot` says (outside any
+    /// step, so the driver does not tell it), gets its subflow's outcome as a step would give it.
+    /// Whether one was told.
+    fn tell_parent(&mut self, id: &str, parent: Option<&ParentLink>, snapshot: &sm4c_runtime::Snapshot) -> bool {
+        let Some(p) = parent.filter(|p| p.waits) else {
+            return false;
+        };
+        {
+            let input = driver::subflow_result(
+                id,
+                p.op.clone(),
+                snapshot.status,
+                sm4c_runtime::json::from_val(&snapshot.data.0),
+                snapshot.error.clone(),
+            );
+            self.queue.push((p.instance.clone(), input));
+        }
+        true
     }
 
     /// Writes `snapshot` of an instance that ends at `now` outside any step (a recovery that fails
-    /// it), in a batch of its own: no journal entries, no calls.
-    fn write_ended(&self, mut snapshot: sm4c_runtime::Snapshot, now: Millis) -> Result<(), HostError> {
+    /// it): no journal entries, no calls. In a batch of its own, or, when its parent was `told`, in
+    /// the next batch, which decides the parent's input: the child's end and what its parent makes
+    /// of it are written together, so a crash between them cannot leave the parent waiting.
+    fn write_ended(&mut self, mut snapshot: sm4c_runtime::Snapshot, now: Millis, told: bool) -> Result<(), HostError> {
         snapshot.now = now;
         snapshot.ended_at = Some(now);
+        let write = InstanceWrite {
+            snapshot,
+            parent: None,
+            entries: Vec::new(),
+            calls: Vec::new(),
+            origin: None,
+        };
+        if told {
+            self.batch.instances.push(write);
+            return Ok(());
+        }
         let batch = Batch {
-            instances: vec![InstanceWrite {
-                snapshot,
-                parent: None,
-                entries: Vec::new(),
-                calls: Vec::new(),
-                origin: None,
-            }],
+            instances: vec![write],
             ..Batch::default()
         };
         self.store.commit(&batch)?;

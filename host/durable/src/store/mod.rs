@@ -157,6 +157,11 @@ pub trait Store: Send + Sync + 'static {
     fn definition_of(&self, _id: &str) -> Result<Option<(String, String)>, StoreError> {
         Ok(None)
     }
+    /// The parent link of an instance, from its row alone (not its snapshot): whom recovery tells
+    /// when it fails an instance whose snapshot cannot be read back. `None` by default.
+    fn parent_of(&self, _id: &str) -> Result<Option<ParentLink>, StoreError> {
+        Ok(None)
+    }
     /// Every active timer: (instance, timer, due).
     fn timers(&self) -> Result<Vec<(String, String, Millis)>, StoreError>;
     /// Every open call and subflow start: (instance, effect).

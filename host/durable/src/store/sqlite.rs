@@ -269,6 +269,18 @@ impl Store for SqliteStore {
             .optional()?)
     }
 
+    fn parent_of(&self, id: &str) -> Result<Option<ParentLink>, StoreError> {
+        let conn = self.conn();
+        let row: Option<(Option<String>, Option<String>, bool)> = conn
+            .query_row(
+                "SELECT parent, parent_op, parent_waits FROM instances WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        Ok(row.and_then(|(parent, op, waits)| parent.zip(op).map(|(p, o)| ParentLink::from((p, o, waits)))))
+    }
+
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
