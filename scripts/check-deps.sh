@@ -35,6 +35,7 @@ check() { # crate, allowed sm4c crates (space-separated), forbidden crates (rege
 
 io='tokio|mio|rdkafka|rdkafka-sys|rusqlite|libsqlite3-sys|reqwest|hyper|axum|tonic|socket2|cmake'
 check sm4c-runtime "" "$io"
+check sm4c-schedule "sm4c-runtime" "$io"
 check sm4c-host "sm4c-runtime" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|tonic|axum|hyper|reqwest|clap|prost|protox|mio|socket2'
 check sm4c-durable "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|axum|tonic|hyper|reqwest|clap'
 check sm4c-kafka "sm4c-runtime sm4c-host" 'rusqlite|libsqlite3-sys|axum|tonic|reqwest|clap'

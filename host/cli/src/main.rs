@@ -5,6 +5,7 @@ mod debug;
 mod files;
 mod forward;
 mod memory;
+mod schedule_cmd;
 mod test_cmd;
 mod traces;
 
@@ -71,6 +72,8 @@ enum Command {
     TestState(test_cmd::state::TestStateArgs),
     /// Print the JSON Schema of the definition language.
     Schema,
+    /// Schedules: `sm4c schedule next SPEC` prints a schedule's next times without a server.
+    Schedule(schedule_cmd::ScheduleArgs),
     /// Serve durable instances over HTTP, stored in SQLite.
     Serve(Box<ServeArgs>),
     #[command(flatten)]
@@ -360,6 +363,7 @@ fn dispatch(cli: Cli) -> ExitCode {
         },
         Command::Test(args) => test_cmd::run(args),
         Command::TestState(args) => test_cmd::state::run(args),
+        Command::Schedule(args) => schedule_cmd::run(args),
         Command::Schema => {
             print!("{SCHEMA}");
             ExitCode::SUCCESS

@@ -1065,3 +1065,50 @@ fn counter_loop_of_ten_thousand_iterations() {
     assert_eq!(code, 0, "stderr:\n{err}");
     assert_eq!(parse(&out), json!({"count": 10000}));
 }
+
+#[test]
+fn schedule_next_prints_a_schedules_times_without_a_server() {
+    // A cron expression in a time zone, across the day New York skips 02:30.
+    let (code, out, err) = sm4c(&[
+        "schedule",
+        "next",
+        "30 2 * * *",
+        "--timezone",
+        "America/New_York",
+        "--after",
+        "2026-03-07T00:00:00Z",
+        "--count",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "2026-03-07T07:30:00Z  2026-03-07T02:30:00-05:00 (America/New_York)\n\
+         2026-03-09T06:30:00Z  2026-03-09T02:30:00-04:00 (America/New_York)\n"
+    );
+    // A schedule file, as JSON, with its instance ids; an interval aligned to the epoch.
+    let dir = tmp();
+    let file = write(
+        dir.path(),
+        "nightly.json",
+        &json!({"id": "nightly", "definition": "report", "every": "PT6H",
+        "endAt": "2026-11-28T13:00:00Z"}),
+    );
+    let (code, out, err) = sm4c(&["schedule", "next", &file, "--after", "2026-11-28T01:00:00Z", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = parse(&out);
+    assert_eq!(
+        v,
+        json!([
+            {"nominal": "2026-11-28T06:00:00Z", "local": "2026-11-28T06:00:00+00:00", "instance": "nightly@2026-11-28T06:00:00Z"},
+            {"nominal": "2026-11-28T12:00:00Z", "local": "2026-11-28T12:00:00+00:00", "instance": "nightly@2026-11-28T12:00:00Z"}
+        ])
+    );
+    // A bad spec names its field, exit 2.
+    let (code, _, err) = sm4c(&["schedule", "next", "0 25 * * *"]);
+    assert_eq!(code, 2);
+    assert_eq!(err, "0 25 * * *: /cron: hour: 25 is outside 0-23\n");
+    let (code, _, err) = sm4c(&["schedule", "next", r#"{"every": "PT1M", "overlap": "often"}"#]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/overlap: must be one of skip, bufferOne"), "{err}");
+}
