@@ -138,7 +138,7 @@ fuzz_target!(|data: &[u8]| {
         }],
         outbox: vec![("i".to_string(), v.clone(), 0)],
         parked: vec![(v.clone(), i64::MAX)],
-        unparked: Vec::new(),
+        ..Batch::default()
     };
     store.commit(&batch).expect("committed");
     let instance = store

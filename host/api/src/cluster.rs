@@ -832,6 +832,9 @@ impl Backend for Clustered {
     fn peers(&self) -> Option<Vec<String>> {
         self.inner.peers()
     }
+    fn schedules(&self, op: sm4c_host::service::ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        self.inner.schedules(op)
+    }
     fn health(&self) -> Value {
         self.inner.health()
     }

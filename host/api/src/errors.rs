@@ -164,6 +164,11 @@ errors! {
     NotPaused(String) => CONFLICT, "notPaused", |s| format!("instance {:?} is not paused", s.0);
     /// A breakpoint that does not fit its definition, or is not a breakpoint (what is wrong).
     InvalidBreakpoint(String) => BAD_REQUEST, "invalidBreakpoint", |s| s.0.clone();
+    /// No schedule with this id.
+    UnknownSchedule(String) => NOT_FOUND, "unknownSchedule", |s| format!("no schedule {:?}", s.0);
+    /// A schedule of this id exists already.
+    ScheduleExists(String) => CONFLICT, "scheduleExists",
+        |s| format!("schedule {:?} exists already; change it with PUT /schedules/{}", s.0, s.0);
     /// The mode the server runs in does not offer this (what).
     NotSupported(String) => NOT_IMPLEMENTED, "notSupported", |s| s.0.clone();
     /// An ASL definition posted without a name: no `?name=` and no top-level `sm4c:id`.
@@ -174,6 +179,30 @@ errors! {
         |s| format!("?name={} disagrees with the definition's {:?} field, {:?}; drop one or make them agree", s.0, s.2, s.1);
     /// Something went wrong inside the server (what).
     Internal(String) => INTERNAL_SERVER_ERROR, "internal", |s| s.0.clone();
+}
+
+/// An invalid schedule: every error with its JSON pointer, in `details`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidSchedule(pub Vec<(String, String)>);
+
+impl From<InvalidSchedule> for ApiError {
+    fn from(e: InvalidSchedule) -> ApiError {
+        let details: Vec<Value> =
+            e.0.iter()
+                .map(|(p, m)| json!({"pointer": if p.is_empty() { "/" } else { p }, "message": m}))
+                .collect();
+        let message =
+            e.0.iter()
+                .map(|(p, m)| format!("{p}: {m}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalidSchedule",
+            message,
+            details: Some(Value::Array(details)),
+        }
+    }
 }
 
 /// An invalid definition: every error with its JSON pointer, in `details`.
@@ -223,6 +252,9 @@ impl From<HostError> for ApiError {
             HostError::InvalidInstanceId(_) => InvalidId.into(),
             HostError::ParkedLimit(m) => ParkedLimit(m).into(),
             HostError::Appended(m) => Accepted(m).into(),
+            HostError::InvalidSchedule(errs) => InvalidSchedule(errs).into(),
+            HostError::UnknownSchedule(id) => UnknownSchedule(id).into(),
+            HostError::ScheduleExists(id) => ScheduleExists(id).into(),
             other @ (HostError::Store(_) | HostError::Stopped | HostError::Failed(_)) => {
                 Internal(other.to_string()).into()
             }

@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod door;
 pub mod errors;
 pub mod metrics;
+mod schedules;
 pub mod tls;
 pub mod ui;
 pub mod work;
@@ -154,6 +155,7 @@ fn routes(host: Api) -> Router {
         )
         .route("/healthz", get(|State(h): State<Api>| async move { Json(h.health()) }))
         .route("/members", get(members))
+        .merge(schedules::routes())
         .fallback(|| async { NoSuchEndpoint })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(host.clone())
@@ -729,7 +731,7 @@ mod tests {
         out
     }
 
-    /// The router's routes (this file, the inspector's and the metrics route that `sm4c serve` merges in) and the
+    /// The router's routes (this file, `/schedules`, the inspector's and the metrics route that `sm4c serve` merges in) and the
     /// OpenAPI document's operations are the same set: a route added to one and not the other
     /// fails here. `/instances/{*rest}` is the document's `/instances/{id}` (GET),
     /// `/instances/{id}/history` (GET) and `/instances/{id}/cancel` (POST).
@@ -737,6 +739,7 @@ mod tests {
     fn the_openapi_document_matches_every_route() {
         let mut served = routes_in(include_str!("lib.rs").split("#[cfg(test)]").next().unwrap_or_default());
         served.extend(routes_in(include_str!("metrics.rs")));
+        served.extend(routes_in(include_str!("schedules.rs")));
         // The inspector's routes beyond its assets (pages, not operations: not documented).
         served.extend(routes_in(include_str!("ui/mod.rs")));
         assert!(served.remove(&("/instances/{*rest}".into(), "get".into())));

@@ -91,6 +91,12 @@ struct WhereLabels {
     stage: String,
 }
 
+/// Labels of skipped schedule times: why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhyLabels {
+    why: String,
+}
+
 /// Labels of ended actions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
@@ -143,6 +149,8 @@ pub struct Metrics {
     stalled: Family<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     stall_repairs: Family<TopicPartitionLabels, Counter>,
     panics: Family<WhereLabels, Counter>,
+    schedule_runs: Histogram,
+    schedule_skipped: Family<WhyLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -270,6 +278,19 @@ impl Metrics {
             "Kafka mode: batches whose thread panicked (a bug: please report it), by stage (decide, route); their inputs are read again",
             panics.clone(),
         );
+        // 1 ms to about 65 s late; a catch-up after a long stop is in the last bucket.
+        let schedule_runs = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        registry.register(
+            "schedule_run_lateness_seconds",
+            "Runs a schedule started, by how late after their nominal time (the count is the number of runs)",
+            schedule_runs.clone(),
+        );
+        let schedule_skipped = Family::<WhyLabels, Counter>::default();
+        registry.register(
+            "schedule_skipped",
+            "Nominal times schedules did not run, by why (overlap: the previous run still ran; catchup: missed for longer than the catch-up window; paused)",
+            schedule_skipped.clone(),
+        );
         Metrics {
             registry,
             started,
@@ -291,6 +312,8 @@ impl Metrics {
             stalled,
             stall_repairs,
             panics,
+            schedule_runs,
+            schedule_skipped,
         }
     }
 
@@ -394,6 +417,15 @@ impl Observer for Observed {
     fn event_refused(&self, code: &str) {
         let labels = CodeLabels { code: code.to_string() };
         self.0.refused.get_or_create(&labels).inc();
+    }
+
+    fn schedule_run(&self, late: f64) {
+        self.0.schedule_runs.observe(late);
+    }
+
+    fn schedule_skipped(&self, why: &str, n: u64) {
+        let labels = WhyLabels { why: why.to_string() };
+        self.0.schedule_skipped.get_or_create(&labels).inc_by(n);
     }
 
     fn corrupt_record(&self, record: &str) {

@@ -2106,3 +2106,248 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
     assert_eq!(s.instance("w-1")["error"]["type"], "corruptRecord");
     assert_eq!(s.instance("n-3")["status"], "waiting");
 }
+
+/// A definition that ends as soon as it starts.
+fn quick_definition() -> Value {
+    json!({"id": "quick", "name": "Quick", "version": "1.0", "states": [{"name": "Done", "start": true, "end": true}]})
+}
+
+/// The nominal times (seconds since the epoch) of a schedule's instances, from their ids.
+fn schedule_runs(s: &Server, schedule: &str, definition: &str) -> Vec<i64> {
+    let (st, page) = s.get(&format!("/instances?definition={definition}&limit=1000"));
+    assert_eq!(st, 200, "{page}");
+    let mut times: Vec<i64> = page["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .filter_map(|i| {
+            i["id"]
+                .as_str()?
+                .strip_prefix(&format!("{schedule}@"))
+                .map(str::to_string)
+        })
+        .map(|t| chrono_secs(&t).unwrap_or_else(|| panic!("{t:?} is not an RFC 3339 time")))
+        .collect();
+    times.sort_unstable();
+    times
+}
+
+/// Seconds since the epoch of `2026-11-28T02:00:00Z`.
+fn chrono_secs(t: &str) -> Option<i64> {
+    let (date, time) = t.strip_suffix('Z')?.split_once('T')?;
+    let d: Vec<i64> = date.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let h: Vec<i64> = time.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h[0] * 3600 + h[1] * 60 + h[2])
+}
+
+/// An every-second schedule starts each second once, as `<id>@<time>`; after a SIGKILL, the
+/// seconds missed while the server was down (within the catch-up window) are started once each,
+/// in order, and the record of runs survives the restart.
+#[test]
+fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sched.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&quick_definition());
+    let (st, v) = s.post(
+        "/schedules",
+        &json!({"id": "sec", "definition": "quick", "every": "PT1S", "overlap": "bufferAll",
+            "catchupWindow": "PT1M", "input": {"from": "schedule"}}),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["nextTimes"].as_array().map(Vec::len), Some(10), "{v}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while schedule_runs(&s, "sec", "quick").len() < 3 {
+        assert!(Instant::now() < deadline, "three runs did not start: {}", s.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let first = schedule_runs(&s, "sec", "quick")[0];
+    s.kill9();
+    std::thread::sleep(Duration::from_secs(3));
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    // Runs on for a little after the restart, then every second from the first is there once.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let runs = schedule_runs(&s, "sec", "quick");
+        let last = *runs.last().expect("runs");
+        if last >= first + 7 {
+            let want: Vec<i64> = (first..=last).collect();
+            assert_eq!(runs, want, "a second missing or doubled");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the schedule did not go on after the restart: {runs:?}\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let id = format!("sec@{}", {
+        let (st, v) = s.get("/instances?definition=quick&limit=1");
+        assert_eq!(st, 200);
+        v["instances"][0]["id"]
+            .as_str()
+            .expect("an id")
+            .split_once('@')
+            .expect("@")
+            .1
+            .to_string()
+    });
+    let inst = s.instance(&id);
+    assert_eq!(inst["status"], "completed", "{inst}");
+    assert_eq!(inst["data"], json!({"from": "schedule"}), "{inst}");
+    let (st, v) = s.get("/schedules/sec");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["skipped"]["catchup"], 0, "{v}");
+    assert!(v["runs"].as_u64().unwrap_or(0) >= 8, "{v}");
+    let runs = v["runs"].as_u64().unwrap_or(0).min(10) as usize;
+    assert_eq!(v["recentRuns"].as_array().map(Vec::len), Some(runs), "{v}");
+    assert_eq!(v["recentRuns"][1]["status"], "completed", "{v}");
+}
+
+/// With a run that does not end, `skip` passes over the times that come, and `cancelOther`
+/// cancels the running one for each.
+#[test]
+fn a_schedules_overlap_policy_decides_what_a_time_does_while_its_last_run_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sched.db");
+    let log = dir.path().join("server.log");
+    let s = Server::start(&db, None, &log);
+    s.define(&waiter_definition());
+    for (id, overlap) in [("skipper", "skip"), ("canceller", "cancelOther")] {
+        let (st, v) = s.post(
+            "/schedules",
+            &json!({"id": id, "definition": "waiter", "every": "PT1S", "overlap": overlap}),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    std::thread::sleep(Duration::from_millis(3500));
+    let (_, skipper) = s.get("/schedules/skipper");
+    assert_eq!(skipper["runs"], 1, "{skipper}");
+    assert!(skipper["skipped"]["overlap"].as_u64().unwrap_or(0) >= 2, "{skipper}");
+    assert_eq!(skipper["running"].as_array().map(Vec::len), Some(1), "{skipper}");
+    let (_, canceller) = s.get("/schedules/canceller");
+    let runs = canceller["runs"].as_u64().unwrap_or(0);
+    assert!(runs >= 3, "{canceller}");
+    let recent = canceller["recentRuns"].as_array().expect("runs");
+    assert_eq!(recent[0]["status"], "running", "{canceller}");
+    for older in &recent[1..] {
+        assert_eq!(older["status"], "cancelled", "{canceller}");
+        let i = s.instance(older["instance"].as_str().expect("id"));
+        assert_eq!(i["status"], "cancelled", "{i}");
+    }
+}
+
+/// Pause, resume, trigger, backfill, change and delete; bad specifications are refused naming the
+/// field; the schedule and its record survive a restart.
+#[test]
+fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sched.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&quick_definition());
+    let (st, v) = s.post(
+        "/schedules",
+        &json!({"id": "bad id", "definition": "quick", "cron": "0 25 * * *",
+        "overlap": "often"}),
+    );
+    assert_eq!((st, v["error"].as_str()), (400, Some("invalidSchedule")), "{v}");
+    let pointers: Vec<&str> = v["details"]
+        .as_array()
+        .expect("details")
+        .iter()
+        .filter_map(|d| d["pointer"].as_str())
+        .collect();
+    assert_eq!(pointers, ["/id", "/cron", "/overlap"], "{v}");
+    let (st, v) = s.post(
+        "/schedules",
+        &json!({"id": "n", "definition": "nope", "cron": "@daily"}),
+    );
+    assert_eq!((st, v["error"].as_str()), (404, Some("unknownDefinition")), "{v}");
+    let spec = json!({"id": "nightly", "definition": "quick", "cron": "0 2 * * *", "timezone": "Europe/Paris"});
+    assert_eq!(s.post("/schedules", &spec).0, 201);
+    let (st, v) = s.post("/schedules", &spec);
+    assert_eq!((st, v["error"].as_str()), (409, Some("scheduleExists")), "{v}");
+    let (_, v) = s.get("/schedules/nightly");
+    assert!(
+        v["nextTimes"][0].as_str().unwrap_or_default().ends_with("T01:00:00Z"),
+        "02:00 in Paris is 01:00Z in winter: {v}"
+    );
+    // Paused: trigger still starts one now.
+    let (st, v) = s.post("/schedules/nightly/pause", &json!({}));
+    assert_eq!((st, v["state"].as_str()), (200, Some("paused")), "{v}");
+    let (st, v) = s.post("/schedules/nightly/trigger", &json!({}));
+    assert_eq!(st, 200, "{v}");
+    let triggered = v["recentRuns"][0]["instance"].as_str().expect("a run").to_string();
+    assert!(triggered.starts_with("nightly@"), "{triggered}");
+    // A backfill of three nights, once each even when asked twice.
+    let span = json!({"from": "2026-11-01T00:00:00Z", "to": "2026-11-04T00:00:00Z"});
+    let (st, v) = s.post("/schedules/nightly/backfill", &span);
+    assert_eq!((st, v["backfilled"].as_u64()), (200, Some(3)), "{v}");
+    let (st, _) = s.post("/schedules/nightly/backfill", &span);
+    assert_eq!(st, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let want = [
+        "nightly@2026-11-01T01:00:00Z",
+        "nightly@2026-11-02T01:00:00Z",
+        "nightly@2026-11-03T01:00:00Z",
+    ];
+    loop {
+        let (_, page) = s.get("/instances?definition=quick&limit=100");
+        let ids: Vec<&str> = page["instances"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .filter_map(|i| i["id"].as_str())
+            .collect();
+        if want.iter().all(|w| ids.contains(w)) {
+            assert_eq!(ids.len(), 4, "the trigger's and three nights', once each: {ids:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the backfill did not start: {ids:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, v) = s.post(
+        "/schedules/nightly/backfill",
+        &json!({"from": "yesterday", "to": "2026-11-04T00:00:00Z"}),
+    );
+    assert_eq!((st, v["details"][0]["pointer"].as_str()), (400, Some("/from")), "{v}");
+    // Changed (every hour), resumed by the change; the record is kept across a restart.
+    let (st, v) = s.send(
+        s.client
+            .put(format!("{}/schedules/nightly", s.base))
+            .json(&json!({"definition": "quick", "every": "PT1H"})),
+        "PUT",
+    );
+    assert_eq!((st, v["state"].as_str()), (200, Some("active")), "{v}");
+    assert_eq!(v["spec"]["every"], "PT1H", "{v}");
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let (st, v) = s.get("/schedules");
+    assert_eq!(st, 200);
+    assert_eq!(v["schedules"][0]["id"], "nightly", "{v}");
+    assert_eq!(v["schedules"][0]["runs"], 4, "{v}");
+    let (st, _) = s.send(s.client.delete(format!("{}/schedules/nightly", s.base)), "DELETE");
+    assert_eq!(st, 204);
+    let (st, v) = s.get("/schedules/nightly");
+    assert_eq!((st, v["error"].as_str()), (404, Some("unknownSchedule")), "{v}");
+}

@@ -44,6 +44,10 @@ pub trait Observer: Send + Sync {
     /// An event the server refused to keep, by reason code (`parkedLimit`: the parked events
     /// are at a limit).
     fn event_refused(&self, _code: &str) {}
+    /// A schedule started a run, `late` seconds after its nominal time.
+    fn schedule_run(&self, _late: f64) {}
+    /// A schedule did not run `n` nominal times, for `why` (`overlap`, `catchup`, `paused`).
+    fn schedule_skipped(&self, _why: &str, _n: u64) {}
     /// How many records of `topic` partition `partition` this worker has not read yet (the
     /// partition's end minus the worker's position).
     fn kafka_lag(&self, _topic: &str, _partition: i32, _lag: i64) {}

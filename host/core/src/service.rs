@@ -128,6 +128,46 @@ pub enum HostError {
     /// instance did not answer): it will be decided once another worker takes the instance over.
     #[error("{0}")]
     Appended(String),
+    /// A schedule's specification is invalid: (JSON pointer, what is wrong) for each field.
+    #[error("invalid schedule")]
+    InvalidSchedule(Vec<(String, String)>),
+    /// Unknown schedule.
+    #[error("no schedule {0:?}")]
+    UnknownSchedule(String),
+    /// A schedule of this id exists already.
+    #[error("schedule {0:?} exists already; change it with PUT /schedules/{0}")]
+    ScheduleExists(String),
+}
+
+/// What is asked of a host's schedules (`/schedules`); each answers the schedule as JSON (a list
+/// of them for [`ScheduleOp::List`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScheduleOp {
+    /// Registers a schedule (its specification).
+    Create(Value),
+    /// Changes a schedule's specification; what it did and owes is kept.
+    Replace(String, Value),
+    /// One schedule, with its next times and recent runs.
+    Get(String),
+    /// Every schedule.
+    List,
+    /// Pauses a schedule: times that come are skipped.
+    Pause(String),
+    /// Resumes a paused schedule.
+    Resume(String),
+    /// Starts one now, under the overlap policy.
+    Trigger(String),
+    /// One start per nominal time in `[from, to)` (RFC 3339 times), under the overlap policy.
+    Backfill {
+        /// The schedule.
+        id: String,
+        /// From this time.
+        from: String,
+        /// Up to this time (not included).
+        to: String,
+    },
+    /// Deletes a schedule (its running instances run on).
+    Delete(String),
 }
 
 /// What an instance id given by a client must be.
@@ -362,6 +402,14 @@ pub trait Backend: Send + Sync + 'static {
     /// a host that holds every instance itself.
     fn peers(&self) -> Option<Vec<String>> {
         None
+    }
+    /// Schedules: what `/schedules` asks ([`ScheduleOp`]). Not offered by default.
+    fn schedules(&self, _op: ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async {
+            Err(HostError::NotSupported(
+                "schedules are not offered by this host: run sm4c serve without --kafka".into(),
+            ))
+        })
     }
     /// What `GET /healthz` answers.
     fn health(&self) -> Value {

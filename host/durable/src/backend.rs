@@ -91,6 +91,9 @@ impl Backend for DurableHost {
     fn resume(&self, id: String, step: bool) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move { DurableHost::resume(self, &id, step).await })
     }
+    fn schedules(&self, op: sm4c_host::service::ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move { DurableHost::schedules(self, op).await })
+    }
     fn deliver(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
         Box::pin(async move {
             let d = DurableHost::deliver(self, event).await?;

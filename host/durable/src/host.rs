@@ -20,6 +20,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 mod full;
+mod schedules;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
@@ -92,6 +93,11 @@ enum Cmd {
         reply: oneshot::Sender<Result<Answered, HostError>>,
     },
     TaskLists(oneshot::Sender<Vec<Value>>),
+    /// What `/schedules` asks.
+    Schedule(
+        sm4c_host::service::ScheduleOp,
+        oneshot::Sender<Result<Value, HostError>>,
+    ),
     /// Waiting workers go away empty-handed and new polls are answered at once (the server stops).
     ClosePolls,
     Shutdown(oneshot::Sender<()>),
@@ -189,9 +195,11 @@ impl DurableHost {
             handouts: Vec::new(),
             task_times: HashMap::new(),
             closing: false,
+            schedules: Default::default(),
         };
         lp.lost_definitions(&lost)?;
         lp.recover()?;
+        lp.load_schedules()?;
         tokio::spawn(lp.run(rx));
         Ok(DurableHost {
             tx,
@@ -236,6 +244,12 @@ impl DurableHost {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).map_err(|_| self.stopped())?;
         rx.await.map_err(|_| self.stopped())?
+    }
+
+    /// What `/schedules` asks ([`sm4c_host::service::ScheduleOp`]): a change is answered once it
+    /// is written.
+    pub async fn schedules(&self, op: sm4c_host::service::ScheduleOp) -> Result<Value, HostError> {
+        self.ask(|r| Cmd::Schedule(op, r)).await
     }
 
     /// Registers a definition (`true` when new). The same id and version with other content is refused.
@@ -461,6 +475,8 @@ struct Loop {
     task_times: HashMap<(String, String), (String, Instant, Option<Instant>)>,
     /// Set when the server stops: polls are answered at once.
     closing: bool,
+    /// The schedules, as the store has them plus this batch's changes.
+    schedules: schedules::Schedules,
 }
 
 impl Loop {
@@ -782,7 +798,11 @@ impl Loop {
                 }
             }
             self.fire_due();
-            if !self.queue.is_empty() || !self.replies.is_empty() || self.cache.values().any(|s| s.dirty) {
+            if !self.queue.is_empty()
+                || !self.replies.is_empty()
+                || self.cache.values().any(|s| s.dirty)
+                || self.schedules.changed()
+            {
                 match self.step() {
                     Ok(()) => {}
                     // Nothing of the batch was written: its requests are refused, the host pauses,
@@ -802,7 +822,11 @@ impl Loop {
                 let _ = r.send(());
                 return;
             }
-            let wait = self.timers.first().map(|(due, ..)| (*due - now_ms()).max(0) as u64);
+            let first = match (self.timers.first().map(|(due, ..)| *due), self.schedules.next_wake()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let wait = first.map(|due| (due - now_ms()).max(0) as u64);
             // Waiting workers are sent away empty-handed at their deadline.
             let wait = match self.tasks.next_deadline() {
                 Some(d) => {
@@ -832,6 +856,7 @@ impl Loop {
             self.timers.remove(&first);
             self.queue.push((first.1, Input::TimerFired { timer: first.2 }));
         }
+        self.fire_schedules(now);
     }
 
     /// Handles the queued inputs, commits them, then performs their effects.
@@ -901,6 +926,12 @@ impl Loop {
         }
         if let Some(n) = step.notify {
             self.queue.push((n.instance, n.input));
+        }
+        if step.finished {
+            let status = self.cache.get(id).map(|s| s.h.inst.status());
+            if let Some(status) = status {
+                self.schedule_ended(id, status);
+            }
         }
     }
 
@@ -1074,6 +1105,7 @@ impl Loop {
 
     /// Commits the batch of `inputs` inputs in one transaction.
     fn commit(&mut self, inputs: usize) -> Result<(), StoreError> {
+        self.write_schedules();
         let mut batch = std::mem::take(&mut self.batch);
         for (_, slot) in self.cache.iter_mut().filter(|(_, s)| s.dirty) {
             let h = &mut slot.h;
@@ -1088,6 +1120,7 @@ impl Loop {
         }
         let started = std::time::Instant::now();
         self.store.commit(&batch)?;
+        self.schedules_written();
         self.results.clear();
         self.carried.clone_from(&self.queue);
         if self.backoff.take().is_some() {
@@ -1395,6 +1428,19 @@ impl Loop {
                     .map(|(name, (queued, polling))| json!({"name": name, "queued": queued, "polling": polling}))
                     .collect();
                 let _ = reply.send(lists);
+            }
+            Cmd::Schedule(op, reply) => {
+                let read = matches!(
+                    op,
+                    sm4c_host::service::ScheduleOp::Get(_) | sm4c_host::service::ScheduleOp::List
+                );
+                match self.schedule_op(op) {
+                    // A change is answered once it is written.
+                    Ok(v) if !read => self.replies.push(Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| v));
+                    })),
+                    answer => drop(reply.send(answer)),
+                }
             }
             Cmd::ClosePolls => {
                 self.closing = true;

@@ -123,10 +123,17 @@ impl State {
         spec.times_after(self.last, count)
     }
 
-    /// What to do at `now`: every time whose start is due is started, kept or skipped, in order.
+    /// What to do at `now`: the times whose start is due are dealt with in order (kept times
+    /// first, then the times that came, then backfilled ones), up to the first that starts. The
+    /// next tick, once that start is decided, goes on ([`State::wake_at`] is then `now`): a
+    /// catch-up or a backfill of short runs starts every time, one after another, while under
+    /// `skip` a run that does not end in between makes the next times pass.
     pub fn tick(&mut self, spec: &Spec, now: i64) -> Vec<Action> {
         let mut out = Vec::new();
         self.pass_missed(spec, now);
+        if self.start_kept(spec, now, &mut out) {
+            return out;
+        }
         while let Some(n) = spec.next_after(self.last) {
             if spec.due_at(n) > now {
                 break;
@@ -136,14 +143,15 @@ impl State {
                 self.skipped.paused += 1;
             } else if now - n > spec.catchup_window {
                 self.skipped.catchup += 1;
-            } else {
-                self.offer(spec, n, now, &mut out);
+            } else if self.offer(spec, n, now, &mut out) {
+                return out;
             }
         }
         while let Some(n) = self.backfill.pop_front() {
-            self.offer(spec, n, now, &mut out);
+            if self.offer(spec, n, now, &mut out) {
+                return out;
+            }
         }
-        self.start_kept(spec, now, &mut out);
         out
     }
 
@@ -234,14 +242,16 @@ impl State {
         }
     }
 
-    fn offer(&mut self, spec: &Spec, nominal: i64, now: i64, out: &mut Vec<Action>) {
+    /// Offers nominal time `nominal` under the overlap policy; whether it started.
+    fn offer(&mut self, spec: &Spec, nominal: i64, now: i64, out: &mut Vec<Action>) -> bool {
         let instance = spec.instance_id(nominal);
         if self.running.contains(&instance) || self.recent.iter().any(|r| r.instance == instance) {
             // Started already: the id is the nominal time.
-            return;
+            return false;
         }
         if self.running.is_empty() || spec.overlap == Overlap::AllowAll {
-            return self.start(nominal, instance, now, out);
+            self.start(nominal, instance, now, out);
+            return true;
         }
         match spec.overlap {
             Overlap::Skip => self.skipped.overlap += 1,
@@ -251,20 +261,27 @@ impl State {
             Overlap::CancelOther => {
                 out.extend(self.running.iter().map(|i| Action::Cancel { instance: i.clone() }));
                 self.start(nominal, instance, now, out);
+                return true;
             }
-            Overlap::AllowAll => unreachable!("started above"),
+            // Started above.
+            Overlap::AllowAll => {}
         }
+        false
     }
 
-    /// Starts the first kept time once nothing runs.
-    fn start_kept(&mut self, spec: &Spec, now: i64, out: &mut Vec<Action>) {
+    /// Starts the first kept time once nothing runs; whether it did.
+    fn start_kept(&mut self, spec: &Spec, now: i64, out: &mut Vec<Action>) -> bool {
         while self.running.is_empty() {
-            let Some(n) = self.buffered.pop_front() else { return };
+            let Some(n) = self.buffered.pop_front() else {
+                return false;
+            };
             let instance = spec.instance_id(n);
             if !self.recent.iter().any(|r| r.instance == instance) {
                 self.start(n, instance, now, out);
+                return true;
             }
         }
+        false
     }
 
     fn start(&mut self, nominal: i64, instance: String, now: i64, out: &mut Vec<Action>) {
@@ -304,6 +321,18 @@ mod tests {
 
     fn at(text: &str) -> i64 {
         parse_time(text).expect("a time")
+    }
+
+    /// Ticks at `now` until nothing more happens, as a host's loop does.
+    fn settle(st: &mut State, s: &Spec, now: i64) -> Vec<Action> {
+        let mut all = Vec::new();
+        loop {
+            let a = st.tick(s, now);
+            if a.is_empty() {
+                return all;
+            }
+            all.extend(a);
+        }
     }
 
     fn started(actions: &[Action]) -> Vec<String> {
@@ -410,15 +439,21 @@ mod tests {
         let s = spec(json!({"catchupWindow": "PT3M", "overlap": "allowAll"}));
         let mut st = State::new(&s, at("2026-11-28T10:00:00Z"));
         // Down from 10:00 to 10:10: 10:07 to 10:10 are within three minutes, the six before are not.
+        // One start a tick: the host ticks again once it is decided.
+        assert_eq!(started(&st.tick(&s, at("2026-11-28T10:10:00Z"))), ["10:07:00"]);
         assert_eq!(
-            started(&st.tick(&s, at("2026-11-28T10:10:00Z"))),
-            ["10:07:00", "10:08:00", "10:09:00", "10:10:00"]
+            st.wake_at(&s, at("2026-11-28T10:10:00Z")),
+            Some(at("2026-11-28T10:08:00Z"))
+        );
+        assert_eq!(
+            started(&settle(&mut st, &s, at("2026-11-28T10:10:00Z"))),
+            ["10:08:00", "10:09:00", "10:10:00"]
         );
         assert_eq!(st.skipped.catchup, 6);
         // A second-by-second schedule down for thirty days counts its misses without walking them.
         let s = spec(json!({"every": "PT1S"}));
         let mut st = State::new(&s, at("2026-11-01T00:00:00Z"));
-        let a = st.tick(&s, at("2026-12-01T00:00:00Z"));
+        let a = settle(&mut st, &s, at("2026-12-01T00:00:00Z"));
         assert_eq!(
             started(&a),
             ["23:59:00"],

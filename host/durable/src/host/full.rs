@@ -35,6 +35,10 @@ impl Loop {
         self.queue.clear();
         self.after.clear();
         self.batch = Batch::default();
+        // What the refused batch changed of the schedules is forgotten with it.
+        if let Err(e) = self.load_schedules() {
+            tracing::warn!(error = %e, "cannot read the schedules again; they are read after the pause");
+        }
         for (handle, instance, op, result) in std::mem::take(&mut self.results) {
             self.in_flight.insert((instance.clone(), op.clone()), handle);
             self.held.push(Cmd::Result { instance, op, result });
@@ -53,6 +57,14 @@ impl Loop {
             Cmd::Cancel(_, reply) => drop(reply.send(Err(full()))),
             Cmd::Resume(_, _, reply) => drop(reply.send(Err(full()))),
             Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
+            Cmd::Schedule(op, reply)
+                if !matches!(
+                    op,
+                    sm4c_host::service::ScheduleOp::Get(_) | sm4c_host::service::ScheduleOp::List
+                ) =>
+            {
+                drop(reply.send(Err(full())))
+            }
             cmd @ (Cmd::Result { .. } | Cmd::Poll { .. }) => self.held.push(cmd),
             other => self.command(other),
         }
@@ -62,6 +74,7 @@ impl Loop {
     /// refused batch fired among them), tasks not taken are queued again, open calls whose results
     /// were lost are made again with the same operation id, and the held results are handled.
     pub(super) fn resume(&mut self) -> Result<(), StoreError> {
+        self.load_schedules()?;
         let timers = self.store.timers()?;
         let calls = self.store.calls()?;
         self.parked_count = self.store.parked(now_ms())?.len();

@@ -19,6 +19,7 @@ struct Inner {
     parked: BTreeMap<i64, (Value, Millis)>,
     parked_seq: i64,
     breakpoints: BTreeMap<String, Vec<Breakpoint>>,
+    schedules: BTreeMap<String, (Value, Value)>,
 }
 
 /// Everything in memory; gone when the process ends.
@@ -46,6 +47,15 @@ impl Store for MemoryStore {
                 Ok(true)
             }
         }
+    }
+
+    fn schedules(&self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        Ok(self
+            .inner()
+            .schedules
+            .iter()
+            .map(|(k, v)| (k.clone(), Ok(v.clone())))
+            .collect())
     }
 
     fn breakpoints(&self) -> Result<Vec<(String, Vec<Breakpoint>)>, StoreError> {
@@ -113,6 +123,12 @@ impl Store for MemoryStore {
             i.parked_seq += 1;
             let seq = i.parked_seq;
             i.parked.insert(seq, (ev.clone(), *exp));
+        }
+        for (id, row) in &batch.schedules {
+            match row {
+                Some(r) => i.schedules.insert(id.clone(), r.clone()),
+                None => i.schedules.remove(id),
+            };
         }
         for seq in &batch.unparked {
             i.parked.remove(seq);

@@ -93,7 +93,12 @@ pub struct Batch {
     pub parked: Vec<(Value, Millis)>,
     /// Parked events handed to an instance (by their sequence number).
     pub unparked: Vec<i64>,
+    /// Schedules written (their specification and state, as JSON), or deleted (`None`).
+    pub schedules: Vec<(String, Option<(Value, Value)>)>,
 }
+
+/// A stored schedule: its id, and its specification and state, or why the row cannot be read back.
+pub type ScheduleRow = (String, Result<(Value, Value), String>);
 
 /// A stored definition: its document, or `(id, version, why)` when the row cannot be read back.
 pub type DefinitionRow = Result<Value, (String, String, String)>;
@@ -125,6 +130,8 @@ pub trait Store: Send + Sync + 'static {
     fn breakpoints(&self) -> Result<Vec<(String, Vec<Breakpoint>)>, StoreError> {
         Ok(Vec::new())
     }
+    /// Every schedule ([`Batch::schedules`] writes them).
+    fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError>;
     /// Sets the breakpoints of a definition (an empty list clears them); durable once it returns.
     /// By default they are not kept (the host still has them until it stops).
     fn put_breakpoints(&self, _definition: &str, _breakpoints: &[Breakpoint]) -> Result<(), StoreError> {

@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS parked (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL, expires INTEGER NOT NULL, type TEXT);
 CREATE TABLE IF NOT EXISTS breakpoints (
     definition TEXT PRIMARY KEY, breakpoints TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS schedules (
+    id TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL) WITHOUT ROWID;
 ";
 
 /// Instance state, journals and timers in one SQLite file (WAL mode).
@@ -281,6 +283,27 @@ impl Store for SqliteStore {
         Ok(row.and_then(|(parent, op, waits)| parent.zip(op).map(|(p, o)| ParentLink::from((p, o, waits)))))
     }
 
+    fn schedules(&self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT id, spec, state FROM schedules ORDER BY id")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, spec, state) = row?;
+            let read = |text: &str, what: &str| {
+                sm4c_runtime::json::read_stored::<Value>(text.as_bytes())
+                    .map_err(|e| format!("its {what} cannot be read back: {e}"))
+            };
+            out.push((
+                id,
+                read(&spec, "specification").and_then(|s| Ok((s, read(&state, "state")?))),
+            ));
+        }
+        Ok(out)
+    }
+
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -352,6 +375,16 @@ impl Store for SqliteStore {
             let mut unpark = tx.prepare_cached("DELETE FROM parked WHERE seq = ?1")?;
             for seq in &batch.unparked {
                 unpark.execute([seq])?;
+            }
+            for (id, row) in &batch.schedules {
+                match row {
+                    Some((spec, state)) => tx
+                        .prepare_cached("INSERT OR REPLACE INTO schedules (id, spec, state) VALUES (?1, ?2, ?3)")?
+                        .execute(params![id, json(spec), json(state)])?,
+                    None => tx
+                        .prepare_cached("DELETE FROM schedules WHERE id = ?1")?
+                        .execute([id])?,
+                };
             }
         }
         tx.commit()?;
@@ -862,7 +895,7 @@ mod tests {
                 }],
                 outbox: vec![(id.clone(), v.clone(), 0)],
                 parked: vec![(v.clone(), i64::MAX)],
-                unparked: Vec::new(),
+                ..Batch::default()
             };
             store.commit(&batch).expect("commit");
             let read = store.instance(&id);

@@ -69,6 +69,9 @@ impl Store for Filling {
     fn parked(&self, now: Millis) -> Result<Vec<(i64, Value)>, StoreError> {
         self.inner.parked(now)
     }
+    fn schedules(&self) -> Result<Vec<crate::store::ScheduleRow>, StoreError> {
+        self.inner.schedules()
+    }
 }
 
 /// Answers each call once the gate opens, and counts the calls made per operation.
