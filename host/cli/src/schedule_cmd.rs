@@ -1,8 +1,10 @@
 //! `sm4c schedule`: schedules evaluated without a server.
 
+use crate::client::{call, print_json, Failure, Remote};
 use clap::Subcommand;
 use serde_json::{json, Value};
 use sm4c_schedule::{parse_time, rfc3339, Spec};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// `sm4c schedule ...`.
@@ -14,6 +16,75 @@ pub struct ScheduleArgs {
 
 #[derive(Subcommand)]
 enum ScheduleCommand {
+    /// List the server's schedules, each with its next time.
+    List {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show a schedule: its specification, state, next ten times, recent runs and skipped counts.
+    Show {
+        /// The schedule's id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Register a schedule from a JSON file (see `docs/src/schedules.md`).
+    Create {
+        /// The schedule file.
+        file: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Change a schedule's specification from a JSON file; what it did and owes is kept.
+    Update {
+        /// The schedule's id.
+        id: String,
+        /// The schedule file.
+        file: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Pause a schedule: the times that come are skipped.
+    Pause {
+        /// The schedule's id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Resume a paused schedule (the times that came while it was paused are not run).
+    Resume {
+        /// The schedule's id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Start one run now, under the schedule's overlap policy.
+    Trigger {
+        /// The schedule's id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Start one run per nominal time in [FROM, TO), under the overlap policy.
+    Backfill {
+        /// The schedule's id.
+        id: String,
+        /// From this time (RFC 3339).
+        #[arg(long)]
+        from: String,
+        /// Up to this time, not included (RFC 3339).
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Delete a schedule (its running instances run on).
+    Delete {
+        /// The schedule's id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Print a schedule's next nominal times, without a server: SPEC is a cron expression
     /// (`"0 2 * * *"`, `@daily`), an ISO 8601 interval (`PT5M`), a schedule as JSON, or a file
     /// holding one (exit 2 if it is invalid, naming the field).
@@ -37,7 +108,46 @@ enum ScheduleCommand {
 
 /// Runs `sm4c schedule`.
 pub fn run(args: ScheduleArgs) -> ExitCode {
+    let remote = |r: Result<Value, Failure>| match r {
+        Ok(v) => {
+            if !v.is_null() {
+                print_json(&v);
+            }
+            ExitCode::SUCCESS
+        }
+        Err((code, msg)) => {
+            eprintln!("sm4c: {msg}");
+            ExitCode::from(code)
+        }
+    };
+    let path = |id: &str, verb: &str| format!("/schedules/{}{verb}", sm4c_invoke::rest::encode(id));
     match args.command {
+        ScheduleCommand::List { remote: r } => remote(call(&r, "GET", "/schedules", None)),
+        ScheduleCommand::Show { id, remote: r } => remote(call(&r, "GET", &path(&id, ""), None)),
+        ScheduleCommand::Create { file, remote: r } => {
+            remote(read(&file).and_then(|b| call(&r, "POST", "/schedules", Some(b))))
+        }
+        ScheduleCommand::Update { id, file, remote: r } => {
+            remote(read(&file).and_then(|b| call(&r, "PUT", &path(&id, ""), Some(b))))
+        }
+        ScheduleCommand::Pause { id, remote: r } => remote(call(&r, "POST", &path(&id, "/pause"), None)),
+        ScheduleCommand::Resume { id, remote: r } => remote(call(&r, "POST", &path(&id, "/resume"), None)),
+        ScheduleCommand::Trigger { id, remote: r } => remote(call(&r, "POST", &path(&id, "/trigger"), None)),
+        ScheduleCommand::Backfill {
+            id,
+            from,
+            to,
+            remote: r,
+        } => {
+            let body = json!({"from": from, "to": to}).to_string().into_bytes();
+            remote(call(
+                &r,
+                "POST",
+                &path(&id, "/backfill"),
+                Some(("application/json", body)),
+            ))
+        }
+        ScheduleCommand::Delete { id, remote: r } => remote(call(&r, "DELETE", &path(&id, ""), None)),
         ScheduleCommand::Next {
             spec,
             count,
@@ -120,4 +230,11 @@ fn spec_json(text: &str, timezone: Option<&str>) -> Result<Value, String> {
         o.insert("timezone".into(), json!(tz));
     }
     Ok(doc)
+}
+
+/// A schedule file's body, to send as JSON.
+fn read(file: &std::path::Path) -> Result<(&'static str, Vec<u8>), Failure> {
+    let bytes = std::fs::read(file).map_err(|e| (2, format!("{}: {e}", file.display())))?;
+    serde_json::from_slice::<Value>(&bytes).map_err(|e| (2, format!("{}: not JSON: {e}", file.display())))?;
+    Ok(("application/json", bytes))
 }

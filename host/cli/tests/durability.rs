@@ -2346,8 +2346,53 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
     assert_eq!(st, 200);
     assert_eq!(v["schedules"][0]["id"], "nightly", "{v}");
     assert_eq!(v["schedules"][0]["runs"], 4, "{v}");
+    // The same through the command line.
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &s.base])
+            .output()
+            .expect("sm4c runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (
+            out.status.code(),
+            text,
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = cli(&["schedule", "show", "nightly"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).expect("JSON")["runs"], 4, "{out}");
+    let (code, out, err) = cli(&["schedule", "pause", "nightly"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"paused\""), "{out}");
+    let file = dir.path().join("hourly.json");
+    std::fs::write(
+        &file,
+        json!({"id": "hourly", "definition": "quick", "cron": "0 * * * *"}).to_string(),
+    )
+    .expect("write");
+    let (code, _, err) = cli(&["schedule", "create", file.to_str().expect("path")]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = cli(&["schedule", "create", file.to_str().expect("path")]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("scheduleExists (409)"), "{err}");
+    let (code, out, err) = cli(&["schedule", "list"]);
+    assert_eq!(code, Some(0), "{err}");
+    let ids: Vec<String> = serde_json::from_str::<Value>(&out).expect("JSON")["schedules"]
+        .as_array()
+        .expect("schedules")
+        .iter()
+        .filter_map(|v| v["id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(ids, ["hourly", "nightly"]);
+    let (code, _, err) = cli(&["schedule", "delete", "hourly"]);
+    assert_eq!(code, Some(0), "{err}");
     let (st, _) = s.send(s.client.delete(format!("{}/schedules/nightly", s.base)), "DELETE");
     assert_eq!(st, 204);
     let (st, v) = s.get("/schedules/nightly");
     assert_eq!((st, v["error"].as_str()), (404, Some("unknownSchedule")), "{v}");
+    let (code, _, err) = cli(&["schedule", "show", "hourly"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("unknownSchedule (404)"), "{err}");
 }
