@@ -722,8 +722,13 @@ impl Owner {
         self.horizon = i64::MAX;
         self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };
-        self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
-        self.ended.kept.place(store.clone(), &[index::ENDED_PREFIX])?;
+        // A streaming restore wrote these as it made them ([`restore::Latest::stream`]).
+        if !self.corr.kept.placed() {
+            self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
+        }
+        if !self.ended.kept.placed() {
+            self.ended.kept.place(store.clone(), &[index::ENDED_PREFIX])?;
+        }
         // The restore wrote the subscriptions' records to the store.
         self.parking.subs.attach(store.clone());
         let horizon = now.saturating_add(horizon_ms);

@@ -2,7 +2,8 @@
 //! its state from the state topic, re-arming timers.
 
 use super::{
-    committed_of, produce, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot, RESTORE_TIMEOUT,
+    committed_of, index, produce, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot,
+    RESTORE_TIMEOUT,
 };
 use crate::wire::{
     parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, SUBSCRIPTION_PREFIX,
@@ -762,8 +763,22 @@ impl Latest {
         // A streaming restore's instances, from the store: each unended one is read once, for
         // what finds it and what it has in flight, and kept in memory only within the cache.
         if let Some(spill) = &spill {
+            // The correlation index and the ended instances go to the store as they are made,
+            // in place of the previous owner's.
+            let store = spill.store.clone();
+            let prefixes = [index::CORR_PREFIX, index::ENDED_PREFIX];
+            if let Err(e) = index::replace_under(store.as_ref(), &prefixes, std::iter::empty()) {
+                t.unreadable
+                    .get_or_insert(format!("the local store cannot be written: {e}"));
+            }
+            let mut since = 0;
             for (k, meta) in stored {
                 let Some(meta) = meta else { continue };
+                since += 1;
+                if since >= SPILL_BATCH {
+                    since = 0;
+                    t.write_index(store.as_ref());
+                }
                 t.met(&k, meta);
                 if let Some(ended) = meta.ended {
                     t.ended.insert(&k, ended, crate::view::seq_of(meta.order, p));
@@ -781,6 +796,9 @@ impl Latest {
                     }
                 }
             }
+            t.write_index(store.as_ref());
+            t.corr.kept.attach(store.clone());
+            t.ended.kept.attach(store);
         }
         // Oldest first, as they were parked.
         own.sort_by(|(a, x), (b, y)| {
@@ -819,6 +837,20 @@ impl Latest {
 }
 
 impl Owner {
+    /// A streaming restore's correlation index and ended instances made so far: written to the
+    /// store, and let go of.
+    fn write_index(&mut self, store: &dyn LocalStore) {
+        let mut mem = std::mem::take(&mut self.corr.kept.mem);
+        mem.append(&mut self.ended.kept.mem);
+        let changes: Vec<(&str, Option<&[u8]>)> = mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref())).collect();
+        if let Err(e) = store.apply(&changes, None) {
+            self.unreadable
+                .get_or_insert(format!("the local store cannot be written: {e}"));
+        }
+        // What `CorrIndex::routed_before` notes for a batch: none is being decided.
+        self.corr.decided();
+    }
+
     /// A restored instance `k`: its place in listings counts, and it is known (ended or not).
     fn met(&mut self, k: &str, meta: Meta) {
         if crate::view::order_key(meta.order) > crate::view::order_key(self.last_order) {
@@ -1063,7 +1095,11 @@ mod tests {
         for (k, _) in &records {
             assert!(store.get(k).expect("reads").is_some(), "{k} is in the store");
         }
-        // Every unended instance's timer and correlation keys were taken, cached or not.
+        // Every unended instance's timer and correlation keys were taken, cached or not; the
+        // correlation index and the ended instances went to the store as they were made.
+        assert!(t.corr.kept.mem.is_empty() && t.ended.kept.mem.is_empty());
+        assert_eq!(store.count(index::ENDED_PREFIX).expect("reads"), 2, "by time and by id");
+        assert!(store.count(index::CORR_PREFIX).expect("reads") >= 2 * n);
         assert_eq!(t.timers.len(), n);
         assert!(t.timers.iter().all(|(due, _, _)| *due == 1_000 + 3_600_000));
         assert!(t.known.contains("ended") && t.known.len() == n + 1);
