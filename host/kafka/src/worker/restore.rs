@@ -693,6 +693,7 @@ impl Latest {
             parking: Parking::default(),
             timers: BTreeSet::new(),
             horizon: i64::MAX,
+            timers_stored: false,
             index_next: Vec::new(),
             last_ticket: 0,
             retries: BTreeMap::new(),
@@ -758,26 +759,26 @@ impl Latest {
             if cache.is_none() {
                 t.records.insert(k.clone(), rec.clone());
             }
-            t.take(shared, k, rec, cache, &mut calls);
+            t.take(shared, k, rec, cache, &mut calls, None);
         }
         // A streaming restore's instances, from the store: each unended one is read once, for
         // what finds it and what it has in flight, and kept in memory only within the cache.
         if let Some(spill) = &spill {
-            // The correlation index and the ended instances go to the store as they are made,
-            // in place of the previous owner's.
+            // The correlation index, the ended instances and the timers go to the store as they
+            // are made, in place of the previous owner's.
             let store = spill.store.clone();
-            let prefixes = [index::CORR_PREFIX, index::ENDED_PREFIX];
+            let prefixes = [index::CORR_PREFIX, index::ENDED_PREFIX, index::TIMER_PREFIX];
             if let Err(e) = index::replace_under(store.as_ref(), &prefixes, std::iter::empty()) {
                 t.unreadable
                     .get_or_insert(format!("the local store cannot be written: {e}"));
             }
-            let mut since = 0;
+            let (mut since, mut timers) = (0, Vec::new());
             for (k, meta) in stored {
                 let Some(meta) = meta else { continue };
                 since += 1;
                 if since >= SPILL_BATCH {
                     since = 0;
-                    t.write_index(store.as_ref());
+                    t.write_index(store.as_ref(), &mut timers);
                 }
                 t.met(&k, meta);
                 if let Some(ended) = meta.ended {
@@ -786,7 +787,7 @@ impl Latest {
                 }
                 unended.insert(k.clone());
                 match crate::view::stored(spill.store.as_ref(), &k) {
-                    Ok(Some(rec)) => t.take(shared, k, rec, cache, &mut calls),
+                    Ok(Some(rec)) => t.take(shared, k, rec, cache, &mut calls, Some(&mut timers)),
                     Ok(None) => {
                         t.unreadable
                             .get_or_insert_with(|| format!("instance {k:?} is missing from the local store"));
@@ -796,9 +797,10 @@ impl Latest {
                     }
                 }
             }
-            t.write_index(store.as_ref());
+            t.write_index(store.as_ref(), &mut timers);
             t.corr.kept.attach(store.clone());
             t.ended.kept.attach(store);
+            t.timers_stored = true;
         }
         // Oldest first, as they were parked.
         own.sort_by(|(a, x), (b, y)| {
@@ -837,18 +839,21 @@ impl Latest {
 }
 
 impl Owner {
-    /// A streaming restore's correlation index and ended instances made so far: written to the
-    /// store, and let go of.
-    fn write_index(&mut self, store: &dyn LocalStore) {
+    /// A streaming restore's correlation index, ended instances and timers (their keys in the
+    /// store) made so far: written to the store, and let go of.
+    fn write_index(&mut self, store: &dyn LocalStore, timers: &mut Vec<String>) {
         let mut mem = std::mem::take(&mut self.corr.kept.mem);
         mem.append(&mut self.ended.kept.mem);
-        let changes: Vec<(&str, Option<&[u8]>)> = mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref())).collect();
+        let mut changes: Vec<(&str, Option<&[u8]>)> =
+            mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref())).collect();
+        changes.extend(timers.iter().map(|k| (k.as_str(), Some(&[][..]))));
         if let Err(e) = store.apply(&changes, None) {
             self.unreadable
                 .get_or_insert(format!("the local store cannot be written: {e}"));
         }
         // What `CorrIndex::routed_before` notes for a batch: none is being decided.
         self.corr.decided();
+        timers.clear();
     }
 
     /// A restored instance `k`: its place in listings counts, and it is known (ended or not).
@@ -859,7 +864,8 @@ impl Owner {
         self.known.insert(k.to_string());
     }
 
-    /// A restored unended instance: its timers, its calls in flight (to perform again, in
+    /// A restored unended instance: its timers (the keys of those due from 0 on go to `stored`,
+    /// to be written to the store, when given), its calls in flight (to perform again, in
     /// `calls`) and its correlation keys are taken; it stays in memory within `cache` (all of
     /// them without one), or with calls in flight, which are made again from it.
     fn take(
@@ -869,6 +875,7 @@ impl Owner {
         rec: crate::wire::InstanceRecord,
         cache: Option<usize>,
         calls: &mut Vec<(String, Work)>,
+        mut stored: Option<&mut Vec<String>>,
     ) {
         let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
             tracing::error!(
@@ -881,7 +888,12 @@ impl Owner {
         let inst = &slot.h.inst;
         if !inst.status().is_final() {
             for (timer, due) in &inst.snapshot().timers {
-                self.timers.insert((*due, k.clone(), timer.clone()));
+                match stored.as_deref_mut() {
+                    Some(keys) if *due >= 0 => keys.push(index::timer_key(*due, &k, timer)),
+                    _ => {
+                        self.timers.insert((*due, k.clone(), timer.clone()));
+                    }
+                }
             }
             for effect in &slot.h.open {
                 calls.push((
@@ -1100,10 +1112,14 @@ mod tests {
         assert!(t.corr.kept.mem.is_empty() && t.ended.kept.mem.is_empty());
         assert_eq!(store.count(index::ENDED_PREFIX).expect("reads"), 2, "by time and by id");
         assert!(store.count(index::CORR_PREFIX).expect("reads") >= 2 * n);
+        assert!(t.timers.is_empty(), "in the store");
+        assert_eq!(store.count(index::TIMER_PREFIX).expect("reads"), n);
+        assert!(t.known.contains("ended") && t.known.len() == n + 1);
+        // Placed with a horizon past them, every timer comes into memory and leaves the store.
+        t.place_index(0, 3_600_000 + 1_001).expect("a memory store writes");
         assert_eq!(t.timers.len(), n);
         assert!(t.timers.iter().all(|(due, _, _)| *due == 1_000 + 3_600_000));
-        assert!(t.known.contains("ended") && t.known.len() == n + 1);
-        t.place_index(0, 60_000).expect("a memory store writes");
+        assert_eq!(store.count(index::TIMER_PREFIX).expect("reads"), 0);
         assert!(t.ended.contains("ended"));
         let last = records[n - 1].0.clone();
         let event = json!({"type": "r.go", "source": "client", "order": format!("o-{last}")});
@@ -1137,9 +1153,17 @@ mod tests {
         let keys = (records[5].0.as_str(), records[9].0.as_str());
         let stores = sm4c_host::local::MemoryStores::default();
         let store = sm4c_host::local::LocalStores::open(&stores, "sim.state-0").expect("a memory store opens");
-        let (streamed, _, _) = restored(&shared, &records, Some(store), 7, keys);
+        let (mut streamed, _, _) = restored(&shared, &records, Some(store.clone()), 7, keys);
         let (held, _, _) = restored(&shared, &records, None, 0, keys);
-        assert_eq!(streamed.timers, held.timers);
+        // Far from now, the timers wait in the store; near, in memory.
+        streamed.place_index(0, 60_000).expect("a memory store writes");
+        assert!(streamed.timers.is_empty());
+        let mut far = Vec::new();
+        store
+            .scan(index::TIMER_PREFIX, &mut |k, _| far.extend(index::parse_timer_key(k)))
+            .expect("a memory store reads");
+        assert_eq!(far, held.timers.iter().cloned().collect::<Vec<_>>());
+        assert_eq!(streamed.horizon, 60_000);
         assert_eq!(streamed.known, held.known);
         assert_eq!(streamed.last_order, held.last_order);
         assert_eq!(streamed.corrupt, held.corrupt);
