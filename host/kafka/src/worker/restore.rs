@@ -1227,7 +1227,7 @@ mod tests {
     /// the way it did before it streamed (every record held until the owner is made). Prints the
     /// process's peak RSS before and after. Run alone, one process per figure (see
     /// bench/kafka/README.md):
-    /// `cargo test --release -p sm4c-kafka --lib restore_memory -- --ignored --nocapture`.
+    /// `cargo test -p sm4c-kafka --lib restore_memory -- --ignored --nocapture`.
     #[test]
     #[ignore = "a measurement, run by hand: see bench/kafka/README.md"]
     fn restore_memory() {
