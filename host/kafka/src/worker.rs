@@ -573,6 +573,9 @@ struct Owner {
     /// Timers due at or after this (ms) are kept in the partition's local store, not in `timers`
     /// ([`crate::KafkaConfig::timer_horizon_ms`]); `i64::MAX` without a store.
     horizon: i64,
+    /// A streaming restore wrote every timer to the store ([`restore::Latest::stream`]): those
+    /// due before the horizon come into memory when the index is placed ([`Owner::place_index`]).
+    timers_stored: bool,
     /// Changes of the local index the next transaction writes with its records: the timers taken
     /// into memory from the store.
     index_next: Vec<(String, Option<Vec<u8>>)>,
@@ -722,11 +725,39 @@ impl Owner {
         self.horizon = i64::MAX;
         self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };
-        self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
-        self.ended.kept.place(store.clone(), &[index::ENDED_PREFIX])?;
+        let horizon = now.saturating_add(horizon_ms);
+        if self.timers_stored {
+            self.timers_stored = false;
+            let mut near = Vec::new();
+            store
+                .scan_from(
+                    index::TIMER_PREFIX,
+                    &index::timers_from(0),
+                    &mut |k, _| match index::parse_timer_key(k) {
+                        Some(t) if t.0 >= horizon => false,
+                        Some(t) => {
+                            near.push((k.to_string(), t));
+                            true
+                        }
+                        None => true,
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            let gone: Vec<(&str, Option<&[u8]>)> = near.iter().map(|(k, _)| (k.as_str(), None)).collect();
+            store.apply(&gone, None).map_err(|e| e.to_string())?;
+            self.timers.extend(near.into_iter().map(|(_, t)| t));
+            self.horizon = horizon;
+            return Ok(());
+        }
+        // A streaming restore wrote these as it made them ([`restore::Latest::stream`]).
+        if !self.corr.kept.placed() {
+            self.corr.kept.place(store.clone(), &[index::CORR_PREFIX])?;
+        }
+        if !self.ended.kept.placed() {
+            self.ended.kept.place(store.clone(), &[index::ENDED_PREFIX])?;
+        }
         // The restore wrote the subscriptions' records to the store.
         self.parking.subs.attach(store.clone());
-        let horizon = now.saturating_add(horizon_ms);
         let far = self.timers.split_off(&(horizon, String::new(), String::new()));
         let keys: Vec<String> = far.iter().map(|(due, id, tm)| index::timer_key(*due, id, tm)).collect();
         let entries = keys.iter().map(|k| (k.as_str(), Some(&[][..])));

@@ -208,6 +208,11 @@ impl Kept {
         Ok(())
     }
 
+    /// Whether the keys are in a store ([`Kept::place`], [`Kept::attach`]).
+    pub(super) fn placed(&self) -> bool {
+        self.store.is_some()
+    }
+
     /// From now on in `store`, which holds already what memory holds (records of the state
     /// partition that a restore wrote there): memory keeps nothing after.
     pub(super) fn attach(&mut self, store: Arc<dyn LocalStore>) {

@@ -2,7 +2,8 @@
 //! its state from the state topic, re-arming timers.
 
 use super::{
-    committed_of, produce, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot, RESTORE_TIMEOUT,
+    committed_of, index, produce, subflow_start, txn_producer, CorrIndex, Out, Owner, Parking, Shared, Slot,
+    RESTORE_TIMEOUT,
 };
 use crate::wire::{
     parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, SUBSCRIPTION_PREFIX,
@@ -56,9 +57,15 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
     if let Some(why) = gone() {
         return Err(why);
     }
+    // The worker's share of the cache: the owner keeps at most this many unended instances in
+    // memory, and the restore no more (the others go to the store as they are read).
+    let keep = shared.cfg.cached_instances / shared.owned.load(std::sync::atomic::Ordering::Relaxed).max(1);
     // An earlier restore's journal catch-up ends before the stores are touched.
     shared.journals.stop(p);
     let mut store = local_store(shared, p);
+    if let Some((s, _)) = &store {
+        state.stream(s.clone(), p, keep);
+    }
     let mut from = 0;
     if let Some((s, Some(cp))) = &store {
         let mut unreadable = 0;
@@ -89,11 +96,13 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
                 state = Latest::new(committed, clock);
                 if s.clear().is_err() {
                     store = None;
+                } else {
+                    state.stream(s.clone(), p, keep);
                 }
             }
         }
     }
-    let known = state.latest.len();
+    let known = state.latest.len() + state.stored.len();
     // Every record to the log's end, not what `read_committed` shows: `Latest` tells committed
     // records by the committed offsets read above (and the previous owner's open transaction was
     // fenced first). tansu can leave its last stable offset behind the records of committed
@@ -113,21 +122,33 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
                     .and_then(|x| std::str::from_utf8(x.value?).ok()?.parse::<i64>().ok())
             });
             state.record(key, payload, at);
+            if state.due() {
+                // Written as it is read, unless the partition was revoked meanwhile.
+                state.write(gone().is_some());
+            }
         },
     )?;
     let (read, uncommitted) = (state.read, state.uncommitted);
     if let Some(why) = gone() {
         return Err(why);
     }
+    let streamed = state.streaming();
     let kept = store.and_then(|(s, _)| Some((state.save(s.as_ref(), p, from, end)?, s)));
+    if streamed && kept.is_none() {
+        // What was read is in the store only, which failed: the store is rebuilt by the next
+        // restore (or, when it cannot even be cleared, left out).
+        return Err("the local store cannot be written".to_string());
+    }
     // The store holds every record read: beyond the worker's share of the cache, instances are
     // read from it when needed.
-    let keep = shared.cfg.cached_instances / shared.owned.load(std::sync::atomic::Ordering::Relaxed).max(1);
     if kept.is_some() {
         state.cache(keep);
     }
     // The loop puts the partition's barrier when it takes the restored owner in.
     let (mut t, calls) = state.owner(shared, p, txn, None);
+    if let Some(why) = t.unreadable.take() {
+        return Err(why);
+    }
     if let Some((checkpoint, s)) = kept {
         t.store = Some(s);
         t.checkpoint = checkpoint;
@@ -303,6 +324,61 @@ pub(super) struct Latest {
     /// The keys whose last record cannot be read back, and why: an instance among them is failed
     /// with `corruptRecord` from its last readable record ([`Owner::corrupt`]).
     corrupt: BTreeMap<String, String>,
+    /// With a local store ([`Latest::stream`]): the store the instance records go to as they
+    /// are read, and what is to be written there next.
+    spill: Option<Spill>,
+    /// With a local store: what the restore decides with of each instance key whose latest
+    /// committed record is in the store (`None`: deleted, or not an instance's), in place of the
+    /// records in `latest`, which then holds only the partition's own keys.
+    stored: BTreeMap<String, Option<Meta>>,
+}
+
+/// Of an instance record a streaming restore wrote to the local store, what the restore decides
+/// with: its place in listings, and when it ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Meta {
+    order: (i64, i64),
+    /// When it ended (ms; 0 when the record does not say); `None`: not ended.
+    ended: Option<i64>,
+}
+
+impl Meta {
+    fn of(rec: &crate::wire::InstanceRecord) -> Meta {
+        Meta {
+            order: rec.order,
+            ended: rec
+                .snapshot
+                .status
+                .is_final()
+                .then(|| rec.snapshot.ended_at.unwrap_or(0)),
+        }
+    }
+}
+
+/// How many keys a streaming restore writes to the local store at once: the bound of its buffer.
+const SPILL_BATCH: usize = 512;
+
+/// Where a streaming restore writes the records it reads.
+struct Spill {
+    store: Arc<dyn LocalStore>,
+    partition: i32,
+    /// Records and the changes of the local index they make, in the order read.
+    pending: Vec<(String, Option<Vec<u8>>)>,
+    /// How many records `pending` holds.
+    records: usize,
+    /// Why nothing more is written: a write failed, or the partition was revoked.
+    failed: Option<String>,
+    /// The partition was revoked: the store is left as it is (the restore fails).
+    revoked: bool,
+}
+
+/// Whether a key of the state topic is an instance's (not a parked event's, a tally's, a
+/// subscription's or the old partition record's).
+fn instance_key(k: &str) -> bool {
+    ![PARKED_PREFIX, TALLY_PREFIX, SUBSCRIPTION_PREFIX]
+        .iter()
+        .any(|prefix| k.starts_with(prefix))
+        && k != PARTITION_KEY
 }
 
 impl Latest {
@@ -319,7 +395,79 @@ impl Latest {
             stored_order: HashMap::new(),
             cache: None,
             corrupt: BTreeMap::new(),
+            spill: None,
+            stored: BTreeMap::new(),
         }
+    }
+
+    /// Streams the restore through the local store `store` of partition `p`, which then holds
+    /// every record read: each instance record read goes there (with its rows of the local
+    /// index) in batches of [`SPILL_BATCH`] as it is read, and only what the restore decides with
+    /// stays in memory ([`Meta`]); the owner keeps at most `cache` unended instances in memory
+    /// ([`Latest::cache`]), and reads each of the others from the store once, for its timers,
+    /// correlation keys and calls in flight. So a restore needs memory for its cache and a
+    /// bounded buffer, plus a few fields per instance, not for the partition's records.
+    pub(super) fn stream(&mut self, store: Arc<dyn LocalStore>, p: i32, cache: usize) {
+        self.spill = Some(Spill {
+            store,
+            partition: p,
+            pending: Vec::new(),
+            records: 0,
+            failed: None,
+            revoked: false,
+        });
+        self.cache = Some(cache);
+    }
+
+    /// Whether the restore streams through a local store.
+    pub(super) fn streaming(&self) -> bool {
+        self.spill.is_some()
+    }
+
+    /// Whether the buffer of a streaming restore is full: [`Latest::write`] it.
+    pub(super) fn due(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| s.records >= SPILL_BATCH)
+    }
+
+    /// Writes the buffer of a streaming restore to its store; `revoked`: the partition was
+    /// revoked meanwhile, and the store is left alone from now on (the restore fails).
+    pub(super) fn write(&mut self, revoked: bool) {
+        let Some(spill) = self.spill.as_mut() else { return };
+        if revoked && !spill.revoked {
+            spill.revoked = true;
+            spill.failed = Some("the partition was revoked".to_string());
+        }
+        let pending = std::mem::take(&mut spill.pending);
+        spill.records = 0;
+        if spill.failed.is_some() || pending.is_empty() {
+            return;
+        }
+        let changes: Vec<(&str, Option<&[u8]>)> = pending.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+        if let Err(e) = spill.store.apply(&changes, None) {
+            tracing::warn!(partition = spill.partition, error = %e, "the local store cannot be written while the partition is restored");
+            spill.failed = Some(e.to_string());
+        }
+    }
+
+    /// A streaming restore's committed record of instance key `k` (`None`: a deletion): what
+    /// the store gets, with the changes of the local index it makes.
+    fn spill(&mut self, k: String, r: Option<StateRecord>) {
+        let Some(spill) = self.spill.as_mut() else { return };
+        let p = spill.partition;
+        let before = self
+            .stored
+            .get(&k)
+            .and_then(|m| m.as_ref())
+            .map(|m| crate::view::seq_of(m.order, p));
+        let now = r.as_ref().and_then(|r| r.instance.as_ref());
+        let index = (now.is_some() || before.is_some()).then(|| crate::view::index_changes(p, &k, now, before));
+        let meta = now.map(Meta::of);
+        spill
+            .pending
+            .push((k.clone(), r.map(|r| serde_json::to_vec(&r).unwrap_or_default())));
+        spill.pending.extend(index.into_iter().flatten());
+        spill.records += 1;
+        self.stored.insert(k, meta);
     }
 
     /// The local store holds every record read: the owner made of them keeps at most `n`
@@ -338,6 +486,11 @@ impl Latest {
             return true;
         }
         match sm4c_runtime::json::read_stored::<StateRecord>(value) {
+            Ok(r) if self.spill.is_some() && instance_key(key) => {
+                // Already in the store: only what the restore decides with stays.
+                self.stored.insert(key.to_string(), r.instance.as_ref().map(Meta::of));
+                true
+            }
             Ok(r) => {
                 if let Some(rec) = &r.instance {
                     self.stored_order.insert(key.to_string(), rec.order);
@@ -355,7 +508,23 @@ impl Latest {
     /// [`Owner::repair`]), so the checkpoint stays where it was until the partition's next
     /// transaction moves it. Gives the store's checkpoint now; `None`: the store could not be
     /// written, and is cleared (read from the beginning next time).
-    pub(super) fn save(&self, store: &dyn LocalStore, p: i32, from: i64, end: i64) -> Option<i64> {
+    ///
+    /// A streaming restore ([`Latest::stream`]) wrote its instances' records as it read them:
+    /// what is left of its buffer is written with the rest.
+    pub(super) fn save(&mut self, store: &dyn LocalStore, p: i32, from: i64, end: i64) -> Option<i64> {
+        self.write(false);
+        if self.spill.as_ref().is_some_and(|s| s.revoked) {
+            return None;
+        }
+        if let Some(why) = self.spill.as_ref().and_then(|s| s.failed.clone()) {
+            tracing::warn!(
+                partition = p,
+                error = why,
+                "the local store cannot be written; it is cleared"
+            );
+            let _ = store.clear();
+            return None;
+        }
         let mut bytes: Vec<(String, Option<Vec<u8>>)> = Vec::with_capacity(self.touched.len());
         let mut index = Vec::new();
         for k in &self.touched {
@@ -391,7 +560,10 @@ impl Latest {
         let (committed, clock) = (self.committed, self.clock);
         self.read += 1;
         let Some(k) = key else { return };
-        self.touched.insert(k.clone());
+        // A streaming restore writes its instances' records as it reads them.
+        if self.spill.is_none() || !instance_key(&k) {
+            self.touched.insert(k.clone());
+        }
         match payload {
             Some(payload) => {
                 let r = match sm4c_runtime::json::read_stored::<StateRecord>(payload) {
@@ -411,7 +583,11 @@ impl Latest {
                 self.clocked += u64::from(r.clock.is_some());
                 if crate::wire::committed(r.through, r.clock, committed, clock) {
                     self.stale.remove(&k);
-                    self.latest.insert(k, Some(r));
+                    if self.spill.is_some() && instance_key(&k) {
+                        self.spill(k, Some(r));
+                    } else {
+                        self.latest.insert(k, Some(r));
+                    }
                 } else {
                     self.uncommitted += 1;
                     self.stale.insert(k);
@@ -423,7 +599,11 @@ impl Latest {
                 if clock_header.is_none_or(|c| c < clock) {
                     self.corrupt.remove(&k);
                     self.stale.remove(&k);
-                    self.latest.insert(k, None);
+                    if self.spill.is_some() && instance_key(&k) {
+                        self.spill(k, None);
+                    } else {
+                        self.latest.insert(k, None);
+                    }
                 } else {
                     self.uncommitted += 1;
                     self.stale.insert(k);
@@ -450,6 +630,8 @@ impl Latest {
             clocked,
             cache,
             corrupt,
+            spill,
+            stored,
             ..
         } = self;
         if committed > 0 && clock == 0 && clocked > 0 {
@@ -464,12 +646,24 @@ impl Latest {
         }
         // Each key whose last record is not committed gets its committed record (or a tombstone)
         // again in the next transaction: see [`Owner::repair`].
+        // A streaming restore's instance records are in the store, as they are to be written.
+        let mut unreadable = None;
         let repair = stale
             .into_iter()
             .map(|k| {
-                let (payload, headers) = match latest.get(&k) {
-                    Some(Some(r)) => (Some(serde_json::to_vec(r).unwrap_or_default()), Vec::new()),
-                    _ => (None, vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())]),
+                let kept = match &spill {
+                    Some(spill) if instance_key(&k) => spill.store.get(&k).unwrap_or_else(|e| {
+                        unreadable = Some(format!("instance {k:?} cannot be read from the local store: {e}"));
+                        None
+                    }),
+                    _ => latest
+                        .get(&k)
+                        .and_then(Option::as_ref)
+                        .map(|r| serde_json::to_vec(r).unwrap_or_default()),
+                };
+                let (payload, headers) = match kept {
+                    Some(bytes) => (Some(bytes), Vec::new()),
+                    None => (None, vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())]),
                 };
                 Out {
                     topic: shared.topics.state.clone(),
@@ -489,7 +683,7 @@ impl Latest {
             used: 0,
             last_order: (0, 0),
             evicted: false,
-            unreadable: None,
+            unreadable,
             corr: CorrIndex::default(),
             resubscribe: Vec::new(),
             dirty: BTreeSet::new(),
@@ -499,6 +693,7 @@ impl Latest {
             parking: Parking::default(),
             timers: BTreeSet::new(),
             horizon: i64::MAX,
+            timers_stored: false,
             index_next: Vec::new(),
             last_ticket: 0,
             retries: BTreeMap::new(),
@@ -546,18 +741,15 @@ impl Latest {
                 }
                 continue;
             };
-            if k.starts_with(PARKED_PREFIX) || k.starts_with(TALLY_PREFIX) || k.starts_with(SUBSCRIPTION_PREFIX) {
+            if !instance_key(&k) {
                 own.push((k, r));
                 continue;
             }
             let Some(rec) = r.instance else { continue };
-            if crate::view::order_key(rec.order) > crate::view::order_key(t.last_order) {
-                t.last_order = rec.order;
-            }
-            t.known.insert(k.clone());
-            if rec.snapshot.status.is_final() {
-                let place = crate::view::seq_of(rec.order, p);
-                t.ended.insert(&k, rec.snapshot.ended_at.unwrap_or(0), place);
+            let meta = Meta::of(&rec);
+            t.met(&k, meta);
+            if let Some(ended) = meta.ended {
+                t.ended.insert(&k, ended, crate::view::seq_of(rec.order, p));
                 if cache.is_none() {
                     t.records.insert(k, rec);
                 }
@@ -567,37 +759,48 @@ impl Latest {
             if cache.is_none() {
                 t.records.insert(k.clone(), rec.clone());
             }
-            let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
-                tracing::error!(
-                    instance = k,
-                    "the definition of this instance is not registered; it stays as it is"
-                );
-                continue;
-            };
-            let slot = Slot::from_record(shared, m, rec);
-            let inst = &slot.h.inst;
-            if !inst.status().is_final() {
-                for (timer, due) in &inst.snapshot().timers {
-                    t.timers.insert((*due, k.clone(), timer.clone()));
+            t.take(shared, k, rec, cache, &mut calls, None);
+        }
+        // A streaming restore's instances, from the store: each unended one is read once, for
+        // what finds it and what it has in flight, and kept in memory only within the cache.
+        if let Some(spill) = &spill {
+            // The correlation index, the ended instances and the timers go to the store as they
+            // are made, in place of the previous owner's.
+            let store = spill.store.clone();
+            let prefixes = [index::CORR_PREFIX, index::ENDED_PREFIX, index::TIMER_PREFIX];
+            if let Err(e) = index::replace_under(store.as_ref(), &prefixes, std::iter::empty()) {
+                t.unreadable
+                    .get_or_insert(format!("the local store cannot be written: {e}"));
+            }
+            let (mut since, mut timers) = (0, Vec::new());
+            for (k, meta) in stored {
+                let Some(meta) = meta else { continue };
+                since += 1;
+                if since >= SPILL_BATCH {
+                    since = 0;
+                    t.write_index(store.as_ref(), &mut timers);
                 }
-                for effect in &slot.h.open {
-                    calls.push((
-                        k.clone(),
-                        shared.driver.work(&k, inst.machine(), slot.h.depth, effect.clone()),
-                    ));
+                t.met(&k, meta);
+                if let Some(ended) = meta.ended {
+                    t.ended.insert(&k, ended, crate::view::seq_of(meta.order, p));
+                    continue;
+                }
+                unended.insert(k.clone());
+                match crate::view::stored(spill.store.as_ref(), &k) {
+                    Ok(Some(rec)) => t.take(shared, k, rec, cache, &mut calls, Some(&mut timers)),
+                    Ok(None) => {
+                        t.unreadable
+                            .get_or_insert_with(|| format!("instance {k:?} is missing from the local store"));
+                    }
+                    Err(why) => {
+                        t.unreadable.get_or_insert(why);
+                    }
                 }
             }
-            t.corr.update(&k, &slot.h.inst);
-            if !shared.cfg.exactly_once && !t.corr.routed(&k).is_empty() {
-                t.resubscribe.push(k.clone());
-            }
-            // One with calls in flight stays: they are made again from it.
-            if cache.is_some_and(|n| t.slots.len() >= n) && slot.h.open.is_empty() {
-                // In the store: read back when something comes for it.
-                t.evicted = true;
-            } else {
-                t.slots.insert(k, Box::new(slot));
-            }
+            t.write_index(store.as_ref(), &mut timers);
+            t.corr.kept.attach(store.clone());
+            t.ended.kept.attach(store);
+            t.timers_stored = true;
         }
         // Oldest first, as they were parked.
         own.sort_by(|(a, x), (b, y)| {
@@ -608,11 +811,7 @@ impl Latest {
             t.parking.restore(&k, r);
         }
         for (k, why) in corrupt {
-            let instance = ![PARKED_PREFIX, TALLY_PREFIX, SUBSCRIPTION_PREFIX]
-                .iter()
-                .any(|prefix| k.starts_with(prefix))
-                && k != PARTITION_KEY;
-            if !instance {
+            if !instance_key(&k) {
                 tracing::error!(
                     partition = p,
                     key = k,
@@ -636,6 +835,83 @@ impl Latest {
             }
         }
         (t, calls)
+    }
+}
+
+impl Owner {
+    /// A streaming restore's correlation index, ended instances and timers (their keys in the
+    /// store) made so far: written to the store, and let go of.
+    fn write_index(&mut self, store: &dyn LocalStore, timers: &mut Vec<String>) {
+        let mut mem = std::mem::take(&mut self.corr.kept.mem);
+        mem.append(&mut self.ended.kept.mem);
+        let mut changes: Vec<(&str, Option<&[u8]>)> =
+            mem.iter().map(|(k, (_, v))| (k.as_str(), v.as_deref())).collect();
+        changes.extend(timers.iter().map(|k| (k.as_str(), Some(&[][..]))));
+        if let Err(e) = store.apply(&changes, None) {
+            self.unreadable
+                .get_or_insert(format!("the local store cannot be written: {e}"));
+        }
+        // What `CorrIndex::routed_before` notes for a batch: none is being decided.
+        self.corr.decided();
+        timers.clear();
+    }
+
+    /// A restored instance `k`: its place in listings counts, and it is known (ended or not).
+    fn met(&mut self, k: &str, meta: Meta) {
+        if crate::view::order_key(meta.order) > crate::view::order_key(self.last_order) {
+            self.last_order = meta.order;
+        }
+        self.known.insert(k.to_string());
+    }
+
+    /// A restored unended instance: its timers (the keys of those due from 0 on go to `stored`,
+    /// to be written to the store, when given), its calls in flight (to perform again, in
+    /// `calls`) and its correlation keys are taken; it stays in memory within `cache` (all of
+    /// them without one), or with calls in flight, which are made again from it.
+    fn take(
+        &mut self,
+        shared: &Shared,
+        k: String,
+        rec: crate::wire::InstanceRecord,
+        cache: Option<usize>,
+        calls: &mut Vec<(String, Work)>,
+        mut stored: Option<&mut Vec<String>>,
+    ) {
+        let Some(m) = shared.machine(&rec.snapshot.definition, &rec.snapshot.version) else {
+            tracing::error!(
+                instance = k,
+                "the definition of this instance is not registered; it stays as it is"
+            );
+            return;
+        };
+        let slot = Slot::from_record(shared, m, rec);
+        let inst = &slot.h.inst;
+        if !inst.status().is_final() {
+            for (timer, due) in &inst.snapshot().timers {
+                match stored.as_deref_mut() {
+                    Some(keys) if *due >= 0 => keys.push(index::timer_key(*due, &k, timer)),
+                    _ => {
+                        self.timers.insert((*due, k.clone(), timer.clone()));
+                    }
+                }
+            }
+            for effect in &slot.h.open {
+                calls.push((
+                    k.clone(),
+                    shared.driver.work(&k, inst.machine(), slot.h.depth, effect.clone()),
+                ));
+            }
+        }
+        self.corr.update(&k, &slot.h.inst);
+        if !shared.cfg.exactly_once && !self.corr.routed(&k).is_empty() {
+            self.resubscribe.push(k.clone());
+        }
+        if cache.is_some_and(|n| self.slots.len() >= n) && slot.h.open.is_empty() {
+            // In the store: read back when something comes for it.
+            self.evicted = true;
+        } else {
+            self.slots.insert(k, Box::new(slot));
+        }
     }
 }
 
@@ -664,6 +940,342 @@ mod tests {
             ..StateRecord::default()
         };
         serde_json::to_vec(&record).expect("a record")
+    }
+
+    /// A definition whose instances wait for a correlated event (`order` = their input's `n`)
+    /// or an hour.
+    fn waiting() -> Value {
+        json!({
+            "id": "wait", "version": "1.0", "name": "Wait",
+            "events": [ { "name": "go", "type": "r.go", "source": "client",
+                "correlation": [ { "contextAttributeName": "order", "contextAttributeValue": "${ .n }" } ] } ],
+            "states": [
+                { "name": "Wait", "start": true, "transitions": [
+                    { "nextState": "Done", "eventGroups": [ { "events": [ "go" ] } ] },
+                    { "nextState": "Done", "timeout": "PT1H" } ] },
+                { "name": "Done", "final": true }
+            ]
+        })
+    }
+
+    fn shared(rt: &tokio::runtime::Runtime) -> Shared {
+        let shared = super::super::sim::shared(rt);
+        let m = sm4c_runtime::load(&waiting(), &mut sm4c_runtime::no_files, Default::default())
+            .unwrap_or_else(|e| panic!("the definition does not load: {e:?}"));
+        shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(Arc::new(m));
+        shared
+    }
+
+    /// `n` waiting instances of partition 0 started by the real decision code, as records of the
+    /// state topic (keyed by id, committed by the offsets `Latest::new(10, 10)` reads with).
+    fn started(shared: &Shared, n: usize) -> Vec<(String, Vec<u8>)> {
+        let ids: Vec<String> = (0..)
+            .map(|i| format!("w{i:05}"))
+            .filter(|id| crate::wire::partition_of(id, shared.partitions) == 0)
+            .take(n)
+            .collect();
+        let payloads: Vec<Vec<u8>> = ids
+            .iter()
+            .map(|id| {
+                let start = crate::wire::Command::Start {
+                    id: id.clone(),
+                    definition: "wait".into(),
+                    version: None,
+                    input: json!({"n": format!("o-{id}")}),
+                    parent: None,
+                    depth: 0,
+                    origin: None,
+                    request: None,
+                    traceparent: None,
+                };
+                serde_json::to_vec(&start).expect("json")
+            })
+            .collect();
+        let (mut t, _) = Latest::new(0, 0).owner(shared, 0, None, None);
+        let commands = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as i64, 1_000, p.as_slice()));
+        let b = super::super::decision::decide(shared, &mut t, commands, Default::default(), 1_000);
+        let records: Vec<(String, Vec<u8>)> = b
+            .records
+            .into_iter()
+            .filter_map(|(id, r)| {
+                let record = StateRecord {
+                    through: 0,
+                    clock: Some(0),
+                    instance: Some(r?),
+                    ..StateRecord::default()
+                };
+                Some((id, serde_json::to_vec(&record).expect("json")))
+            })
+            .collect();
+        assert_eq!(records.len(), n, "every instance started");
+        records
+    }
+
+    /// Restores `records` (then a corrupt record of `corrupt`, a record of `stale` that did not
+    /// commit, and an ended instance) through `store` when given (streaming, keeping `cache`
+    /// instances), in memory otherwise.
+    fn restored(
+        shared: &Shared,
+        records: &[(String, Vec<u8>)],
+        store: Option<Arc<dyn LocalStore>>,
+        cache: usize,
+        (corrupt, stale): (&str, &str),
+    ) -> (Owner, Vec<(String, Work)>, usize) {
+        let mut state = Latest::new(10, 10);
+        if let Some(s) = &store {
+            state.stream(s.clone(), 0, cache);
+        }
+        let mut written_while_reading = 0;
+        for (k, payload) in records {
+            state.record(Some(k.clone()), Some(payload), None);
+            if state.due() {
+                state.write(false);
+                written_while_reading += 1;
+            }
+        }
+        let mut ended = crate::view::tests::record("ended", "order", sm4c_runtime::Status::Completed, 5);
+        ended.snapshot.ended_at = Some(7_000);
+        let ended = StateRecord {
+            through: 0,
+            clock: Some(0),
+            instance: Some(ended),
+            ..StateRecord::default()
+        };
+        state.record(
+            Some("ended".into()),
+            Some(&serde_json::to_vec(&ended).expect("json")),
+            None,
+        );
+        state.record(Some(corrupt.into()), Some(b"{\"through\": garbage"), None);
+        // Written by a transaction that did not commit: the earlier record stays.
+        let mut aborted: StateRecord = serde_json::from_slice(&records[0].1).expect("a record");
+        aborted.through = 50;
+        aborted.clock = Some(20);
+        state.record(
+            Some(stale.into()),
+            Some(&serde_json::to_vec(&aborted).expect("json")),
+            None,
+        );
+        if let Some(s) = &store {
+            assert!(
+                state.latest.is_empty(),
+                "a streaming restore keeps no instance record in memory"
+            );
+            assert_eq!(
+                state.save(s.as_ref(), 0, 0, 100),
+                Some(0),
+                "a key is stale: no checkpoint"
+            );
+        }
+        let (mut t, calls) = state.owner(shared, 0, None, None);
+        assert_eq!(t.unreadable, None);
+        t.store = store;
+        (t, calls, written_while_reading)
+    }
+
+    #[test]
+    fn a_streaming_restore_keeps_its_cache_in_memory_and_finds_every_instance_in_the_store() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = shared(&rt);
+        let n = SPILL_BATCH * 2 + 10;
+        let records = started(&shared, n);
+        let corrupt = records[3].0.clone();
+        let stale = records[0].0.clone();
+        let stores = sm4c_host::local::MemoryStores::default();
+        let store = sm4c_host::local::LocalStores::open(&stores, "sim.state-0").expect("a memory store opens");
+        let (mut t, calls, written) = restored(&shared, &records, Some(store.clone()), 3, (&corrupt, &stale));
+        assert_eq!(
+            written, 2,
+            "the records went to the store while they were read, in batches"
+        );
+        assert!(calls.is_empty());
+        // Memory holds the cache; the store holds every instance, and its listing rows.
+        let first: Vec<&String> = records.iter().map(|(k, _)| k).take(3).collect();
+        let mut cached: Vec<&String> = t.slots.keys().collect();
+        cached.sort();
+        assert_eq!(cached, first, "the first instances in key order");
+        assert!(t.evicted);
+        assert!(t.records.is_empty(), "the API reads the store");
+        assert_eq!(store.count(crate::view::ROW_PREFIX).expect("reads"), n + 1);
+        for (k, _) in &records {
+            assert!(store.get(k).expect("reads").is_some(), "{k} is in the store");
+        }
+        // Every unended instance's timer and correlation keys were taken, cached or not; the
+        // correlation index and the ended instances went to the store as they were made.
+        assert!(t.corr.kept.mem.is_empty() && t.ended.kept.mem.is_empty());
+        assert_eq!(store.count(index::ENDED_PREFIX).expect("reads"), 2, "by time and by id");
+        assert!(store.count(index::CORR_PREFIX).expect("reads") >= 2 * n);
+        assert!(t.timers.is_empty(), "in the store");
+        assert_eq!(store.count(index::TIMER_PREFIX).expect("reads"), n);
+        assert!(t.known.contains("ended") && t.known.len() == n + 1);
+        // Placed with a horizon past them, every timer comes into memory and leaves the store.
+        t.place_index(0, 3_600_000 + 1_001).expect("a memory store writes");
+        assert_eq!(t.timers.len(), n);
+        assert!(t.timers.iter().all(|(due, _, _)| *due == 1_000 + 3_600_000));
+        assert_eq!(store.count(index::TIMER_PREFIX).expect("reads"), 0);
+        assert!(t.ended.contains("ended"));
+        let last = records[n - 1].0.clone();
+        let event = json!({"type": "r.go", "source": "client", "order": format!("o-{last}")});
+        assert_eq!(
+            t.corr.candidates(&event).into_iter().collect::<Vec<_>>(),
+            std::slice::from_ref(&last)
+        );
+        // An instance beyond the cache is read back from the store when something comes for it.
+        assert!(!t.slots.contains_key(&last));
+        let slot = t.slot(&shared, &last).expect("read from the store");
+        assert_eq!(slot.h.inst.snapshot().state_name.as_deref(), Some("Wait"));
+        assert_eq!(t.unreadable, None);
+        // The corrupt record fails its instance only, from its earlier record, which the store
+        // kept; the key whose last record did not commit gets its committed one written again.
+        assert_eq!(t.corrupt.iter().map(|(k, _)| k).collect::<Vec<_>>(), [&corrupt]);
+        assert!(store.get(&corrupt).expect("reads").is_some());
+        assert_eq!(t.repair.len(), 1);
+        assert_eq!(t.repair[0].key.as_deref(), Some(stale.as_str()));
+        assert_eq!(t.repair[0].payload.as_deref(), Some(records[0].1.as_slice()));
+        assert_eq!(
+            store.get(&stale).expect("reads").as_deref(),
+            Some(records[0].1.as_slice())
+        );
+    }
+
+    #[test]
+    fn a_streaming_restore_decides_as_one_that_holds_the_partition_in_memory() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = shared(&rt);
+        let records = started(&shared, 40);
+        let keys = (records[5].0.as_str(), records[9].0.as_str());
+        let stores = sm4c_host::local::MemoryStores::default();
+        let store = sm4c_host::local::LocalStores::open(&stores, "sim.state-0").expect("a memory store opens");
+        let (mut streamed, _, _) = restored(&shared, &records, Some(store.clone()), 7, keys);
+        let (held, _, _) = restored(&shared, &records, None, 0, keys);
+        // Far from now, the timers wait in the store; near, in memory.
+        streamed.place_index(0, 60_000).expect("a memory store writes");
+        assert!(streamed.timers.is_empty());
+        let mut far = Vec::new();
+        store
+            .scan(index::TIMER_PREFIX, &mut |k, _| far.extend(index::parse_timer_key(k)))
+            .expect("a memory store reads");
+        assert_eq!(far, held.timers.iter().cloned().collect::<Vec<_>>());
+        assert_eq!(streamed.horizon, 60_000);
+        assert_eq!(streamed.known, held.known);
+        assert_eq!(streamed.last_order, held.last_order);
+        assert_eq!(streamed.corrupt, held.corrupt);
+        let repair = |t: &Owner| {
+            t.repair
+                .iter()
+                .map(|o| (o.key.clone(), o.payload.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(repair(&streamed), repair(&held));
+        assert_eq!(streamed.slots.len(), 7);
+        assert_eq!(held.slots.len(), 40);
+        assert!(streamed.slots.keys().all(|k| held.slots.contains_key(k)));
+    }
+
+    #[test]
+    fn a_streaming_restore_revoked_while_it_reads_leaves_the_store_alone_and_fails() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = shared(&rt);
+        let records = started(&shared, SPILL_BATCH + 1);
+        let stores = sm4c_host::local::MemoryStores::default();
+        let store = sm4c_host::local::LocalStores::open(&stores, "sim.state-0").expect("a memory store opens");
+        // What the partition's store held: a record, and its checkpoint.
+        let (cp, old) = (
+            Checkpoint {
+                offset: 3,
+                written_ms: 1,
+            },
+            (records[0].0.as_str(), Some(&b"{}"[..])),
+        );
+        store.apply(&[old], Some(cp)).expect("a memory store writes");
+        let mut state = Latest::new(10, 10);
+        state.stream(store.clone(), 0, 3);
+        for (k, payload) in &records {
+            state.record(Some(k.clone()), Some(payload), None);
+            if state.due() {
+                state.write(true);
+            }
+        }
+        assert_eq!(state.save(store.as_ref(), 0, 3, 100), None);
+        assert_eq!(store.count("").expect("reads"), 1, "nothing written");
+        assert_eq!(store.get(old.0).expect("reads").as_deref(), old.1);
+        assert_eq!(store.checkpoint().expect("reads"), Some(cp));
+    }
+
+    /// The peak resident memory of this process so far (`VmHWM`), in MB.
+    fn peak_mb() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status reads");
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmHWM in /proc/self/status");
+        kb / 1024
+    }
+
+    /// The restore's memory, measured: restores a partition of `SM4C_RESTORE_BENCH_N` (100,000)
+    /// waiting instances, written by the real serializer and read through [`Latest`] as the
+    /// worker reads them, into a SQLite local store (as the `sm4c` binary keeps), keeping
+    /// `SM4C_RESTORE_BENCH_CACHE` (10,000) in memory; `SM4C_RESTORE_BENCH_MODE=held` restores
+    /// the way it did before it streamed (every record held until the owner is made). Prints the
+    /// process's peak RSS before and after. Run alone, one process per figure (see
+    /// bench/kafka/README.md):
+    /// `cargo test -p sm4c-kafka --lib restore_memory -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, run by hand: see bench/kafka/README.md"]
+    fn restore_memory() {
+        let var = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number")))
+                .unwrap_or(default)
+        };
+        let n = var("SM4C_RESTORE_BENCH_N", 100_000);
+        let cache = var("SM4C_RESTORE_BENCH_CACHE", 10_000);
+        let held = std::env::var("SM4C_RESTORE_BENCH_MODE").is_ok_and(|m| m == "held");
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = shared(&rt);
+        let template: StateRecord = serde_json::from_slice(&started(&shared, 1)[0].1).expect("a record");
+        let stores = sm4c_durable::local::SqliteStores::temporary().expect("a temporary store");
+        let store = sm4c_host::local::LocalStores::open(&stores, "sim.state-0").expect("a store opens");
+        let before = peak_mb();
+        let mut state = Latest::new(10, 10);
+        if !held {
+            state.stream(store.clone(), 0, cache);
+        }
+        for i in 0..n {
+            let mut r = template.clone();
+            let id = format!("i{i:07}");
+            if let Some(rec) = r.instance.as_mut() {
+                rec.snapshot.id = id.clone();
+                rec.order = (1_000 + i as i64, 0);
+            }
+            let payload = serde_json::to_vec(&r).expect("json");
+            state.record(Some(id), Some(&payload), None);
+            if state.due() {
+                state.write(false);
+            }
+        }
+        assert!(state.save(store.as_ref(), 0, 0, n as i64).is_some());
+        state.cache(cache);
+        let (mut t, _) = state.owner(&shared, 0, None, None);
+        t.store = Some(store.clone());
+        t.place_index(0, shared.cfg.timer_horizon_ms).expect("the store writes");
+        t.evict(cache, u64::MAX);
+        assert_eq!(t.known.len(), n);
+        assert_eq!(t.slots.len(), cache.min(n));
+        let after = peak_mb();
+        println!(
+            "restore_memory: {n} instances, cache {cache}, {}: peak RSS {before} MB before the restore, {after} MB after",
+            if held { "held" } else { "streamed" }
+        );
     }
 
     #[test]

@@ -821,6 +821,10 @@ impl<'a> World<'a> {
             d[w].open(&format!("{}-{p}", shared.topics.state))
                 .expect("a memory store opens")
         });
+        // The restore streams through the store, as the worker's does.
+        if let Some(s) = &store {
+            state.stream(s.clone(), p, self.cache);
+        }
         let mut from = 0;
         if let Some(cp) = store
             .as_ref()
@@ -841,6 +845,9 @@ impl<'a> World<'a> {
                 .find(|(k, _)| k == CLOCK_HEADER)
                 .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok());
             state.record(r.key.clone(), r.payload.as_deref(), at);
+            if state.due() {
+                state.write(false);
+            }
         }
         let kept = store.and_then(|s| Some((state.save(s.as_ref(), p, from, end)?, s)));
         if kept.is_some() {
@@ -848,6 +855,7 @@ impl<'a> World<'a> {
         }
         let token = self.barrier(p);
         let (mut t, calls) = state.owner(shared, p, None, Some(token));
+        assert_eq!(t.unreadable.take(), None, "a memory store reads");
         if let Some((checkpoint, s)) = kept {
             t.store = Some(s);
             t.checkpoint = checkpoint;
