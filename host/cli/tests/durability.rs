@@ -2134,21 +2134,7 @@ fn schedule_runs(s: &Server, schedule: &str, definition: &str) -> Vec<i64> {
 
 /// Seconds since the epoch of `2026-11-28T02:00:00Z`.
 fn chrono_secs(t: &str) -> Option<i64> {
-    let (date, time) = t.strip_suffix('Z')?.split_once('T')?;
-    let d: Vec<i64> = date.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-    let h: Vec<i64> = time.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let (y, m) = if d[1] <= 2 {
-        (d[0] - 1, d[1] + 9)
-    } else {
-        (d[0], d[1] - 3)
-    };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + d[2] - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + h[0] * 3600 + h[1] * 60 + h[2])
+    chrono::DateTime::parse_from_rfc3339(t).ok().map(|d| d.timestamp())
 }
 
 /// An every-second schedule starts each second once, as `<id>@<time>`; after a SIGKILL, the
