@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     let mut now: i64 = 1_700_000_000_000;
     let out = instance.handle(Timed {
         at: now,
-        input: Input::Start { data: input.clone() },
+        input: Input::Start { data: input.clone(), scheduled: None },
     });
     let mut pending = out.effects;
     for _ in 0..ROUNDS {

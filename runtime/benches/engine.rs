@@ -39,6 +39,7 @@ fn group(c: &mut Criterion, name: &str, definition: &Value, iterations: u64) {
                     at: 0,
                     input: Input::Start {
                         data: json!({"count": 0, "limit": iterations}),
+                        scheduled: None,
                     },
                 });
                 assert_eq!(i.status(), Status::Completed);

@@ -269,6 +269,7 @@ pub const ALLOWED: &[(&str, usize)] = &[
     ("scan", 1),
     ("scan", 2),
     ("scan_", 2),
+    ("schedule", 0),
     ("select", 1),
     ("setpath", 2),
     ("significand", 0),
@@ -733,7 +734,33 @@ fn burn(env: &Env) -> Result<(), i32> {
     }
 }
 
+thread_local! {
+    /// What `schedule` yields while an instance handles an input on this thread (see
+    /// [`with_schedule`]); natives are plain functions and cannot capture the instance.
+    static SCHEDULE: std::cell::RefCell<Val> = const { std::cell::RefCell::new(Val::Null) };
+}
+
+/// Runs `f` with `schedule` yielding `schedule` (the instance's [`crate::engine::Scheduled`] as
+/// definitions see it, or null), as it was before once `f` returns or unwinds.
+pub(crate) fn with_schedule<R>(schedule: Val, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Val>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(v) = self.0.take() {
+                SCHEDULE.with(|s| *s.borrow_mut() = v);
+            }
+        }
+    }
+    let before = SCHEDULE.with(|s| std::mem::replace(&mut *s.borrow_mut(), schedule));
+    let _restore = Restore(Some(before));
+    f()
+}
+
 fn natives() -> Vec<Fun<Data>> {
+    // `schedule`: the schedule that started the instance and the nominal time of its run,
+    // `{"id", "nominalTime"}`, or null. Recorded in the start's journal entry, so a replay reads
+    // the same.
+    let schedule: Fun<Data> = run(("schedule", v(0), |_cv| bome(Ok(SCHEDULE.with(|s| s.borrow().clone())))));
     // `__tick` passes its input through (also as a path and under updates, so definitions such as
     // `select` and `first` still work in `del(...)` and `|=`), burning one unit of fuel.
     let tick: Fun<Data> = (
@@ -979,7 +1006,7 @@ fn natives() -> Vec<Fun<Data>> {
         .zip(admitted)
         .filter_map(|(f, &admitted)| admitted.then_some(f))
         .filter(|(name, args, _)| !METERED.contains(&(*name, args.len())))
-        .chain([depth])
+        .chain([depth, schedule])
         .chain([
             tick, gate, fits, epoch, caught_, dropped, guard, fromjson, getp, setp, keyed, add, mul, div, sub, item,
             check, sized, regex, eq, ne, lt, le, gt, ge, sorted, contains, indices,
@@ -2386,7 +2413,7 @@ mod tests {
         nextafter/2 nexttoward/2 normals/0 not/0 nth/1 nth/2 null/0 nulls/0 numbers/0 objects/0 path/1
         path_value/1 paths/0 paths/1 pick/1 pow/2 pow10/0 range/1 range/2 range/3 recurse/0 recurse/1
         recurse/2 remainder/2 repeat/1 reverse/0 rindex/1 rint/0 round/0 rtrim/0 rtrimstr/1 scalars/0
-        scalb/2 scalbln/2 scan/1 scan/2 scan_/2 select/1 setpath/2 significand/0 sin/0 sinh/0 skip/2
+        scalb/2 scalbln/2 scan/1 scan/2 scan_/2 schedule/0 select/1 setpath/2 significand/0 sin/0 sinh/0 skip/2
         sort/0 sort_by/1 split/1 split/2 split_/2 split_matches/2 splits/1 splits/2 sqrt/0 startswith/1
         stderr/0 strftime/1 strings/0 strptime/1 sub/2 sub/3 tan/0 tanh/0 test/1 test/2 tgamma/0
         to_entries/0 toboolean/0 tobytes/0 todate/0 todateiso8601/0 tojson/0 tonumber/0 tostring/0

@@ -17,7 +17,7 @@
 //! });
 //! let machine = Arc::new(load(&definition, &mut no_files, LoadOptions::default()).unwrap());
 //! let mut instance = Instance::new(machine, "hello-1", Options::default());
-//! let out = instance.handle(Timed { at: 0, input: Input::Start { data: json!({}) } });
+//! let out = instance.handle(Timed { at: 0, input: Input::Start { data: json!({}), scheduled: None } });
 //! assert!(out.effects.is_empty());
 //! assert_eq!(instance.status(), Status::Completed);
 //! assert_eq!(instance.data(), json!({"result": "Hello World!"}));

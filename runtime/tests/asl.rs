@@ -143,7 +143,7 @@ impl Host {
 
 fn start(m: &Arc<Machine>, host: &mut Host, data: Value) -> Instance {
     let mut i = Instance::new(m.clone(), "exec-1", Options::default());
-    host.feed(&mut i, Input::Start { data });
+    host.feed(&mut i, Input::Start { data, scheduled: None });
     i
 }
 
@@ -362,7 +362,13 @@ fn op_and_timer_ids_are_deterministic_and_distinct_per_iteration_and_attempt() {
     let mut c = Host::new(order_answer);
     c.now = 5_000_000;
     let mut ic = Instance::new(m.clone(), "another", Options::default());
-    c.feed(&mut ic, Input::Start { data: order_input() });
+    c.feed(
+        &mut ic,
+        Input::Start {
+            data: order_input(),
+            scheduled: None,
+        },
+    );
     c.run(&mut ic);
     assert_eq!(c.ops(), ops);
 }
@@ -382,7 +388,10 @@ fn a_result_for_an_old_attempt_is_ignored() {
     let mut i = Instance::new(m, "late", Options::default());
     let out = i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!({}) },
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
     });
     let first = match &out.effects[0] {
         Effect::InvokeFunction { op, .. } => op.clone(),
@@ -539,7 +548,10 @@ fn a_task_timeout_fires_states_timeout_and_can_be_caught() {
     let mut i = Instance::new(m, "t", Options::default());
     let out = i.handle(Timed {
         at: 1_000,
-        input: Input::Start { data: json!({"n": 1}) },
+        input: Input::Start {
+            data: json!({"n": 1}),
+            scheduled: None,
+        },
     });
     let op = match &out.effects[0] {
         Effect::InvokeFunction { op, .. } => op.clone(),
@@ -571,7 +583,10 @@ fn an_uncaught_task_timeout_fails_the_execution() {
     let mut i = Instance::new(m, "t", Options::default());
     i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!({}) },
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
     });
     let timer = i.timers().keys().next().unwrap().clone();
     i.handle(Timed {
@@ -597,7 +612,10 @@ fn the_execution_timeout_ends_it_as_timed_out() {
     let mut i = Instance::new(m, "t", Options::default());
     let out = i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!({}) },
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
     });
     let exec_timer = out
         .effects
@@ -650,7 +668,10 @@ fn an_execution_that_ends_in_time_cancels_its_timeout_timer() {
     let mut i = Instance::new(m, "t", Options::default());
     let out = i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!({}) },
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
     });
     let (exec_timer, op) = match &out.effects[..] {
         [Effect::StartTimer { timer, .. }, Effect::InvokeFunction { op, .. }] => (timer.clone(), op.clone()),
@@ -683,7 +704,10 @@ fn cancel_ends_the_execution_and_cancels_what_it_waits_for() {
     let mut i = Instance::new(m, "c", Options::default());
     let out = i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!([1, 2]) },
+        input: Input::Start {
+            data: json!([1, 2]),
+            scheduled: None,
+        },
     });
     let ops: Vec<String> = out
         .effects
@@ -744,6 +768,7 @@ fn a_map_with_max_concurrency_one_runs_one_iteration_at_a_time() {
         at: 0,
         input: Input::Start {
             data: json!(["a", "b", "c"]),
+            scheduled: None,
         },
     });
     let mut seen = Vec::new();
@@ -788,7 +813,10 @@ fn the_context_object_and_intrinsics_are_deterministic() {
         let mut i = Instance::new(m.clone(), id, Options::default());
         i.handle(Timed {
             at: 1_700_000_000_000,
-            input: Input::Start { data: json!({}) },
+            input: Input::Start {
+                data: json!({}),
+                scheduled: None,
+            },
         });
         assert_eq!(i.status(), Status::Completed, "{:?}", i.error());
         i.data()

@@ -66,7 +66,10 @@ impl Run {
     }
 
     fn start(&mut self) -> &mut Run {
-        self.give(Input::Start { data: json!({}) })
+        self.give(Input::Start {
+            data: json!({}),
+            scheduled: None,
+        })
     }
 
     fn event(&mut self) -> &mut Run {
@@ -247,7 +250,10 @@ fn without_breakpoints_nothing_changes() {
     let mut plain = Instance::new(machine(), "i-1", options());
     let mut entries = Vec::new();
     for input in [
-        Input::Start { data: json!({}) },
+        Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
         Input::Event {
             event: json!({"specversion": "1.0", "id": "e1", "source": "t", "type": "go", "data": 7}),
         },

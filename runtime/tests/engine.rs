@@ -15,7 +15,7 @@ fn start(m: &Arc<Machine>, id: &str, data: Value) -> (Instance, Vec<Effect>) {
     let mut i = Instance::new(m.clone(), id, Options::default());
     let out = i.handle(Timed {
         at: 1_000,
-        input: Input::Start { data },
+        input: Input::Start { data, scheduled: None },
     });
     (i, out.effects)
 }
@@ -238,6 +238,7 @@ fn replay_rebuilds_the_instance_and_detects_a_changed_definition() {
                 at: 1_000,
                 input: Input::Start {
                     data: json!({"amount": 5}),
+                    scheduled: None,
                 },
             })
             .entries,
@@ -339,7 +340,10 @@ fn an_endless_loop_of_transitions_fails_instead_of_hanging() {
     );
     i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!({}) },
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
     });
     assert_eq!(i.status(), Status::Failed);
     assert_eq!(i.error().unwrap().kind, "limitExceeded");
@@ -353,6 +357,7 @@ fn drive(m: &Arc<Machine>, choices: &[(u8, u16)]) -> (Instance, Vec<Entry>) {
             at: 0,
             input: Input::Start {
                 data: json!({"amount": 3}),
+                scheduled: None,
             },
         })
         .entries;
@@ -434,7 +439,10 @@ fn drive_worker(m: &Arc<Machine>, choices: &[(u8, u16)]) -> (Instance, Vec<Entry
     let mut journal = i
         .handle(Timed {
             at: 0,
-            input: Input::Start { data: json!({"n": 3}) },
+            input: Input::Start {
+                data: json!({"n": 3}),
+                scheduled: None,
+            },
         })
         .entries;
     let ops = ["1.enter/0", "1.enter/0#2", "1.enter/0#3", "1.enter/1/1"];
@@ -519,7 +527,10 @@ fn a_condition_that_is_not_a_boolean_is_traced_once_per_input() {
     let mut i = Instance::new(m, "c", options);
     let out = i.handle(Timed {
         at: 1_000,
-        input: Input::Start { data: json!({}) },
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
     });
     assert!(noted(&out.entries).is_empty(), "{:?}", out.entries);
     for n in 1..=3 {
@@ -561,7 +572,10 @@ fn coverage_traces_name_what_was_taken_only_when_asked_for() {
         let mut i = Instance::new(m.clone(), "c", options);
         let out = i.handle(Timed {
             at: 0,
-            input: Input::Start { data: json!({}) },
+            input: Input::Start {
+                data: json!({}),
+                scheduled: None,
+            },
         });
         assert_eq!(i.status(), Status::Completed);
         let pointers = out
@@ -608,7 +622,10 @@ fn coverage_traces_name_what_was_taken_only_when_asked_for() {
         let mut i = Instance::new(asl.clone(), "a", on);
         let out = i.handle(Timed {
             at: 0,
-            input: Input::Start { data: json!({"n": n}) },
+            input: Input::Start {
+                data: json!({"n": n}),
+                scheduled: None,
+            },
         });
         let pointers: Vec<&str> = out
             .entries
@@ -620,4 +637,88 @@ fn coverage_traces_name_what_was_taken_only_when_asked_for() {
             .collect();
         assert_eq!(pointers, ["/States/P/Next", taken]);
     }
+}
+
+/// A run a schedule started reads its schedule and nominal time: SM4C with the jq function
+/// `schedule`, ASL as `$$.Schedule`; both come from the start's journal entry, so a replay and a
+/// restored snapshot read the same. Other starts read null (SM4C) or no `Schedule` (ASL).
+#[test]
+fn a_scheduled_run_reads_its_nominal_time_in_both_languages() {
+    use sm4c_runtime::engine::Scheduled;
+    let sm4c = machine(json!({
+        "id": "nightly-report", "name": "report", "version": "1",
+        "events": [{"name": "go", "type": "go"}],
+        "states": [
+            {"name": "Stamp", "start": true,
+             "enterAction": {"type": "InjectData", "expression": "${ schedule }"},
+             "enterResultHandler": "${ .schedule = $value }",
+             "transitions": [{"nextState": "Again", "eventGroups": [{"events": ["go"]}]}]},
+            {"name": "Again", "end": true,
+             "enterAction": {"type": "InjectData", "expression": "${ schedule.nominalTime }"},
+             "enterResultHandler": "${ .again = $value }"}
+        ]
+    }));
+    let asl = machine(json!({
+        "StartAt": "Stamp",
+        "States": {"Stamp": {"Type": "Pass", "End": true,
+                             "Parameters": {"schedule.$": "$$.Schedule", "at.$": "$$.Schedule.NominalTime"}}}
+    }));
+    let scheduled = Scheduled {
+        schedule: "nightly".into(),
+        nominal_time: 1_795_831_200_000, // 2026-11-28T02:00:00Z
+    };
+    let begin = Timed {
+        at: 1_795_831_200_450,
+        input: Input::Start {
+            data: json!({}),
+            scheduled: Some(scheduled.clone()),
+        },
+    };
+
+    let mut i = Instance::new(sm4c.clone(), "nightly@2026-11-28T02:00:00Z", Options::default());
+    let mut journal = i.handle(begin.clone()).entries;
+    let event = Timed {
+        at: 1_795_831_260_000,
+        input: Input::Event {
+            event: json!({"specversion": "1.0", "id": "e1", "source": "t", "type": "go"}),
+        },
+    };
+    // Between the two steps the instance is suspended and restored, as a host does.
+    let snap = serde_json::to_value(i.snapshot()).expect("snapshot");
+    let mut i = Instance::from_snapshot(
+        sm4c.clone(),
+        serde_json::from_value(snap).expect("reads"),
+        Options::default(),
+    );
+    journal.extend(i.handle(event).entries);
+    let want = json!({"schedule": {"id": "nightly", "nominalTime": "2026-11-28T02:00:00Z"},
+                      "again": "2026-11-28T02:00:00Z"});
+    assert_eq!(i.snapshot().status, Status::Completed);
+    assert_eq!(i.data(), want);
+    let start_entry = serde_json::to_value(&journal[0]).expect("entry");
+    assert_eq!(
+        start_entry["scheduled"],
+        json!({"schedule": "nightly", "nominalTime": 1_795_831_200_000_i64})
+    );
+    let replayed = Instance::replay(
+        sm4c.clone(),
+        "nightly@2026-11-28T02:00:00Z",
+        &journal,
+        Options::default(),
+    )
+    .expect("replay");
+    assert_eq!(replayed.data(), want);
+
+    // Started by hand: no schedule.
+    let (i, _) = start(&sm4c, "by-hand", json!({}));
+    assert_eq!(i.data(), json!({"schedule": null}));
+
+    let mut i = Instance::new(asl.clone(), "nightly@2026-11-28T02:00:00Z", Options::default());
+    i.handle(begin);
+    assert_eq!(i.snapshot().status, Status::Completed);
+    assert_eq!(
+        i.data(),
+        json!({"schedule": {"Id": "nightly", "NominalTime": "2026-11-28T02:00:00Z"},
+               "at": "2026-11-28T02:00:00Z"})
+    );
 }

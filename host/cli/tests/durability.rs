@@ -2108,8 +2108,11 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
 }
 
 /// A definition that ends as soon as it starts.
+/// Ends at once, with the nominal time of its run (`schedule`) in its data.
 fn quick_definition() -> Value {
-    json!({"id": "quick", "name": "Quick", "version": "1.0", "states": [{"name": "Done", "start": true, "end": true}]})
+    json!({"id": "quick", "name": "Quick", "version": "1.0", "states": [{"name": "Done", "start": true, "end": true,
+        "enterAction": {"type": "InjectData", "expression": "${ schedule.nominalTime }"},
+        "enterResultHandler": "${ .nominal = $value }"}]})
 }
 
 /// The nominal times (seconds since the epoch) of a schedule's instances, from their ids.
@@ -2183,7 +2186,7 @@ fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let id = format!("sec@{}", {
+    let nominal = {
         let (st, v) = s.get("/instances?definition=quick&limit=1");
         assert_eq!(st, 200);
         v["instances"][0]["id"]
@@ -2193,10 +2196,22 @@ fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
             .expect("@")
             .1
             .to_string()
-    });
-    let inst = s.instance(&id);
+    };
+    let inst = s.instance(&format!("sec@{nominal}"));
     assert_eq!(inst["status"], "completed", "{inst}");
-    assert_eq!(inst["data"], json!({"from": "schedule"}), "{inst}");
+    // The run reads its nominal time (the jq function `schedule`).
+    assert_eq!(inst["data"], json!({"from": "schedule", "nominal": nominal}), "{inst}");
+    // And the start's journal entry records it.
+    let history = s.history(&format!("sec@{nominal}"));
+    let start = history.iter().find(|e| e["input"] == "start").expect("a start entry");
+    let at = chrono::DateTime::parse_from_rfc3339(&nominal)
+        .expect("RFC 3339")
+        .timestamp_millis();
+    assert_eq!(
+        start["scheduled"],
+        json!({"schedule": "sec", "nominalTime": at}),
+        "{start}"
+    );
     let (st, v) = s.get("/schedules/sec");
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["skipped"]["catchup"], 0, "{v}");
@@ -2307,6 +2322,17 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
             break;
         }
         assert!(Instant::now() < deadline, "the backfill did not start: {ids:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A backfilled run reads the nominal time it stands for, long past.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let inst = s.instance(want[0]);
+        if inst["status"] == "completed" {
+            assert_eq!(inst["data"]["nominal"], "2026-11-01T01:00:00Z", "{inst}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the backfilled run did not end: {inst}");
         std::thread::sleep(Duration::from_millis(100));
     }
     let (st, v) = s.post(

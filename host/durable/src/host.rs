@@ -1212,7 +1212,13 @@ impl Loop {
                                     was_waiting: false,
                                 },
                             );
-                            self.queue.push((start.id.clone(), Input::Start { data: start.input }));
+                            self.queue.push((
+                                start.id.clone(),
+                                Input::Start {
+                                    data: start.input,
+                                    scheduled: None,
+                                },
+                            ));
                         }
                         Err(notify) => self.queue.extend(notify.map(|n| (n.instance, n.input))),
                     }
@@ -1314,7 +1320,13 @@ impl Loop {
                     }
                     Ok(None) => {
                         self.create(&id, m, origin);
-                        self.queue.push((id.clone(), Input::Start { data: input }));
+                        self.queue.push((
+                            id.clone(),
+                            Input::Start {
+                                data: input,
+                                scheduled: None,
+                            },
+                        ));
                         // Starting is acknowledged once its first step is committed.
                         self.replies.push(Box::new(move |r| {
                             let _ = reply.send(r.map(|()| (id, true)));

@@ -213,6 +213,7 @@ impl Records {
             let mut h = self.driver.create(m.clone(), "i");
             let input = Input::Start {
                 data: serde_json::json!({"requestId": "R-77", "text": "a b a", "amount": 10}),
+                scheduled: None,
             };
             let _ = self.driver.step(
                 &mut h,

@@ -169,6 +169,8 @@ pub struct Cx<'a> {
     pub exec_input: &'a Value,
     /// When the execution started.
     pub started: Millis,
+    /// The schedule that started it and the run's nominal time (`$$.Schedule`), if one did.
+    pub scheduled: Option<&'a crate::engine::Scheduled>,
     /// The time of the input.
     pub now: Millis,
     /// Deterministic random source.
@@ -265,6 +267,10 @@ impl Cx<'_> {
                 "Name": self.definition,
             },
         });
+        if let Some(sch) = self.scheduled {
+            let v = sch.to_json();
+            c["Schedule"] = json!({"Id": v["id"], "NominalTime": v["nominalTime"]});
+        }
         if let Some((index, value)) = item {
             c["Map"] = json!({"Item": {"Index": index, "Value": value}});
         }

@@ -230,7 +230,7 @@ pub fn handle(
     }
     let mut exec = s.asl.take();
     let exec_input = match (&input, &mut exec) {
-        (Input::Start { data }, _) => data.clone(),
+        (Input::Start { data, .. }, _) => data.clone(),
         (_, Some(e)) => std::mem::take(&mut e.input),
         (_, None) => Value::Null,
     };
@@ -241,6 +241,7 @@ pub fn handle(
         id: &s.id,
         exec_input: &exec_input,
         started,
+        scheduled: s.scheduled.as_ref(),
         now: s.now,
         rng: Cell::new(s.rng),
         timers: &mut s.timers,

@@ -153,6 +153,9 @@ pub struct Snapshot {
     /// The step debugger's breakpoints and pause; absent while no breakpoint was ever recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debug: Option<Box<debug::Debug>>,
+    /// The schedule that started the instance, and its run's nominal time (from the start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled: Option<Scheduled>,
 }
 
 impl Snapshot {
@@ -321,6 +324,7 @@ impl Instance {
             error: None,
             asl: None,
             debug: None,
+            scheduled: None,
             id,
         };
         Instance {
@@ -589,8 +593,24 @@ impl Instance {
         out
     }
 
-    /// Handles one input (already recorded).
+    /// Handles one input (already recorded), with the jq function `schedule` reading the
+    /// instance's schedule.
     fn input(&mut self, out: &mut Output, timed: Timed) {
+        if let Input::Start {
+            scheduled: Some(sch), ..
+        } = &timed.input
+        {
+            if self.s.status == Status::Created {
+                self.s.scheduled = Some(sch.clone());
+            }
+        }
+        match self.s.scheduled.as_ref().map(|s| to_val(&s.to_json())) {
+            Some(v) => crate::expr::with_schedule(v, || self.input_in(out, timed)),
+            None => self.input_in(out, timed),
+        }
+    }
+
+    fn input_in(&mut self, out: &mut Output, timed: Timed) {
         self.s.now = self.s.now.max(timed.at);
         self.burst = 0;
         // The step debugger: one branch while no breakpoint was ever recorded for the instance.
@@ -749,7 +769,7 @@ impl Instance {
         }
         let next = match timed.input {
             Input::Debug { .. } | Input::Resume { .. } => return,
-            Input::Start { data } => {
+            Input::Start { data, .. } => {
                 if self.s.status != Status::Created {
                     return;
                 }

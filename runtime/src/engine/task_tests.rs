@@ -32,7 +32,10 @@ fn started(doc: Value) -> (Instance, Vec<Effect>) {
     let mut i = Instance::new(m, "w-1", Options::default());
     let out = i.handle(Timed {
         at: 0,
-        input: Input::Start { data: json!({"n": 7}) },
+        input: Input::Start {
+            data: json!({"n": 7}),
+            scheduled: None,
+        },
     });
     (i, out.effects)
 }

@@ -18,6 +18,26 @@ pub struct Timed {
     pub input: Input,
 }
 
+/// What a start says of the schedule that made it: the schedule, and the nominal time the run is
+/// for (the time the schedule named, not the time the start ran). Definitions read it: SM4C with the
+/// jq function `schedule`, ASL as `$$.Schedule`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Scheduled {
+    /// The schedule's id.
+    pub schedule: String,
+    /// The nominal time, in ms since the Unix epoch.
+    pub nominal_time: Millis,
+}
+
+impl Scheduled {
+    /// As definitions see it: `{"id": …, "nominalTime": "<RFC 3339 UTC>"}`.
+    pub fn to_json(&self) -> Value {
+        let time = rfc3339_seconds(self.nominal_time);
+        json!({"id": self.schedule, "nominalTime": time})
+    }
+}
+
 /// Everything that can happen to an instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "camelCase")]
@@ -26,6 +46,9 @@ pub enum Input {
     Start {
         /// The instance input.
         data: Value,
+        /// The schedule that started it, and for which nominal time; none for other starts.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scheduled: Option<Scheduled>,
     },
     /// A function call or subflow the instance waits for has returned.
     Completed {
@@ -486,6 +509,16 @@ impl<'de> Deserialize<'de> for J {
 impl PartialEq for J {
     fn eq(&self, other: &J) -> bool {
         self.0 == other.0
+    }
+}
+
+/// [`rfc3339`] without the milliseconds when there are none (`2026-11-28T02:00:00Z`), the form of a
+/// scheduled instance's id.
+fn rfc3339_seconds(ms: Millis) -> String {
+    let text = rfc3339(ms);
+    match ms.rem_euclid(1000) {
+        0 => text.replace(".000Z", "Z"),
+        _ => text,
     }
 }
 

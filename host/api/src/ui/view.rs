@@ -478,7 +478,10 @@ mod tests {
         let mut inst = Instance::new(m.clone(), "i-1", options);
         let mut journal = Vec::new();
         let mut at = 1_000;
-        let mut input = Input::Start { data: input };
+        let mut input = Input::Start {
+            data: input,
+            scheduled: None,
+        };
         for n in 0..=fire {
             let out = inst.handle(Timed { at, input });
             journal.extend(

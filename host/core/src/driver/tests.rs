@@ -15,7 +15,7 @@ fn at(at: Millis, input: Input) -> Timed {
 }
 
 fn start(d: &Driver, h: &mut Hosted, data: Value) -> Step {
-    d.step(h, at(T0, Input::Start { data }))
+    d.step(h, at(T0, Input::Start { data, scheduled: None }))
 }
 
 /// Calls `f`, waiting for its result, then ends.
@@ -211,6 +211,7 @@ fn a_subflow_is_linked_to_its_parent_which_hears_how_it_ended() {
             T0,
             Input::Start {
                 data: child.input.clone(),
+                scheduled: None,
             },
         ),
     );
@@ -263,7 +264,16 @@ fn a_parent_that_does_not_wait_forgets_the_start_once_made_and_hears_nothing() {
     let mut c = d.child(&child, Some(child_machine())).unwrap();
     p.child_started("1.enter");
     assert!(p.open.is_empty());
-    let step = d.step(&mut c, at(T0, Input::Start { data: json!({}) }));
+    let step = d.step(
+        &mut c,
+        at(
+            T0,
+            Input::Start {
+                data: json!({}),
+                scheduled: None,
+            },
+        ),
+    );
     assert!(step.finished);
     assert_eq!(step.notify, None);
 }

@@ -6,6 +6,7 @@
 use super::{now_ms, Loop};
 use serde_json::{json, Value};
 use sm4c_host::service::{HostError, ScheduleOp};
+use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{Input, Status};
 use sm4c_schedule::{rfc3339, Action, Spec, State};
 use std::collections::{BTreeMap, BTreeSet};
@@ -247,7 +248,12 @@ impl Loop {
             o.schedule_run(late as f64 / 1000.0);
         }
         self.create(instance, m, None);
-        self.queue.push((instance.to_string(), Input::Start { data: input }));
+        let scheduled = Some(Scheduled {
+            schedule: schedule.to_string(),
+            nominal_time: nominal,
+        });
+        self.queue
+            .push((instance.to_string(), Input::Start { data: input, scheduled }));
     }
 
     /// Writes the changed schedules into the batch.

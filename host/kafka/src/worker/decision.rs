@@ -361,7 +361,14 @@ impl Decision<'_> {
                     }),
                 );
                 self.t.dirty.insert(id.clone());
-                self.handle(&id, Input::Start { data: input }, at);
+                self.handle(
+                    &id,
+                    Input::Start {
+                        data: input,
+                        scheduled: None,
+                    },
+                    at,
+                );
             }
             Command::Cancel { id, reason } => {
                 if self

@@ -808,6 +808,7 @@ mod tests {
                     at: 0,
                     input: Input::Start {
                         data: json!({"orderId": order}),
+                        scheduled: None,
                     },
                 },
             );
@@ -1005,6 +1006,7 @@ mod tests {
                 at: 0,
                 input: Input::Start {
                     data: json!({"orderId": "o-1"}),
+                    scheduled: None,
                 },
             },
         );
@@ -1014,7 +1016,10 @@ mod tests {
             &mut none,
             Timed {
                 at: 0,
-                input: Input::Start { data: json!({}) },
+                input: Input::Start {
+                    data: json!({}),
+                    scheduled: None,
+                },
             },
         );
         assert_eq!(
