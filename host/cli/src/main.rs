@@ -17,6 +17,7 @@ use sm4c_host::{graph, Clock, Config, InMemoryHost};
 use sm4c_invoke::config::CallConfig;
 use sm4c_invoke::grpc::{self, GrpcInvoker};
 use sm4c_invoke::router::CallRouter;
+use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{ErrorKind, Limits, Options, Status, Trace};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -228,6 +229,14 @@ struct RunArgs {
     /// Jump the clock to the next timer whenever the instance only waits for timers.
     #[arg(long)]
     virtual_time: bool,
+    /// Run as a schedule's run for this nominal time (RFC 3339, e.g. 2026-11-28T02:00:00Z): the
+    /// instance is `<schedule>@<time>` and reads the time with `schedule` (ASL: `$$.Schedule`); with
+    /// --virtual-time the clock starts at it.
+    #[arg(long, value_name = "TIME", value_parser = sm4c_schedule::parse_time)]
+    nominal_time: Option<i64>,
+    /// The schedule's id for --nominal-time (default: the definition's id).
+    #[arg(long, value_name = "ID", requires = "nominal_time")]
+    schedule: Option<String>,
     /// Print states entered, actions and transitions on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -447,6 +456,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(p) => files::load_events(p).map_err(|e| errs.extend(e)).unwrap_or_default(),
         None => Vec::new(),
     };
+    let nominal = args.nominal_time;
     let mut calls = args.calls.config()?.map_err(|e| errs.extend(e)).unwrap_or_default();
     // sm4c run calls what its user's definition names: private addresses are allowed unless the
     // configuration refuses them.
@@ -482,10 +492,11 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let verbose = args.verbose;
+    let schedule = args.schedule.clone();
     let config = Config {
         clock: if args.virtual_time {
             Clock::Virtual {
-                start: sm4c_host::clock::wall_ms(),
+                start: nominal.unwrap_or_else(sm4c_host::clock::wall_ms),
             }
         } else {
             Clock::Real
@@ -501,8 +512,16 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let outcome = rt.block_on(async move {
         let host = InMemoryHost::new(host, config);
+        let scheduled = nominal.map(|t| Scheduled {
+            schedule: schedule.unwrap_or_else(|| machine.id.clone()),
+            nominal_time: t,
+        });
+        let id = match &scheduled {
+            Some(s) => sm4c_schedule::instance_id(&s.schedule, s.nominal_time),
+            None => format!("{}-run", machine.id),
+        };
         let id = host
-            .start_with(machine.clone(), Some(format!("{}-run", machine.id)), input, events)
+            .start_scheduled(machine.clone(), Some(id), input, events, scheduled)
             .await;
         host.settle(&id).await
     });

@@ -1112,3 +1112,56 @@ fn schedule_next_prints_a_schedules_times_without_a_server() {
     assert_eq!(code, 2);
     assert!(err.contains("/overlap: must be one of skip, bufferOne"), "{err}");
 }
+
+/// `sm4c run --nominal-time` runs a definition as a schedule's run: SM4C reads it with `schedule`,
+/// ASL as `$$.Schedule`; `--schedule` names the schedule (the definition's id by default); under
+/// --virtual-time the clock starts at the nominal time. A time that is not RFC 3339 is a usage error.
+#[test]
+fn run_takes_a_nominal_time_as_a_schedule_would() {
+    let dir = tmp();
+    let def = write(
+        dir.path(),
+        "nightly.json",
+        &json!({"id": "nightly", "version": "1", "name": "Nightly",
+            "states": [{"name": "Stamp", "start": true, "end": true,
+                "enterAction": {"type": "InjectData", "expression": "${ schedule }"},
+                "enterResultHandler": "${ .schedule = $value }"}]}),
+    );
+    let (code, out, err) = sm4c(&["run", &def, "--nominal-time", "2026-11-28T03:00:00+01:00"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        parse(&out),
+        json!({"schedule": {"id": "nightly", "nominalTime": "2026-11-28T02:00:00Z"}})
+    );
+    let (code, out, err) = sm4c(&["run", &def]);
+    assert_eq!((code, parse(&out)), (0, json!({"schedule": null})), "{err}");
+    let asl = write(
+        dir.path(),
+        "stamp.asl.json",
+        &json!({"StartAt": "Wait", "States": {
+            "Wait": {"Type": "Wait", "Seconds": 600, "Next": "Stamp"},
+            "Stamp": {"Type": "Pass", "End": true,
+                      "Parameters": {"schedule.$": "$$.Schedule", "entered.$": "$$.State.EnteredTime"}}}}),
+    );
+    let (code, out, err) = sm4c(&[
+        "run",
+        &asl,
+        "--virtual-time",
+        "--nominal-time",
+        "2026-11-28T02:00:00Z",
+        "--schedule",
+        "reports",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        parse(&out),
+        json!({"schedule": {"Id": "reports", "NominalTime": "2026-11-28T02:00:00Z"},
+               "entered": "2026-11-28T02:10:00.000Z"})
+    );
+    let (code, _, err) = sm4c(&["run", &def, "--nominal-time", "tonight"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--nominal-time") && err.contains("RFC 3339"), "{err}");
+    let (code, _, err) = sm4c(&["run", &def, "--schedule", "reports"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--nominal-time"), "{err}");
+}

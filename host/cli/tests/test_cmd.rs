@@ -342,6 +342,63 @@ fn virtual_time_is_on_unless_turned_off() {
     assert!(f[0].2.as_str().is_some_and(|t| t.ends_with('Z')), "{f:?}");
 }
 
+/// A test can run a definition as a schedule's run: `nominalTime` (and `schedule`, default the
+/// definition's id) is what the jq function `schedule` reads, and the virtual clock starts at it.
+/// A bad time is refused with its pointer.
+#[test]
+fn a_test_runs_a_definition_as_a_schedule_would() {
+    let dir = tmp();
+    let nightly = json!({"id": "nightly", "version": "1", "name": "Nightly",
+        "events": [{"name": "tick", "type": "tick", "source": "clock"}],
+        "states": [{"name": "Stamp", "start": true,
+            "enterAction": {"type": "InjectData", "expression": "${ schedule }"},
+            "enterResultHandler": "${ .schedule = $value }",
+            "transitions": [{"nextState": "Sent", "timeout": "PT5M"}]},
+            {"name": "Sent", "enterAction": {"type": "sendEvent", "event": "tick", "expression": "${ 1 }"}}]});
+    write(dir.path(), "nightly.json", &nightly);
+    write(
+        dir.path(),
+        "nightly.test.json",
+        &json!({"definition": "nightly.json", "tests": [
+            {"name": "as scheduled", "nominalTime": "2026-11-28T02:00:00Z", "schedule": "reports",
+             "expect": {"status": "completed",
+                "data": {"schedule": {"id": "reports", "nominalTime": "2026-11-28T02:00:00Z"}},
+                "sent": [{"time": "2026-11-28T02:05:00.000Z"}]}},
+            {"name": "schedule defaults to the definition", "nominalTime": "2026-11-28T03:00:00+01:00",
+             "expect": {"data": {"schedule": {"id": "nightly", "nominalTime": "2026-11-28T02:00:00Z"}}}},
+            {"name": "by hand", "expect": {"data": {"schedule": null}}}
+        ]}),
+    );
+    let (code, out, err) = sm4c(&["test", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("3 passed, 0 failed"), "{out}");
+    let bad = |case: Value, pointer: &str, needle: &str| {
+        write(
+            dir.path(),
+            "nightly.test.json",
+            &json!({"definition": "nightly.json", "tests": [case]}),
+        );
+        let path = dir.path().join("nightly.test.json");
+        let (code, out, err) = sm4c(&["test", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(
+            err.lines()
+                .any(|l| l.contains(&format!(": {pointer}: ")) && l.contains(needle)),
+            "no {pointer} naming {needle:?}: {err}"
+        );
+    };
+    bad(
+        json!({"name": "x", "nominalTime": "tonight", "expect": {"status": "completed"}}),
+        "/tests/0/nominalTime",
+        "RFC 3339",
+    );
+    bad(
+        json!({"name": "x", "schedule": "reports", "expect": {"status": "completed"}}),
+        "/tests/0/schedule",
+        "nominalTime",
+    );
+}
+
 #[test]
 fn subflows_come_from_the_named_folder() {
     let dir = tmp();

@@ -7,6 +7,7 @@
 use crate::driver::{self, Driver, Hosted, Limits, Work};
 use crate::functions::Functions;
 use serde_json::Value;
+use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{Entry, ErrorInfo, ErrorKind, Input, Machine, Millis, Options, Status, Timed, Trace};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -124,6 +125,7 @@ enum Cmd {
         id: Option<String>,
         input: Value,
         events: Vec<Value>,
+        scheduled: Option<Scheduled>,
         reply: oneshot::Sender<String>,
     },
     Event(Value),
@@ -185,12 +187,26 @@ impl InMemoryHost {
         input: Value,
         events: Vec<Value>,
     ) -> String {
+        self.start_scheduled(machine, id, input, events, None).await
+    }
+
+    /// [`InMemoryHost::start_with`], as a schedule starts a run: `scheduled` names the schedule
+    /// and the run's nominal time, which the instance reads (the jq function `schedule`).
+    pub async fn start_scheduled(
+        &self,
+        machine: Arc<Machine>,
+        id: Option<String>,
+        input: Value,
+        events: Vec<Value>,
+        scheduled: Option<Scheduled>,
+    ) -> String {
         let (reply, rx) = oneshot::channel();
         let _ = self.tx.send(Cmd::Start {
             machine,
             id,
             input,
             events,
+            scheduled,
             reply,
         });
         rx.await.unwrap_or_default()
@@ -345,6 +361,7 @@ impl Loop {
                 id,
                 input,
                 events,
+                scheduled,
                 reply,
             } => {
                 let id = id.unwrap_or_else(|| {
@@ -356,7 +373,8 @@ impl Loop {
                     for e in events {
                         self.queue.push_back((id.clone(), Input::Event { event: e }));
                     }
-                    self.queue.push_back((id.clone(), Input::Start { data: input }));
+                    self.queue
+                        .push_back((id.clone(), Input::Start { data: input, scheduled }));
                 }
                 let _ = reply.send(id);
             }
@@ -484,7 +502,13 @@ impl Loop {
                             h.child_started(&start.parent.op);
                         }
                         self.instances.insert(start.id.clone(), child);
-                        self.queue.push_back((start.id, Input::Start { data: start.input }));
+                        self.queue.push_back((
+                            start.id,
+                            Input::Start {
+                                data: start.input,
+                                scheduled: None,
+                            },
+                        ));
                     }
                     Err(notify) => {
                         if let Some(n) = notify {

@@ -3,6 +3,7 @@
 
 use crate::files::{self, ferr, FileError};
 use serde_json::{Map, Value};
+use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{Expr, Limits, Machine};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -11,7 +12,17 @@ use std::sync::Arc;
 /// The keys a test file may have.
 const FILE_KEYS: [&str; 4] = ["definition", "mocks", "subflows", "tests"];
 /// The keys a test may have.
-const TEST_KEYS: [&str; 7] = ["name", "input", "mocks", "events", "subflows", "virtualTime", "expect"];
+const TEST_KEYS: [&str; 9] = [
+    "name",
+    "input",
+    "mocks",
+    "events",
+    "subflows",
+    "virtualTime",
+    "nominalTime",
+    "schedule",
+    "expect",
+];
 /// The keys of `expect`.
 pub const EXPECT_KEYS: [&str; 6] = ["status", "states", "data", "sent", "error", "calls"];
 /// The statuses an instance can end a test in, as `expect.status` names them (ASL's names too).
@@ -58,6 +69,8 @@ pub struct TestCase {
     pub subflows_dir: Option<PathBuf>,
     /// `virtualTime` (default true).
     pub virtual_time: bool,
+    /// `nominalTime` and `schedule`: run as that schedule's run for that nominal time.
+    pub scheduled: Option<Scheduled>,
     /// `expect`, each key as written.
     pub expect: Map<String, Value>,
 }
@@ -273,6 +286,44 @@ pub fn load(path: &Path, limits: Limits) -> Result<TestFile, Vec<FileError>> {
                         true
                     }
                 };
+                let nominal = match t.get("nominalTime") {
+                    None => None,
+                    Some(Value::String(text)) => match sm4c_schedule::parse_time(text) {
+                        Ok(ms) => Some(ms),
+                        Err(e) => {
+                            errs.push(ferr(path, format!("{at}/nominalTime"), e));
+                            None
+                        }
+                    },
+                    Some(_) => {
+                        errs.push(ferr(
+                            path,
+                            format!("{at}/nominalTime"),
+                            "must be an RFC 3339 time such as 2026-11-28T02:00:00Z",
+                        ));
+                        None
+                    }
+                };
+                let schedule = match t.get("schedule") {
+                    None => None,
+                    Some(Value::String(id)) if t.get("nominalTime").is_some() => Some(id.clone()),
+                    Some(Value::String(_)) => {
+                        errs.push(ferr(
+                            path,
+                            format!("{at}/schedule"),
+                            "names the schedule of a scheduled run: give its nominalTime too",
+                        ));
+                        None
+                    }
+                    Some(_) => {
+                        errs.push(ferr(path, format!("{at}/schedule"), "must be a schedule id (a string)"));
+                        None
+                    }
+                };
+                let scheduled = nominal.map(|t| Scheduled {
+                    schedule: schedule.unwrap_or_else(|| machine.as_ref().map(|m| m.id.clone()).unwrap_or_default()),
+                    nominal_time: t,
+                });
                 let expect = match t.get("expect") {
                     Some(Value::Object(e)) => {
                         check_expect(path, &format!("{at}/expect"), e, &mut errs);
@@ -302,6 +353,7 @@ pub fn load(path: &Path, limits: Limits) -> Result<TestFile, Vec<FileError>> {
                     subflows: folders.get(&folder).cloned().unwrap_or_default(),
                     subflows_dir: folder.as_ref().map(|f| dir.join(f)),
                     virtual_time,
+                    scheduled,
                     expect,
                 });
             }

@@ -5,6 +5,7 @@ use super::expect::{Actual, Failure};
 use super::file::{esc, Mock, MockOutcome};
 use serde_json::{json, Value};
 use sm4c_host::{BoxFuture, Clock, Config, FunctionCall, Functions, InMemoryHost, TraceSink};
+use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{ErrorInfo, ErrorKind, Machine, Options, Status, Trace};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -199,6 +200,8 @@ pub struct Setup<'a> {
     pub subflows: &'a HashMap<String, Arc<Machine>>,
     /// Whether time is virtual.
     pub virtual_time: bool,
+    /// Run as a schedule's run: the schedule and the nominal time (the virtual clock starts at it).
+    pub scheduled: Option<Scheduled>,
     /// Transitions one input may cause.
     pub max_transitions: u64,
 }
@@ -216,7 +219,9 @@ pub fn run(setup: Setup) -> Result<Ran, String> {
     });
     let config = Config {
         clock: if setup.virtual_time {
-            Clock::Virtual { start: VIRTUAL_START }
+            Clock::Virtual {
+                start: setup.scheduled.as_ref().map_or(VIRTUAL_START, |s| s.nominal_time),
+            }
         } else {
             Clock::Real
         },
@@ -238,7 +243,13 @@ pub fn run(setup: Setup) -> Result<Ran, String> {
     let outcome = rt.block_on(async move {
         let host = InMemoryHost::new(host_functions, config);
         let id = host
-            .start_with(setup.machine, Some(ROOT.into()), setup.input, setup.events)
+            .start_scheduled(
+                setup.machine,
+                Some(ROOT.into()),
+                setup.input,
+                setup.events,
+                setup.scheduled,
+            )
             .await;
         host.settle(&id).await
     });

@@ -320,6 +320,7 @@ fn one(file: &file::TestFile, t: usize) -> TestResult {
         events: test.events.clone(),
         subflows: &test.subflows,
         virtual_time: test.virtual_time,
+        scheduled: test.scheduled.clone(),
         max_transitions: Options::default().max_transitions,
     });
     let ms = started.elapsed().as_millis() as u64;

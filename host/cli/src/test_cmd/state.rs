@@ -164,6 +164,7 @@ pub fn run(args: TestStateArgs) -> ExitCode {
         events,
         subflows: &subflows,
         virtual_time: !args.real_time,
+        scheduled: None,
         // SM4C: one transition per input; a transition that stays in the state and fires again
         // ends the run with a limit error rather than looping.
         max_transitions: if is_asl {
