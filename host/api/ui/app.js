@@ -651,7 +651,7 @@ async function schedulePage(r, seq) {
         </div>
         <div>
           <section><h2>Next times</h2>${s.nextTimes.length ? `<ol id="sched-next">${s.nextTimes.map(t => `<li>${whenUtc(t)}</li>`).join("")}</ol>
-            ${s.state === "paused" ? `<p class="muted">While the schedule is paused these times are skipped.</p>` : ""}` : `<p class="muted" id="sched-next">None: the schedule has ended.</p>`}</section>
+            ${s.state === "paused" ? `<p class="muted">While the schedule is paused these times are skipped.</p>` : ""}` : `<p class="muted" id="sched-next-none">None: the schedule has ended.</p>`}</section>
         </div>
       </div>`;
     for (const d of view.querySelectorAll("details[data-key]")) if (openDetails.has(d.dataset.key)) d.open = true;
