@@ -1,7 +1,7 @@
 // The sm4c inspector: one page, no build step, no library. It reads the HTTP API of `sm4c serve`
 // (and /ui/api/*, /ui/events) with the bearer token kept in sessionStorage, and routes on the hash:
 // #/instances?status=&definition=&state=, #/instance/ID, #/definitions, #/definition/ID[/VERSION],
-// #/start[?definition=], #/send[?type=&source=&ext=].
+// #/schedules, #/schedule/ID, #/start[?definition=], #/send[?type=&source=&ext=].
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -92,7 +92,8 @@ async function route() {
     if (a.dataset.nav === r.name) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
   stopTicking();
-  const pages = { instances: instancesPage, instance: instancePage, definitions: definitionsPage, definition: definitionPage, start: startPage, send: sendPage };
+  const pages = { instances: instancesPage, instance: instancePage, definitions: definitionsPage, definition: definitionPage,
+    schedules: schedulesPage, schedule: schedulePage, start: startPage, send: sendPage };
   const page = pages[r.name] || notFoundPage;
   const seq = ++renderSeq;
   current = { name: r.name, seq };
@@ -529,6 +530,160 @@ async function breakpointsPanel(d, seq) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Schedules: GET /schedules and /schedules/{id}, and the pause, resume and trigger buttons.
+
+/** A time in the user's locale (as elsewhere on the page), followed by its RFC 3339 UTC form. */
+function whenUtc(t) { return t ? `${when(t)} <span class="muted mono utc">${esc(t)}</span>` : ""; }
+
+/** When a schedule runs: `every PT2S` or `cron 0 2 * * *`, and the time zone its clock is in. */
+function describeSpec(spec) {
+  const how = spec.every ? `every <code>${esc(spec.every)}</code>` : `cron <code>${esc(spec.cron)}</code>`;
+  return `${how} <span class="muted">in</span> ${esc(spec.timezone || "UTC")}`;
+}
+
+function scheduleDefinition(spec) {
+  const href = "#/definition/" + encodeURIComponent(spec.definition) + (spec.version ? "/" + encodeURIComponent(spec.version) : "");
+  return `<a href="${href}">${esc(spec.definition)}</a> <span class="muted">${spec.version ? "v" + esc(spec.version) : "latest version"}</span>`;
+}
+
+function skippedCounts(k) {
+  return `<span title="the previous run still ran">overlap ${esc(k.overlap)}</span> · <span title="missed for longer than the catch-up window">catch-up ${esc(k.catchup)}</span> · <span title="came while paused">paused ${esc(k.paused)}</span>`;
+}
+
+function lateness(ms) { return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`; }
+
+/** The schedule a run belongs to: its instance id is `<schedule id>@<nominal time>`. */
+function scheduleOf(instance) { const at = instance.indexOf("@"); return at > 0 ? instance.slice(0, at) : null; }
+
+/** A refusal from the server, with its code, the way the page shows other failures. */
+function refusal(e) { return e.code ? `${e.code}: ${explainError(e)}` : explainError(e); }
+
+/** A host without schedules (Kafka mode) answers /schedules with 501 notSupported: said plainly. */
+function noSchedules(e) {
+  view.innerHTML = `<h1>Schedules</h1><section><div class="empty" id="no-schedules"><strong>This server has no schedules.</strong><br>${esc(e.message)}</div></section>`;
+}
+
+async function schedulesPage(r, seq) {
+  let shown = new Set();
+  // Only the latest read started may render (the live stream and the periodic re-read overlap).
+  let reads = 0;
+  const render = async (flash = new Set()) => {
+    const mine = ++reads;
+    let list;
+    try { list = (await api("/schedules")).schedules; } catch (e) {
+      if (e.status !== 501) throw e;
+      if (seq === renderSeq) noSchedules(e);
+      return;
+    }
+    if (seq !== renderSeq || mine !== reads) return;
+    shown = new Set(list.map(s => s.id));
+    view.innerHTML = `<h1>Schedules</h1><section>${list.length ? `<table id="schedules"><thead><tr><th>Schedule</th><th>Definition</th><th>When</th><th>State</th><th>Next time</th><th>Runs</th><th>Skipped</th></tr></thead><tbody>
+      ${list.map(s => `<tr data-id="${esc(s.id)}" class="${flash.has(s.id) ? "changed" : ""}">
+        <td><a href="#/schedule/${encodeURIComponent(s.id)}">${esc(s.id)}</a>${s.spec.note ? `<div class="muted">${esc(s.spec.note)}</div>` : ""}</td>
+        <td>${scheduleDefinition(s.spec)}</td><td>${describeSpec(s.spec)}</td><td>${badge(s.state)}</td>
+        <td class="next">${s.nextTimes.length ? whenUtc(s.nextTimes[0]) : `<span class="muted">none</span>`}</td>
+        <td class="runs">${esc(s.runs)}</td><td class="skipped">${skippedCounts(s.skipped)}</td></tr>`).join("")}
+      </tbody></table>` : `<div class="empty">No schedule yet. Create one with<br><code>curl -X POST ${esc(location.origin)}/schedules -H 'Content-Type: application/json' -d '{"id": "nightly", "definition": "report", "cron": "0 2 * * *"}'</code><br>or <code>sm4c schedule create FILE</code> (see the Schedules chapter).</div>`}</section>`;
+  };
+  await render();
+  current.refresh = () => render();
+  current.onChanges = list => {
+    const runs = new Set(list.map(c => scheduleOf(c.id)).filter(s => shown.has(s)));
+    if (runs.size) render(runs).catch(e => banner(explainError(e)));
+  };
+}
+
+async function schedulePage(r, seq) {
+  const id = r.rest;
+  const path = "/schedules/" + encodeURIComponent(id);
+  // The heading and its buttons are drawn again only when they change (the state): a button
+  // replaced under the pointer, as a run's live update re-renders the page, would lose the click.
+  let head = null;
+  let latest = null;
+  let reads = 0;
+  const render = async () => {
+    const mine = ++reads;
+    let s;
+    try { s = await api(path); } catch (e) {
+      if (e.status !== 501) throw e;
+      if (seq === renderSeq) { noSchedules(e); head = null; }
+      return;
+    }
+    if (seq !== renderSeq || mine !== reads) return;
+    latest = s;
+    const spec = s.spec;
+    const none = `<span class="muted">none</span>`;
+    const top = `<h1>${esc(s.id)} ${badge(s.state)}</h1>
+      <div class="actions">
+        ${s.state === "paused" ? `<button type="button" id="sched-resume" class="primary">Resume</button>` : `<button type="button" id="sched-pause">Pause</button>`}
+        <button type="button" id="sched-trigger" title="Start one run now, named with the current time, under the overlap policy">Trigger now</button>
+        <a href="#/schedules">All schedules</a>
+      </div>`;
+    if (head === null) view.innerHTML = `<div id="sched-head" class="card"></div><div id="sched-body"></div>`;
+    const openDetails = new Set([...view.querySelectorAll("details[open][data-key]")].map(d => d.dataset.key));
+    $("#sched-body").innerHTML = `
+      <section>
+        <dl class="kv">
+          <dt>Definition</dt><dd>${scheduleDefinition(spec)}</dd>
+          <dt>When</dt><dd id="sched-spec">${describeSpec(spec)}</dd>
+          <dt>Overlap</dt><dd>${esc(spec.overlap)}</dd>
+          <dt>Catch-up window</dt><dd>${esc(spec.catchupWindow)}</dd>
+          ${spec.jitter && spec.jitter !== "PT0S" ? `<dt>Jitter</dt><dd>up to ${esc(spec.jitter)}</dd>` : ""}
+          ${spec.startAt ? `<dt>From</dt><dd>${whenUtc(spec.startAt)}</dd>` : ""}
+          ${spec.endAt ? `<dt>Until</dt><dd>${whenUtc(spec.endAt)} <span class="muted">(not included)</span></dd>` : ""}
+          ${spec.note ? `<dt>Note</dt><dd>${esc(spec.note)}</dd>` : ""}
+          <dt>Runs</dt><dd id="sched-runs">${esc(s.runs)} started</dd>
+          <dt>Skipped</dt><dd id="sched-skipped">${skippedCounts(s.skipped)}</dd>
+        </dl>
+        <details data-key="input"><summary>Each run's input</summary><pre>${json(spec.input)}</pre></details>
+      </section>
+      <div class="grid">
+        <div>
+          <section><h2>Recent runs</h2>${s.recentRuns.length ? `<table id="sched-recent"><thead><tr><th>Nominal time</th><th>Instance</th><th>Started late by</th><th>Outcome</th></tr></thead><tbody>
+            ${s.recentRuns.map(x => `<tr data-instance="${esc(x.instance)}"><td>${whenUtc(x.nominalTime)}</td><td>${instLink(x.instance)}</td><td>${esc(lateness(x.lateMs))}</td><td>${badge(x.status)}</td></tr>`).join("")}
+            </tbody></table>` : `<p class="muted" id="sched-recent-none">No run yet.</p>`}</section>
+          <section><h2>Running and kept</h2><dl class="kv">
+            <dt>Running</dt><dd id="sched-running">${s.running.length ? s.running.map(instLink).join("<br>") : none}</dd>
+            <dt>Kept</dt><dd id="sched-kept">${s.buffered.length ? s.buffered.map(whenUtc).join("<br>") : none}
+              <div class="muted">times that came while a run still ran, to start when it ends (overlap <code>bufferOne</code>, <code>bufferAll</code>)</div></dd>
+            ${s.backfillPending ? `<dt>Backfill</dt><dd id="sched-backfill">${esc(s.backfillPending)} time(s) still to start</dd>` : ""}
+          </dl></section>
+        </div>
+        <div>
+          <section><h2>Next times</h2>${s.nextTimes.length ? `<ol id="sched-next">${s.nextTimes.map(t => `<li>${whenUtc(t)}</li>`).join("")}</ol>
+            ${s.state === "paused" ? `<p class="muted">While the schedule is paused these times are skipped.</p>` : ""}` : `<p class="muted" id="sched-next-none">None: the schedule has ended.</p>`}</section>
+        </div>
+      </div>`;
+    for (const d of view.querySelectorAll("details[data-key]")) if (openDetails.has(d.dataset.key)) d.open = true;
+    if (top === head) return;
+    head = top;
+    $("#sched-head").innerHTML = top;
+    const done = {
+      pause: () => "is paused: the times that come are skipped until it is resumed",
+      resume: () => "is resumed (the times that came while it was paused are not run)",
+      trigger: () => `is triggered: a run named with the current time starts under its overlap policy (${latest.spec.overlap})`,
+    };
+    for (const how of Object.keys(done)) {
+      const b = $("#sched-" + how);
+      if (b) b.addEventListener("click", async () => {
+        b.disabled = true;
+        try {
+          await api(path + "/" + how, { method: "POST" });
+          banner(`Schedule ${id} ${done[how]()}.`, "info");
+          await render();
+        } catch (e) { banner(refusal(e)); }
+        b.disabled = false;
+      });
+    }
+  };
+  await render();
+  current.refresh = render;
+  current.onChanges = list => {
+    if (list.some(c => scheduleOf(c.id) === id)) render().catch(e => banner(explainError(e)));
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
 // Actions: start an instance, send an event
 
 async function startPage(r, seq) {
@@ -706,8 +861,9 @@ function reconnect() {
 // A Kafka worker reports only its own partitions' changes: re-read what is shown now and then.
 setInterval(() => {
   if (document.hidden || !current || !current.refresh) return;
-  // An ended instance does not change any more.
-  if (current.name === "instances" || (current.name === "instance" && !current.ended)) current.refresh().catch(() => {});
+  // An ended instance does not change any more; a schedule's next time moves on with the clock.
+  const reread = ["instances", "schedules", "schedule"].includes(current.name) || (current.name === "instance" && !current.ended);
+  if (reread) current.refresh().catch(() => {});
 }, 10000);
 
 $("#token").value = token();

@@ -4,7 +4,8 @@
 //   source scripts/setup.sh && setup_browser && node host/api/ui/test/inspector.cjs
 //
 // Environment: SM4C_BIN (default target/debug/sm4c), SM4C_CHROMIUM (default /usr/bin/chromium),
-// SM4C_SCREENSHOT (where to write a PNG of an instance page; default target/inspector.png).
+// SM4C_SCREENSHOT (where to write a PNG of an instance page; default target/inspector.png; the ASL
+// execution's page, the schedules and a schedule's page go beside it, as -asl.png, -schedules.png, -schedule.png).
 "use strict";
 
 const { chromium } = require("playwright-core");
@@ -21,6 +22,7 @@ const SHOT = process.env.SM4C_SCREENSHOT || path.join(root, "target/inspector.pn
 // Less than the page's 10 s re-read: what must arrive live arrives by server-sent events.
 const LIVE = 5000;
 const TOKEN = "inspector-test-token-0123456789";
+const READ_TOKEN = "inspector-read-token-0123456789";
 
 const order = JSON.parse(fs.readFileSync(path.join(__dirname, "order.json"), "utf8"));
 // ASL: a Parallel (two branches) then a Map, drawn as nested blocks.
@@ -138,6 +140,113 @@ async function reach(s, id, status) {
     if (Date.now() > until) throw new Error(`${id} was not ${status} in 20 s`);
     await new Promise(r => setTimeout(r, 100));
   }
+}
+
+/**
+ * The Schedules page. SQLite mode: the list with each schedule's next time, a schedule's page, and
+ * its Trigger, Resume and Pause buttons, a refusal shown with its code. A host without schedules
+ * (Kafka mode, until it has them) answers /schedules with 501: the page says so plainly.
+ */
+async function scheduleChecks(page, s) {
+  const wait = { timeout: KAFKA ? 4 * LIVE : LIVE };
+  await page.goto(s.url + "/ui#/instances");
+  await page.waitForSelector("#instances tbody tr");
+  await page.click('nav a[href="#/schedules"]');
+  await page.waitForFunction(() => location.hash === "#/schedules" && document.querySelector("h1") && document.querySelector("h1").textContent === "Schedules");
+  ok(await page.getAttribute('nav a[href="#/schedules"]', "aria-current") === "page", "the Schedules tab opens #/schedules and is marked current");
+  const answer = await fetch(s.url + "/schedules");
+  if (KAFKA && answer.status === 501) {
+    await page.waitForSelector("#no-schedules");
+    const said = await page.textContent("#no-schedules");
+    ok(said.includes("This server has no schedules") && said.includes("without --kafka"), `Kafka mode: the Schedules page says this server has no schedules (${said})`);
+    await page.goto(s.url + "/ui#/schedule/nightly");
+    await page.waitForFunction(() => (document.querySelector("#no-schedules") || {}).textContent?.includes("This server has no schedules"));
+    ok(await page.isHidden("#banner"), "Kafka mode: so does a schedule's page, with no error banner");
+    await page.screenshot({ path: SHOT.replace(/\.png$/, "") + "-schedules.png", fullPage: true });
+    return false;
+  }
+  ok(answer.ok, `the server answers GET /schedules (${answer.status})`);
+  if (KAFKA) console.log("# Kafka mode answers /schedules: the schedule checks run as in SQLite mode");
+  await page.waitForSelector("#view .empty");
+  ok((await page.textContent("#view .empty")).includes("No schedule yet"), "with no schedule the page says how to create one");
+
+  // A schedule every two seconds, created paused (so that its only run is the one the button
+  // triggers), and a cron schedule in a time zone.
+  await post(s, "/schedules", { id: "tick", definition: "greeter", input: { name: "Tick" }, every: "PT2S", paused: true, note: "every two seconds" });
+  await post(s, "/schedules", { id: "gone", definition: "greeter", cron: "30 2 * * *", timezone: "America/New_York" });
+  const gone = await call(s, "GET", "/schedules/gone");
+  await page.goto(s.url + "/ui#/definitions");
+  await page.goto(s.url + "/ui#/schedules");
+  await page.waitForSelector('#schedules tr[data-id="tick"]');
+  ok((await page.$$eval("#schedules tbody tr", rows => rows.map(r => r.dataset.id))).join() === "gone,tick", "the list shows both schedules");
+  const row = '#schedules tr[data-id="tick"]';
+  ok((await page.textContent(`${row} td:nth-child(3)`)).replace(/\s+/g, " ").trim() === "every PT2S in UTC", "the row says when it runs");
+  ok((await page.getAttribute(`${row} .badge`, "data-status")) === "paused", "the row shows the state paused");
+  const next = await page.getAttribute(`${row} td.next time`, "datetime");
+  ok(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/.test(next) && Date.parse(next) % 2000 === 0, `the row shows the next time, on an even second (${next})`);
+  ok(await page.$eval(`${row} td.next`, (td, t) => td.querySelector("time").textContent === new Date(t).toLocaleString()
+    && td.querySelector(".utc").textContent === t, next), "the next time is in the browser's locale and in RFC 3339 UTC");
+  const goneRow = '#schedules tr[data-id="gone"]';
+  ok((await page.getAttribute(`${goneRow} td.next time`, "datetime")) === gone.nextTimes[0]
+    && (await page.textContent(`${goneRow} td:nth-child(3)`)).replace(/\s+/g, " ").trim() === "cron 30 2 * * * in America/New_York",
+    `a cron schedule's row shows its expression, its time zone and the next time the API gives (${gone.nextTimes[0]})`);
+
+  // A schedule's page: its next ten times, no run yet.
+  await page.click(`${row} a[href="#/schedule/tick"]`);
+  await page.waitForSelector("#sched-next li");
+  const times = await page.$$eval("#sched-next li time", ts => ts.map(t => t.getAttribute("datetime")));
+  ok(times.length === 10 && times.every((t, n) => n === 0 || Date.parse(t) - Date.parse(times[n - 1]) === 2000) && times[0] >= next,
+    `the schedule's page shows its next ten times, two seconds apart (${times[0]} …)`);
+  ok(await page.isVisible("#sched-recent-none") && await page.isVisible("#sched-resume") && !(await page.$("#sched-pause")),
+    "a paused schedule has no run yet and offers Resume");
+
+  // Trigger: one run, named <schedule>@<now>, linked to its instance page.
+  await page.click("#sched-trigger");
+  await page.waitForSelector("#sched-recent tbody tr", wait);
+  const runs = await page.$$eval("#sched-recent tbody tr", rows => rows.map(r => r.dataset.instance));
+  ok(runs.length === 1 && /^tick@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/.test(runs[0]), `Trigger now starts one run, named after the schedule and a time (${runs.join()})`);
+  ok((await page.textContent("#banner")).includes("Schedule tick is triggered"), "the page says the schedule was triggered");
+  const link = `#sched-recent tr[data-instance="${runs[0]}"] a`;
+  ok((await page.getAttribute(link, "href")) === "#/instance/" + encodeURIComponent(runs[0]), "the run links to its instance's page");
+  ok((await call(s, "GET", "/schedules/tick")).recentRuns.map(r => r.instance).join() === runs[0], "the server holds the same run");
+  await page.click(link);
+  await page.waitForSelector('h1 .badge[data-status="completed"]', wait);
+  ok((await page.textContent("h1")).startsWith(runs[0]) && (await page.textContent("#data")).includes("Hello Tick"),
+    "the link opens the run's instance, which ran with the schedule's input");
+  await page.goBack();
+  await page.waitForSelector(`#sched-recent tr[data-instance="${runs[0]}"] .badge[data-status="completed"]`, wait);
+  ok(true, "the run's outcome shows as completed");
+
+  // Resume: the state shows active, and the schedule's own runs appear live.
+  await page.click("#sched-resume");
+  await page.waitForSelector('h1 .badge[data-status="active"]', wait);
+  ok(await page.isVisible("#sched-pause") && (await page.textContent("#banner")).includes("is resumed"), "Resume makes the schedule active and offers Pause");
+  await page.waitForFunction(() => document.querySelectorAll("#sched-recent tbody tr").length >= 2, null, wait);
+  ok(true, "a run the schedule starts by itself appears on the open page, live");
+  // A refresh (a run's live update, the 10 s re-read) keeps the very buttons: one drawn again
+  // under the pointer would lose the click.
+  await page.evaluate(() => { window.pauseButton = document.querySelector("#sched-pause"); });
+  await page.evaluate(() => current.refresh());
+  ok(await page.evaluate(() => document.querySelector("#sched-pause") === window.pauseButton), "the buttons are the same elements after a refresh");
+  await page.click("#sched-pause");
+  await page.waitForSelector('h1 .badge[data-status="paused"]', wait);
+  ok(await page.isVisible("#sched-resume") && (await call(s, "GET", "/schedules/tick")).state === "paused", "Pause pauses it: the page and the server say paused");
+  await page.screenshot({ path: SHOT.replace(/\.png$/, "") + "-schedule.png", fullPage: true });
+  await page.goto(s.url + "/ui#/schedules");
+  await page.waitForSelector(`${row} .badge[data-status="paused"]`);
+  ok(Number(await page.textContent(`${row} td.runs`)) >= 2, "the list counts its runs");
+  await page.screenshot({ path: SHOT.replace(/\.png$/, "") + "-schedules.png", fullPage: true });
+
+  // A refusal: the schedule went away while its page was open.
+  await page.goto(s.url + "/ui#/schedule/gone");
+  await page.waitForSelector("#sched-trigger");
+  await call(s, "DELETE", "/schedules/gone");
+  await page.click("#sched-trigger");
+  await page.waitForSelector("#banner:not([hidden]):not(.info)");
+  const refused = await page.textContent("#banner");
+  ok(refused.includes("unknownSchedule") && refused.includes('no schedule "gone"'), `a refusal is shown with its code and message (${refused})`);
+  ok(!(await page.isDisabled("#sched-trigger")), "the button can be used again after a refusal");
+  return true;
 }
 
 async function main() {
@@ -371,6 +480,8 @@ async function main() {
     await page.waitForSelector('#diagram g.block[data-parent="Each"] g.state[data-state="ItemDone"]');
     ok((await page.$$("#diagram g.block g.state")).length === 7, "an ASL definition's page draws its nested states");
 
+    const schedules = await scheduleChecks(page, s);
+
     // The server restarts: the page reconnects and is live again.
     await page.goto(s.url + "/ui#/instances");
     await page.waitForSelector("#live.on", { timeout: LIVE });
@@ -400,7 +511,7 @@ async function main() {
     const authDir = fs.mkdtempSync(path.join(os.tmpdir(), "sm4c-inspector-auth-"));
     // A Kafka worker with tokens also needs the peer token its group's workers share.
     const peer = KAFKA ? `peer_token = "inspector-peer-token-0123456789"\n` : "";
-    const a = await serve(authDir, await freePort(), `[server]\ntokens = [ { role = "admin", token = "${TOKEN}" } ]\n${peer}`);
+    const a = await serve(authDir, await freePort(), `[server]\ntokens = [ { role = "admin", token = "${TOKEN}" }, { role = "read", token = "${READ_TOKEN}" } ]\n${peer}`);
     await post(a, "/definitions", order, { Authorization: "Bearer " + TOKEN });
     await post(a, "/instances", { definition: "order", id: "secret-1", input: { orderId: "Z" } }, { Authorization: "Bearer " + TOKEN });
     await page.goto(a.url + "/ui");
@@ -415,6 +526,27 @@ async function main() {
     await post(a, "/instances", { definition: "order", id: "secret-2", input: { orderId: "Y" } }, { Authorization: "Bearer " + TOKEN });
     await page.waitForSelector('#instances tr[data-id="secret-2"]', { timeout: LIVE });
     ok(true, "live updates come through with the token");
+
+    // With tokens, the schedule's buttons send the page's token: an admin token pauses, a read
+    // token is refused, and the page says so with the code.
+    if (schedules) {
+      const admin = { Authorization: "Bearer " + TOKEN };
+      await post(a, "/schedules", { id: "guarded", definition: "order", every: "PT1H" }, admin);
+      await page.goto(a.url + "/ui#/schedule/guarded");
+      await page.click("#sched-pause");
+      await page.waitForSelector('h1 .badge[data-status="paused"]');
+      ok((await call(a, "GET", "/schedules/guarded", undefined, admin)).state === "paused", "with an admin token, Pause pauses the schedule");
+      await page.goto(a.url + "/ui#/schedules");
+      await page.fill("#token", READ_TOKEN);
+      await page.press("#token", "Enter");
+      await page.waitForSelector('#schedules tr[data-id="guarded"] .badge[data-status="paused"]');
+      await page.click('#schedules a[href="#/schedule/guarded"]');
+      await page.click("#sched-resume");
+      await page.waitForSelector("#banner:not([hidden]):not(.info)");
+      const said = await page.textContent("#banner");
+      ok(said.startsWith("forbidden: ") && said.includes("does not allow it"), `with a read token, Resume is refused and the page says why (${said})`);
+      ok((await call(a, "GET", "/schedules/guarded", undefined, admin)).state === "paused", "and the schedule stays paused");
+    }
   } finally {
     await context.close();
     for (const c of servers) if (c.exitCode === null) c.kill("SIGKILL");
