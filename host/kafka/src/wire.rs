@@ -133,8 +133,18 @@ pub enum Command {
         /// Timer id.
         timer: String,
     },
-    /// Time passes: parked events past their window leave.
-    Tick,
+    /// Time passes: parked events past their window leave, broadcast tallies past their
+    /// retention go, and ended instances past `--retention` are deleted, each measured in the
+    /// partition's stream time. `at`: the time the proposing owner found something due at (a
+    /// parked event's window, a tally's or an ended instance's retention), which moves the
+    /// stream time on to it; `None` (an idle partition's refresh, a router's or the stall
+    /// guard's tick) moves nothing. Never the proposer's clock reading: what is decided follows
+    /// the inputs, the clock only says when to propose.
+    Tick {
+        /// The due time this tick was proposed for (ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<i64>,
+    },
     /// Put by a worker that took the partition or an events partition: once it reads its own
     /// barrier back, the commands routed here before it are applied.
     Barrier {

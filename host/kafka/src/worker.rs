@@ -152,6 +152,11 @@ pub(crate) struct Out {
 }
 
 pub(crate) fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String> {
+    produce_at(p, o, None)
+}
+
+/// [`produce`], with the record's timestamp `at` (ms) when given, else the producer's clock.
+fn produce_at(p: &ThreadedProducer<Quiet>, o: &Out, at: Option<i64>) -> Result<(), String> {
     let mut headers = OwnedHeaders::new();
     for (k, v) in &o.headers {
         headers = headers.insert(Header {
@@ -169,6 +174,9 @@ pub(crate) fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String
         }
         if let Some(p) = o.partition {
             rec = rec.partition(p);
+        }
+        if let Some(at) = at {
+            rec = rec.timestamp(at);
         }
         match p.send(rec) {
             Ok(()) => return Ok(()),
@@ -360,13 +368,16 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Commits a batch: in one transaction with the input offsets (exactly once), or produce, flush,
-/// then commit offsets (at least once).
+/// then commit offsets (at least once). `at`: the stream time the batch was decided at, the
+/// timestamp of every record it produces (they are inputs of other partitions, whose stream time
+/// must not take this worker's clock); `None`: the producer's clock.
 fn commit(
     shared: &Shared,
     consumers: &Consumers,
     txn: Option<&ThreadedProducer<Quiet>>,
     outs: &[Out],
     offsets: &TopicPartitionList,
+    at: Option<i64>,
 ) -> Result<(), String> {
     match txn {
         Some(p) => {
@@ -376,7 +387,7 @@ fn commit(
             p.begin_transaction().map_err(|e| e.to_string())?;
             let r = (|| {
                 for o in outs {
-                    produce(p, o)?;
+                    produce_at(p, o, at)?;
                 }
                 let t1 = t0.elapsed();
                 consumers.send_offsets(p, offsets, deadline)?;
@@ -414,7 +425,7 @@ fn commit(
         }
         None => {
             for o in outs {
-                produce(&shared.plain, o)?;
+                produce_at(&shared.plain, o, at)?;
             }
             drain(&shared.plain, Instant::now() + COMMIT_TIMEOUT)?;
             consumers.commit(offsets)?;
@@ -869,6 +880,23 @@ impl Owner {
             self.answers.remove(&k);
         }
         due_now
+    }
+
+    /// The time a tick proposed at `now` (this worker's clock) is proposed for: the latest due
+    /// time, at or before `now`, of a parked event's window, a tally entry's retention or an
+    /// ended instance's retention (`None`: nothing is due yet). The clock chooses when to
+    /// propose; the tick names what came due, and its decision follows the stream time
+    /// ([`decision::decide`]), not the clock.
+    fn tick_at(&mut self, now: i64, window: i64, retention: i64) -> Option<i64> {
+        let parked = self.parking.due_by(now, window);
+        let ended = match self.expired.is_empty() && now >= self.next_expiry {
+            true => self
+                .ended
+                .ended_by(now.saturating_sub(retention), EXPIRED_PER_TRANSACTION)
+                .map(|at| at.saturating_add(retention)),
+            false => None,
+        };
+        parked.max(ended)
     }
 
     /// Picks the ended instances whose retention has passed by `now` (at most
@@ -1561,11 +1589,11 @@ impl Worker {
             event_batches,
         );
         // Batches routed in their own transaction: (events partition, router, records, last offset).
-        type Solo = ((String, i32), Router, Vec<Out>, i64);
+        type Solo = ((String, i32), Router, Vec<Out>, i64, Option<i64>);
         let mut solo: Vec<Solo> = Vec::new();
-        for (k, outs, last) in routed_alone {
+        for (k, outs, last, at) in routed_alone {
             if let Some(r) = self.routers.remove(&k) {
-                solo.push((k, r, outs, last));
+                solo.push((k, r, outs, last, at));
             }
         }
         let mut owned = Vec::new();
@@ -1598,10 +1626,10 @@ impl Worker {
                 .collect();
             let hr: Vec<_> = solo
                 .into_iter()
-                .map(|(k, mut r, outs, last)| {
+                .map(|(k, mut r, outs, last, at)| {
                     let key = k.clone();
                     let h = s.spawn(move || {
-                        let res = me.route(&mut r, &k.0, k.1, &outs, last);
+                        let res = me.route(&mut r, &k.0, k.1, &outs, last, at);
                         (k, r, res)
                     });
                     (key, h)
@@ -1714,13 +1742,22 @@ impl Worker {
         }
     }
 
-    /// Commits a routing batch in the events partition's own transaction.
-    fn route(&self, r: &mut Router, topic: &str, p: i32, outs: &[Out], last: i64) -> Result<(), String> {
+    /// Commits a routing batch in the events partition's own transaction, its records stamped
+    /// `at` (the latest timestamp of the events it routes).
+    fn route(
+        &self,
+        r: &mut Router,
+        topic: &str,
+        p: i32,
+        outs: &[Out],
+        last: i64,
+        at: Option<i64>,
+    ) -> Result<(), String> {
         let mut offsets = TopicPartitionList::new();
         offsets
             .add_partition_offset(topic, p, Offset::Offset(last + 1))
             .map_err(|e| e.to_string())?;
-        commit(&self.shared, &self.consumers, r.txn.as_ref(), outs, &offsets)?;
+        commit(&self.shared, &self.consumers, r.txn.as_ref(), outs, &offsets, at)?;
         if !outs.is_empty() {
             r.settle.wrote();
             if let Some(q) = outs
@@ -1773,7 +1810,7 @@ impl Worker {
             decide_us = decide_started.elapsed().as_micros() as u64,
             "decided"
         );
-        commit(&shared, &self.consumers, t.txn.as_ref(), &b.outs, &offsets)?;
+        commit(&shared, &self.consumers, t.txn.as_ref(), &b.outs, &offsets, Some(b.at))?;
         // The keeper's ticket of this transaction's state write: the API reads its records from
         // memory until the store has them.
         let mut ticket = 0;
@@ -1960,13 +1997,15 @@ impl Worker {
         let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);
         let retention = self.shared.cfg.retention_ms;
         for t in self.owners.values_mut() {
-            t.expire(now, retention);
+            // This worker's clock says when something may be due; the tick names what, and
+            // its decision follows the partition's stream time (issue 34, item 5).
+            let due = t.tick_at(now, window, retention);
             // An instance to fail for an unreadable record is failed in a batch of its own.
-            let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty() || !t.corrupt.is_empty();
-            if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
+            let idle = t.last_commit.elapsed() >= refresh || !t.corrupt.is_empty();
+            if idle || due.is_some() {
                 match produce(
                     &self.shared.plain,
-                    &command(&self.shared, t.partition, None, &Command::Tick),
+                    &command(&self.shared, t.partition, None, &Command::Tick { at: due }),
                 ) {
                     // The refresh counts from the tick's proposal; a tick not proposed is proposed
                     // again at the next turn.
@@ -2005,7 +2044,7 @@ impl Worker {
                             offsets
                                 .add_partition_offset(&shared.topics.clock, t.partition, Offset::Offset(t.clock))
                                 .map_err(|e| e.to_string())
-                                .and_then(|()| commit(shared, consumers, t.txn.as_ref(), &[], &offsets))
+                                .and_then(|()| commit(shared, consumers, t.txn.as_ref(), &[], &offsets, None))
                         });
                         (t.partition, h)
                     })
@@ -2019,9 +2058,9 @@ impl Worker {
                             // may have taken its events partition further since): its settling
                             // transaction ticks the commands partition it last wrote to, whose
                             // owner then settles as well.
-                            let tick = command(shared, r.last_target, None, &Command::Tick);
+                            let tick = command(shared, r.last_target, None, &Command::Tick { at: None });
                             let none = TopicPartitionList::new();
-                            commit(shared, consumers, r.txn.as_ref(), &[tick], &none)
+                            commit(shared, consumers, r.txn.as_ref(), &[tick], &none, None)
                         });
                         (k.clone(), h)
                     })
