@@ -575,9 +575,12 @@ struct Owner {
     /// Ended instances whose retention has passed, with their places in listings: their state
     /// records and their rows of the local index are deleted in the next transaction.
     expired: Vec<(String, i64)>,
-    /// When `ended` is looked through for expired instances next (ms): not on every tick, which
-    /// would cost a pass over every ended instance twice a second.
+    /// When `ended` is looked through for expired instances next (ms of stream time): not on
+    /// every tick, which would cost a pass over every ended instance twice a second.
     next_expiry: i64,
+    /// When the loop looks at the ended instances next to see whether a tick is due for their
+    /// retention (ms of this worker's clock: it only says when; [`Owner::tick_at`]).
+    look_at: i64,
     parking: Parking,
     /// The armed timers due before `horizon`, by due time (the others are in the local store).
     timers: BTreeSet<(i64, String, String)>,
@@ -889,13 +892,16 @@ impl Owner {
     /// ([`decision::decide`]), not the clock.
     fn tick_at(&mut self, now: i64, window: i64, retention: i64) -> Option<i64> {
         let parked = self.parking.due_by(now, window);
-        let ended = match self.expired.is_empty() && now >= self.next_expiry {
-            true => self
+        let mut ended = None;
+        if now >= self.look_at {
+            ended = self
                 .ended
                 .ended_by(now.saturating_sub(retention), EXPIRED_PER_TRANSACTION)
-                .map(|at| at.saturating_add(retention)),
-            false => None,
-        };
+                .map(|at| at.saturating_add(retention));
+            if ended.is_none() {
+                self.look_at = now.saturating_add(EXPIRY_LOOK_MS);
+            }
+        }
         parked.max(ended)
     }
 
@@ -938,6 +944,9 @@ impl Owner {
         (b.after, b.applied)
     }
 }
+
+/// How often the loop looks at most for ended instances past their retention while none is (ms).
+const EXPIRY_LOOK_MS: i64 = 60_000;
 
 /// How many ended instances past their retention one transaction deletes at most.
 const EXPIRED_PER_TRANSACTION: usize = 1000;

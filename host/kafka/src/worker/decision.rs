@@ -1180,6 +1180,8 @@ mod tests {
             [("c", 11_000)]
         );
         assert_eq!(t.stream_ms, 11_000);
+        // What the batch produces is stamped with that stream time, not the proposer's clock.
+        assert_eq!(b.at, 11_000);
     }
 
     /// Issue 34, item 5: a tick drops parked events past their window and deletes ended instances
