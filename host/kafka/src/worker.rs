@@ -894,12 +894,15 @@ impl Owner {
         let parked = self.parking.due_by(now, window);
         let mut ended = None;
         if now >= self.look_at {
-            ended = self
+            let (due, earliest) = self
                 .ended
-                .ended_by(now.saturating_sub(retention), EXPIRED_PER_TRANSACTION)
-                .map(|at| at.saturating_add(retention));
+                .ended_by(now.saturating_sub(retention), EXPIRED_PER_TRANSACTION);
+            ended = due.map(|at| at.saturating_add(retention));
             if ended.is_none() {
-                self.look_at = now.saturating_add(EXPIRY_LOOK_MS);
+                // Again when the earliest is due, and at least once a minute (a clock that
+                // jumped); an instance that ends meanwhile has it look again at once.
+                let next = earliest.map_or(i64::MAX, |at| at.saturating_add(retention));
+                self.look_at = next.min(now.saturating_add(EXPIRY_LOOK_MS));
             }
         }
         parked.max(ended)
@@ -936,6 +939,9 @@ impl Owner {
             self.settle.wrote();
         }
         self.expired.clear();
+        if !b.ended.is_empty() {
+            self.look_at = i64::MIN;
+        }
         for (id, (at, place)) in b.ended {
             self.slots.remove(&id);
             self.corr.remove(&id);

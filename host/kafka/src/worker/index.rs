@@ -683,14 +683,19 @@ impl Ended {
     }
 
     /// When the latest of the first `limit` instances that ended at or before `cutoff` ended
-    /// (`None`: none did); nothing leaves the index.
-    pub(super) fn ended_by(&mut self, cutoff: i64, limit: usize) -> Option<i64> {
-        self.kept
+    /// (`None`: none did), and when the earliest ended (`None`: none is kept); nothing leaves the
+    /// index.
+    pub(super) fn ended_by(&mut self, cutoff: i64, limit: usize) -> (Option<i64>, Option<i64>) {
+        let ats: Vec<i64> = self
+            .kept
             .first(ENDED_AT, limit)
             .iter()
             .filter_map(|(k, _)| i64::from_str_radix(k.strip_prefix(ENDED_AT)?.split_once('\u{0}')?.0, 16).ok())
-            .take_while(|at| *at <= cutoff)
-            .last()
+            .collect();
+        (
+            ats.iter().copied().take_while(|at| *at <= cutoff).last(),
+            ats.first().copied(),
+        )
     }
 
     /// The instances that ended at or before `cutoff`, earliest first, at most `limit`: (id,
