@@ -433,6 +433,29 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A tick names the due time it is for (issue 34, item 5); in a cluster being upgraded, a
+    /// worker of the version before reads it as the tick it knew, and a tick of that version
+    /// reads as one that names nothing.
+    #[test]
+    fn a_tick_that_names_its_due_time_reads_back_in_both_versions() {
+        #[derive(Debug, Deserialize, PartialEq)]
+        #[serde(rename_all = "camelCase", tag = "kind")]
+        enum Before {
+            Tick,
+        }
+        let new = serde_json::to_string(&Command::Tick { at: Some(5) }).expect("json");
+        assert_eq!(new, r#"{"kind":"tick","at":5}"#);
+        assert_eq!(
+            serde_json::from_str::<Before>(&new).expect("read by the version before"),
+            Before::Tick
+        );
+        let old = r#"{"kind":"tick"}"#;
+        assert!(matches!(
+            serde_json::from_str::<Command>(old).expect("a tick of the version before"),
+            Command::Tick { at: None }
+        ));
+    }
+
     #[test]
     fn a_repeated_librdkafka_message_is_logged_once_a_window_with_its_count() {
         let t0 = std::time::Instant::now();
