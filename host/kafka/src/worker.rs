@@ -984,8 +984,10 @@ fn local_changes(
     (changes, checkpoint)
 }
 
-/// A command made of an incoming event: (partition, key, command, timestamp, event offset).
-type RoutedCommand = (i32, Option<String>, Command, i64, i64);
+/// A command made of an incoming event: (partition, key, command, timestamp, event offset). The
+/// timestamp is the event record's (`None` for a record without one, which the deciding partition
+/// takes at its stream time, never at a worker's clock).
+type RoutedCommand = (i32, Option<String>, Command, Option<i64>, i64);
 
 /// What a batch of one events partition turns into: commands for instances' partitions, and
 /// dead letters.
@@ -1003,7 +1005,7 @@ struct Plan {
 #[derive(Default)]
 struct Carried {
     /// Commands for this partition: (command, timestamp, event offset).
-    inline: Vec<(Command, i64, i64)>,
+    inline: Vec<(Command, Option<i64>, i64)>,
     /// Commands for other partitions and dead letters.
     outs: Vec<Out>,
     /// Events partitions and the offsets to commit.

@@ -120,6 +120,7 @@ pub(super) fn decide<'a>(
         d.guarded(c, at, offset);
     }
     for (c, at, offset) in hosted.inline {
+        let at = at.unwrap_or(d.t.stream_ms);
         d.t.stream_ms = d.t.stream_ms.max(at);
         d.guarded(c, at, offset);
     }
@@ -1122,6 +1123,40 @@ mod tests {
             vec![(3, ahead, tick.as_slice())],
             Default::default(),
             0,
+        );
+        assert_eq!(t.stream_ms, 4_000);
+    }
+
+    /// Issue 34, item 5: an event record without a timestamp is taken at the stream time of the
+    /// partition that decides it, not at the clock of the worker that routed it.
+    #[test]
+    fn an_event_record_without_a_timestamp_is_taken_at_the_stream_time() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let event =
+            json!({"specversion": "1.0", "id": "e1", "source": "client", "type": "sim.go", "sm4cinstanceid": "nobody"});
+        let m = rdkafka::message::OwnedMessage::new(
+            Some(event.to_string().into_bytes()),
+            None,
+            "sim.events".to_string(),
+            rdkafka::Timestamp::NotAvailable,
+            0,
+            7,
+            None,
+        );
+        let plan = super::super::route::plan(&shared, "sim.events", 0, vec![m]);
+        assert_eq!(plan.cmds.len(), 1);
+        assert_eq!(plan.cmds[0].3, None);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        let carried = super::super::Carried {
+            inline: plan.cmds.into_iter().map(|(_, _, c, at, o)| (c, at, o)).collect(),
+            ..Default::default()
+        };
+        decide(&shared, &mut t, Vec::new(), carried, 4_000);
+        // Parked (no such instance) for the window from the stream time.
+        assert_eq!(
+            t.parking.parked.values().map(|p| p.expires).collect::<Vec<_>>(),
+            [4_000 + shared.cfg.event_window_ms]
         );
         assert_eq!(t.stream_ms, 4_000);
     }

@@ -13,7 +13,7 @@ pub(super) fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>
     let machines = shared.machines();
     for m in &msgs {
         last = m.offset();
-        let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
+        let at = m.timestamp().to_millis();
         let origin = Origin {
             topic: topic.to_string(),
             partition: p,
@@ -179,7 +179,7 @@ pub(super) fn route_events(
             .collect();
         let Some(host) = host_of(&plan, local, &eligible, commanded) else {
             let mut outs = plan.outs;
-            let at = plan.cmds.iter().map(|c| c.3).max();
+            let at = plan.cmds.iter().filter_map(|c| c.3).max();
             for (q, key, c, _, _) in plan.cmds {
                 outs.push(command(shared, q, key.as_deref(), &c));
             }

@@ -1063,7 +1063,7 @@ impl<'a> World<'a> {
                 }
             }
             for (_, at, _) in &carried.inline {
-                stream = stream.max(*at);
+                stream = stream.max(at.unwrap_or(i64::MIN));
             }
             let windows: BTreeMap<String, i64> =
                 o.t.parking
