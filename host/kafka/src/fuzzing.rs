@@ -294,7 +294,7 @@ impl Records {
                     id: id.clone(),
                     step: true,
                 },
-                Command::Tick,
+                Command::Tick { at: None },
                 Command::Barrier { token: "b".into() },
                 Command::Unmatched {
                     key: origin.key(),

@@ -133,8 +133,18 @@ pub enum Command {
         /// Timer id.
         timer: String,
     },
-    /// Time passes: parked events past their window leave.
-    Tick,
+    /// Time passes: parked events past their window leave, broadcast tallies past their
+    /// retention go, and ended instances past `--retention` are deleted, each measured in the
+    /// partition's stream time. `at`: the time the proposing owner found something due at (a
+    /// parked event's window, a tally's or an ended instance's retention), which moves the
+    /// stream time on to it; `None` (an idle partition's refresh, a router's or the stall
+    /// guard's tick) moves nothing. Never the proposer's clock reading: what is decided follows
+    /// the inputs, the clock only says when to propose.
+    Tick {
+        /// The due time this tick was proposed for (ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<i64>,
+    },
     /// Put by a worker that took the partition or an events partition: once it reads its own
     /// barrier back, the commands routed here before it are applied.
     Barrier {
@@ -422,6 +432,29 @@ pub fn start_id(definition: &str, source: &str, id: &str) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A tick names the due time it is for (issue 34, item 5); in a cluster being upgraded, a
+    /// worker of the version before reads it as the tick it knew, and a tick of that version
+    /// reads as one that names nothing.
+    #[test]
+    fn a_tick_that_names_its_due_time_reads_back_in_both_versions() {
+        #[derive(Debug, Deserialize, PartialEq)]
+        #[serde(rename_all = "camelCase", tag = "kind")]
+        enum Before {
+            Tick,
+        }
+        let new = serde_json::to_string(&Command::Tick { at: Some(5) }).expect("json");
+        assert_eq!(new, r#"{"kind":"tick","at":5}"#);
+        assert_eq!(
+            serde_json::from_str::<Before>(&new).expect("read by the version before"),
+            Before::Tick
+        );
+        let old = r#"{"kind":"tick"}"#;
+        assert!(matches!(
+            serde_json::from_str::<Command>(old).expect("a tick of the version before"),
+            Command::Tick { at: None }
+        ));
+    }
 
     #[test]
     fn a_repeated_librdkafka_message_is_logged_once_a_window_with_its_count() {

@@ -152,6 +152,11 @@ pub(crate) struct Out {
 }
 
 pub(crate) fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String> {
+    produce_at(p, o, None)
+}
+
+/// [`produce`], with the record's timestamp `at` (ms) when given, else the producer's clock.
+fn produce_at(p: &ThreadedProducer<Quiet>, o: &Out, at: Option<i64>) -> Result<(), String> {
     let mut headers = OwnedHeaders::new();
     for (k, v) in &o.headers {
         headers = headers.insert(Header {
@@ -169,6 +174,9 @@ pub(crate) fn produce(p: &ThreadedProducer<Quiet>, o: &Out) -> Result<(), String
         }
         if let Some(p) = o.partition {
             rec = rec.partition(p);
+        }
+        if let Some(at) = at {
+            rec = rec.timestamp(at);
         }
         match p.send(rec) {
             Ok(()) => return Ok(()),
@@ -360,13 +368,16 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Commits a batch: in one transaction with the input offsets (exactly once), or produce, flush,
-/// then commit offsets (at least once).
+/// then commit offsets (at least once). `at`: the stream time the batch was decided at, the
+/// timestamp of every record it produces (they are inputs of other partitions, whose stream time
+/// must not take this worker's clock); `None`: the producer's clock.
 fn commit(
     shared: &Shared,
     consumers: &Consumers,
     txn: Option<&ThreadedProducer<Quiet>>,
     outs: &[Out],
     offsets: &TopicPartitionList,
+    at: Option<i64>,
 ) -> Result<(), String> {
     match txn {
         Some(p) => {
@@ -376,7 +387,7 @@ fn commit(
             p.begin_transaction().map_err(|e| e.to_string())?;
             let r = (|| {
                 for o in outs {
-                    produce(p, o)?;
+                    produce_at(p, o, at)?;
                 }
                 let t1 = t0.elapsed();
                 consumers.send_offsets(p, offsets, deadline)?;
@@ -414,7 +425,7 @@ fn commit(
         }
         None => {
             for o in outs {
-                produce(&shared.plain, o)?;
+                produce_at(&shared.plain, o, at)?;
             }
             drain(&shared.plain, Instant::now() + COMMIT_TIMEOUT)?;
             consumers.commit(offsets)?;
@@ -564,9 +575,12 @@ struct Owner {
     /// Ended instances whose retention has passed, with their places in listings: their state
     /// records and their rows of the local index are deleted in the next transaction.
     expired: Vec<(String, i64)>,
-    /// When `ended` is looked through for expired instances next (ms): not on every tick, which
-    /// would cost a pass over every ended instance twice a second.
+    /// When `ended` is looked through for expired instances next (ms of stream time): not on
+    /// every tick, which would cost a pass over every ended instance twice a second.
     next_expiry: i64,
+    /// When the loop looks at the ended instances next to see whether a tick is due for their
+    /// retention (ms of this worker's clock: it only says when; [`Owner::tick_at`]).
+    look_at: i64,
     parking: Parking,
     /// The armed timers due before `horizon`, by due time (the others are in the local store).
     timers: BTreeSet<(i64, String, String)>,
@@ -902,6 +916,29 @@ impl Owner {
         due_now
     }
 
+    /// The time a tick proposed at `now` (this worker's clock) is proposed for: the latest due
+    /// time, at or before `now`, of a parked event's window, a tally entry's retention or an
+    /// ended instance's retention (`None`: nothing is due yet). The clock chooses when to
+    /// propose; the tick names what came due, and its decision follows the stream time
+    /// ([`decision::decide`]), not the clock.
+    fn tick_at(&mut self, now: i64, window: i64, retention: i64) -> Option<i64> {
+        let parked = self.parking.due_by(now, window);
+        let mut ended = None;
+        if now >= self.look_at {
+            let (due, earliest) = self
+                .ended
+                .ended_by(now.saturating_sub(retention), EXPIRED_PER_TRANSACTION);
+            ended = due.map(|at| at.saturating_add(retention));
+            if ended.is_none() {
+                // Again when the earliest is due, and at least once a minute (a clock that
+                // jumped); an instance that ends meanwhile has it look again at once.
+                let next = earliest.map_or(i64::MAX, |at| at.saturating_add(retention));
+                self.look_at = next.min(now.saturating_add(EXPIRY_LOOK_MS));
+            }
+        }
+        parked.max(ended)
+    }
+
     /// Picks the ended instances whose retention has passed by `now` (at most
     /// [`EXPIRED_PER_TRANSACTION`]), unless the last ones picked are not deleted yet: the next
     /// transaction deletes their state records and their rows of the local index. Looks through
@@ -933,6 +970,9 @@ impl Owner {
             self.settle.wrote();
         }
         self.expired.clear();
+        if !b.ended.is_empty() {
+            self.look_at = i64::MIN;
+        }
         for (id, (at, place)) in b.ended {
             self.slots.remove(&id);
             self.corr.remove(&id);
@@ -941,6 +981,9 @@ impl Owner {
         (b.after, b.applied)
     }
 }
+
+/// How often the loop looks at most for ended instances past their retention while none is (ms).
+const EXPIRY_LOOK_MS: i64 = 60_000;
 
 /// How many ended instances past their retention one transaction deletes at most.
 const EXPIRED_PER_TRANSACTION: usize = 1000;
@@ -972,8 +1015,10 @@ fn local_changes(
     (changes, checkpoint)
 }
 
-/// A command made of an incoming event: (partition, key, command, timestamp, event offset).
-type RoutedCommand = (i32, Option<String>, Command, i64, i64);
+/// A command made of an incoming event: (partition, key, command, timestamp, event offset). The
+/// timestamp is the event record's (`None` for a record without one, which the deciding partition
+/// takes at its stream time, never at a worker's clock).
+type RoutedCommand = (i32, Option<String>, Command, Option<i64>, i64);
 
 /// What a batch of one events partition turns into: commands for instances' partitions, and
 /// dead letters.
@@ -991,7 +1036,7 @@ struct Plan {
 #[derive(Default)]
 struct Carried {
     /// Commands for this partition: (command, timestamp, event offset).
-    inline: Vec<(Command, i64, i64)>,
+    inline: Vec<(Command, Option<i64>, i64)>,
     /// Commands for other partitions and dead letters.
     outs: Vec<Out>,
     /// Events partitions and the offsets to commit.
@@ -1592,11 +1637,11 @@ impl Worker {
             event_batches,
         );
         // Batches routed in their own transaction: (events partition, router, records, last offset).
-        type Solo = ((String, i32), Router, Vec<Out>, i64);
+        type Solo = ((String, i32), Router, Vec<Out>, i64, Option<i64>);
         let mut solo: Vec<Solo> = Vec::new();
-        for (k, outs, last) in routed_alone {
+        for (k, outs, last, at) in routed_alone {
             if let Some(r) = self.routers.remove(&k) {
-                solo.push((k, r, outs, last));
+                solo.push((k, r, outs, last, at));
             }
         }
         let mut owned = Vec::new();
@@ -1629,10 +1674,10 @@ impl Worker {
                 .collect();
             let hr: Vec<_> = solo
                 .into_iter()
-                .map(|(k, mut r, outs, last)| {
+                .map(|(k, mut r, outs, last, at)| {
                     let key = k.clone();
                     let h = s.spawn(move || {
-                        let res = me.route(&mut r, &k.0, k.1, &outs, last);
+                        let res = me.route(&mut r, &k.0, k.1, &outs, last, at);
                         (k, r, res)
                     });
                     (key, h)
@@ -1745,13 +1790,22 @@ impl Worker {
         }
     }
 
-    /// Commits a routing batch in the events partition's own transaction.
-    fn route(&self, r: &mut Router, topic: &str, p: i32, outs: &[Out], last: i64) -> Result<(), String> {
+    /// Commits a routing batch in the events partition's own transaction, its records stamped
+    /// `at` (the latest timestamp of the events it routes).
+    fn route(
+        &self,
+        r: &mut Router,
+        topic: &str,
+        p: i32,
+        outs: &[Out],
+        last: i64,
+        at: Option<i64>,
+    ) -> Result<(), String> {
         let mut offsets = TopicPartitionList::new();
         offsets
             .add_partition_offset(topic, p, Offset::Offset(last + 1))
             .map_err(|e| e.to_string())?;
-        commit(&self.shared, &self.consumers, r.txn.as_ref(), outs, &offsets)?;
+        commit(&self.shared, &self.consumers, r.txn.as_ref(), outs, &offsets, at)?;
         if !outs.is_empty() {
             r.settle.wrote();
             if let Some(q) = outs
@@ -1804,7 +1858,7 @@ impl Worker {
             decide_us = decide_started.elapsed().as_micros() as u64,
             "decided"
         );
-        commit(&shared, &self.consumers, t.txn.as_ref(), &b.outs, &offsets)?;
+        commit(&shared, &self.consumers, t.txn.as_ref(), &b.outs, &offsets, Some(b.at))?;
         // The keeper's ticket of this transaction's state write: the API reads its records from
         // memory until the store has them.
         let mut ticket = 0;
@@ -1991,13 +2045,15 @@ impl Worker {
         let refresh = Duration::from_millis(self.shared.cfg.offsets_refresh_ms.max(1000) as u64);
         let retention = self.shared.cfg.retention_ms;
         for t in self.owners.values_mut() {
-            t.expire(now, retention);
+            // This worker's clock says when something may be due; the tick names what, and
+            // its decision follows the partition's stream time (issue 34, item 5).
+            let due = t.tick_at(now, window, retention);
             // An instance to fail for an unreadable record is failed in a batch of its own.
-            let idle = t.last_commit.elapsed() >= refresh || !t.expired.is_empty() || !t.corrupt.is_empty();
-            if idle || t.parking.next_expiry(window).is_some_and(|due| due <= now) {
+            let idle = t.last_commit.elapsed() >= refresh || !t.corrupt.is_empty();
+            if idle || due.is_some() {
                 match produce(
                     &self.shared.plain,
-                    &command(&self.shared, t.partition, None, &Command::Tick),
+                    &command(&self.shared, t.partition, None, &Command::Tick { at: due }),
                 ) {
                     // The refresh counts from the tick's proposal; a tick not proposed is proposed
                     // again at the next turn.
@@ -2036,7 +2092,7 @@ impl Worker {
                             offsets
                                 .add_partition_offset(&shared.topics.clock, t.partition, Offset::Offset(t.clock))
                                 .map_err(|e| e.to_string())
-                                .and_then(|()| commit(shared, consumers, t.txn.as_ref(), &[], &offsets))
+                                .and_then(|()| commit(shared, consumers, t.txn.as_ref(), &[], &offsets, None))
                         });
                         (t.partition, h)
                     })
@@ -2050,9 +2106,9 @@ impl Worker {
                             // may have taken its events partition further since): its settling
                             // transaction ticks the commands partition it last wrote to, whose
                             // owner then settles as well.
-                            let tick = command(shared, r.last_target, None, &Command::Tick);
+                            let tick = command(shared, r.last_target, None, &Command::Tick { at: None });
                             let none = TopicPartitionList::new();
-                            commit(shared, consumers, r.txn.as_ref(), &[tick], &none)
+                            commit(shared, consumers, r.txn.as_ref(), &[tick], &none, None)
                         });
                         (k.clone(), h)
                     })

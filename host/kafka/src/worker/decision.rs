@@ -35,6 +35,9 @@ pub(super) struct Batch {
     /// What the partition's local index changes by ([`crate::view::index_changes`]), written to
     /// the local store with the state records.
     pub(super) index: Vec<(String, Option<Vec<u8>>)>,
+    /// The partition's stream time once decided: the timestamp of the records the batch
+    /// produces, never the deciding worker's clock.
+    pub(super) at: i64,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -77,7 +80,6 @@ pub(super) fn decide<'a>(
     }
     for (offset, at, payload) in records.into_iter().filter(|(o, _, _)| *o >= resume) {
         d.through = offset;
-        d.t.stream_ms = d.t.stream_ms.max(at);
         let c = match serde_json::from_slice::<Command>(payload) {
             Ok(c) => c,
             Err(e) => {
@@ -96,6 +98,15 @@ pub(super) fn decide<'a>(
                 continue;
             }
         };
+        // The stream time moves with the timestamps of the inputs that come from outside; the
+        // owner's own proposals (a timer, a tick, a barrier) carry the proposer's clock, which
+        // must not decide anything: a timer and a tick move it to the due time they name.
+        if !matches!(
+            c,
+            Command::Timer { .. } | Command::Tick { .. } | Command::Barrier { .. }
+        ) {
+            d.t.stream_ms = d.t.stream_ms.max(at);
+        }
         if let Some(o) = c.origin() {
             let e = applied.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
             *e = (*e).max(o.offset);
@@ -109,6 +120,7 @@ pub(super) fn decide<'a>(
         d.guarded(c, at, offset);
     }
     for (c, at, offset) in hosted.inline {
+        let at = at.unwrap_or(d.t.stream_ms);
         d.t.stream_ms = d.t.stream_ms.max(at);
         d.guarded(c, at, offset);
     }
@@ -237,6 +249,7 @@ pub(super) fn decide<'a>(
         records,
         journal,
         index,
+        at: t.stream_ms,
     }
 }
 
@@ -589,13 +602,22 @@ impl Decision<'_> {
                     .slot(self.shared, &id)
                     .and_then(|s| s.h.inst.snapshot().timers.get(&timer).copied());
                 if let Some(due) = due {
-                    // Never decided before it is due: a worker whose clock runs ahead proposes a
-                    // timer early, and its proposal's timestamp says so.
-                    self.handle(&id, Input::TimerFired { timer }, at.max(due));
+                    // Decided at its due time, whenever and by whatever clock it was proposed: a
+                    // worker whose clock runs ahead proposes it early, one behind late, and the
+                    // proposal's timestamp is that clock's. The stream time moves on to it.
+                    self.t.stream_ms = self.t.stream_ms.max(due);
+                    self.handle(&id, Input::TimerFired { timer }, due);
                 }
             }
             Command::Barrier { .. } => {}
-            Command::Tick => {
+            Command::Tick { at: due } => {
+                // Decided at the partition's stream time, moved on to the due time the tick was
+                // proposed for; never at the proposer's clock (the record's timestamp).
+                if let Some(due) = due {
+                    self.t.stream_ms = self.t.stream_ms.max(due);
+                }
+                let at = self.t.stream_ms;
+                self.t.expire(at, self.shared.cfg.retention_ms);
                 let gone: Vec<(String, Parked)> = self
                     .t
                     .parking
@@ -1002,7 +1024,7 @@ mod tests {
             id: ids[0].clone(),
             reason: "test".into(),
         };
-        let payloads: Vec<Vec<u8>> = [cancel, Command::Tick]
+        let payloads: Vec<Vec<u8>> = [cancel, Command::Tick { at: None }]
             .iter()
             .map(|c| serde_json::to_vec(c).expect("json"))
             .collect();
@@ -1046,12 +1068,17 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let shared = super::super::sim::shared(&rt);
         let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
-        let tick = serde_json::to_vec(&Command::Tick).expect("json");
+        // An input from outside (a cancel of an instance the partition does not hold).
+        let cancel = serde_json::to_vec(&Command::Cancel {
+            id: "nobody".into(),
+            reason: "r".into(),
+        })
+        .expect("json");
         // The latest timestamp of the batch, whatever the floor the caller gives.
         decide(
             &shared,
             &mut t,
-            vec![(0, 7_000, tick.as_slice()), (1, 5_000, tick.as_slice())],
+            vec![(0, 7_000, cancel.as_slice()), (1, 5_000, cancel.as_slice())],
             Default::default(),
             1_000,
         );
@@ -1060,14 +1087,254 @@ mod tests {
         decide(
             &shared,
             &mut t,
-            vec![(2, 3_000, tick.as_slice())],
+            vec![(2, 3_000, cancel.as_slice())],
             Default::default(),
             0,
         );
         assert_eq!(t.stream_ms, 7_000);
-        // A floor above it (the simulation's clock) moves it on.
+        // A floor above it moves it on.
         decide(&shared, &mut t, Vec::new(), Default::default(), 9_000);
         assert_eq!(t.stream_ms, 9_000);
+    }
+
+    /// Issue 34, item 5: the owner's own proposals carry its clock, which runs ahead or behind;
+    /// their timestamps never move the stream time, only the due times they name do.
+    #[test]
+    fn the_timestamps_of_a_workers_timers_ticks_and_barriers_do_not_move_the_stream_time() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        let ahead = 3_600_000;
+        let proposals: Vec<Vec<u8>> = [
+            Command::Tick { at: None },
+            Command::Timer {
+                id: "nobody".into(),
+                timer: "t".into(),
+            },
+            Command::Barrier { token: "b".into() },
+        ]
+        .iter()
+        .map(|c| serde_json::to_vec(c).expect("json"))
+        .collect();
+        let records = proposals
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as i64, ahead, p.as_slice()));
+        decide(&shared, &mut t, records, Default::default(), 2_000);
+        assert_eq!(t.stream_ms, 2_000, "a clock an hour ahead moved the stream time");
+        // A tick names what came due: the stream time moves on to that.
+        let tick = serde_json::to_vec(&Command::Tick { at: Some(4_000) }).expect("json");
+        decide(
+            &shared,
+            &mut t,
+            vec![(3, ahead, tick.as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!(t.stream_ms, 4_000);
+    }
+
+    /// Issue 34, item 5: an event record without a timestamp is taken at the stream time of the
+    /// partition that decides it, not at the clock of the worker that routed it.
+    #[test]
+    fn an_event_record_without_a_timestamp_is_taken_at_the_stream_time() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let event =
+            json!({"specversion": "1.0", "id": "e1", "source": "client", "type": "sim.go", "sm4cinstanceid": "nobody"});
+        let m = rdkafka::message::OwnedMessage::new(
+            Some(event.to_string().into_bytes()),
+            None,
+            "sim.events".to_string(),
+            rdkafka::Timestamp::NotAvailable,
+            0,
+            7,
+            None,
+        );
+        let plan = super::super::route::plan(&shared, "sim.events", 0, vec![m]);
+        assert_eq!(plan.cmds.len(), 1);
+        assert_eq!(plan.cmds[0].3, None);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        let carried = super::super::Carried {
+            inline: plan.cmds.into_iter().map(|(_, _, c, at, o)| (c, at, o)).collect(),
+            ..Default::default()
+        };
+        decide(&shared, &mut t, Vec::new(), carried, 4_000);
+        // Parked (no such instance) for the window from the stream time.
+        assert_eq!(
+            t.parking.parked.values().map(|p| p.expires).collect::<Vec<_>>(),
+            [4_000 + shared.cfg.event_window_ms]
+        );
+        assert_eq!(t.stream_ms, 4_000);
+    }
+
+    /// Issue 34, item 5: a timer is decided at its due time, whatever the clock of the worker that
+    /// proposed it said (an hour ahead here).
+    #[test]
+    fn a_timer_proposed_by_a_clock_ahead_fires_at_its_due_time() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        // The simulation's subflow waits 10 s as it starts.
+        let start = serde_json::to_vec(&Command::Start {
+            id: "c".into(),
+            definition: "sim-child".into(),
+            version: None,
+            input: json!({}),
+            parent: None,
+            depth: 0,
+            origin: None,
+            request: None,
+            traceparent: None,
+        })
+        .expect("json");
+        decide(
+            &shared,
+            &mut t,
+            vec![(0, 1_000, start.as_slice())],
+            Default::default(),
+            0,
+        );
+        let due = t.slots["c"].h.inst.snapshot().timers.values().copied().next();
+        assert_eq!(due, Some(11_000));
+        let timer = t.slots["c"]
+            .h
+            .inst
+            .snapshot()
+            .timers
+            .keys()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        let fire = serde_json::to_vec(&Command::Timer { id: "c".into(), timer }).expect("json");
+        let b = decide(
+            &shared,
+            &mut t,
+            vec![(1, 3_601_000, fire.as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!(
+            b.ended
+                .iter()
+                .map(|(id, (at, _))| (id.as_str(), *at))
+                .collect::<Vec<_>>(),
+            [("c", 11_000)]
+        );
+        assert_eq!(t.stream_ms, 11_000);
+        // What the batch produces is stamped with that stream time, not the proposer's clock.
+        assert_eq!(b.at, 11_000);
+    }
+
+    /// Issue 34, item 5: a tick drops parked events past their window and deletes ended instances
+    /// past their retention by the partition's stream time: a tick whose proposer's clock runs
+    /// ahead (its timestamp) decides nothing early.
+    #[test]
+    fn a_tick_drops_parked_events_and_deletes_ended_instances_at_the_stream_time_not_its_proposers_clock() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let (window, retention) = (shared.cfg.event_window_ms, shared.cfg.retention_ms);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        t.ended.insert("old", 1_000, 1);
+        let event = serde_json::to_vec(&Command::Event {
+            target: Some("nobody".into()),
+            event: json!({"specversion": "1.0", "id": "e1", "source": "client", "type": "sim.go"}),
+            origin: Origin {
+                topic: "sim.events".into(),
+                partition: 0,
+                offset: 1,
+            },
+            home: None,
+            expect: None,
+        })
+        .expect("json");
+        decide(
+            &shared,
+            &mut t,
+            vec![(0, 5_000, event.as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!(
+            t.parking.parked.values().map(|p| p.expires).collect::<Vec<_>>(),
+            [5_000 + window]
+        );
+        let tick = |at: Option<i64>| serde_json::to_vec(&Command::Tick { at }).expect("json");
+        let dead = |b: &super::Batch| b.outs.iter().filter(|o| o.topic == shared.topics.deadletter).count();
+        let deleted = |b: &super::Batch| b.records.iter().filter(|(_, r)| r.is_none()).count();
+        // Stamped by a clock past both the window and the retention: nothing is due in stream time.
+        let far = 1_000 + retention + window;
+        let b = decide(
+            &shared,
+            &mut t,
+            vec![(1, far, tick(None).as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!((dead(&b), deleted(&b), t.parking.parked.len()), (0, 0, 1));
+        t.committed(b);
+        // The window's end, named by the tick: the event goes, the ended instance stays.
+        let b = decide(
+            &shared,
+            &mut t,
+            vec![(2, far, tick(Some(5_000 + window)).as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!((dead(&b), deleted(&b), t.parking.parked.len()), (1, 0, 0));
+        t.committed(b);
+        assert!(t.ended.contains("old"));
+        // Its retention's end: it is deleted.
+        let b = decide(
+            &shared,
+            &mut t,
+            vec![(3, 0, tick(Some(1_000 + retention)).as_slice())],
+            Default::default(),
+            0,
+        );
+        assert_eq!(
+            b.records
+                .iter()
+                .map(|(id, r)| (id.as_str(), r.is_none()))
+                .collect::<Vec<_>>(),
+            [("old", true)]
+        );
+        t.committed(b);
+        assert!(!t.ended.contains("old"));
+    }
+
+    /// Issue 34, item 5: the worker's clock says when a tick is proposed; the tick names the due
+    /// time of what came due, not the clock's reading.
+    #[test]
+    fn a_tick_names_the_due_time_it_is_proposed_for_not_the_clock() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let (window, retention) = (shared.cfg.event_window_ms, shared.cfg.retention_ms);
+        let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 0, None, None);
+        t.ended.insert("old", 1_000, 1);
+        t.ended.insert("older", 500, 2);
+        let parked = crate::wire::Parked {
+            event: json!({"id": "e1"}),
+            origin: Origin {
+                topic: "sim.events".into(),
+                partition: 0,
+                offset: 1,
+            },
+            target: Some("nobody".into()),
+            home: None,
+            key: None,
+            expect: None,
+            expires: 5_000 + window,
+        };
+        t.parking.insert(crate::wire::parked_key(&parked), parked);
+        assert_eq!(t.tick_at(5_000 + window - 1, window, retention), None);
+        assert_eq!(
+            t.tick_at(5_000 + window + 60_000, window, retention),
+            Some(5_000 + window)
+        );
+        // Both ended instances are past their retention by this clock: the tick names the later.
+        let clock = 1_000 + retention + 3_600_000;
+        assert_eq!(t.tick_at(clock, window, retention), Some(1_000 + retention));
     }
 
     #[test]
@@ -1075,7 +1342,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let shared = super::super::sim::shared(&rt);
         let (mut t, _) = super::super::restore::Latest::new(0, 0).owner(&shared, 1, None, None);
-        let tick = serde_json::to_vec(&Command::Tick).expect("json");
+        let tick = serde_json::to_vec(&Command::Tick { at: None }).expect("json");
         let records = vec![(0, 5, &b"{not json"[..]), (1, 5, tick.as_slice())];
         let b = decide(&shared, &mut t, records, Default::default(), 5);
         let dead: Vec<_> = b.outs.iter().filter(|o| o.topic == shared.topics.deadletter).collect();
@@ -1193,7 +1460,7 @@ mod tests {
         assert!(out.is_empty(), "{out:?}");
         assert!(t.parking.subscribers(&key).is_empty());
         let later = 6_000 + shared.cfg.event_window_ms;
-        let (out, _) = run(&shared, &mut t, &[Command::Tick], later);
+        let (out, _) = run(&shared, &mut t, &[Command::Tick { at: None }], later);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(
             (out[0].0, out[0].1["kind"].as_str(), out[0].1["expect"].as_u64()),

@@ -559,14 +559,15 @@ impl Parking {
         }
         keys
     }
-    /// The earliest time something expires: a parked event's window or a tally entry's retention.
-    pub(super) fn next_expiry(&self, window: i64) -> Option<i64> {
+    /// The latest time, at or before `now`, at which a parked event's window or a tally entry's
+    /// retention ends: what a tick proposed at `now` is proposed for (`None`: nothing is due).
+    pub(super) fn due_by(&self, now: i64, window: i64) -> Option<i64> {
         let parked = self.parked.values().map(|p| p.expires);
         let tally = self
             .tally
             .values()
             .map(|(_, _, first)| super::tally_expiry(*first, window));
-        parked.chain(tally).min()
+        parked.chain(tally).filter(|at| *at <= now).max()
     }
 
     /// Instance `id` takes the events of correlation key `key` from now on.
@@ -684,6 +685,22 @@ impl Ended {
 
     pub(super) fn contains(&mut self, id: &str) -> bool {
         self.kept.get(&format!("{ENDED_ID}{id}")).is_some()
+    }
+
+    /// When the latest of the first `limit` instances that ended at or before `cutoff` ended
+    /// (`None`: none did), and when the earliest ended (`None`: none is kept); nothing leaves the
+    /// index.
+    pub(super) fn ended_by(&mut self, cutoff: i64, limit: usize) -> (Option<i64>, Option<i64>) {
+        let ats: Vec<i64> = self
+            .kept
+            .first(ENDED_AT, limit)
+            .iter()
+            .filter_map(|(k, _)| i64::from_str_radix(k.strip_prefix(ENDED_AT)?.split_once('\u{0}')?.0, 16).ok())
+            .collect();
+        (
+            ats.iter().copied().take_while(|at| *at <= cutoff).last(),
+            ats.first().copied(),
+        )
     }
 
     /// The instances that ended at or before `cutoff`, earliest first, at most `limit`: (id,

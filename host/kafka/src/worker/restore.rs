@@ -690,6 +690,7 @@ impl Latest {
             ended: Default::default(),
             expired: Vec::new(),
             next_expiry: i64::MIN,
+            look_at: i64::MIN,
             parking: Parking::default(),
             timers: BTreeSet::new(),
             horizon: i64::MAX,

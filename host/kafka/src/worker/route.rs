@@ -13,7 +13,7 @@ pub(super) fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>
     let machines = shared.machines();
     for m in &msgs {
         last = m.offset();
-        let at = m.timestamp().to_millis().unwrap_or_else(now_ms);
+        let at = m.timestamp().to_millis();
         let origin = Origin {
             topic: topic.to_string(),
             partition: p,
@@ -143,10 +143,13 @@ pub(super) struct Routing {
     pub(super) hosted: HashMap<i32, Carried>,
     /// The owned commands partition whose transaction carries each events partition's batch.
     pub(super) hosted_by: Vec<((String, i32), i32)>,
-    /// Batches routed in a transaction of their own (no owned partition to carry them): (events
-    /// partition, records, last offset read).
-    pub(super) solo: Vec<((String, i32), Vec<Out>, i64)>,
+    /// Batches routed in a transaction of their own (no owned partition to carry them).
+    pub(super) solo: Vec<Solo>,
 }
+
+/// An events partition's batch routed in its own transaction: (events partition, records, last
+/// offset, the latest timestamp of its events, which stamps the records).
+pub(super) type Solo = ((String, i32), Vec<Out>, i64, Option<i64>);
 
 /// Routes the events partitions' batches of one loop turn, with no IO: each rides in the
 /// transaction of the owned commands partition most of its events are for (`local` are the owned
@@ -176,10 +179,11 @@ pub(super) fn route_events(
             .collect();
         let Some(host) = host_of(&plan, local, &eligible, commanded) else {
             let mut outs = plan.outs;
+            let at = plan.cmds.iter().filter_map(|c| c.3).max();
             for (q, key, c, _, _) in plan.cmds {
                 outs.push(command(shared, q, key.as_deref(), &c));
             }
-            r.solo.push((k, outs, plan.last));
+            r.solo.push((k, outs, plan.last, at));
             continue;
         };
         let h = r.hosted.entry(host).or_default();

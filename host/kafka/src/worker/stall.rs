@@ -371,7 +371,7 @@ impl Guard {
             // with a header that says what it is. Aborted: a broker that filters aborted records
             // (Apache Kafka) shows it to no `read_committed` reader; tansu shows it.
             let record = if topic == shared.topics.commands {
-                super::command(shared, q, None, &crate::wire::Command::Tick)
+                super::command(shared, q, None, &crate::wire::Command::Tick { at: None })
             } else {
                 let mut headers = vec![(UNSTICK_HEADER.to_string(), b"aborted".to_vec())];
                 if topic == shared.topics.deadletter {
