@@ -98,11 +98,17 @@ impl Loop {
     /// batch. One that has more to do is woken again once this batch is decided (a second tick now
     /// would see its new run as still running).
     pub(super) fn fire_schedules(&mut self, now: i64) {
+        // At most a batch's worth at a time: each start is an instance created in memory and
+        // written with its batch, so ten thousand schedules due in the same second are decided a
+        // batch at a time as the loop comes back, rather than all created at once and written
+        // (then read back) before most of them run.
+        let room = self.limits.batch.saturating_sub(self.queue.len());
         let due: Vec<(i64, String)> = self
             .schedules
             .wakes
             .iter()
             .take_while(|(t, _)| *t <= now)
+            .take(room)
             .cloned()
             .collect();
         for key in due {
@@ -243,7 +249,7 @@ impl Loop {
             return;
         }
         let input = spec.input.clone();
-        tracing::info!(schedule, instance, nominal = %rfc3339(nominal), late_ms = late, "a schedule starts its run");
+        tracing::debug!(schedule, instance, nominal = %rfc3339(nominal), late_ms = late, "a schedule starts its run");
         if let Some(o) = sm4c_host::metrics::observer() {
             o.schedule_run(late as f64 / 1000.0);
         }
