@@ -13,6 +13,7 @@ pub(crate) mod journal;
 pub(crate) mod keeper;
 mod restore;
 mod route;
+mod schedules;
 #[cfg(test)]
 mod sim;
 pub(crate) mod stall;
@@ -449,6 +450,7 @@ fn subflow_start(shared: &Shared, start: &ChildStart, origin: Option<String>) ->
         origin: None,
         request: None,
         traceparent: origin,
+        schedule: None,
     };
     command(shared, partition_of(&start.id, shared.partitions), Some(&start.id), &c)
 }
@@ -466,6 +468,8 @@ struct Slot {
     answered: Vec<(String, String)>,
     /// The latest events taken: (source, id).
     recent: Vec<(String, String)>,
+    /// The schedule that started it, told when it ends.
+    schedule: Option<String>,
     /// The keeper's ticket of the last write of its record to the local store (0: the store had
     /// it when the partition was restored): once written, the owner may let it go from memory.
     ticket: u64,
@@ -486,6 +490,7 @@ impl Slot {
             request: rec.request,
             answered: rec.answered,
             recent: rec.recent,
+            schedule: rec.schedule,
             ticket: 0,
             used: 0,
         }
@@ -509,6 +514,7 @@ impl Slot {
             origin: self.h.origin.clone(),
             answered: self.answered.clone(),
             recent: self.recent.clone(),
+            schedule: self.schedule.clone(),
         }
     }
 }
@@ -568,6 +574,8 @@ struct Owner {
     /// would cost a pass over every ended instance twice a second.
     next_expiry: i64,
     parking: Parking,
+    /// The schedules whose ids hash to this partition ([`schedules`]).
+    scheds: schedules::Scheds,
     /// The armed timers due before `horizon`, by due time (the others are in the local store).
     timers: BTreeSet<(i64, String, String)>,
     /// Timers due at or after this (ms) are kept in the partition's local store, not in `timers`
@@ -1440,6 +1448,8 @@ impl Worker {
                                 progress: k.progress().clone(),
                             });
                     self.shared.view.take(p, std::mem::take(&mut t.records), backing);
+                    let schedules = t.scheds.all.clone();
+                    self.shared.view.take_schedules(p, schedules);
                     self.owners.insert(p, t);
                 }
                 Err(e) => {
@@ -1853,6 +1863,11 @@ impl Worker {
         self.shared
             .view
             .apply(t.partition, std::mem::take(&mut b.records), ticket);
+        self.shared.view.apply_schedules(
+            t.partition,
+            std::mem::take(&mut b.schedules),
+            std::mem::take(&mut b.answers),
+        );
         let (after, applied) = t.committed(b);
         // Committed: now act.
         for (id, work) in after {
@@ -1917,6 +1932,11 @@ impl Worker {
                 .as_ref()
                 .map_or(u64::MAX, |k| k.progress().written(t.partition));
             t.advance_timers(now, horizon_ms, written);
+            for id in t.scheds.due(now) {
+                if let Err(e) = produce(&self.shared.plain, &schedules::tick_command(&shared, &id)) {
+                    tracing::warn!(error = %e, schedule = id, "cannot propose a schedule's tick; trying again");
+                }
+            }
             for c in t.due(&shared, now) {
                 let (Command::Timer { id, .. } | Command::Result { id, .. }) = &c else {
                     continue;

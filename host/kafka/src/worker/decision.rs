@@ -35,6 +35,11 @@ pub(super) struct Batch {
     /// What the partition's local index changes by ([`crate::view::index_changes`]), written to
     /// the local store with the state records.
     pub(super) index: Vec<(String, Option<Vec<u8>>)>,
+    /// The new specification and state of each schedule the batch changed, `None` for one it
+    /// deleted: the API's view takes them once the batch has committed.
+    pub(super) schedules: Vec<(String, Option<(sm4c_schedule::Spec, sm4c_schedule::State)>)>,
+    /// The answers to the schedule operations of API requests the batch decided.
+    pub(super) answers: Vec<(String, crate::view::ScheduleAnswer)>,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -114,6 +119,9 @@ pub(super) fn decide<'a>(
     }
     d.unpark(d.t.stream_ms);
     let through = d.through;
+    let (sched_outs, schedules, answers) =
+        d.t.scheds
+            .decided(shared, d.t.partition, through, d.t.clock, d.t.stream_ms);
     let (new, after) = (d.outs, d.after);
     let mut outs = std::mem::take(&mut t.repair);
     outs.extend(new);
@@ -199,6 +207,7 @@ pub(super) fn decide<'a>(
         records.push((id, r.instance.take()));
     }
     outs.extend(t.parking.records(shared, t.partition, through, t.clock));
+    outs.extend(sched_outs);
     let mut index = Vec::new();
     for (id, r) in &records {
         index.extend(crate::view::index_changes(t.partition, id, r.as_ref(), None));
@@ -237,13 +246,15 @@ pub(super) fn decide<'a>(
         records,
         journal,
         index,
+        schedules,
+        answers,
     }
 }
 
 /// The decisions of one batch.
-struct Decision<'a> {
-    shared: &'a Shared,
-    t: &'a mut Owner,
+pub(super) struct Decision<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) t: &'a mut Owner,
     outs: Vec<Out>,
     after: Vec<(String, Work)>,
     through: i64,
@@ -283,6 +294,7 @@ impl Decision<'_> {
                         sm4c_runtime::ErrorKind::InternalError,
                         format!("the worker failed on this instance: {what}"),
                     ));
+                    self.ended_run(id);
                 }
                 self.t.dirty.insert(id.clone());
             }
@@ -298,7 +310,7 @@ impl Decision<'_> {
         ));
     }
 
-    fn apply(&mut self, c: Command, at: i64, offset: i64) {
+    pub(super) fn apply(&mut self, c: Command, at: i64, offset: i64) {
         #[cfg(test)]
         tests::maybe_panic(&c);
         let n = self.shared.partitions;
@@ -312,14 +324,33 @@ impl Decision<'_> {
                 depth,
                 request,
                 traceparent,
+                schedule,
                 ..
             } => {
-                if self.t.ended.contains(&id) || self.t.slot(self.shared, &id).is_some() {
+                if self.t.ended.contains(&id) {
+                    // A schedule's run that exists and ended (a backfill over a time long past):
+                    // the schedule follows it as it is.
+                    if let Some(schedule) = schedule {
+                        let status = self.shared.view.get(self.t.partition, &id).map(|r| r.snapshot.status);
+                        let status = status.map_or("ended", |s| s.as_str());
+                        self.tell_schedule(&schedule, &id, status);
+                    }
+                    return;
+                }
+                if let Some(slot) = self.t.slot(self.shared, &id) {
+                    // Started already: the same instance. A schedule asking for it hears when it ends.
+                    if schedule.is_some() && slot.schedule.is_none() {
+                        slot.schedule = schedule;
+                        self.t.dirty.insert(id);
+                    }
                     return;
                 }
                 let m = self.shared.machine_or_latest(&definition, version.as_deref());
                 if m.is_none() {
                     tracing::warn!(instance = id, definition, "start of an unknown definition");
+                    if let Some(schedule) = &schedule {
+                        self.tell_schedule(schedule, &id, "notStarted");
+                    }
                 }
                 let mut h = match parent {
                     Some(parent) => {
@@ -356,6 +387,7 @@ impl Decision<'_> {
                         request,
                         answered: Vec::new(),
                         recent: Vec::new(),
+                        schedule,
                         ticket: 0,
                         used: 0,
                     }),
@@ -588,6 +620,13 @@ impl Decision<'_> {
                 }
             }
             Command::Barrier { .. } => {}
+            Command::Schedule { schedule, op, request } => self.schedule_op(schedule, op, request, at, offset),
+            Command::ScheduleTick { schedule } => self.schedule_tick(&schedule, at, offset),
+            Command::ScheduleEnded {
+                schedule,
+                instance,
+                status,
+            } => self.schedule_ended(&schedule, &instance, &status),
             Command::Tick => {
                 let gone: Vec<(String, Parked)> = self
                     .t
@@ -655,7 +694,7 @@ impl Decision<'_> {
         }
     }
 
-    fn command_for(&mut self, id: &str, c: Command) {
+    pub(super) fn command_for(&mut self, id: &str, c: Command) {
         let p = partition_of(id, self.shared.partitions);
         self.outs.push(command(self.shared, p, Some(id), &c));
     }
@@ -878,6 +917,16 @@ impl Decision<'_> {
         if let Some(n) = step.notify {
             self.notify(n);
         }
+        self.ended_run(id);
+    }
+
+    /// Instance `id`, if it is a schedule's run that has just ended, tells its schedule.
+    fn ended_run(&mut self, id: &str) {
+        let Some(slot) = self.t.slots.get(id) else { return };
+        let status = slot.h.inst.status();
+        if let (true, Some(schedule)) = (status.is_final(), slot.schedule.clone()) {
+            self.tell_schedule(&schedule, id, status.as_str());
+        }
     }
 }
 
@@ -982,6 +1031,7 @@ mod tests {
             origin: None,
             request: None,
             traceparent: None,
+            schedule: None,
         };
         // Two instances of one partition.
         let ids: Vec<String> = (0..200)

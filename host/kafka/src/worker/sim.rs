@@ -1271,6 +1271,7 @@ impl<'a> World<'a> {
             origin: None,
             request: None,
             traceparent: None,
+            schedule: None,
         };
         self.note(format!("client starts {id}"));
         self.command(&id, &c);

@@ -1,0 +1,386 @@
+//! Schedules in Kafka mode. A schedule lives on the commands partition its id hashes to, as a
+//! record of the partition's own on the state topic ([`crate::wire::schedule_key`]), and its
+//! owner decides for it like for any instance:
+//!
+//! - What `/schedules` asks is a [`Command::Schedule`] on that partition, decided in a batch; the
+//!   answer is kept for the API request that waits ([`crate::view::View::take_answer`]).
+//! - When a schedule has something to do, the owner proposes a [`Command::ScheduleTick`] (as it
+//!   proposes a timer that came due, again every few seconds until it is decided); the tick is
+//!   decided at the command's timestamp, the partition's stream time.
+//! - A run it starts is a [`Command::Start`] of `<schedule>@<nominal time>`, applied in the batch
+//!   when the id hashes to the same partition, or produced to the instance's partition in the
+//!   same transaction as the schedule's new state otherwise: the start and the schedule's record
+//!   of it commit together or not at all, and a start of an id that exists starts nothing.
+//! - A run that ends tells its schedule ([`Command::ScheduleEnded`]), directly when the schedule
+//!   is on the same partition, through the schedule's partition otherwise, in the transaction
+//!   that ends it; a start that finds its instance ended, or its definition unknown, says so too.
+//!
+//! A new owner restores the schedules with the partition's other records and wakes each at once
+//! if its time has passed: the planner starts the times missed within the catch-up window.
+
+use super::decision::Decision;
+use super::{command, Out, Shared, TIMER_RETRY_MS};
+use crate::view::Refusal;
+use crate::wire::{partition_of, schedule_key, Command, ScheduleCmd, ScheduleRecord, StateRecord, CLOCK_HEADER};
+use serde_json::{json, Value};
+use sm4c_schedule::{rfc3339, Action, Skipped, Spec, State, UPCOMING};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The schedules of one commands partition.
+#[derive(Default)]
+pub(super) struct Scheds {
+    /// Each schedule's specification and state.
+    pub(super) all: BTreeMap<String, (Spec, State)>,
+    /// When each next has something to do (ms).
+    wakes: BTreeSet<(i64, String)>,
+    /// Each schedule's entry in `wakes`.
+    wake_of: HashMap<String, i64>,
+    /// Ticks proposed and not decided yet: schedule → when to propose it again (ms).
+    proposed: HashMap<String, i64>,
+    /// Changed by the batch being decided: written (or deleted) in its transaction.
+    changed: BTreeSet<String>,
+    /// The answers to the API requests the batch being decided: (request token, answer).
+    answers: Vec<(String, crate::view::ScheduleAnswer)>,
+    /// The skipped counts the metrics were last told, by schedule.
+    reported: HashMap<String, Skipped>,
+}
+
+impl Scheds {
+    /// Takes in a schedule's record, as a restore read it. One whose specification no longer
+    /// reads is logged and counted, and left out.
+    pub(super) fn restore(&mut self, id: &str, r: ScheduleRecord, now: i64) {
+        match Spec::from_json(&r.spec) {
+            Ok(spec) => {
+                self.reported.insert(id.to_string(), r.state.skipped.clone());
+                self.all.insert(id.to_string(), (spec, r.state));
+                self.reindex(id, now);
+            }
+            Err(errs) => {
+                let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                tracing::error!(schedule = id, error = %text.join("; "), "a stored schedule's specification no longer reads; it is left out");
+                if let Some(o) = sm4c_host::metrics::observer() {
+                    o.corrupt_record("schedule");
+                }
+            }
+        }
+    }
+
+    fn unwake(&mut self, id: &str) {
+        if let Some(t) = self.wake_of.remove(id) {
+            self.wakes.remove(&(t, id.to_string()));
+        }
+    }
+
+    fn reindex(&mut self, id: &str, now: i64) {
+        self.unwake(id);
+        if let Some((spec, state)) = self.all.get(id) {
+            if let Some(t) = state.wake_at(spec, now) {
+                self.wakes.insert((t, id.to_string()));
+                self.wake_of.insert(id.to_string(), t);
+            }
+        }
+    }
+
+    /// The schedules whose tick to propose at `now` (the worker's clock): those whose time came,
+    /// and those whose proposed tick was not decided within [`TIMER_RETRY_MS`] (the broker may
+    /// not have taken it). A tick decided twice does nothing more.
+    pub(super) fn due(&mut self, now: i64) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some((t, id)) = self.wakes.first().cloned() {
+            if t > now {
+                break;
+            }
+            self.unwake(&id);
+            self.proposed.insert(id.clone(), now + TIMER_RETRY_MS);
+            out.push(id);
+        }
+        for (id, at) in self.proposed.iter_mut() {
+            if *at <= now && !out.contains(id) {
+                *at = now + TIMER_RETRY_MS;
+                out.push(id.clone());
+            }
+        }
+        out
+    }
+
+    /// The batch is decided at `now` (its stream time): the records of the schedules it
+    /// changed, for a transaction numbered `clock` that consumed commands through `through`;
+    /// what the API's view takes once it commits; the answers to its API requests.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn decided(
+        &mut self,
+        shared: &Shared,
+        partition: i32,
+        through: i64,
+        clock: i64,
+        now: i64,
+    ) -> (
+        Vec<Out>,
+        Vec<(String, Option<(Spec, State)>)>,
+        Vec<(String, crate::view::ScheduleAnswer)>,
+    ) {
+        let mut outs = Vec::new();
+        let mut changes = Vec::new();
+        for id in std::mem::take(&mut self.changed) {
+            self.proposed.remove(&id);
+            self.reindex(&id, now);
+            let kept = self.all.get(&id).cloned();
+            let payload = kept.as_ref().map(|(spec, state)| {
+                let r = StateRecord {
+                    through,
+                    clock: Some(clock),
+                    schedule: Some(ScheduleRecord {
+                        spec: spec.to_json(),
+                        state: state.clone(),
+                    }),
+                    ..StateRecord::default()
+                };
+                serde_json::to_vec(&r).unwrap_or_default()
+            });
+            let headers = match payload {
+                Some(_) => Vec::new(),
+                None => vec![(CLOCK_HEADER.to_string(), clock.to_string().into_bytes())],
+            };
+            outs.push(Out {
+                topic: shared.topics.state.clone(),
+                partition: Some(partition),
+                key: Some(schedule_key(&id)),
+                payload,
+                headers,
+            });
+            changes.push((id, kept));
+        }
+        (outs, changes, std::mem::take(&mut self.answers))
+    }
+}
+
+/// A schedule's specification read from JSON, its errors as a refusal.
+pub(crate) fn spec_of(doc: &Value) -> Result<Spec, Refusal> {
+    Spec::from_json(doc).map_err(|errs| Refusal::Invalid(errs.into_iter().map(|e| (e.pointer, e.message)).collect()))
+}
+
+impl Decision<'_> {
+    /// Now, for a schedule: the partition's stream time.
+    fn sched_now(&self) -> i64 {
+        self.t.stream_ms
+    }
+
+    /// Decides what `/schedules` asked (request `request`) of schedule `id`.
+    pub(super) fn schedule_op(&mut self, id: String, op: ScheduleCmd, request: String, at: i64, offset: i64) {
+        let answer = self.schedule_answer(&id, op, at, offset);
+        if let Err(why) = &answer {
+            tracing::info!(schedule = id, refusal = ?why, "a schedule operation is refused");
+        }
+        self.t.scheds.answers.push((request, answer));
+    }
+
+    fn schedule_answer(&mut self, id: &str, op: ScheduleCmd, at: i64, offset: i64) -> crate::view::ScheduleAnswer {
+        let now = self.sched_now();
+        let exists = self.t.scheds.all.contains_key(id);
+        let unknown = || Err(Refusal::Unknown(id.to_string()));
+        match op {
+            ScheduleCmd::Create { spec } => {
+                let spec = self.registered(&spec)?;
+                if spec.id != id {
+                    return Err(Refusal::Invalid(vec![(
+                        "/id".into(),
+                        format!("{:?} is not the schedule {id:?} the command is for", spec.id),
+                    )]));
+                }
+                if exists {
+                    return Err(Refusal::Exists(id.to_string()));
+                }
+                let state = State::new(&spec, now);
+                self.t.scheds.all.insert(id.to_string(), (spec, state));
+                self.schedule_act(id, Vec::new(), at, offset);
+                tracing::info!(schedule = id, "schedule created");
+            }
+            ScheduleCmd::Replace { spec } if exists => {
+                let spec = self.registered(&spec)?;
+                if spec.id != id {
+                    return Err(Refusal::Invalid(vec![(
+                        "/id".into(),
+                        format!("{:?} disagrees with the path's schedule {id:?}", spec.id),
+                    )]));
+                }
+                let Some((old, state)) = self.t.scheds.all.get_mut(id) else {
+                    return unknown();
+                };
+                // What it did and owes is kept; a change of `paused` pauses or resumes it.
+                let (was, paused) = (state.paused, spec.paused);
+                *old = spec;
+                let actions = match (was, paused) {
+                    (false, true) => state.pause(old, now),
+                    (true, false) => state.resume(old, now),
+                    _ => Vec::new(),
+                };
+                self.schedule_act(id, actions, at, offset);
+            }
+            ScheduleCmd::Delete if exists => {
+                self.t.scheds.all.remove(id);
+                self.t.scheds.reported.remove(id);
+                self.t.scheds.changed.insert(id.to_string());
+                tracing::info!(schedule = id, "schedule deleted");
+                return Ok(json!({"deleted": id}));
+            }
+            ScheduleCmd::Backfill { from, to } if exists => {
+                let Some((spec, state)) = self.t.scheds.all.get_mut(id) else {
+                    return unknown();
+                };
+                let n = state
+                    .backfill(spec, from, to)
+                    .map_err(|e| Refusal::Invalid(vec![("/to".into(), e)]))?;
+                let actions = state.tick(spec, now);
+                self.schedule_act(id, actions, at, offset);
+                let mut v = self.schedule_view(id, now);
+                v["backfilled"] = json!(n);
+                return Ok(v);
+            }
+            ScheduleCmd::Pause | ScheduleCmd::Resume | ScheduleCmd::Trigger if exists => {
+                let Some((spec, state)) = self.t.scheds.all.get_mut(id) else {
+                    return unknown();
+                };
+                let actions = match op {
+                    ScheduleCmd::Pause => state.pause(spec, now),
+                    ScheduleCmd::Resume => state.resume(spec, now),
+                    _ => state.trigger(spec, now),
+                };
+                self.schedule_act(id, actions, at, offset);
+            }
+            _ => return unknown(),
+        }
+        Ok(self.schedule_view(id, now))
+    }
+
+    /// A specification, checked; its definition must be registered.
+    fn registered(&self, doc: &Value) -> Result<Spec, Refusal> {
+        let spec = spec_of(doc)?;
+        if self
+            .shared
+            .machine_or_latest(&spec.definition, spec.version.as_deref())
+            .is_none()
+        {
+            return Err(Refusal::UnknownDefinition(match &spec.version {
+                Some(v) => format!("{} version {v}", spec.definition),
+                None => spec.definition.clone(),
+            }));
+        }
+        Ok(spec)
+    }
+
+    fn schedule_view(&self, id: &str, now: i64) -> Value {
+        match self.t.scheds.all.get(id) {
+            Some((spec, state)) => sm4c_schedule::view(id, spec, state, now, UPCOMING),
+            None => json!({"id": id}),
+        }
+    }
+
+    /// Schedule `id`'s time came: it acts, once.
+    pub(super) fn schedule_tick(&mut self, id: &str, at: i64, offset: i64) {
+        let now = self.sched_now();
+        let Some((spec, state)) = self.t.scheds.all.get_mut(id) else {
+            // Deleted since it was proposed.
+            self.t.scheds.proposed.remove(id);
+            return;
+        };
+        let actions = state.tick(spec, now);
+        self.schedule_act(id, actions, at, offset);
+    }
+
+    /// A run of schedule `id` ended with `status`.
+    pub(super) fn schedule_ended(&mut self, id: &str, instance: &str, status: &str) {
+        let Some((_, state)) = self.t.scheds.all.get_mut(id) else {
+            return;
+        };
+        if state.running.contains(instance) {
+            state.ended(instance, status);
+            self.t.scheds.changed.insert(id.to_string());
+        }
+    }
+
+    /// Tells schedule `schedule` that its run `instance` ended with `status`: directly when it is
+    /// on this partition, with a command to its partition otherwise, in this transaction.
+    pub(super) fn tell_schedule(&mut self, schedule: &str, instance: &str, status: &str) {
+        if partition_of(schedule, self.shared.partitions) == self.t.partition {
+            self.schedule_ended(schedule, instance, status);
+            return;
+        }
+        let c = Command::ScheduleEnded {
+            schedule: schedule.to_string(),
+            instance: instance.to_string(),
+            status: status.to_string(),
+        };
+        self.command_for(schedule, c);
+    }
+
+    /// Carries out what schedule `id` decided: its starts and cancels go into this batch (the
+    /// instance's partition's in this transaction when it is another), with its new state.
+    fn schedule_act(&mut self, id: &str, actions: Vec<Action>, at: i64, offset: i64) {
+        self.t.scheds.changed.insert(id.to_string());
+        let Some((spec, state)) = self.t.scheds.all.get(id) else {
+            return;
+        };
+        if let Some(o) = sm4c_host::metrics::observer() {
+            let was = self.t.scheds.reported.entry(id.to_string()).or_default();
+            let is = &state.skipped;
+            for (why, n) in [
+                ("overlap", is.overlap.saturating_sub(was.overlap)),
+                ("catchup", is.catchup.saturating_sub(was.catchup)),
+                ("paused", is.paused.saturating_sub(was.paused)),
+            ] {
+                if n > 0 {
+                    o.schedule_skipped(why, n);
+                }
+            }
+            *was = is.clone();
+        }
+        let (definition, version, input) = (spec.definition.clone(), spec.version.clone(), spec.input.clone());
+        for a in actions {
+            let (instance, c) = match a {
+                Action::Start {
+                    nominal,
+                    instance,
+                    late,
+                } => {
+                    tracing::info!(schedule = id, instance, nominal = %rfc3339(nominal), late_ms = late, "a schedule starts its run");
+                    if let Some(o) = sm4c_host::metrics::observer() {
+                        o.schedule_run(late as f64 / 1000.0);
+                    }
+                    let c = Command::Start {
+                        id: instance.clone(),
+                        definition: definition.clone(),
+                        version: version.clone(),
+                        input: input.clone(),
+                        parent: None,
+                        depth: 0,
+                        origin: None,
+                        request: None,
+                        traceparent: None,
+                        schedule: Some(id.to_string()),
+                    };
+                    (instance, c)
+                }
+                Action::Cancel { instance } => {
+                    let c = Command::Cancel {
+                        id: instance.clone(),
+                        reason: format!("schedule {id:?} started its next run (overlap cancelOther)"),
+                    };
+                    (instance, c)
+                }
+            };
+            if partition_of(&instance, self.shared.partitions) == self.t.partition {
+                self.apply(c, at, offset);
+            } else {
+                self.command_for(&instance, c);
+            }
+        }
+    }
+}
+
+/// The command that proposes schedule `id`'s tick, on its partition.
+pub(super) fn tick_command(shared: &Shared, id: &str) -> Out {
+    let c = Command::ScheduleTick {
+        schedule: id.to_string(),
+    };
+    command(shared, partition_of(id, shared.partitions), Some(id), &c)
+}
