@@ -728,8 +728,9 @@ impl Owner {
     /// A restored partition's local index for deciding, made from the instances the restore read
     /// (the store's may be stale): its correlation index goes to the local store, and of its
     /// timers, those due from a horizon from `now` on. Without a store, or when it cannot be
-    /// written, all stay in memory.
+    /// written, all stay in memory. Its schedules are woken at `now`.
     fn place_index(&mut self, now: i64, horizon_ms: i64) -> Result<(), String> {
+        self.scheds.wake_all(now);
         self.horizon = i64::MAX;
         self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };

@@ -813,10 +813,9 @@ impl Latest {
             let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
             (at(x), a).cmp(&(at(y), b))
         });
-        let now = super::now_ms();
         for (k, mut r) in own {
             match (k.strip_prefix(crate::wire::SCHEDULE_PREFIX), r.schedule.take()) {
-                (Some(id), Some(s)) => t.scheds.restore(id, s, now),
+                (Some(id), Some(s)) => t.scheds.restore(id, s),
                 _ => t.parking.restore(&k, r),
             }
         }

@@ -35,8 +35,9 @@ pub(super) struct Scheds {
     wakes: BTreeSet<(i64, String)>,
     /// Each schedule's entry in `wakes`.
     wake_of: HashMap<String, i64>,
-    /// Ticks proposed and not decided yet: schedule → when to propose it again (ms).
-    proposed: HashMap<String, i64>,
+    /// Ticks proposed and not decided yet: schedule → when to propose it again (ms). Ordered,
+    /// so that what is proposed follows from the inputs alone (the simulation replays seeds).
+    proposed: BTreeMap<String, i64>,
     /// Changed by the batch being decided: written (or deleted) in its transaction.
     changed: BTreeSet<String>,
     /// The answers to the API requests the batch being decided: (request token, answer).
@@ -46,14 +47,14 @@ pub(super) struct Scheds {
 }
 
 impl Scheds {
-    /// Takes in a schedule's record, as a restore read it. One whose specification no longer
-    /// reads is logged and counted, and left out.
-    pub(super) fn restore(&mut self, id: &str, r: ScheduleRecord, now: i64) {
+    /// Takes in a schedule's record, as a restore read it (woken by [`Scheds::wake_all`] once
+    /// the partition is placed). One whose specification no longer reads is logged and counted,
+    /// and left out.
+    pub(super) fn restore(&mut self, id: &str, r: ScheduleRecord) {
         match Spec::from_json(&r.spec) {
             Ok(spec) => {
                 self.reported.insert(id.to_string(), r.state.skipped.clone());
                 self.all.insert(id.to_string(), (spec, r.state));
-                self.reindex(id, now);
             }
             Err(errs) => {
                 let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
@@ -62,6 +63,15 @@ impl Scheds {
                     o.corrupt_record("schedule");
                 }
             }
+        }
+    }
+
+    /// A restored partition's schedules, woken at `now` (the worker's clock): one whose time
+    /// passed while no worker owned it acts at once, and catches up what the window allows.
+    pub(super) fn wake_all(&mut self, now: i64) {
+        let ids: Vec<String> = self.all.keys().cloned().collect();
+        for id in ids {
+            self.reindex(&id, now);
         }
     }
 
@@ -383,4 +393,227 @@ pub(super) fn tick_command(shared: &Shared, id: &str) -> Out {
         schedule: id.to_string(),
     };
     command(shared, partition_of(id, shared.partitions), Some(id), &c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::decision::{decide, Batch};
+    use super::super::restore::Latest;
+    use super::super::Owner;
+    use crate::view::Refusal;
+    use crate::wire::{partition_of, schedule_key, Command, ScheduleCmd, StateRecord};
+    use serde_json::{json, Value};
+
+    const T0: i64 = 1_700_000_000_500;
+
+    /// Decides `commands`, each at its time, as one batch of partition `t`.
+    fn batch(shared: &crate::Shared, t: &mut Owner, commands: &[(i64, Command)]) -> Batch {
+        let payloads: Vec<(i64, Vec<u8>)> = commands
+            .iter()
+            .map(|(at, c)| (*at, serde_json::to_vec(c).expect("json")))
+            .collect();
+        let from = t.resume.max(0) + t.clock * 100;
+        let records = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, (at, p))| (from + i as i64, *at, p.as_slice()));
+        let now = commands.first().map_or(0, |c| c.0);
+        let b = decide(shared, t, records, Default::default(), now);
+        t.clock += 1;
+        b
+    }
+
+    fn op(id: &str, op: ScheduleCmd) -> Command {
+        Command::Schedule {
+            schedule: id.into(),
+            op,
+            request: format!("r-{id}"),
+        }
+    }
+
+    fn commands(shared: &crate::Shared, b: &Batch) -> Vec<(i32, Value)> {
+        b.outs
+            .iter()
+            .filter(|o| o.topic == shared.topics.commands)
+            .map(|o| {
+                let v = serde_json::from_slice(o.payload.as_deref().unwrap_or_default()).unwrap_or(Value::Null);
+                (o.partition.unwrap_or(-1), v)
+            })
+            .collect()
+    }
+
+    fn record(shared: &crate::Shared, b: &Batch, id: &str) -> Option<Option<StateRecord>> {
+        b.outs
+            .iter()
+            .rfind(|o| o.topic == shared.topics.state && o.key.as_deref() == Some(schedule_key(id).as_str()))
+            .map(|o| {
+                o.payload
+                    .as_deref()
+                    .map(|p| serde_json::from_slice(p).expect("a state record"))
+            })
+    }
+
+    #[test]
+    fn a_schedules_runs_start_in_the_transaction_that_records_them_wherever_they_hash_and_their_ends_come_back() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let id = "s";
+        let p = partition_of(id, shared.partitions);
+        let (mut t, _) = Latest::new(0, 0).owner(&shared, p, None, None);
+        let spec = json!({"id": id, "definition": "sim-tick", "every": "PT1S", "overlap": "allowAll"});
+        let b = batch(
+            &shared,
+            &mut t,
+            &[(T0, op(id, ScheduleCmd::Create { spec: spec.clone() }))],
+        );
+        let (request, answer) = &b.answers[0];
+        assert_eq!(request, "r-s");
+        let v = answer.as_ref().expect("created");
+        assert_eq!(v["nextTimes"][0], "2023-11-14T22:13:21Z", "{v}");
+        assert!(
+            record(&shared, &b, id).is_some_and(|r| r.is_some()),
+            "its record is written"
+        );
+        // A second create, an unknown schedule and an unregistered definition are refused.
+        let mut other = spec.clone();
+        other["id"] = json!("t");
+        other["definition"] = json!("missing");
+        let b = batch(
+            &shared,
+            &mut t,
+            &[
+                (T0, op(id, ScheduleCmd::Create { spec: spec.clone() })),
+                (T0, op("nope", ScheduleCmd::Pause)),
+                (T0, op("t", ScheduleCmd::Create { spec: other })),
+            ],
+        );
+        let refusals: Vec<_> = b.answers.iter().map(|(_, a)| a.clone().err()).collect();
+        assert_eq!(
+            refusals,
+            [
+                Some(Refusal::Exists("s".into())),
+                Some(Refusal::Unknown("nope".into())),
+                Some(Refusal::UnknownDefinition("missing".into()))
+            ]
+        );
+        // Each second's tick starts its time: on this partition in the batch, or as a start
+        // command to the instance's partition in the same transaction as the schedule's record.
+        let (mut here, mut there) = (Vec::new(), Vec::new());
+        for k in 1..40 {
+            let at = T0 + 1000 * k;
+            let b = batch(&shared, &mut t, &[(at, Command::ScheduleTick { schedule: id.into() })]);
+            let nominal = sm4c_schedule::instance_id(id, at - 500);
+            let rec = record(&shared, &b, id)
+                .flatten()
+                .and_then(|r| r.schedule)
+                .expect("the record");
+            assert_eq!(
+                rec.state.recent.back().map(|r| r.instance.as_str()),
+                Some(nominal.as_str())
+            );
+            let starts: Vec<(i32, Value)> = commands(&shared, &b)
+                .into_iter()
+                .filter(|(_, c)| c["kind"] == "start")
+                .collect();
+            let q = partition_of(&nominal, shared.partitions);
+            if q == p {
+                assert!(starts.is_empty(), "{starts:?}");
+                // It ran here and ended in this batch: the schedule heard so directly.
+                assert!(!rec.state.running.contains(&nominal), "{:?}", rec.state);
+                assert_eq!(
+                    rec.state.recent.back().and_then(|r| r.outcome.as_deref()),
+                    Some("completed")
+                );
+                here.push(nominal);
+            } else {
+                assert_eq!(starts.len(), 1, "{starts:?}");
+                assert_eq!(starts[0].0, q);
+                assert_eq!(starts[0].1["id"], json!(nominal));
+                assert_eq!(starts[0].1["schedule"], json!(id));
+                assert!(rec.state.running.contains(&nominal), "{:?}", rec.state);
+                there.push(nominal);
+            }
+        }
+        assert!(!here.is_empty() && !there.is_empty(), "{here:?} {there:?}");
+        // The run on another partition tells its end back.
+        let ended = Command::ScheduleEnded {
+            schedule: id.into(),
+            instance: there[0].clone(),
+            status: "failed".into(),
+        };
+        let b = batch(&shared, &mut t, &[(T0 + 40_100, ended)]);
+        let rec = record(&shared, &b, id)
+            .flatten()
+            .and_then(|r| r.schedule)
+            .expect("the record");
+        assert!(!rec.state.running.contains(&there[0]));
+        // A new owner restores the schedule as the records left it.
+        let mut latest = Latest::new(1_000_000, 1_000_000);
+        latest.record(
+            Some(schedule_key(id)),
+            Some(&serde_json::to_vec(&record(&shared, &b, id).flatten().expect("a record")).expect("json")),
+            None,
+        );
+        let (mut restored, _) = latest.owner(&shared, p, None, None);
+        let (_, state) = restored.scheds.all.get(id).expect("restored");
+        assert_eq!(*state, rec.state);
+        // Deleted: a tombstone, and the view forgets it.
+        let b = batch(&shared, &mut restored, &[(T0 + 41_000, op(id, ScheduleCmd::Delete))]);
+        assert!(matches!(record(&shared, &b, id), Some(None)), "a tombstone");
+        assert_eq!(b.schedules, [(id.to_string(), None)]);
+        assert!(restored.scheds.all.is_empty());
+    }
+
+    #[test]
+    fn a_run_that_finds_its_instance_ended_or_its_definition_gone_tells_its_schedule() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let shared = super::super::sim::shared(&rt);
+        let start = |id: &str, definition: &str| Command::Start {
+            id: id.into(),
+            definition: definition.into(),
+            version: None,
+            input: json!({}),
+            parent: None,
+            depth: 0,
+            origin: None,
+            request: None,
+            traceparent: None,
+            schedule: Some("elsewhere".into()),
+        };
+        // A run whose id hashes to a partition other than its schedule's.
+        let run = (0..100)
+            .map(|k| sm4c_schedule::instance_id("elsewhere", T0 - 500 + 1000 * k))
+            .find(|r| partition_of(r, shared.partitions) != partition_of("elsewhere", shared.partitions))
+            .expect("a run elsewhere");
+        let q = partition_of(&run, shared.partitions);
+        let (mut t, _) = Latest::new(0, 0).owner(&shared, q, None, None);
+        let home = partition_of("elsewhere", shared.partitions);
+        let told = |b: &Batch| -> Vec<(i32, Value)> {
+            commands(&shared, b)
+                .into_iter()
+                .filter(|(_, c)| c["kind"] == "scheduleEnded")
+                .collect()
+        };
+        // It runs and ends at once: its end goes to the schedule's partition.
+        let b = batch(&shared, &mut t, &[(T0, start(&run, "sim-tick"))]);
+        let ends = told(&b);
+        assert_eq!(ends.len(), 1, "{ends:?}");
+        assert_eq!(ends[0].0, home);
+        assert_eq!(ends[0].1["instance"], json!(run));
+        assert_eq!(ends[0].1["status"], "completed");
+        t.committed(b);
+        // Asked for again (a backfill over it): the same instance, its end told again.
+        let b = batch(&shared, &mut t, &[(T0 + 1, start(&run, "sim-tick"))]);
+        assert_eq!(told(&b).len(), 1);
+        assert!(b.records.is_empty(), "no second instance");
+        // A definition that is not registered: the run never starts, and the schedule hears so.
+        let other = (0..100)
+            .map(|k| sm4c_schedule::instance_id("elsewhere", T0 + 500_000 + 1000 * k))
+            .find(|r| partition_of(r, shared.partitions) == q)
+            .expect("another run on the partition");
+        let b = batch(&shared, &mut t, &[(T0 + 2, start(&other, "gone"))]);
+        let ends = told(&b);
+        assert_eq!(ends.len(), 1, "{ends:?}");
+        assert_eq!(ends[0].1["status"], "notStarted");
+    }
 }
