@@ -431,15 +431,8 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     {
         return Ok((req, sm4c_host::tasks::decode_token(&token).map(|(i, _)| i)));
     }
-    // A schedule lives on the partition its id hashes to, as an instance of that id would: its
-    // owner answers for it.
-    if let Some(rest) = path.strip_prefix("/schedules/") {
-        let rest = decode(rest);
-        let id = ["/pause", "/resume", "/trigger", "/backfill"]
-            .iter()
-            .find_map(|s| rest.strip_suffix(s))
-            .unwrap_or(&rest);
-        return Ok((req, Some(id.to_string())));
+    if let Some(id) = schedule_of(&path) {
+        return Ok((req, Some(id)));
     }
     if path == "/ui/api/instance" {
         let id = req.uri().query().and_then(|q| {
@@ -492,6 +485,17 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     let mut parts = parts;
     parts.headers.remove(header::CONTENT_LENGTH);
     Ok((Request::from_parts(parts, Body::from(body)), id))
+}
+
+/// The schedule a `/schedules/{id}…` path is about. A schedule lives on the partition its id hashes
+/// to, as an instance of that id would: its owner answers for it.
+fn schedule_of(path: &str) -> Option<String> {
+    let rest = decode(path.strip_prefix("/schedules/")?);
+    let id = ["/pause", "/resume", "/trigger", "/backfill"]
+        .iter()
+        .find_map(|s| rest.strip_suffix(s))
+        .unwrap_or(&rest);
+    Some(id.to_string())
 }
 
 /// `%XX` sequences decoded (paths and query values); a malformed one stays as it is.
@@ -978,6 +982,20 @@ mod tests {
         let seen = seen.lock().expect("log");
         assert_eq!(seen.len(), 1, "{seen:?}");
         seen[0].clone()
+    }
+
+    #[test]
+    fn a_schedules_requests_are_about_the_schedule_its_path_names() {
+        assert_eq!(super::schedule_of("/schedules/nightly").as_deref(), Some("nightly"));
+        for op in ["pause", "resume", "trigger", "backfill"] {
+            assert_eq!(
+                super::schedule_of(&format!("/schedules/a.b-c/{op}")).as_deref(),
+                Some("a.b-c")
+            );
+        }
+        assert_eq!(super::schedule_of("/schedules/odd%20id").as_deref(), Some("odd id"));
+        assert_eq!(super::schedule_of("/schedules"), None);
+        assert_eq!(super::schedule_of("/instances/x"), None);
     }
 
     #[tokio::test]

@@ -4359,9 +4359,11 @@ fn a_schedule_in_kafka_mode_starts_each_second_once_and_moves_with_its_partition
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "sched";
-    let args = worker_args(&broker, prefix, 4, &[]);
-    let w1 = Worker::start(dir.path(), "w1", &args);
-    let w2 = Worker::start(dir.path(), "w2", &args);
+    // Each with its local store: the partitions a worker restores go through it.
+    let dirs = [dir.path().join("state-1"), dir.path().join("state-2")];
+    let arg = |d: &PathBuf| worker_args(&broker, prefix, 4, &["--state-dir", &d.display().to_string()]);
+    let w1 = Worker::start(dir.path(), "w1", &arg(&dirs[0]));
+    let w2 = Worker::start(dir.path(), "w2", &arg(&dirs[1]));
     wait_owned(&[&w1, &w2], 4);
     define_quick(&[&w1, &w2]);
     let (st, by, v) = ask_worker(

@@ -863,6 +863,16 @@ impl KafkaHost {
         }
     }
 
+    /// Refuses a request about schedule `id` that the partition holding it (here) does not
+    /// know: 404. A partition held elsewhere is the owner's to judge.
+    fn known_schedule(&self, id: &str) -> Result<(), HostError> {
+        let p = partition_of(id, self.shared.partitions);
+        match self.shared.view.holds(p) && self.shared.view.schedule(p, id).is_none() {
+            true => Err(HostError::UnknownSchedule(id.to_string())),
+            false => Ok(()),
+        }
+    }
+
     /// A schedule's specification, checked before it is appended (the owner checks it again):
     /// a bad one is a 400 naming its fields, an unknown definition a 404.
     fn checked_spec(&self, doc: &Value) -> Result<sm4c_schedule::Spec, HostError> {
@@ -1390,6 +1400,9 @@ impl Backend for KafkaHost {
                         .await
                 }
                 ScheduleOp::Replace(id, mut doc) => {
+                    // As in SQLite mode: an unknown schedule is a 404 before its specification
+                    // is looked at (the owner decides again).
+                    self.known_schedule(&id)?;
                     if let Some(o) = doc.as_object_mut() {
                         match o.get("id") {
                             None => drop(o.insert("id".into(), json!(id))),
@@ -1411,6 +1424,7 @@ impl Backend for KafkaHost {
                 ScheduleOp::Trigger(id) => self.schedule_write(&id, ScheduleCmd::Trigger).await,
                 ScheduleOp::Delete(id) => self.schedule_write(&id, ScheduleCmd::Delete).await,
                 ScheduleOp::Backfill { id, from, to } => {
+                    self.known_schedule(&id)?;
                     let bad = |pointer: &str, e: String| HostError::InvalidSchedule(vec![(pointer.into(), e)]);
                     let from = sm4c_schedule::parse_time(&from).map_err(|e| bad("/from", e))?;
                     let to = sm4c_schedule::parse_time(&to).map_err(|e| bad("/to", e))?;
