@@ -4351,11 +4351,12 @@ fn schedule_owner<'a>(workers: &[&'a Worker], id: &str) -> Option<&'a Worker> {
 
 /// (a) An every-second schedule on a group of two workers starts each nominal time once, named
 /// `<id>@<time>`, whichever partition the instance hashes to. (b) SIGKILL the worker that owns
-/// the schedule: the survivor takes its partition over with the schedule's state, and every
-/// second from the first run to the last is there exactly once: no time doubled, none missed
-/// within the catch-up window (the seconds while no worker owned the schedule are caught up).
+/// the schedule: the survivor takes its partition over with the schedule's state; then SIGKILL
+/// the survivor too and start both again. Every second from the first run to the last is there
+/// exactly once: no time doubled, none missed within the catch-up window (the seconds while no
+/// worker owned the schedule are caught up).
 #[test]
-fn a_schedule_in_kafka_mode_starts_each_second_once_and_moves_with_its_partition_through_a_sigkill() {
+fn a_schedule_in_kafka_mode_starts_each_second_once_and_moves_with_its_partition_through_sigkills() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = Broker::start(dir.path());
     let prefix = "sched";
@@ -4413,6 +4414,27 @@ fn a_schedule_in_kafka_mode_starts_each_second_once_and_moves_with_its_partition
         },
         &[survivor],
     );
+    // Then every worker is down a while, and both come back (each with its local store): the
+    // seconds missed meanwhile are caught up too.
+    workers[1 - owner].kill9();
+    std::thread::sleep(Duration::from_secs(3));
+    let back_at = chrono::Utc::now().timestamp();
+    for w in workers.iter_mut() {
+        w.run();
+    }
+    let [w1, w2] = &workers;
+    wait_owned(&[w1, w2], 4);
+    let survivor = w1;
+    wait_until(
+        "the schedule to go on after every worker came back",
+        90,
+        || {
+            schedule_runs_of(survivor, "sec")
+                .last()
+                .is_some_and(|l| *l >= back_at + 3)
+        },
+        &[w1, w2],
+    );
     // Paused, nothing more starts: what it started is what it says it started.
     let (st, _, v) = ask_worker(survivor, reqwest::Method::POST, "/schedules/sec/pause", None);
     assert_eq!(st, 200, "{v}");
@@ -4427,7 +4449,10 @@ fn a_schedule_in_kafka_mode_starts_each_second_once_and_moves_with_its_partition
     );
     let runs = schedule_runs_of(survivor, "sec");
     let want: Vec<i64> = (first..=*runs.last().expect("runs")).collect();
-    assert_eq!(runs, want, "a second missing or doubled across the failover");
+    assert_eq!(
+        runs, want,
+        "a second missing or doubled across the failover and the restart"
+    );
     assert_eq!(runs.len(), started, "the schedule's own count of its starts");
     // Each run tells the schedule it ended, wherever it ran.
     wait_until(
