@@ -265,6 +265,7 @@ impl Records {
                     request: Some("r1".into()),
                     traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
                     schedule: None,
+                    nominal: None,
                 },
                 Command::Event {
                     target: Some(id.clone()),

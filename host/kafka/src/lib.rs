@@ -1137,6 +1137,7 @@ impl Backend for KafkaHost {
                 request: Some(request.clone()),
                 traceparent: origin,
                 schedule: None,
+                nominal: None,
             };
             if self.stranger(&w, p) {
                 // Whether the instance exists is the next owner's to decide: a second start of

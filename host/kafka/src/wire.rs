@@ -42,6 +42,9 @@ pub enum Command {
         /// instance ends ([`Command::ScheduleEnded`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         schedule: Option<String>,
+        /// For a run of a schedule: its nominal time (ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nominal: Option<i64>,
     },
     /// The step debugger: a paused instance goes on (`step`: to the next breakpoint-able point).
     Resume {

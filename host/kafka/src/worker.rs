@@ -451,6 +451,7 @@ fn subflow_start(shared: &Shared, start: &ChildStart, origin: Option<String>) ->
         request: None,
         traceparent: origin,
         schedule: None,
+        nominal: None,
     };
     command(shared, partition_of(&start.id, shared.partitions), Some(&start.id), &c)
 }

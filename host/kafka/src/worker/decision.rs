@@ -82,7 +82,6 @@ pub(super) fn decide<'a>(
     }
     for (offset, at, payload) in records.into_iter().filter(|(o, _, _)| *o >= resume) {
         d.through = offset;
-        d.t.stream_ms = d.t.stream_ms.max(at);
         let c = match serde_json::from_slice::<Command>(payload) {
             Ok(c) => c,
             Err(e) => {
@@ -101,6 +100,11 @@ pub(super) fn decide<'a>(
                 continue;
             }
         };
+        // A schedule's tick is its owner's proposal: decided at its own timestamp, it does not
+        // move the partition's stream time.
+        if !matches!(c, Command::ScheduleTick { .. }) {
+            d.t.stream_ms = d.t.stream_ms.max(at);
+        }
         if let Some(o) = c.origin() {
             let e = applied.entry((o.topic.clone(), o.partition)).or_insert(o.offset);
             *e = (*e).max(o.offset);
@@ -1032,6 +1036,7 @@ mod tests {
             request: None,
             traceparent: None,
             schedule: None,
+            nominal: None,
         };
         // Two instances of one partition.
         let ids: Vec<String> = (0..200)

@@ -1001,6 +1001,7 @@ mod tests {
                     request: None,
                     traceparent: None,
                     schedule: None,
+                    nominal: None,
                 };
                 serde_json::to_vec(&start).expect("json")
             })

@@ -79,6 +79,7 @@ pub(super) fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>
                     .and_then(sm4c_host::driver::traceparent)
                     .map(str::to_string),
                 schedule: None,
+                nominal: None,
             };
             cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
             starts += 1;

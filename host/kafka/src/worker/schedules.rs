@@ -6,7 +6,9 @@
 //!   answer is kept for the API request that waits ([`crate::view::View::take_answer`]).
 //! - When a schedule has something to do, the owner proposes a [`Command::ScheduleTick`] (as it
 //!   proposes a timer that came due, again every few seconds until it is decided); the tick is
-//!   decided at the command's timestamp, the partition's stream time.
+//!   decided at its own timestamp (the proposer's clock: a schedule's times, its catch-up window
+//!   and a run's lateness are real times) or the partition's stream time if later, and does not
+//!   move the stream time.
 //! - A run it starts is a [`Command::Start`] of `<schedule>@<nominal time>`, applied in the batch
 //!   when the id hashes to the same partition, or produced to the instance's partition in the
 //!   same transaction as the schedule's new state otherwise: the start and the schedule's record
@@ -285,9 +287,12 @@ impl Decision<'_> {
         }
     }
 
-    /// Schedule `id`'s time came: it acts, once.
+    /// Schedule `id`'s time came: it acts, once, at the later of the tick's timestamp (the
+    /// proposing owner's clock, by which a schedule's times come and how late they are is
+    /// judged) and the partition's stream time. The tick does not move the stream time: the
+    /// partition's other decisions follow the inputs.
     pub(super) fn schedule_tick(&mut self, id: &str, at: i64, offset: i64) {
-        let now = self.sched_now();
+        let now = at.max(self.sched_now());
         let Some((spec, state)) = self.t.scheds.all.get_mut(id) else {
             // Deleted since it was proposed.
             self.t.scheds.proposed.remove(id);
@@ -367,6 +372,7 @@ impl Decision<'_> {
                         request: None,
                         traceparent: None,
                         schedule: Some(id.to_string()),
+                        nominal: Some(nominal),
                     };
                     (instance, c)
                 }
@@ -579,6 +585,7 @@ mod tests {
             request: None,
             traceparent: None,
             schedule: Some("elsewhere".into()),
+            nominal: None,
         };
         // A run whose id hashes to a partition other than its schedule's.
         let run = (0..100)

@@ -1296,6 +1296,7 @@ impl<'a> World<'a> {
             request: None,
             traceparent: None,
             schedule: None,
+            nominal: None,
         };
         self.note(format!("client starts {id}"));
         self.command(&id, &c);
