@@ -423,8 +423,9 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, (at, p))| (from + i as i64, *at, p.as_slice()));
-        let now = commands.first().map_or(0, |c| c.0);
-        let b = decide(shared, t, records, Default::default(), now);
+        // As the worker loop does: the floor is the partition's own stream time.
+        let floor = t.stream_ms;
+        let b = decide(shared, t, records, Default::default(), floor);
         t.clock += 1;
         b
     }
@@ -541,6 +542,8 @@ mod tests {
             }
         }
         assert!(!here.is_empty() && !there.is_empty(), "{here:?} {there:?}");
+        // The ticks, the owner's own proposals, did not move the partition's stream time.
+        assert_eq!(t.stream_ms, T0);
         // The run on another partition tells its end back.
         let ended = Command::ScheduleEnded {
             schedule: id.into(),
