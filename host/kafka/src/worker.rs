@@ -1449,9 +1449,10 @@ impl Worker {
                                 store,
                                 progress: k.progress().clone(),
                             });
+                    // The schedules first: once the view holds the partition, a request for one
+                    // of them is answered here.
+                    self.shared.view.take_schedules(p, t.scheds.all.clone());
                     self.shared.view.take(p, std::mem::take(&mut t.records), backing);
-                    let schedules = t.scheds.all.clone();
-                    self.shared.view.take_schedules(p, schedules);
                     self.owners.insert(p, t);
                 }
                 Err(e) => {
