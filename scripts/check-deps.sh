@@ -38,7 +38,7 @@ check sm4c-runtime "" "$io"
 check sm4c-schedule "sm4c-runtime" "$io"
 check sm4c-host "sm4c-runtime" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|tonic|axum|hyper|reqwest|clap|prost|protox|mio|socket2'
 check sm4c-durable "sm4c-runtime sm4c-host sm4c-schedule" 'rdkafka|rdkafka-sys|cmake|axum|tonic|hyper|reqwest|clap'
-check sm4c-kafka "sm4c-runtime sm4c-host" 'rusqlite|libsqlite3-sys|axum|tonic|reqwest|clap'
+check sm4c-kafka "sm4c-runtime sm4c-host sm4c-schedule" 'rusqlite|libsqlite3-sys|axum|tonic|reqwest|clap'
 check sm4c-api "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|tonic|reqwest|clap'
 check sm4c-invoke "sm4c-runtime sm4c-host" 'rdkafka|rdkafka-sys|cmake|rusqlite|libsqlite3-sys|axum|clap'
 # The libraries forbid unsafe code (the workspace's lints); the binary only denies it, for its

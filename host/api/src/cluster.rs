@@ -3,9 +3,12 @@
 //! - A request about one instance (`/instances/{id}…`, a task answer, the inspector's instance
 //!   page, `POST /instances`) is answered by the worker that holds the instance: the worker that
 //!   receives it asks its [`Backend::locate`] and forwards the request there, with the header
-//!   [`FORWARDED`], and returns the answer.
+//!   [`FORWARDED`], and returns the answer. So is a request about one schedule
+//!   (`/schedules/{id}…`, `POST /schedules`): a schedule lives on the partition its id hashes to,
+//!   as an instance of that id would.
 //! - A listing (`GET /instances`, the inspector's lists and searches, `GET /tasklists`,
-//!   `POST /events/explain`) asks every worker ([`Backend::peers`]) for its share and merges.
+//!   `POST /events/explain`, `GET /schedules`) asks every worker ([`Backend::peers`]) for its
+//!   share and merges.
 //!
 //! A request that carries [`FORWARDED`] is answered where it lands: it is never forwarded again.
 //! The worker that holds nothing of it answers 503 (say, when the partition moved meanwhile).
@@ -428,6 +431,9 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     {
         return Ok((req, sm4c_host::tasks::decode_token(&token).map(|(i, _)| i)));
     }
+    if let Some(id) = schedule_of(&path) {
+        return Ok((req, Some(id)));
+    }
     if path == "/ui/api/instance" {
         let id = req.uri().query().and_then(|q| {
             q.split('&')
@@ -436,7 +442,8 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
         });
         return Ok((req, id));
     }
-    let posted = method == Method::POST && (path == "/instances" || path.starts_with("/tasks/send-task-"));
+    let posted = method == Method::POST
+        && (path == "/instances" || path == "/schedules" || path.starts_with("/tasks/send-task-"));
     if !posted {
         return Ok((req, None));
     }
@@ -450,7 +457,10 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     let mut id = None;
     let mut body = bytes;
     if let Some(doc) = doc.as_mut() {
-        if path == "/instances" {
+        if path == "/schedules" {
+            // Without a string id it is refused wherever it lands.
+            id = doc.get("id").and_then(Value::as_str).map(str::to_string);
+        } else if path == "/instances" {
             id = match doc.get("id") {
                 Some(Value::String(i)) => Some(i.clone()),
                 Some(_) => None,
@@ -475,6 +485,17 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     let mut parts = parts;
     parts.headers.remove(header::CONTENT_LENGTH);
     Ok((Request::from_parts(parts, Body::from(body)), id))
+}
+
+/// The schedule a `/schedules/{id}…` path is about. A schedule lives on the partition its id hashes
+/// to, as an instance of that id would: its owner answers for it.
+fn schedule_of(path: &str) -> Option<String> {
+    let rest = decode(path.strip_prefix("/schedules/")?);
+    let id = ["/pause", "/resume", "/trigger", "/backfill"]
+        .iter()
+        .find_map(|s| rest.strip_suffix(s))
+        .unwrap_or(&rest);
+    Some(id.to_string())
 }
 
 /// `%XX` sequences decoded (paths and query values); a malformed one stays as it is.
@@ -832,8 +853,32 @@ impl Backend for Clustered {
     fn peers(&self) -> Option<Vec<String>> {
         self.inner.peers()
     }
+    /// A listing covers every worker's schedules; the rest is about one schedule, which the
+    /// request was forwarded to its owner for ([`forwarding`]).
     fn schedules(&self, op: sm4c_host::service::ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
-        self.inner.schedules(op)
+        use sm4c_host::service::ScheduleOp;
+        if op != ScheduleOp::List {
+            return self.inner.schedules(op);
+        }
+        Box::pin(async move {
+            let mut mine = self.inner.schedules(ScheduleOp::List).await?;
+            let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
+            let theirs = ask_all(self.peers(), move |p| {
+                let (fwd, peering) = (fwd.clone(), peering.clone());
+                CALLER.scope(caller(), async move {
+                    ask(&*fwd, &peering, &p, Method::GET, "/schedules", None).await
+                })
+            })
+            .await?;
+            let mut all: Vec<Value> = mine["schedules"].as_array_mut().map(std::mem::take).unwrap_or_default();
+            for page in theirs {
+                all.extend(page["schedules"].as_array().into_iter().flatten().cloned());
+            }
+            all.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+            // A partition that moved between two answers is in both.
+            all.dedup_by(|a, b| a["id"] == b["id"]);
+            Ok(json!({"schedules": all}))
+        })
     }
     fn health(&self) -> Value {
         self.inner.health()
@@ -937,6 +982,20 @@ mod tests {
         let seen = seen.lock().expect("log");
         assert_eq!(seen.len(), 1, "{seen:?}");
         seen[0].clone()
+    }
+
+    #[test]
+    fn a_schedules_requests_are_about_the_schedule_its_path_names() {
+        assert_eq!(super::schedule_of("/schedules/nightly").as_deref(), Some("nightly"));
+        for op in ["pause", "resume", "trigger", "backfill"] {
+            assert_eq!(
+                super::schedule_of(&format!("/schedules/a.b-c/{op}")).as_deref(),
+                Some("a.b-c")
+            );
+        }
+        assert_eq!(super::schedule_of("/schedules/odd%20id").as_deref(), Some("odd id"));
+        assert_eq!(super::schedule_of("/schedules"), None);
+        assert_eq!(super::schedule_of("/instances/x"), None);
     }
 
     #[tokio::test]

@@ -4293,3 +4293,283 @@ fn writes_for_a_sigkilled_workers_instances_are_taken_by_the_live_workers_during
     }
     assert_eq!(count_status(&w1, "completed"), started.len() + thumbs.len());
 }
+
+/// A definition that ends as soon as it starts, registered on each worker (a worker that has not
+/// read it from the definitions topic yet writes it again, the same).
+fn define_quick(workers: &[&Worker]) {
+    let doc = json!({"id": "quick", "name": "Quick", "version": "1.0",
+        "states": [{"name": "Done", "start": true, "end": true}]});
+    for w in workers {
+        let (st, v) = w.post("/definitions", doc.clone());
+        assert!(st == 200 || st == 201, "POST /definitions: {st} {v}");
+    }
+}
+
+/// A request to a worker: its status, the worker that answered it if another did
+/// (`sm4c-answered-by`), and its body.
+fn ask_worker(w: &Worker, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Option<String>, Value) {
+    let mut r = http()
+        .request(method, format!("{}{path}", w.base))
+        .header("x-sm4c-request", "1");
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let r = r.send().expect("request");
+    let status = r.status().as_u16();
+    let by = r
+        .headers()
+        .get("sm4c-answered-by")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    (status, by, r.json().unwrap_or(Value::Null))
+}
+
+/// The nominal times (seconds since the epoch) of schedule `schedule`'s runs, from the instance
+/// ids every worker holds (asked of `w`, which merges them), and how many instances there are.
+fn schedule_runs_of(w: &Worker, schedule: &str) -> Vec<i64> {
+    let mut times: Vec<i64> = all_instances(w)
+        .iter()
+        .filter_map(|i| {
+            let t = i["id"].as_str()?.strip_prefix(&format!("{schedule}@"))?.to_string();
+            let at = chrono::DateTime::parse_from_rfc3339(&t).unwrap_or_else(|e| panic!("{t:?}: {e}"));
+            Some(at.timestamp())
+        })
+        .collect();
+    times.sort_unstable();
+    times
+}
+
+/// Which of `workers` owns schedule `id` now: the one that answers a request for it marked as
+/// forwarded (answered where it lands) with 200.
+fn schedule_owner<'a>(workers: &[&'a Worker], id: &str) -> Option<&'a Worker> {
+    workers.iter().copied().find(|w| {
+        http()
+            .get(format!("{}/schedules/{id}", w.base))
+            .header("sm4c-forwarded", "1")
+            .send()
+            .is_ok_and(|r| r.status().as_u16() == 200)
+    })
+}
+
+/// (a) An every-second schedule on a group of two workers starts each nominal time once, named
+/// `<id>@<time>`, whichever partition the instance hashes to. (b) SIGKILL the worker that owns
+/// the schedule: the survivor takes its partition over with the schedule's state; then SIGKILL
+/// the survivor too and start both again. Every second from the first run to the last is there
+/// exactly once: no time doubled, none missed within the catch-up window (the seconds while no
+/// worker owned the schedule are caught up).
+#[test]
+fn a_schedule_in_kafka_mode_starts_each_second_once_and_moves_with_its_partition_through_sigkills() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "sched";
+    // Each with its local store: the partitions a worker restores go through it.
+    let dirs = [dir.path().join("state-1"), dir.path().join("state-2")];
+    let arg = |d: &PathBuf| worker_args(&broker, prefix, 4, &["--state-dir", &d.display().to_string()]);
+    let w1 = Worker::start(dir.path(), "w1", &arg(&dirs[0]));
+    let w2 = Worker::start(dir.path(), "w2", &arg(&dirs[1]));
+    wait_owned(&[&w1, &w2], 4);
+    define_quick(&[&w1, &w2]);
+    let (st, by, v) = ask_worker(
+        &w1,
+        reqwest::Method::POST,
+        "/schedules",
+        Some(
+            json!({"id": "sec", "definition": "quick", "every": "PT1S", "overlap": "allowAll",
+            "catchupWindow": "PT5M", "input": {"from": "schedule"}}),
+        ),
+    );
+    assert_eq!(st, 201, "{by:?} {v}\n{}\n----\n{}", tail(&w1.log), tail(&w2.log));
+    assert_eq!(v["nextTimes"].as_array().map(Vec::len), Some(10), "{v}");
+    wait_until(
+        "six runs of the schedule",
+        60,
+        || schedule_runs_of(&w1, "sec").len() >= 6,
+        &[&w1, &w2],
+    );
+    // The runs land on every partition (their ids hash anywhere), each second once.
+    let runs = schedule_runs_of(&w1, "sec");
+    let first = runs[0];
+    let want: Vec<i64> = (first..=*runs.last().expect("runs")).collect();
+    assert_eq!(runs, want, "a second missing or doubled before the kill");
+    let inst = settled_get(&w2, &format!("/instances/{}", rfc3339_secs(first)));
+    assert_eq!(inst["status"], "completed", "{inst}");
+    assert_eq!(inst["data"], json!({"from": "schedule"}), "{inst}");
+
+    let mut workers = [w1, w2];
+    let owner = {
+        let refs: Vec<&Worker> = workers.iter().collect();
+        let o = schedule_owner(&refs, "sec").expect("a worker owns the schedule");
+        workers.iter().position(|w| std::ptr::eq(w, o)).expect("one of them")
+    };
+    let killed_at = chrono::Utc::now().timestamp();
+    workers[owner].kill9();
+    let survivor = &workers[1 - owner];
+    wait_owned(&[survivor], 4);
+    // On past the kill by a few seconds: the seconds while nobody owned it are caught up.
+    wait_until(
+        "the schedule to go on after the failover",
+        90,
+        || {
+            schedule_runs_of(survivor, "sec")
+                .last()
+                .is_some_and(|l| *l >= killed_at + 5)
+        },
+        &[survivor],
+    );
+    // Then every worker is down a while, and both come back (each with its local store): the
+    // seconds missed meanwhile are caught up too.
+    workers[1 - owner].kill9();
+    std::thread::sleep(Duration::from_secs(3));
+    let back_at = chrono::Utc::now().timestamp();
+    for w in workers.iter_mut() {
+        w.run();
+    }
+    let [w1, w2] = &workers;
+    wait_owned(&[w1, w2], 4);
+    let survivor = w1;
+    wait_until(
+        "the schedule to go on after every worker came back",
+        90,
+        || {
+            schedule_runs_of(survivor, "sec")
+                .last()
+                .is_some_and(|l| *l >= back_at + 3)
+        },
+        &[w1, w2],
+    );
+    // Paused, nothing more starts: what it started is what it says it started.
+    let (st, _, v) = ask_worker(survivor, reqwest::Method::POST, "/schedules/sec/pause", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["state"], "paused", "{v}");
+    let started = v["runs"].as_u64().expect("runs") as usize;
+    // Its last starts may still be on their way to their partitions.
+    wait_until(
+        "the paused schedule's runs to start",
+        60,
+        || schedule_runs_of(survivor, "sec").len() >= started,
+        &[survivor],
+    );
+    let runs = schedule_runs_of(survivor, "sec");
+    let want: Vec<i64> = (first..=*runs.last().expect("runs")).collect();
+    assert_eq!(
+        runs, want,
+        "a second missing or doubled across the failover and the restart"
+    );
+    assert_eq!(runs.len(), started, "the schedule's own count of its starts");
+    // Each run tells the schedule it ended, wherever it ran.
+    wait_until(
+        "the schedule to hear of its runs' ends",
+        60,
+        || {
+            let v = settled_get(survivor, "/schedules/sec");
+            v["recentRuns"]
+                .as_array()
+                .is_some_and(|r| r.len() == 10 && r.iter().all(|r| r["status"] == "completed"))
+        },
+        &[survivor],
+    );
+    let v = settled_get(survivor, "/schedules/sec");
+    assert_eq!(v["skipped"]["catchup"], 0, "{v}");
+    assert_eq!(v["running"], json!([]), "{v}");
+}
+
+/// `<id>@<time>` of schedule `sec` at `secs` since the epoch.
+fn rfc3339_secs(secs: i64) -> String {
+    let t = chrono::DateTime::from_timestamp(secs, 0).expect("a time");
+    format!("sec@{}", t.format("%Y-%m-%dT%H:%M:%SZ"))
+}
+
+/// (c) Every operation on a schedule, sent to a worker that does not own it, is answered by the
+/// one that does, the same as in SQLite mode: 201, 409 `scheduleExists`, 400 `invalidSchedule`
+/// naming the field, pause, resume, 404 `unknownSchedule` once deleted; `GET /schedules` lists
+/// every worker's.
+#[test]
+fn schedule_operations_in_kafka_mode_are_answered_by_the_owner_from_any_worker() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "schedops";
+    let args = worker_args(&broker, prefix, 4, &[]);
+    let a = Worker::start(dir.path(), "a", &args);
+    let b = Worker::start(dir.path(), "b", &args);
+    wait_owned(&[&a, &b], 4);
+    define_quick(&[&a, &b]);
+    // Hourly schedules, so none starts during the test; one of them on each worker.
+    let spec = |id: &str| json!({"id": id, "definition": "quick", "every": "PT1H"});
+    let (mut remote, mut local) = (None, None);
+    for i in 0..16 {
+        let id = format!("ops{i}");
+        let (st, by, v) = ask_worker(&a, Method::POST, "/schedules", Some(spec(&id)));
+        assert_eq!(st, 201, "{v}\n{}\n----\n{}", tail(&a.log), tail(&b.log));
+        assert_eq!(v["id"], json!(id), "{v}");
+        match by {
+            Some(url) => {
+                assert_eq!(url, b.base, "answered by the other worker");
+                remote.get_or_insert(id);
+            }
+            None => drop(local.get_or_insert(id)),
+        }
+    }
+    let (remote, local) = (
+        remote.expect("a schedule on b's partitions"),
+        local.expect("a schedule on a's"),
+    );
+    // Created once: a second create is refused by the owner.
+    let (st, by, v) = ask_worker(&a, Method::POST, "/schedules", Some(spec(&remote)));
+    assert_eq!(
+        (st, v["error"].as_str(), by.as_deref()),
+        (409, Some("scheduleExists"), Some(b.base.as_str())),
+        "{v}"
+    );
+    // A bad specification is a 400 naming its field, before anything is appended.
+    let bad = json!({"id": remote, "definition": "quick", "cron": "0 25 * * *"});
+    let (st, _, v) = ask_worker(&a, Method::POST, "/schedules", Some(bad.clone()));
+    assert_eq!((st, v["error"].as_str()), (400, Some("invalidSchedule")), "{v}");
+    assert_eq!(v["details"][0]["pointer"], "/cron", "{v}");
+    let (st, _, v) = ask_worker(&a, Method::PUT, &format!("/schedules/{remote}"), Some(bad));
+    assert_eq!((st, v["error"].as_str()), (400, Some("invalidSchedule")), "{v}");
+    assert_eq!(v["details"][0]["pointer"], "/cron", "{v}");
+    let (st, _, v) = ask_worker(
+        &a,
+        Method::POST,
+        "/schedules",
+        Some(json!({"id": "nodef", "definition": "missing", "every": "PT1M"})),
+    );
+    assert_eq!((st, v["error"].as_str()), (404, Some("unknownDefinition")), "{v}");
+    // Pause, resume, a new specification, through the worker that does not own it.
+    let (st, by, v) = ask_worker(&a, Method::POST, &format!("/schedules/{remote}/pause"), None);
+    assert_eq!((st, by.as_deref()), (200, Some(b.base.as_str())), "{v}");
+    assert_eq!(v["state"], "paused", "{v}");
+    let (st, _, v) = ask_worker(&a, Method::GET, &format!("/schedules/{remote}"), None);
+    assert_eq!((st, v["state"].as_str()), (200, Some("paused")), "{v}");
+    let (st, _, v) = ask_worker(&a, Method::POST, &format!("/schedules/{remote}/resume"), None);
+    assert_eq!((st, v["state"].as_str()), (200, Some("active")), "{v}");
+    let mut changed = spec(&remote);
+    changed["every"] = json!("PT2H");
+    changed["note"] = json!("every other hour");
+    let (st, _, v) = ask_worker(&a, Method::PUT, &format!("/schedules/{remote}"), Some(changed));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["spec"]["every"], "PT2H", "{v}");
+    // The listing has every worker's schedules, through either worker.
+    for w in [&a, &b] {
+        let (st, _, v) = ask_worker(w, Method::GET, "/schedules", None);
+        assert_eq!(st, 200, "{v}");
+        let ids: BTreeSet<&str> = v["schedules"]
+            .as_array()
+            .expect("schedules")
+            .iter()
+            .filter_map(|s| s["id"].as_str())
+            .collect();
+        let want: BTreeSet<String> = (0..16).map(|i| format!("ops{i}")).collect();
+        assert_eq!(ids, want.iter().map(String::as_str).collect(), "{v}");
+    }
+    // Deleted, it is unknown; so is one that never was.
+    for id in [&remote, &local] {
+        let (st, _, v) = ask_worker(&a, Method::DELETE, &format!("/schedules/{id}"), None);
+        assert_eq!(st, 204, "{v}");
+        let (st, _, v) = ask_worker(&b, Method::GET, &format!("/schedules/{id}"), None);
+        assert_eq!((st, v["error"].as_str()), (404, Some("unknownSchedule")), "{v}");
+        let (st, _, v) = ask_worker(&a, Method::POST, &format!("/schedules/{id}/trigger"), None);
+        assert_eq!((st, v["error"].as_str()), (404, Some("unknownSchedule")), "{v}");
+    }
+}

@@ -407,7 +407,7 @@ pub trait Backend: Send + Sync + 'static {
     fn schedules(&self, _op: ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
         Box::pin(async {
             Err(HostError::NotSupported(
-                "schedules are not offered by this host: run sm4c serve without --kafka".into(),
+                "schedules are not offered by this host: run sm4c serve (with its SQLite store, or --kafka)".into(),
             ))
         })
     }

@@ -265,6 +265,8 @@ impl Records {
                     origin: Some(origin.clone()),
                     request: Some("r1".into()),
                     traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+                    schedule: None,
+                    nominal: None,
                 },
                 Command::Event {
                     target: Some(id.clone()),
@@ -329,6 +331,7 @@ impl Records {
                 origin: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
                 answered: vec![("op".into(), "r2".into())],
                 recent: vec![("approvals".into(), "1".into())],
+                schedule: None,
             };
             let state = StateRecord {
                 through: 5,

@@ -82,10 +82,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{json, Value};
 use sm4c_host::service::Backend;
-use sm4c_host::service::{HostError, Registry};
+use sm4c_host::service::{HostError, Registry, ScheduleOp};
 use sm4c_host::service::{Stored, Summary};
 use sm4c_host::{BoxFuture, Functions};
 use sm4c_runtime::{load, Entry, LoadOptions, Machine};
+use sm4c_schedule::Spec;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -810,17 +811,84 @@ impl KafkaHost {
 
     /// Why a request about instance `id` (of partition `p`) is not answered here.
     fn elsewhere(&self, id: &str, p: i32) -> String {
+        self.elsewhere_of(&format!("instance {id:?}"), p)
+    }
+
+    /// Why a request about `what` (an instance or a schedule, of partition `p`) is not answered
+    /// here.
+    fn elsewhere_of(&self, what: &str, p: i32) -> String {
         let m = &self.shared.members;
         match m.owner(p, sm4c_host::clock::wall_ms()) {
             Some((member, _)) if member == m.me => format!(
-                "instance {id:?} is in partition {p}, which this worker is restoring; try again in a moment"
+                "{what} is in partition {p}, which this worker is restoring; try again in a moment"
             ),
             Some((member, owner)) => format!(
-                "instance {id:?} is in partition {p}, which worker {member} at {} owns; ask it (sm4c serve forwards such requests itself)",
+                "{what} is in partition {p}, which worker {member} at {} owns; ask it (sm4c serve forwards such requests itself)",
                 owner.url.as_deref().unwrap_or("an address it has not published")
             ),
-            None => format!("instance {id:?} is in partition {p}, which no worker owns now; try again in a moment"),
+            None => format!("{what} is in partition {p}, which no worker owns now; try again in a moment"),
         }
+    }
+
+    /// Appends schedule operation `op` of schedule `id` to the commands partition of the id, held
+    /// here, and waits until its owner (this worker) has decided it: its answer.
+    async fn schedule_write(&self, id: &str, op: wire::ScheduleCmd) -> Result<Value, HostError> {
+        let p = partition_of(id, self.shared.partitions);
+        if !self.shared.view.holds(p) {
+            return Err(HostError::Unavailable(
+                self.elsewhere_of(&format!("schedule {id:?}"), p),
+            ));
+        }
+        let request = sm4c_host::service::new_id("schedule");
+        let c = Command::Schedule {
+            schedule: id.to_string(),
+            op,
+            request: request.clone(),
+        };
+        self.send_command(id, &c).await?;
+        let deadline = Instant::now() + API_WAIT;
+        loop {
+            if let Some(answer) = self.shared.view.take_answer(&request) {
+                return answer.map_err(|r| match r {
+                    view::Refusal::Invalid(fields) => HostError::InvalidSchedule(fields),
+                    view::Refusal::Unknown(id) => HostError::UnknownSchedule(id),
+                    view::Refusal::Exists(id) => HostError::ScheduleExists(id),
+                    view::Refusal::UnknownDefinition(what) => HostError::UnknownDefinition(what),
+                });
+            }
+            if Instant::now() > deadline {
+                return Err(self.appended(&format!("the operation on schedule {id:?}"), id, p));
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+
+    /// Refuses a request about schedule `id` that the partition holding it (here) does not
+    /// know: 404. A partition held elsewhere is the owner's to judge.
+    fn known_schedule(&self, id: &str) -> Result<(), HostError> {
+        let p = partition_of(id, self.shared.partitions);
+        match self.shared.view.holds(p) && self.shared.view.schedule(p, id).is_none() {
+            true => Err(HostError::UnknownSchedule(id.to_string())),
+            false => Ok(()),
+        }
+    }
+
+    /// A schedule's specification, checked before it is appended (the owner checks it again):
+    /// a bad one is a 400 naming its fields, an unknown definition a 404.
+    fn checked_spec(&self, doc: &Value) -> Result<sm4c_schedule::Spec, HostError> {
+        let spec = Spec::from_json(doc)
+            .map_err(|errs| HostError::InvalidSchedule(errs.into_iter().map(|e| (e.pointer, e.message)).collect()))?;
+        if self
+            .shared
+            .machine_or_latest(&spec.definition, spec.version.as_deref())
+            .is_none()
+        {
+            return Err(HostError::UnknownDefinition(match &spec.version {
+                Some(v) => format!("{} version {v}", spec.definition),
+                None => spec.definition.clone(),
+            }));
+        }
+        Ok(spec)
     }
 
     /// Reads a journal from the partition's local journal, once it is caught up and whole (a store
@@ -1068,6 +1136,8 @@ impl Backend for KafkaHost {
                 origin: None,
                 request: Some(request.clone()),
                 traceparent: origin,
+                schedule: None,
+                nominal: None,
             };
             if self.stranger(&w, p) {
                 // Whether the instance exists is the next owner's to decide: a second start of
@@ -1291,6 +1361,78 @@ impl Backend for KafkaHost {
         urls.sort_unstable();
         urls.dedup();
         Some(urls)
+    }
+
+    /// Schedules live on the commands partition their id hashes to: a read is answered by its
+    /// owner (the API forwards it there), a change is a command on that partition decided by
+    /// the owner; a listing is this worker's share (the API merges every worker's).
+    fn schedules(&self, op: ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        use wire::ScheduleCmd;
+        Box::pin(async move {
+            let now = sm4c_host::clock::wall_ms();
+            match op {
+                ScheduleOp::List => {
+                    let all: Vec<Value> = self
+                        .shared
+                        .view
+                        .all_schedules()
+                        .iter()
+                        .map(|(id, spec, state)| sm4c_schedule::view(id, spec, state, now, 1))
+                        .collect();
+                    Ok(json!({"schedules": all}))
+                }
+                ScheduleOp::Get(id) => {
+                    let p = partition_of(&id, self.shared.partitions);
+                    if !self.shared.view.holds(p) {
+                        return Err(HostError::Unavailable(
+                            self.elsewhere_of(&format!("schedule {id:?}"), p),
+                        ));
+                    }
+                    match self.shared.view.schedule(p, &id) {
+                        Some((spec, state)) => {
+                            Ok(sm4c_schedule::view(&id, &spec, &state, now, sm4c_schedule::UPCOMING))
+                        }
+                        None => Err(HostError::UnknownSchedule(id)),
+                    }
+                }
+                ScheduleOp::Create(doc) => {
+                    let spec = self.checked_spec(&doc)?;
+                    self.schedule_write(&spec.id, ScheduleCmd::Create { spec: spec.to_json() })
+                        .await
+                }
+                ScheduleOp::Replace(id, mut doc) => {
+                    // As in SQLite mode: an unknown schedule is a 404 before its specification
+                    // is looked at (the owner decides again).
+                    self.known_schedule(&id)?;
+                    if let Some(o) = doc.as_object_mut() {
+                        match o.get("id") {
+                            None => drop(o.insert("id".into(), json!(id))),
+                            Some(given) if *given == json!(id) => {}
+                            Some(given) => {
+                                return Err(HostError::InvalidSchedule(vec![(
+                                    "/id".into(),
+                                    format!("{given} disagrees with the path's schedule {id:?}"),
+                                )]))
+                            }
+                        }
+                    }
+                    let spec = self.checked_spec(&doc)?;
+                    self.schedule_write(&id, ScheduleCmd::Replace { spec: spec.to_json() })
+                        .await
+                }
+                ScheduleOp::Pause(id) => self.schedule_write(&id, ScheduleCmd::Pause).await,
+                ScheduleOp::Resume(id) => self.schedule_write(&id, ScheduleCmd::Resume).await,
+                ScheduleOp::Trigger(id) => self.schedule_write(&id, ScheduleCmd::Trigger).await,
+                ScheduleOp::Delete(id) => self.schedule_write(&id, ScheduleCmd::Delete).await,
+                ScheduleOp::Backfill { id, from, to } => {
+                    self.known_schedule(&id)?;
+                    let bad = |pointer: &str, e: String| HostError::InvalidSchedule(vec![(pointer.into(), e)]);
+                    let from = sm4c_schedule::parse_time(&from).map_err(|e| bad("/from", e))?;
+                    let to = sm4c_schedule::parse_time(&to).map_err(|e| bad("/to", e))?;
+                    self.schedule_write(&id, ScheduleCmd::Backfill { from, to }).await
+                }
+            }
+        })
     }
 
     fn health(&self) -> Value {

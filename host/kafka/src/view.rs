@@ -20,10 +20,11 @@ use sm4c_host::local::LocalStore;
 use sm4c_host::service::Summary;
 use sm4c_runtime::engine::rfc3339;
 use sm4c_runtime::{load, LoadOptions, Snapshot, Status};
-use std::collections::{HashMap, VecDeque};
+use sm4c_schedule::{Spec, State};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// The instances of one partition, by id.
 pub(crate) type Records = HashMap<String, InstanceRecord>;
@@ -127,11 +128,42 @@ pub(crate) struct Backing {
 #[derive(Default)]
 pub struct View {
     partitions: RwLock<HashMap<i32, Part>>,
+    /// The schedules of the partitions held here, by partition, as of their last committed
+    /// transaction.
+    schedules: RwLock<HashMap<i32, Schedules>>,
+    /// What the owner decided for the schedule operations of API requests, by request token,
+    /// with when it was kept: taken by the request that waits (the others are let go after
+    /// [`ANSWER_KEPT`]).
+    answers: Mutex<HashMap<String, (Instant, ScheduleAnswer)>>,
     /// True once the definitions topic was read to its end at start.
     pub ready: AtomicBool,
     /// Set to stop following.
     pub stop: AtomicBool,
 }
+
+/// How long the answer to a schedule operation waits for its request (one that gave up, or that
+/// another worker appended, takes none).
+const ANSWER_KEPT: Duration = Duration::from_secs(120);
+
+/// The schedules of one partition: each one's specification and state, by id.
+pub(crate) type Schedules = BTreeMap<String, (Spec, State)>;
+
+/// Why an owner refused a schedule operation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Refusal {
+    /// The specification is invalid: (JSON pointer, what is wrong) for each field.
+    Invalid(Vec<(String, String)>),
+    /// No such schedule.
+    Unknown(String),
+    /// A schedule of this id exists.
+    Exists(String),
+    /// The definition it starts is not registered.
+    UnknownDefinition(String),
+}
+
+/// What an owner decided for a schedule operation: the schedule as `GET /schedules/{id}` shows
+/// it, or why it refused.
+pub(crate) type ScheduleAnswer = Result<serde_json::Value, Refusal>;
 
 /// What the view keeps of one partition.
 struct Part {
@@ -402,6 +434,65 @@ impl View {
     /// Partition `p` is no longer owned here.
     pub(crate) fn release(&self, p: i32) {
         self.write().remove(&p);
+        self.schedules.write().unwrap_or_else(|e| e.into_inner()).remove(&p);
+    }
+
+    /// The schedules of partition `p` as its restore read them.
+    pub(crate) fn take_schedules(&self, p: i32, all: Schedules) {
+        self.schedules.write().unwrap_or_else(|e| e.into_inner()).insert(p, all);
+    }
+
+    /// A committed transaction of partition `p`: each schedule it changed (`None`: deleted), and
+    /// the answers to the API requests it decided.
+    pub(crate) fn apply_schedules(
+        &self,
+        p: i32,
+        changes: Vec<(String, Option<(Spec, State)>)>,
+        answers: Vec<(String, ScheduleAnswer)>,
+    ) {
+        if !changes.is_empty() {
+            let mut all = self.schedules.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(part) = all.get_mut(&p) {
+                for (id, s) in changes {
+                    match s {
+                        Some(s) => drop(part.insert(id, s)),
+                        None => drop(part.remove(&id)),
+                    }
+                }
+            }
+        }
+        if !answers.is_empty() {
+            let mut kept = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+            kept.retain(|_, (at, _)| at.elapsed() < ANSWER_KEPT);
+            let now = Instant::now();
+            kept.extend(answers.into_iter().map(|(r, a)| (r, (now, a))));
+        }
+    }
+
+    /// Schedule `id` of partition `p`, if the partition is held here and has it.
+    pub(crate) fn schedule(&self, p: i32, id: &str) -> Option<(Spec, State)> {
+        let all = self.schedules.read().unwrap_or_else(|e| e.into_inner());
+        all.get(&p)?.get(id).cloned()
+    }
+
+    /// Every schedule of the partitions held here, in id order.
+    pub(crate) fn all_schedules(&self) -> Vec<(String, Spec, State)> {
+        let all = self.schedules.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, Spec, State)> = all
+            .values()
+            .flat_map(|part| {
+                part.iter()
+                    .map(|(id, (spec, st))| (id.clone(), spec.clone(), st.clone()))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The answer to the schedule operation of request `request`, once its owner decided it.
+    pub(crate) fn take_answer(&self, request: &str) -> Option<ScheduleAnswer> {
+        let mut kept = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        kept.remove(request).map(|(_, a)| a)
     }
 
     /// The open worker tasks of the instances held here, by task list.
@@ -609,6 +700,7 @@ pub(crate) mod tests {
             origin: None,
             answered: Vec::new(),
             recent: Vec::new(),
+            schedule: None,
         }
     }
 

@@ -38,6 +38,13 @@ pub enum Command {
         /// the spans of its steps link to it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         traceparent: Option<String>,
+        /// For a run of a schedule: the schedule, on its id's partition, which is told when the
+        /// instance ends ([`Command::ScheduleEnded`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schedule: Option<String>,
+        /// For a run of a schedule: its nominal time (ms).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nominal: Option<i64>,
     },
     /// The step debugger: a paused instance goes on (`step`: to the next breakpoint-able point).
     Resume {
@@ -151,6 +158,32 @@ pub enum Command {
         /// Unique to the barrier.
         token: String,
     },
+    /// What `/schedules` asks of schedule `schedule`, on the partition its id hashes to: decided
+    /// by the partition's owner like any command, and answered to the request `request`.
+    Schedule {
+        /// The schedule's id.
+        schedule: String,
+        /// What is asked.
+        op: ScheduleCmd,
+        /// The API request's token: the answer is kept under it for the request that waits.
+        request: String,
+    },
+    /// Schedule `schedule` has something to do: proposed by its owner when the time came (as a
+    /// timer is), decided at the command's timestamp. A repeated one does nothing more.
+    ScheduleTick {
+        /// The schedule's id.
+        schedule: String,
+    },
+    /// A run of schedule `schedule` ended (or never started): sent by the run's partition to the
+    /// schedule's, for its overlap policy.
+    ScheduleEnded {
+        /// The schedule's id.
+        schedule: String,
+        /// The run's instance.
+        instance: String,
+        /// Its final status (`completed`, `failed`, ..., `notStarted`).
+        status: String,
+    },
     /// A broadcast event stayed unmatched on `partition` for its whole window.
     Unmatched {
         /// The event's key (`origin`).
@@ -175,6 +208,38 @@ impl Command {
             _ => None,
         }
     }
+}
+
+/// An operation on a schedule ([`Command::Schedule`]); the specification is checked before the
+/// command is appended, and again by the owner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum ScheduleCmd {
+    /// Register it (the specification, as JSON).
+    Create {
+        /// Its specification.
+        spec: Value,
+    },
+    /// Change its specification; what it did and owes is kept.
+    Replace {
+        /// Its new specification.
+        spec: Value,
+    },
+    /// Pause it.
+    Pause,
+    /// Resume it.
+    Resume,
+    /// Start one now.
+    Trigger,
+    /// One start per nominal time in `[from, to)` (ms).
+    Backfill {
+        /// From (ms).
+        from: i64,
+        /// To (ms, not included).
+        to: i64,
+    },
+    /// Delete it.
+    Delete,
 }
 
 /// A call's result.
@@ -235,6 +300,26 @@ pub struct StateRecord {
     /// A subscription to a correlation key this partition owns, for a [`subscription_key`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription: Option<Subscription>,
+    /// A schedule whose id hashes to this partition, for a [`schedule_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleRecord>,
+}
+
+/// A schedule as its partition keeps it: its specification and what it did and owes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ScheduleRecord {
+    /// Its specification, as JSON ([`sm4c_schedule::Spec::to_json`]).
+    pub spec: Value,
+    /// Its state.
+    pub state: sm4c_schedule::State,
+}
+
+/// See [`PARKED_PREFIX`].
+pub const SCHEDULE_PREFIX: &str = "\u{0}schedule/";
+
+/// The state topic key of schedule `id` (on partition `partition_of(id)`).
+pub fn schedule_key(id: &str) -> String {
+    format!("{SCHEDULE_PREFIX}{id}")
 }
 
 /// An instance that may take the events of a correlation key: kept by the key's partition.
@@ -333,6 +418,9 @@ pub struct InstanceRecord {
     /// e.g. a `POST /events` retried by its client, and is not applied again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent: Vec<(String, String)>,
+    /// The schedule that started the instance, if one did: told when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
 }
 
 /// How many event ids an instance record remembers (see [`InstanceRecord::recent`]).

@@ -13,6 +13,7 @@ pub(crate) mod journal;
 pub(crate) mod keeper;
 mod restore;
 mod route;
+mod schedules;
 #[cfg(test)]
 mod sim;
 pub(crate) mod stall;
@@ -460,6 +461,8 @@ fn subflow_start(shared: &Shared, start: &ChildStart, origin: Option<String>) ->
         origin: None,
         request: None,
         traceparent: origin,
+        schedule: None,
+        nominal: None,
     };
     command(shared, partition_of(&start.id, shared.partitions), Some(&start.id), &c)
 }
@@ -477,6 +480,8 @@ struct Slot {
     answered: Vec<(String, String)>,
     /// The latest events taken: (source, id).
     recent: Vec<(String, String)>,
+    /// The schedule that started it, told when it ends.
+    schedule: Option<String>,
     /// The keeper's ticket of the last write of its record to the local store (0: the store had
     /// it when the partition was restored): once written, the owner may let it go from memory.
     ticket: u64,
@@ -497,6 +502,7 @@ impl Slot {
             request: rec.request,
             answered: rec.answered,
             recent: rec.recent,
+            schedule: rec.schedule,
             ticket: 0,
             used: 0,
         }
@@ -520,6 +526,7 @@ impl Slot {
             origin: self.h.origin.clone(),
             answered: self.answered.clone(),
             recent: self.recent.clone(),
+            schedule: self.schedule.clone(),
         }
     }
 }
@@ -582,6 +589,8 @@ struct Owner {
     /// retention (ms of this worker's clock: it only says when; [`Owner::tick_at`]).
     look_at: i64,
     parking: Parking,
+    /// The schedules whose ids hash to this partition ([`schedules`]).
+    scheds: schedules::Scheds,
     /// The armed timers due before `horizon`, by due time (the others are in the local store).
     timers: BTreeSet<(i64, String, String)>,
     /// Timers due at or after this (ms) are kept in the partition's local store, not in `timers`
@@ -734,8 +743,9 @@ impl Owner {
     /// A restored partition's local index for deciding, made from the instances the restore read
     /// (the store's may be stale): its correlation index goes to the local store, and of its
     /// timers, those due from a horizon from `now` on. Without a store, or when it cannot be
-    /// written, all stay in memory.
+    /// written, all stay in memory. Its schedules are woken at `now`.
     fn place_index(&mut self, now: i64, horizon_ms: i64) -> Result<(), String> {
+        self.scheds.wake_all(now);
         self.horizon = i64::MAX;
         self.corr.decided();
         let Some(store) = self.store.clone() else { return Ok(()) };
@@ -1484,6 +1494,9 @@ impl Worker {
                                 store,
                                 progress: k.progress().clone(),
                             });
+                    // The schedules first: once the view holds the partition, a request for one
+                    // of them is answered here.
+                    self.shared.view.take_schedules(p, t.scheds.all.clone());
                     self.shared.view.take(p, std::mem::take(&mut t.records), backing);
                     self.owners.insert(p, t);
                 }
@@ -1907,6 +1920,11 @@ impl Worker {
         self.shared
             .view
             .apply(t.partition, std::mem::take(&mut b.records), ticket);
+        self.shared.view.apply_schedules(
+            t.partition,
+            std::mem::take(&mut b.schedules),
+            std::mem::take(&mut b.answers),
+        );
         let (after, applied) = t.committed(b);
         // Committed: now act.
         for (id, work) in after {
@@ -1971,6 +1989,11 @@ impl Worker {
                 .as_ref()
                 .map_or(u64::MAX, |k| k.progress().written(t.partition));
             t.advance_timers(now, horizon_ms, written);
+            for id in t.scheds.due(now) {
+                if let Err(e) = produce(&self.shared.plain, &schedules::tick_command(&shared, &id)) {
+                    tracing::warn!(error = %e, schedule = id, "cannot propose a schedule's tick; trying again");
+                }
+            }
             for c in t.due(&shared, now) {
                 let (Command::Timer { id, .. } | Command::Result { id, .. }) = &c else {
                     continue;

@@ -6,6 +6,7 @@
 //! - [`State`]: what a schedule does as time passes: which times start (each as the instance
 //!   `<schedule>@<nominal time>`, so a repeated start is the same start), which are kept or skipped
 //!   under its [`Overlap`] policy, the catch-up of missed times, pause, trigger and backfill.
+//! - [`view()`]: a schedule as `GET /schedules/{id}` shows it, the same in every host.
 //!
 //! This crate reads no clock and does no IO: a host keeps a schedule's [`Spec`] and [`State`]
 //! durable and drives it with its time.
@@ -13,7 +14,9 @@
 pub mod cron;
 pub mod plan;
 pub mod spec;
+pub mod view;
 
 pub use cron::Cron;
 pub use plan::{Action, Run, Skipped, State};
 pub use spec::{instance_id, parse_time, rfc3339, Overlap, Spec, SpecError, When};
+pub use view::{view, UPCOMING};

@@ -8,11 +8,8 @@ use serde_json::{json, Value};
 use sm4c_host::service::{HostError, ScheduleOp};
 use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{Input, Status};
-use sm4c_schedule::{rfc3339, Action, Spec, State};
+use sm4c_schedule::{rfc3339, Action, Spec, State, UPCOMING};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// How many upcoming times a schedule's view shows.
-const UPCOMING: usize = 10;
 
 /// The schedules a durable host keeps, in memory beside the store.
 #[derive(Default)]
@@ -405,35 +402,11 @@ impl Loop {
         Ok(spec)
     }
 
-    /// A schedule as `GET /schedules/{id}` shows it: its specification, its state, its next
-    /// `upcoming` times and its recent runs.
+    /// A schedule as `GET /schedules/{id}` shows it ([`sm4c_schedule::view()`]).
     fn view(&self, id: &str, now: i64, upcoming: usize) -> Value {
-        let Some((spec, state)) = self.schedules.all.get(id) else {
-            return json!({"id": id});
-        };
-        let next: Vec<String> = state.upcoming(spec, upcoming).into_iter().map(rfc3339).collect();
-        let recent: Vec<Value> = state
-            .recent
-            .iter()
-            .rev()
-            .map(|r| {
-                json!({"nominalTime": rfc3339(r.nominal), "instance": r.instance, "lateMs": r.late,
-                    "status": r.outcome.as_deref().unwrap_or("running")})
-            })
-            .collect();
-        let buffered: Vec<String> = state.buffered.iter().map(|t| rfc3339(*t)).collect();
-        json!({
-            "id": id,
-            "spec": spec.to_json(),
-            "state": if state.paused { "paused" } else if next.is_empty() { "ended" } else { "active" },
-            "nextTimes": next,
-            "running": state.running,
-            "buffered": buffered,
-            "backfillPending": state.backfill.len(),
-            "recentRuns": recent,
-            "runs": state.runs,
-            "skipped": {"overlap": state.skipped.overlap, "catchup": state.skipped.catchup, "paused": state.skipped.paused},
-            "nextWake": state.wake_at(spec, now).map(rfc3339),
-        })
+        match self.schedules.all.get(id) {
+            Some((spec, state)) => sm4c_schedule::view(id, spec, state, now, upcoming),
+            None => json!({"id": id}),
+        }
     }
 }

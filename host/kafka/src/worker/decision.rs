@@ -10,6 +10,7 @@ use serde_json::Value;
 use sm4c_host::driver::{self, Answering, ChildStart, Work};
 use sm4c_host::tasks::Answer;
 use sm4c_runtime::engine::event::attribute_text;
+use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{Input, Machine, Status, Timed};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -38,6 +39,11 @@ pub(super) struct Batch {
     /// The partition's stream time once decided: the timestamp of the records the batch
     /// produces, never the deciding worker's clock.
     pub(super) at: i64,
+    /// The new specification and state of each schedule the batch changed, `None` for one it
+    /// deleted: the API's view takes them once the batch has committed.
+    pub(super) schedules: Vec<(String, Option<(sm4c_schedule::Spec, sm4c_schedule::State)>)>,
+    /// The answers to the schedule operations of API requests the batch decided.
+    pub(super) answers: Vec<(String, crate::view::ScheduleAnswer)>,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -99,11 +105,12 @@ pub(super) fn decide<'a>(
             }
         };
         // The stream time moves with the timestamps of the inputs that come from outside; the
-        // owner's own proposals (a timer, a tick, a barrier) carry the proposer's clock, which
-        // must not decide anything: a timer and a tick move it to the due time they name.
+        // owner's own proposals (a timer, a tick, a barrier, a schedule's tick) carry the
+        // proposer's clock, which must not move it: a timer and a tick move it to the due time
+        // they name. (A schedule's tick is decided at its own timestamp: see `schedule_tick`.)
         if !matches!(
             c,
-            Command::Timer { .. } | Command::Tick { .. } | Command::Barrier { .. }
+            Command::Timer { .. } | Command::Tick { .. } | Command::Barrier { .. } | Command::ScheduleTick { .. }
         ) {
             d.t.stream_ms = d.t.stream_ms.max(at);
         }
@@ -126,6 +133,9 @@ pub(super) fn decide<'a>(
     }
     d.unpark(d.t.stream_ms);
     let through = d.through;
+    let (sched_outs, schedules, answers) =
+        d.t.scheds
+            .decided(shared, d.t.partition, through, d.t.clock, d.t.stream_ms);
     let (new, after) = (d.outs, d.after);
     let mut outs = std::mem::take(&mut t.repair);
     outs.extend(new);
@@ -211,6 +221,7 @@ pub(super) fn decide<'a>(
         records.push((id, r.instance.take()));
     }
     outs.extend(t.parking.records(shared, t.partition, through, t.clock));
+    outs.extend(sched_outs);
     let mut index = Vec::new();
     for (id, r) in &records {
         index.extend(crate::view::index_changes(t.partition, id, r.as_ref(), None));
@@ -250,13 +261,15 @@ pub(super) fn decide<'a>(
         journal,
         index,
         at: t.stream_ms,
+        schedules,
+        answers,
     }
 }
 
 /// The decisions of one batch.
-struct Decision<'a> {
-    shared: &'a Shared,
-    t: &'a mut Owner,
+pub(super) struct Decision<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) t: &'a mut Owner,
     outs: Vec<Out>,
     after: Vec<(String, Work)>,
     through: i64,
@@ -296,6 +309,7 @@ impl Decision<'_> {
                         sm4c_runtime::ErrorKind::InternalError,
                         format!("the worker failed on this instance: {what}"),
                     ));
+                    self.ended_run(id);
                 }
                 self.t.dirty.insert(id.clone());
             }
@@ -311,7 +325,7 @@ impl Decision<'_> {
         ));
     }
 
-    fn apply(&mut self, c: Command, at: i64, offset: i64) {
+    pub(super) fn apply(&mut self, c: Command, at: i64, offset: i64) {
         #[cfg(test)]
         tests::maybe_panic(&c);
         let n = self.shared.partitions;
@@ -325,14 +339,38 @@ impl Decision<'_> {
                 depth,
                 request,
                 traceparent,
+                schedule,
+                nominal,
                 ..
             } => {
-                if self.t.ended.contains(&id) || self.t.slot(self.shared, &id).is_some() {
+                let scheduled = schedule
+                    .clone()
+                    .zip(nominal)
+                    .map(|(schedule, nominal_time)| Scheduled { schedule, nominal_time });
+                if self.t.ended.contains(&id) {
+                    // A schedule's run that exists and ended (a backfill over a time long past):
+                    // the schedule follows it as it is.
+                    if let Some(schedule) = schedule {
+                        let status = self.shared.view.get(self.t.partition, &id).map(|r| r.snapshot.status);
+                        let status = status.map_or("ended", |s| s.as_str());
+                        self.tell_schedule(&schedule, &id, status);
+                    }
+                    return;
+                }
+                if let Some(slot) = self.t.slot(self.shared, &id) {
+                    // Started already: the same instance. A schedule asking for it hears when it ends.
+                    if schedule.is_some() && slot.schedule.is_none() {
+                        slot.schedule = schedule;
+                        self.t.dirty.insert(id);
+                    }
                     return;
                 }
                 let m = self.shared.machine_or_latest(&definition, version.as_deref());
                 if m.is_none() {
                     tracing::warn!(instance = id, definition, "start of an unknown definition");
+                    if let Some(schedule) = &schedule {
+                        self.tell_schedule(schedule, &id, "notStarted");
+                    }
                 }
                 let mut h = match parent {
                     Some(parent) => {
@@ -369,19 +407,13 @@ impl Decision<'_> {
                         request,
                         answered: Vec::new(),
                         recent: Vec::new(),
+                        schedule,
                         ticket: 0,
                         used: 0,
                     }),
                 );
                 self.t.dirty.insert(id.clone());
-                self.handle(
-                    &id,
-                    Input::Start {
-                        data: input,
-                        scheduled: None,
-                    },
-                    at,
-                );
+                self.handle(&id, Input::Start { data: input, scheduled }, at);
             }
             Command::Cancel { id, reason } => {
                 if self
@@ -610,6 +642,13 @@ impl Decision<'_> {
                 }
             }
             Command::Barrier { .. } => {}
+            Command::Schedule { schedule, op, request } => self.schedule_op(schedule, op, request, at, offset),
+            Command::ScheduleTick { schedule } => self.schedule_tick(&schedule, at, offset),
+            Command::ScheduleEnded {
+                schedule,
+                instance,
+                status,
+            } => self.schedule_ended(&schedule, &instance, &status),
             Command::Tick { at: due } => {
                 // Decided at the partition's stream time, moved on to the due time the tick was
                 // proposed for; never at the proposer's clock (the record's timestamp).
@@ -684,7 +723,7 @@ impl Decision<'_> {
         }
     }
 
-    fn command_for(&mut self, id: &str, c: Command) {
+    pub(super) fn command_for(&mut self, id: &str, c: Command) {
         let p = partition_of(id, self.shared.partitions);
         self.outs.push(command(self.shared, p, Some(id), &c));
     }
@@ -907,6 +946,16 @@ impl Decision<'_> {
         if let Some(n) = step.notify {
             self.notify(n);
         }
+        self.ended_run(id);
+    }
+
+    /// Instance `id`, if it is a schedule's run that has just ended, tells its schedule.
+    fn ended_run(&mut self, id: &str) {
+        let Some(slot) = self.t.slots.get(id) else { return };
+        let status = slot.h.inst.status();
+        if let (true, Some(schedule)) = (status.is_final(), slot.schedule.clone()) {
+            self.tell_schedule(&schedule, id, status.as_str());
+        }
     }
 }
 
@@ -1011,6 +1060,8 @@ mod tests {
             origin: None,
             request: None,
             traceparent: None,
+            schedule: None,
+            nominal: None,
         };
         // Two instances of one partition.
         let ids: Vec<String> = (0..200)
@@ -1186,6 +1237,8 @@ mod tests {
             origin: None,
             request: None,
             traceparent: None,
+            schedule: None,
+            nominal: None,
         })
         .expect("json");
         decide(

@@ -375,9 +375,14 @@ struct Spill {
 /// Whether a key of the state topic is an instance's (not a parked event's, a tally's, a
 /// subscription's or the old partition record's).
 fn instance_key(k: &str) -> bool {
-    ![PARKED_PREFIX, TALLY_PREFIX, SUBSCRIPTION_PREFIX]
-        .iter()
-        .any(|prefix| k.starts_with(prefix))
+    ![
+        PARKED_PREFIX,
+        TALLY_PREFIX,
+        SUBSCRIPTION_PREFIX,
+        crate::wire::SCHEDULE_PREFIX,
+    ]
+    .iter()
+    .any(|prefix| k.starts_with(prefix))
         && k != PARTITION_KEY
 }
 
@@ -692,6 +697,7 @@ impl Latest {
             next_expiry: i64::MIN,
             look_at: i64::MIN,
             parking: Parking::default(),
+            scheds: Default::default(),
             timers: BTreeSet::new(),
             horizon: i64::MAX,
             timers_stored: false,
@@ -808,8 +814,11 @@ impl Latest {
             let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
             (at(x), a).cmp(&(at(y), b))
         });
-        for (k, r) in own {
-            t.parking.restore(&k, r);
+        for (k, mut r) in own {
+            match (k.strip_prefix(crate::wire::SCHEDULE_PREFIX), r.schedule.take()) {
+                (Some(id), Some(s)) => t.scheds.restore(id, s),
+                _ => t.parking.restore(&k, r),
+            }
         }
         for (k, why) in corrupt {
             if !instance_key(&k) {
@@ -992,6 +1001,8 @@ mod tests {
                     origin: None,
                     request: None,
                     traceparent: None,
+                    schedule: None,
+                    nominal: None,
                 };
                 serde_json::to_vec(&start).expect("json")
             })

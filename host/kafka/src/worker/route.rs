@@ -78,6 +78,8 @@ pub(super) fn plan(shared: &Shared, topic: &str, p: i32, msgs: Vec<OwnedMessage>
                     .and_then(Value::as_str)
                     .and_then(sm4c_host::driver::traceparent)
                     .map(str::to_string),
+                schedule: None,
+                nominal: None,
             };
             cmds.push((partition_of(&id, n), Some(id), c, at, m.offset()));
             starts += 1;

@@ -19,6 +19,9 @@
 //!   [`Owner::track`] and [`Owner::due_timers`] do what the worker loop does after a commit and on
 //!   its timers. Only the transport is the simulation's: it reads the model's logs, produces into
 //!   its transactions and commits them.
+//! - **A schedule of starts** ([`SCHEDULE`], every 10 s until [`SCHEDULE_FOR`] after the start,
+//!   of a definition that ends at once) runs beside them: its owner proposes its ticks as the
+//!   worker loop does, and its runs hash to every partition.
 //! - **A schedule**, drawn from a seed, interleaves client requests (starts, events, each
 //!   sometimes repeated), batches, timers, call results (sometimes repeated), the passing of
 //!   time, workers killed at any record of a transaction and restarted, partitions moved to
@@ -27,7 +30,9 @@
 //! - **The checks**, on what a real `read_committed` reader of Apache Kafka would see: every
 //!   instance started once and ended once, every sent event committed exactly once, every
 //!   instance's journal gapless with each input taken once, every timer fired at most once, every
-//!   call made, every dead letter once.
+//!   call made, every dead letter once; the schedule started each of its nominal times from its
+//!   first run to its end exactly once (its catch-up window spans the whole run), knows it did,
+//!   and heard that each run ended.
 //!
 //! `SM4C_SIM_SEEDS=N` runs more seeds than CI does; `SM4C_SIM_SEED=S` replays seed `S` and prints
 //! its schedule. A failure names its seed and how to replay it.
@@ -50,6 +55,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
 const PARTITIONS: i32 = 4;
+/// The simulated schedule's id, and how long after the start it ends (ms): past it the heal's
+/// rounds of 5 s go, so every seed sees it end.
+const SCHEDULE: &str = "every";
+const SCHEDULE_FOR: i64 = 600_000;
+/// How often it starts its definition (ms).
+const SCHEDULE_EVERY: i64 = 10_000;
 /// Instances per seed: at least the first, plus up to the second.
 const INSTANCES: (usize, usize) = (50, 20);
 /// Steps of a seed's schedule before it heals: at least the first, plus up to the second.
@@ -159,7 +170,9 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
     // Far timers (the definitions' are 10 and 30 s) go through the local stores.
     cfg.timer_horizon_ms = 4_000;
     let mut registry = Registry::default();
-    for d in [child(), definition()] {
+    let tick = json!({"id": "sim-tick", "version": "1.0", "name": "Scheduled",
+        "states": [{"name": "Done", "start": true, "end": true}]});
+    for d in [child(), definition(), tick] {
         let m = sm4c_runtime::load(&d, &mut sm4c_runtime::no_files, LoadOptions::default())
             .unwrap_or_else(|e| panic!("the simulation's definition does not load: {e:?}"));
         registry.insert(Arc::new(m));
@@ -1377,7 +1390,11 @@ impl<'a> World<'a> {
     /// A plain produce of command `c` for instance `id`, stamped `ts` by its producer's clock.
     fn command(&mut self, id: &str, c: &Command, ts: i64) {
         let p = partition_of(id, PARTITIONS);
-        if self.lossy && matches!(c, Command::Timer { .. } | Command::Result { .. }) && self.rng.u8(..6) == 0 {
+        let proposed = matches!(
+            c,
+            Command::Timer { .. } | Command::Result { .. } | Command::ScheduleTick { .. }
+        );
+        if self.lossy && proposed && self.rng.u8(..6) == 0 {
             self.note("(the broker does not take it)".into());
             return;
         }
@@ -1393,6 +1410,9 @@ impl<'a> World<'a> {
             // Its store is written at once: every write is done.
             o.t.advance_timers(now, horizon_ms, u64::MAX);
             due.extend(o.t.due(self.shared, now));
+            for id in o.t.scheds.due(now) {
+                due.push(Command::ScheduleTick { schedule: id });
+            }
         }
         for c in due {
             let id = match &c {
@@ -1403,6 +1423,10 @@ impl<'a> World<'a> {
                 Command::Result { id, op, .. } => {
                     self.note(format!("w{w} proposes the result of {op} of {id} again"));
                     id.clone()
+                }
+                Command::ScheduleTick { schedule } => {
+                    self.note(format!("w{w} proposes a tick of schedule {schedule}"));
+                    schedule.clone()
                 }
                 _ => continue,
             };
@@ -1465,6 +1489,8 @@ impl<'a> World<'a> {
             origin: None,
             request: None,
             traceparent: None,
+            schedule: None,
+            nominal: None,
         };
         self.note(format!("client starts {id}"));
         self.command(&id, &c, self.now);
@@ -1659,14 +1685,14 @@ impl<'a> World<'a> {
                 self.finish_call(0, false);
             }
             // Parked events wait for their window to pass (dead-lettered) before the checks.
-            if self.all_ended() && self.drained() && !self.parked() {
+            if self.all_ended() && self.drained() && !self.parked() && self.schedule_done() {
                 return Ok(());
             }
             self.now += 5_000;
             self.broker.expire(self.now);
         }
         Err(format!(
-            "the cluster did not end every instance after 400 healed rounds: {}",
+            "the cluster did not end every instance (and the schedule) after 400 healed rounds: {}",
             self.stuck()
         ))
     }
@@ -1706,6 +1732,12 @@ impl<'a> World<'a> {
             self.broker.open.len(),
             self.calls.len()
         ));
+        if !self.schedule_done() {
+            out.push(format!(
+                "schedule {SCHEDULE} not done: {:?}",
+                self.schedule_record().map(|r| r.state)
+            ));
+        }
         out.join("; ")
     }
 
@@ -1749,6 +1781,39 @@ impl<'a> World<'a> {
             }
         }
         all
+    }
+
+    /// The simulated schedule as its partition's committed record has it.
+    fn schedule_record(&self) -> Option<crate::wire::ScheduleRecord> {
+        let key = crate::wire::schedule_key(SCHEDULE);
+        let p = partition_of(SCHEDULE, PARTITIONS);
+        self.broker
+            .truth(&self.shared.topics.state, p)
+            .into_iter()
+            .rfind(|r| r.key.as_deref() == Some(key.as_str()))
+            .and_then(|r| serde_json::from_slice::<StateRecord>(r.payload.as_deref()?).ok())
+            .and_then(|r| r.schedule)
+    }
+
+    /// Whether the simulated schedule has passed its end, and heard that each of its runs ended.
+    fn schedule_done(&self) -> bool {
+        self.schedule_record().is_some_and(|r| {
+            let spec = sm4c_schedule::Spec::from_json(&r.spec).expect("the schedule reads");
+            r.state.running.is_empty() && r.state.wake_at(&spec, self.now).is_none()
+        })
+    }
+
+    /// Creates the simulated schedule, at the start.
+    fn create_schedule(&mut self) {
+        let spec = json!({"id": SCHEDULE, "definition": "sim-tick", "every": "PT10S", "overlap": "allowAll",
+            "catchupWindow": "PT2H", "endAt": sm4c_schedule::rfc3339(self.now + SCHEDULE_FOR)});
+        let c = Command::Schedule {
+            schedule: SCHEDULE.into(),
+            op: crate::wire::ScheduleCmd::Create { spec },
+            request: "sim".into(),
+        };
+        self.note(format!("client creates schedule {SCHEDULE}"));
+        self.command(SCHEDULE, &c);
     }
 
     fn all_ended(&self) -> bool {
@@ -1889,7 +1954,9 @@ impl<'a> World<'a> {
             }
         }
         let mut children: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut scheduled: Vec<i64> = Vec::new();
         for id in &self.instances() {
+            let run = id.strip_prefix(&format!("{SCHEDULE}@"));
             let state = self
                 .latest_state(id)
                 .and_then(|r| r.instance)
@@ -1903,7 +1970,11 @@ impl<'a> World<'a> {
                 children.entry(parent.clone()).or_default().push(id.clone());
             }
             let done = sent.get(id).map(Vec::as_slice).unwrap_or_default();
-            let (events, calls, timers) = if parent.is_some() { (0, 0, 1) } else { (1, 2, 0) };
+            let (events, calls, timers) = match (run, &parent) {
+                (Some(_), _) => (0, 0, 0),
+                (None, Some(_)) => (0, 0, 1),
+                (None, None) => (1, 2, 0),
+            };
             if done.len() != events {
                 return Err(format!(
                     "instance {id} sent {} events, not {events}: {done:?}",
@@ -1957,6 +2028,11 @@ impl<'a> World<'a> {
                     completed.len()
                 ));
             }
+            if let Some(at) = run {
+                let at = sm4c_schedule::parse_time(at).map_err(|e| format!("run {id}: {e}"))?;
+                scheduled.push(at);
+                continue;
+            }
             if parent.is_some() {
                 if fired.len() != timers {
                     return Err(format!("subflow {id} fired {} timers, not {timers}", fired.len()));
@@ -1975,6 +2051,36 @@ impl<'a> World<'a> {
                     fired.len()
                 ));
             }
+        }
+        // The schedule: each nominal time from its first run to its end started once (its
+        // catch-up window spans the whole run, and its overlap policy starts every time), and it
+        // knows it did, each run's end told to it.
+        scheduled.sort_unstable();
+        let r = self
+            .schedule_record()
+            .ok_or_else(|| format!("schedule {SCHEDULE} has no committed record"))?;
+        let first = *scheduled.first().ok_or("the schedule started no run")?;
+        let end = 1_700_000_000_000 + SCHEDULE_FOR;
+        let want: Vec<i64> = (first..end).step_by(SCHEDULE_EVERY as usize).collect();
+        if scheduled != want {
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|t| !scheduled.contains(t))
+                .map(|t| sm4c_schedule::rfc3339(*t))
+                .collect();
+            return Err(format!(
+                "schedule {SCHEDULE} ran {} times from {}, not each of {}: missing {missing:?}",
+                scheduled.len(),
+                sm4c_schedule::rfc3339(first),
+                want.len()
+            ));
+        }
+        if r.state.runs != scheduled.len() as u64 || !r.state.running.is_empty() || r.state.skipped.catchup != 0 {
+            return Err(format!(
+                "schedule {SCHEDULE} started {} runs, but its state says {:?}",
+                scheduled.len(),
+                r.state
+            ));
         }
         for id in &self.started {
             let n = children.get(id).map_or(0, Vec::len);
@@ -2053,6 +2159,7 @@ fn run_traced(
     verbose: bool,
 ) -> (Result<(usize, bool), (String, Vec<String>)>, Vec<String>) {
     let mut w = World::new(shared, seed, verbose);
+    w.create_schedule();
     let instances = INSTANCES.0 + w.rng.usize(..INSTANCES.1);
     let steps = STEPS.0 + w.rng.usize(..STEPS.1);
     let mut next_start = 0;
