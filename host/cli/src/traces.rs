@@ -225,6 +225,15 @@ impl Observer for Observed {
     fn kafka_panic(&self, where_: &str) {
         self.metrics.kafka_panic(where_)
     }
+    fn kafka_log_behind_checkpoint(&self, topic: &str, partition: i32) {
+        self.metrics.kafka_log_behind_checkpoint(topic, partition)
+    }
+    fn schedule_run(&self, late_seconds: f64) {
+        self.metrics.schedule_run(late_seconds)
+    }
+    fn schedule_skipped(&self, why: &str, n: u64) {
+        self.metrics.schedule_skipped(why, n)
+    }
     // Every step is reported (not only when tracing): the web inspector hears of changes from it.
     fn step_begin(&self) -> Option<SystemTime> {
         Some(SystemTime::now())

@@ -2252,6 +2252,113 @@ fn a_schedules_overlap_policy_decides_what_a_time_does_while_its_last_run_runs()
         let i = s.instance(older["instance"].as_str().expect("id"));
         assert_eq!(i["status"], "cancelled", "{i}");
     }
+    // The metrics count the runs and the skipped times.
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .expect("GET /metrics")
+        .text()
+        .expect("body");
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .find(|(s, _)| *s == series)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    };
+    let (_, skipper) = s.get("/schedules/skipper");
+    let (_, canceller) = s.get("/schedules/canceller");
+    let runs = skipper["runs"].as_f64().unwrap_or(0.0) + canceller["runs"].as_f64().unwrap_or(0.0);
+    assert!(value("sm4c_schedule_run_lateness_seconds_count") >= runs, "{text}");
+    assert!(
+        value(r#"sm4c_schedule_skipped_total{why="overlap"}"#) >= skipper["skipped"]["overlap"].as_f64().unwrap_or(1.0),
+        "{text}"
+    );
+}
+
+/// With a run that does not end, `bufferOne` keeps one time (the next are skipped) and starts it
+/// when the run ends, `bufferAll` keeps every time, and `allowAll` starts each anyway; a schedule
+/// past its `endAt` ends; a cron expression with seconds, in a zone half an hour off UTC, runs on
+/// the real clock.
+#[test]
+fn buffered_overlaps_end_at_and_a_cron_with_seconds_run_on_the_real_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sched.db");
+    let log = dir.path().join("server.log");
+    let s = Server::start(&db, None, &log);
+    s.define(&waiter_definition());
+    s.define(&quick_definition());
+    for (id, overlap) in [("one", "bufferOne"), ("all", "bufferAll"), ("any", "allowAll")] {
+        let (st, v) = s.post(
+            "/schedules",
+            &json!({"id": id, "definition": "waiter", "every": "PT1S", "overlap": overlap}),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    let end_at = chrono::Utc::now() + chrono::Duration::seconds(2);
+    let (st, v) = s.post(
+        "/schedules",
+        &json!({"id": "brief", "definition": "quick", "every": "PT1S",
+                "endAt": end_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}),
+    );
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s.post(
+        "/schedules",
+        &json!({"id": "kolkata", "definition": "quick", "cron": "*/2 * * * * *", "timezone": "Asia/Kolkata"}),
+    );
+    assert_eq!(st, 201, "{v}");
+    std::thread::sleep(Duration::from_millis(4500));
+    let (_, one) = s.get("/schedules/one");
+    assert_eq!(one["runs"], 1, "{one}");
+    assert_eq!(one["buffered"].as_array().map(Vec::len), Some(1), "{one}");
+    assert!(one["skipped"]["overlap"].as_u64().unwrap_or(0) >= 1, "{one}");
+    let (_, all) = s.get("/schedules/all");
+    assert_eq!(all["runs"], 1, "{all}");
+    assert!(all["buffered"].as_array().map_or(0, Vec::len) >= 3, "{all}");
+    assert_eq!(all["skipped"]["overlap"], 0, "{all}");
+    let (_, any) = s.get("/schedules/any");
+    assert!(any["runs"].as_u64().unwrap_or(0) >= 4, "{any}");
+    assert_eq!(
+        any["running"].as_array().map(Vec::len),
+        any["runs"].as_u64().map(|n| n as usize),
+        "{any}"
+    );
+    // The buffered time starts once the running one ends, as the instance of that time.
+    let kept = one["buffered"][0].as_str().expect("a kept time").to_string();
+    let running = one["running"][0].as_str().expect("a running run").to_string();
+    let (st, v) = s.post(&format!("/instances/{running}/cancel"), &json!({}));
+    assert!(st < 300, "{st} {v}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, one) = s.get("/schedules/one");
+        if one["runs"] == 2 {
+            assert_eq!(one["running"], json!([format!("one@{kept}")]), "{one}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the kept time did not start: {one}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, brief) = s.get("/schedules/brief");
+    assert_eq!(brief["state"], "ended", "{brief}");
+    assert!((1..=3).contains(&brief["runs"].as_u64().unwrap_or(0)), "{brief}");
+    let ended_runs = brief["runs"].clone();
+    let (_, kolkata) = s.get("/schedules/kolkata");
+    let runs: Vec<&str> = kolkata["recentRuns"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter_map(|r| r["nominalTime"].as_str())
+        .collect();
+    assert!(runs.len() >= 2, "{kolkata}");
+    for t in &runs {
+        let secs: u32 = t[17..19].parse().expect("seconds");
+        assert_eq!(secs % 2, 0, "{t}: {kolkata}");
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_, brief) = s.get("/schedules/brief");
+    assert_eq!(brief["runs"], ended_runs, "an ended schedule ran again: {brief}");
 }
 
 /// Pause, resume, trigger, backfill, change and delete; bad specifications are refused naming the
