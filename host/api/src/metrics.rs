@@ -148,6 +148,7 @@ pub struct Metrics {
     lag: Family<TopicPartitionLabels, Gauge>,
     stalled: Family<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     stall_repairs: Family<TopicPartitionLabels, Counter>,
+    behind_checkpoint: Family<TopicPartitionLabels, Counter>,
     panics: Family<WhereLabels, Counter>,
     schedule_runs: Histogram,
     schedule_skipped: Family<WhyLabels, Counter>,
@@ -272,6 +273,12 @@ impl Metrics {
             "Kafka mode: transactions this worker ended on a stalled partition to finalize what the broker left prepared there",
             stall_repairs.clone(),
         );
+        let behind_checkpoint = Family::<TopicPartitionLabels, Counter>::default();
+        registry.register(
+            "kafka_log_behind_checkpoint",
+            "Kafka mode: restores that found a partition ending before this worker's local checkpoint of it (the broker lost records it had acknowledged, or the topic was made again); the local store is rebuilt from what the broker holds",
+            behind_checkpoint.clone(),
+        );
         let panics = Family::<WhereLabels, Counter>::default();
         registry.register(
             "kafka_panics",
@@ -311,6 +318,7 @@ impl Metrics {
             lag,
             stalled,
             stall_repairs,
+            behind_checkpoint,
             panics,
             schedule_runs,
             schedule_skipped,
@@ -464,6 +472,14 @@ impl Observer for Observed {
             partition: partition.to_string(),
         };
         self.0.stall_repairs.get_or_create(&labels).inc();
+    }
+
+    fn kafka_log_behind_checkpoint(&self, topic: &str, partition: i32) {
+        let labels = TopicPartitionLabels {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+        };
+        self.0.behind_checkpoint.get_or_create(&labels).inc();
     }
 }
 

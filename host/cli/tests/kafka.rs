@@ -4573,3 +4573,65 @@ fn schedule_operations_in_kafka_mode_are_answered_by_the_owner_from_any_worker()
         assert_eq!((st, v["error"].as_str()), (404, Some("unknownSchedule")), "{v}");
     }
 }
+
+/// A broker that lost records it had acknowledged leaves the state partition ending before a
+/// worker's local checkpoint of it. Here the broker keeps its log in memory, so killed and started
+/// again it comes back empty (tansu's object-store engine, killed mid-flush, was seen to lose its
+/// last records the same way). The restarted worker says so: an error in its log, the partition in
+/// `/healthz` (`logBehindCheckpoint`) and `sm4c_kafka_log_behind_checkpoint_total`; it rebuilds its
+/// local store from what the broker holds, not from its own stale copy, and goes on working.
+#[test]
+fn a_worker_says_when_the_broker_lost_records_it_had_acknowledged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut broker = Broker::start(dir.path());
+    let prefix = "lost";
+    let state = dir.path().join("state-w");
+    let state_arg = state.display().to_string();
+    let args = worker_args(&broker, prefix, 1, &["--state-dir", &state_arg]);
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 1);
+    for i in 0..10 {
+        start(&w, "reminder", &format!("r{i}"), json!({"subject": format!("s{i}")}));
+    }
+    wait_until(
+        "the reminders to wait",
+        30,
+        || (0..10).all(|i| !state_of(&w, &format!("r{i}")).is_empty()),
+        &[&w],
+    );
+    w.terminate();
+    broker.kill();
+    broker.run();
+    w.run();
+    wait_owned(&[&w], 1);
+    let behind = w.get("/healthz")["logBehindCheckpoint"].clone();
+    let entry = &behind[0];
+    assert_eq!(entry["partition"], 0, "{behind}");
+    assert_eq!(entry["topic"], format!("{prefix}.state"), "{behind}");
+    assert!(
+        entry["checkpoint"].as_i64().unwrap_or(0) > entry["end"].as_i64().unwrap_or(i64::MAX),
+        "{behind}"
+    );
+    let log = std::fs::read_to_string(&w.log).expect("log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("the broker lost records it had acknowledged")),
+        "{}",
+        tail(&w.log)
+    );
+    let r = http().get(format!("{}/metrics", w.base)).send().expect("GET /metrics");
+    let text = r.text().expect("body");
+    let series = format!(r#"sm4c_kafka_log_behind_checkpoint_total{{topic="{prefix}.state",partition="0"}}"#);
+    assert_eq!(sample(&text, &series), Some(1.0), "{text}");
+    // What the broker no longer holds is not served from the stale local copy.
+    let r = http().get(format!("{}/instances/r0", w.base)).send().expect("GET");
+    assert_eq!(r.status().as_u16(), 404, "{:?}", r.text());
+    // And the worker goes on.
+    start(&w, "reminder", "after", json!({"subject": "after"}));
+    wait_until(
+        "the new reminder to run",
+        30,
+        || !state_of(&w, "after").is_empty(),
+        &[&w],
+    );
+}

@@ -57,6 +57,9 @@ pub trait Observer: Send + Sync {
     /// A worker ended a transaction on stalled `topic` partition `partition` to finalize what the
     /// broker left prepared there.
     fn kafka_stall_repair(&self, _topic: &str, _partition: i32) {}
+    /// `topic` partition `partition` ends before a worker's local checkpoint of it: the broker
+    /// lost records it had acknowledged, or the topic was made again.
+    fn kafka_log_behind_checkpoint(&self, _topic: &str, _partition: i32) {}
     /// A Kafka worker's thread panicked while it decided a batch (`where_` is `decide`) or routed
     /// events (`route`); the batch's inputs are read again.
     fn kafka_panic(&self, _where: &str) {}

@@ -323,6 +323,9 @@ pub(crate) struct Shared {
     pub(crate) journals: worker::journal::Journals,
     /// Partitions whose last stable offset does not move ([`worker::stall`]).
     pub(crate) stalls: worker::stall::Stalls,
+    /// State partitions found ending before this worker's local checkpoint of them, last seen
+    /// (shown in `/healthz` as `logBehindCheckpoint`).
+    pub(crate) behind: Mutex<std::collections::BTreeMap<i32, Value>>,
     /// The longest turn of the worker's loop so far (ms): past `max.poll.interval.ms`, the group
     /// would take the worker out.
     pub longest_turn_ms: std::sync::atomic::AtomicU64,
@@ -599,6 +602,7 @@ impl KafkaHost {
             view: view::View::default(),
             journals: Default::default(),
             stalls: Default::default(),
+            behind: Default::default(),
             longest_turn_ms: Default::default(),
         });
         let mut threads = Vec::new();
@@ -1450,6 +1454,7 @@ impl Backend for KafkaHost {
             "localJournals": self.shared.journals.ready_count(),
             "partitions": self.shared.partitions,
             "stalledPartitions": self.shared.stalls.list(),
+            "logBehindCheckpoint": self.shared.behind.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>(),
             "longestTurnMs": self.shared.longest_turn_ms.load(Ordering::Relaxed),
             "error": failure,
         })

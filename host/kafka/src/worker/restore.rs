@@ -252,7 +252,33 @@ fn local_store(shared: &Shared, p: i32) -> Option<(Arc<dyn LocalStore>, Option<C
         let bounds = log_bounds(shared, p);
         let why = match bounds {
             _ if age > LOCAL_MAX_AGE_MS => Some(format!("its checkpoint is {} h old", age / 3_600_000)),
-            Ok((low, high)) if cp.offset < low || cp.offset > high => Some(format!(
+            Ok((_, high)) if cp.offset > high => {
+                // The log ends before what this worker read of it and wrote down: records the
+                // broker had acknowledged are gone (a broker that lost its tail in a crash, such as
+                // tansu's object-store engine killed mid-flush), or the topic was made again. What
+                // the broker no longer holds cannot be restored from it: said loudly, counted,
+                // and shown in /healthz; the store is rebuilt from what the broker holds.
+                tracing::error!(
+                    partition = p,
+                    checkpoint = cp.offset,
+                    end = high,
+                    topic = %shared.topics.state,
+                    "the state partition ends before this worker's checkpoint of it: the broker lost records it had acknowledged, or the topic was made again; the local store is rebuilt from what the broker holds"
+                );
+                if let Some(o) = sm4c_host::metrics::observer() {
+                    o.kafka_log_behind_checkpoint(&shared.topics.state, p);
+                }
+                shared.behind.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                    p,
+                    serde_json::json!({"topic": shared.topics.state, "partition": p, "checkpoint": cp.offset,
+                                       "end": high, "at": sm4c_runtime::engine::rfc3339(now_ms())}),
+                );
+                Some(format!(
+                    "its checkpoint (offset {}) lies past the state partition's end ({high})",
+                    cp.offset
+                ))
+            }
+            Ok((low, high)) if cp.offset < low => Some(format!(
                 "its checkpoint (offset {}) lies outside the state partition ({low}..{high})",
                 cp.offset
             )),

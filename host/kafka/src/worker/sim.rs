@@ -202,6 +202,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         view: Default::default(),
         journals: Default::default(),
         stalls: Default::default(),
+        behind: Default::default(),
         longest_turn_ms: Default::default(),
     }
 }
@@ -1813,7 +1814,7 @@ impl<'a> World<'a> {
             request: "sim".into(),
         };
         self.note(format!("client creates schedule {SCHEDULE}"));
-        self.command(SCHEDULE, &c);
+        self.command(SCHEDULE, &c, self.now);
     }
 
     fn all_ended(&self) -> bool {
