@@ -545,8 +545,15 @@ mod tests {
             }
         }
         assert!(!here.is_empty() && !there.is_empty(), "{here:?} {there:?}");
-        // The ticks, the owner's own proposals, did not move the partition's stream time.
-        assert_eq!(t.stream_ms, T0);
+        // The ticks, the owner's own proposals, did not move the partition's stream time to their
+        // timestamps (the proposer's clock); the runs' nominal times, due times like a timer's, did.
+        let last = sm4c_schedule::parse_time(there.last().expect("a run").rsplit_once('@').expect("@").1)
+            .expect("a time")
+            .max(
+                sm4c_schedule::parse_time(here.last().expect("a run").rsplit_once('@').expect("@").1).expect("a time"),
+            );
+        assert_eq!(t.stream_ms, T0.max(last));
+        assert!(t.stream_ms < T0 + 39_000, "a tick's timestamp moved the stream time");
         // The run on another partition tells its end back.
         let ended = Command::ScheduleEnded {
             schedule: id.into(),
