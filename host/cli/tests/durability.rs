@@ -2361,6 +2361,47 @@ fn buffered_overlaps_end_at_and_a_cron_with_seconds_run_on_the_real_clock() {
     assert_eq!(brief["runs"], ended_runs, "an ended schedule ran again: {brief}");
 }
 
+/// Times that come while a schedule is paused are skipped and counted, not run when it resumes;
+/// resumed, it runs its next times again.
+#[test]
+fn a_paused_schedule_skips_its_times_and_runs_again_once_resumed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sched.db");
+    let log = dir.path().join("server.log");
+    let s = Server::start(&db, None, &log);
+    s.define(&quick_definition());
+    let (st, v) = s.post(
+        "/schedules",
+        &json!({"id": "tick", "definition": "quick", "every": "PT1S", "paused": true}),
+    );
+    assert_eq!((st, v["state"].as_str()), (201, Some("paused")), "{v}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let (_, v) = s.get("/schedules/tick");
+    assert_eq!(v["runs"], 0, "{v}");
+    let paused = v["skipped"]["paused"].as_u64().unwrap_or(0);
+    assert!(paused >= 2, "{v}");
+    let (st, v) = s.post("/schedules/tick/resume", &json!({}));
+    assert_eq!((st, v["state"].as_str()), (200, Some("active")), "{v}");
+    let resumed = chrono::Utc::now().timestamp_millis();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = s.get("/schedules/tick");
+        if v["runs"].as_u64().unwrap_or(0) >= 2 {
+            // Only times after the resume ran: none of the skipped ones.
+            for r in v["recentRuns"].as_array().expect("runs") {
+                let t = chrono::DateTime::parse_from_rfc3339(r["nominalTime"].as_str().expect("a time"))
+                    .expect("RFC 3339")
+                    .timestamp_millis();
+                assert!(t >= resumed - 1000, "a time from before the resume ran: {v}");
+            }
+            assert!(v["skipped"]["paused"].as_u64().unwrap_or(0) >= paused, "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the resumed schedule did not run: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Pause, resume, trigger, backfill, change and delete; bad specifications are refused naming the
 /// field; the schedule and its record survive a restart.
 #[test]
