@@ -285,6 +285,9 @@ pub(crate) fn instance_json(h: &Api, id: &str) -> Result<Value, ApiError> {
     if let Some(p) = &s.parent {
         v["parent"] = json!({"instance": p.instance, "operation": p.op});
     }
+    if let Some(sch) = &snap.scheduled {
+        v["scheduled"] = json!({"schedule": sch.schedule, "nominalTime": sch.to_json()["nominalTime"]});
+    }
     Ok(v)
 }
 

@@ -241,6 +241,7 @@ async function instancePage(r, seq) {
           <dt>Started</dt><dd>${when(i.startedAt)}</dd>
           ${i.endedAt ? `<dt>Ended</dt><dd>${when(i.endedAt)}</dd>` : ""}
           ${i.parent ? `<dt>Parent</dt><dd id="parent">${instLink(i.parent.instance)} <span class="muted">(operation ${esc(i.parent.operation)})</span></dd>` : ""}
+          ${i.scheduled ? `<dt>Schedule</dt><dd id="scheduled"><a href="#/schedule/${encodeURIComponent(i.scheduled.schedule)}">${esc(i.scheduled.schedule)}</a>, the run for ${whenUtc(i.scheduled.nominalTime)}</dd>` : ""}
           <dt>Children</dt><dd id="children">${v.children.length ? v.children.map(c => `${instLink(c.id)} ${c.status ? badge(c.status) : ""}`).join("<br>") : `<span class="muted">none</span>`}</dd>
         </dl>
         <div class="actions" style="margin-top:10px">

@@ -213,6 +213,10 @@ async function scheduleChecks(page, s) {
   await page.waitForSelector('h1 .badge[data-status="completed"]', wait);
   ok((await page.textContent("h1")).startsWith(runs[0]) && (await page.textContent("#data")).includes("Hello Tick"),
     "the link opens the run's instance, which ran with the schedule's input");
+  const nominal = runs[0].slice("tick@".length);
+  ok((await page.textContent("#scheduled")).includes(nominal) &&
+     (await page.getAttribute("#scheduled a", "href")) === "#/schedule/tick",
+    "the instance's page names its schedule and nominal time, linked back to the schedule");
   await page.goBack();
   await page.waitForSelector(`#sched-recent tr[data-instance="${runs[0]}"] .badge[data-status="completed"]`, wait);
   ok(true, "the run's outcome shows as completed");
