@@ -1813,7 +1813,7 @@ impl<'a> World<'a> {
             request: "sim".into(),
         };
         self.note(format!("client creates schedule {SCHEDULE}"));
-        self.command(SCHEDULE, &c);
+        self.command(SCHEDULE, &c, self.now);
     }
 
     fn all_ended(&self) -> bool {
