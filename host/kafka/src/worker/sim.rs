@@ -616,6 +616,52 @@ struct World<'a> {
     /// Per commands partition, every time something of it was due at: a parked event's window
     /// end, a broadcast tally's retention (what a tick may name).
     dues: BTreeMap<i32, BTreeSet<i64>>,
+    /// A panic inside a decision ([`panics`]): the kind of command whose decision panics, every
+    /// time, for one instance or its subflow.
+    panicky: Option<(&'static str, String)>,
+}
+
+/// The panic of a seed ([`World::panicky`]): in one seed of four, deciding a command panics
+/// every time it is decided, a bug of ours as the worker would meet it: the call result of one
+/// instance (`result`, of instance `i<k>`), or the timer of its subflow (`timer`, of `i<k>/...`),
+/// whose failure its parent then learns of. The instance is among the first
+/// [`INSTANCES`]`.0`, which every seed starts.
+fn panics(seed: u64) -> Option<(&'static str, String)> {
+    let mut r = fastrand::Rng::with_seed(seed ^ 0x9a_41c5);
+    (r.u8(..4) == 0).then(|| {
+        (
+            ["result", "timer"][r.usize(..2)],
+            format!("i{}", r.usize(..INSTANCES.0)),
+        )
+    })
+}
+
+/// What a seed's panic makes of instance `id`: `Some(true)` for the one whose decision panics,
+/// `Some(false)` for the parent of a subflow whose timer panics (it fails with its subflow).
+fn panic_role(panicky: &Option<(&'static str, String)>, id: &str) -> Option<bool> {
+    let (kind, of) = panicky.as_ref()?;
+    let child = id.strip_prefix(of.as_str()).is_some_and(|r| r.starts_with('/'));
+    match *kind {
+        "result" => (id == of).then_some(true),
+        _ if child => Some(true),
+        _ => (id == of).then_some(false),
+    }
+}
+
+/// While it lives, the decisions of this thread panic as the seed says ([`panics`]).
+struct PanicFor;
+
+impl PanicFor {
+    fn set(target: Option<(&'static str, String)>) -> PanicFor {
+        decision::tests::panic_for(target);
+        PanicFor
+    }
+}
+
+impl Drop for PanicFor {
+    fn drop(&mut self) {
+        decision::tests::panic_for(None);
+    }
 }
 
 /// The most a simulated worker's clock runs ahead of the true one or behind it (ms).
@@ -678,6 +724,7 @@ impl<'a> World<'a> {
             stream: BTreeMap::new(),
             clock_fault: None,
             dues: BTreeMap::new(),
+            panicky: panics(seed),
         };
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
@@ -1955,6 +2002,10 @@ impl<'a> World<'a> {
         }
         let mut children: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut scheduled: Vec<i64> = Vec::new();
+        // The instances that took their go event.
+        let mut took_go = BTreeSet::new();
+        // The instances that ended holding their go event in their inbox.
+        let mut inboxed = BTreeSet::new();
         for id in &self.instances() {
             let run = id.strip_prefix(&format!("{SCHEDULE}@"));
             let state = self
@@ -1970,10 +2021,42 @@ impl<'a> World<'a> {
                 children.entry(parent.clone()).or_default().push(id.clone());
             }
             let done = sent.get(id).map(Vec::as_slice).unwrap_or_default();
-            let (events, calls, timers) = match (run, &parent) {
-                (Some(_), _) => (0, 0, 0),
-                (None, Some(_)) => (0, 0, 1),
-                (None, None) => (1, 2, 0),
+            // The seed's panic fails the instance it came from, with what panicked, and through
+            // the driver: a parent that waited for it fails with it. No other instance.
+            let role = panic_role(&self.panicky, id);
+            let error = state.snapshot.error.as_ref();
+            match role {
+                Some(true)
+                    if *status != sm4c_runtime::Status::Failed
+                        || !error.is_some_and(|e| {
+                            e.kind == sm4c_runtime::ErrorKind::InternalError
+                                && e.message.contains("a bug while deciding")
+                        }) =>
+                {
+                    return Err(format!(
+                        "{id}, whose decision panicked, ended {status:?} with {error:?}, not failed by the panic"
+                    ));
+                }
+                Some(false) if *status != sm4c_runtime::Status::Failed => {
+                    return Err(format!(
+                        "{id}, whose subflow's decision panicked, ended {status:?}, not failed with it"
+                    ));
+                }
+                _ => {}
+            }
+            if role.is_none() && *status == sm4c_runtime::Status::Failed {
+                return Err(format!("{id} failed, though no decision of it panicked: {error:?}"));
+            }
+            let (events, calls, timers) = match (run, &parent, role) {
+                (Some(_), _, _) => (0, 0, 0),
+                // Failed at its call's result, before its subflow.
+                (None, None, Some(true)) => (0, 0, 0),
+                // Failed with its subflow: its call's result only.
+                (None, None, Some(false)) => (0, 1, 0),
+                // Failed at its timer.
+                (None, Some(_), Some(true)) => (0, 0, 0),
+                (None, Some(_), _) => (0, 0, 1),
+                (None, None, None) => (1, 2, 0),
             };
             if done.len() != events {
                 return Err(format!(
@@ -2039,8 +2122,23 @@ impl<'a> World<'a> {
                 }
                 continue;
             }
-            let how = done[0]["how"].as_str().unwrap_or_default();
             let by_event = consumed.contains_key(&format!("go-{id}"));
+            if by_event {
+                took_go.insert(id.clone());
+            }
+            let go = format!("go-{id}");
+            if role.is_some() && state.snapshot.inbox.iter().any(|e| e["id"] == go.as_str()) {
+                inboxed.insert(id.clone());
+            }
+            if role.is_some() {
+                if by_event {
+                    return Err(format!(
+                        "{id} failed by a panic before it waited, yet took its go event"
+                    ));
+                }
+                continue;
+            }
+            let how = done[0]["how"].as_str().unwrap_or_default();
             if by_event && self.keyed_only.get(id) == Some(&true) {
                 by_key += 1;
             }
@@ -2084,8 +2182,13 @@ impl<'a> World<'a> {
         }
         for id in &self.started {
             let n = children.get(id).map_or(0, Vec::len);
-            if n != 1 {
-                return Err(format!("{id} has {n} subflows, not 1: {:?}", children.get(id)));
+            // Failed at its call's result, before it started its subflow.
+            let want = match self.panicky.as_ref() {
+                Some((kind, of)) if *kind == "result" && of == id => 0,
+                _ => 1,
+            };
+            if n != want {
+                return Err(format!("{id} has {n} subflows, not {want}: {:?}", children.get(id)));
             }
         }
         for ((id, op), n) in &self.executed {
@@ -2095,6 +2198,7 @@ impl<'a> World<'a> {
         }
         // Dead letters: at most one per incoming event record.
         let mut dead = BTreeSet::new();
+        let mut panicked = 0;
         for r in self.broker.truth(&topics.deadletter, 0) {
             let origin = r
                 .headers
@@ -2102,6 +2206,20 @@ impl<'a> World<'a> {
                 .find(|(k, _)| k == "sm4c-origin")
                 .map(|(_, v)| String::from_utf8_lossy(v).to_string())
                 .unwrap_or_default();
+            let code = r.headers.iter().find(|(k, _)| k == "sm4c-deadletter-code");
+            if code.is_some_and(|(_, c)| c.as_slice() == b"panicked") {
+                // The command whose decision panicked, and nothing else.
+                let c: Command = serde_json::from_slice(r.payload.as_deref().unwrap_or_default())
+                    .map_err(|e| format!("the panicked command from {origin}: {e}"))?;
+                let v = serde_json::to_value(&c).unwrap_or_default();
+                let id = v.get("id").and_then(Value::as_str).unwrap_or_default();
+                let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default();
+                let ours = self.panicky.as_ref().is_some_and(|(k, _)| *k == kind);
+                if !ours || panic_role(&self.panicky, id) != Some(true) {
+                    return Err(format!("a {kind} command for {id:?} is dead-lettered as panicked"));
+                }
+                panicked += 1;
+            }
             // A broker that shows aborted records shows the workers the commands an aborted
             // transaction routed too: an event for an ended instance routed in one is
             // dead-lettered again when it is routed anew. Kafka hides them.
@@ -2109,14 +2227,18 @@ impl<'a> World<'a> {
                 return Err(format!("the event from {origin} is dead-lettered twice"));
             }
         }
-        // An instance that ended by its timer took no go event: each one sent to it is
-        // dead-lettered (once, as checked above).
+        if self.panicky.is_some() && panicked == 0 {
+            return Err(format!(
+                "no command is dead-lettered as panicked, though deciding {:?} panics",
+                self.panicky
+            ));
+        }
+        // An instance that did not take its go event (it ended by its timer, or a panic failed
+        // it): each one sent to it is dead-lettered (once, as checked above), unless it reached
+        // the instance, which holds it in its inbox as it ended (a panic failed it before it
+        // waited for it).
         for (id, origin) in &self.gos {
-            let by_timer = sent
-                .get(id)
-                .and_then(|d| d.first())
-                .is_some_and(|d| d["how"] == "timer");
-            if by_timer && !dead.contains(origin) {
+            if !took_go.contains(id) && !inboxed.contains(id) && !dead.contains(origin) {
                 return Err(format!("the go event for {id} ({origin}) is not dead-lettered"));
             }
         }
@@ -2159,6 +2281,10 @@ fn run_traced(
     verbose: bool,
 ) -> (Result<(usize, bool), (String, Vec<String>)>, Vec<String>) {
     let mut w = World::new(shared, seed, verbose);
+    let _panics = PanicFor::set(w.panicky.clone());
+    if let Some((kind, id)) = &w.panicky {
+        w.note(format!("deciding a {kind} command of {id} or its subflow panics"));
+    }
     w.create_schedule();
     let instances = INSTANCES.0 + w.rng.usize(..INSTANCES.1);
     let steps = STEPS.0 + w.rng.usize(..STEPS.1);
@@ -2281,6 +2407,35 @@ fn seeds_that_caught_a_workers_clock_deciding_pass() {
 
 /// See [`seeds_that_caught_a_workers_clock_deciding_pass`].
 const CLOCK_SEEDS: [u64; 1] = [0];
+
+/// Issue 34, item 2: seeds whose decisions panic ([`panics`]), kept as regression seeds of what
+/// the panic found. A panicking decision failed its instance in place (`force_fail`), not through
+/// the driver: seed 6, whose subflow's timer panics, never ended its parent (nobody told it its
+/// subflow failed), and seed 15, whose call result panics, left the failed instance subscribed to
+/// its correlation key. Both fail with `Decision::guarded` failing the instance in place again.
+/// Seed 65, whose subflow's timer panics, fails when the failure is decided at the panicking
+/// record's timestamp (a timer's carries its proposer's clock) rather than the stream time.
+#[test]
+fn seeds_that_caught_a_panic_failing_its_instance_in_place_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for (seed, kind) in PANIC_SEEDS {
+        let panicky = panics(seed);
+        assert_eq!(
+            panicky.as_ref().map(|(k, _)| *k),
+            Some(kind),
+            "seed {seed} no longer panics at a {kind}"
+        );
+        if let Err((e, _)) = run(&shared, seed, false) {
+            panic!("seed {seed} ({panicky:?}) fails: {e}");
+        }
+    }
+}
+
+/// See [`seeds_that_caught_a_panic_failing_its_instance_in_place_pass`].
+const PANIC_SEEDS: [(u64, &str); 3] = [(6, "timer"), (15, "result"), (65, "timer")];
 
 #[test]
 fn an_expired_instance_leaves_the_local_store_and_its_index_in_the_transaction_that_deletes_it() {
