@@ -13,7 +13,10 @@
 //!   generation of their group (KIP-447); rebalances of one group or both, cooperative (a worker
 //!   keeps what it is not told to give up) or, for some seeds, eager (a worker gives up all of a
 //!   group's partitions at each rebalance and is assigned its share again); idempotent plain
-//!   producers; compaction of the state topic below the last stable offset.
+//!   producers; compaction of the state topic below the last stable offset; for some seeds,
+//!   markers that land late as on tansu ([`Broker::late`]: a committed transaction held
+//!   invisible until a later one on its partition ends), which the workers' stall guard, run with
+//!   its own rules, must end where nothing else does.
 //! - **The workers** are the real code with the IO taken out: [`decision::decide`] decides each
 //!   batch, [`Latest`] restores a partition from the state topic, [`Owner::committed`],
 //!   [`Owner::track`] and [`Owner::due_timers`] do what the worker loop does after a commit and on
@@ -25,7 +28,8 @@
 //! - **A schedule**, drawn from a seed, interleaves client requests (starts, events, each
 //!   sometimes repeated), batches, timers, call results (sometimes repeated), the passing of
 //!   time, workers killed at any record of a transaction and restarted, partitions moved to
-//!   another worker while the old one still runs (a zombie), and transactions the broker aborts.
+//!   another worker while the old one still runs (a zombie), and transactions the broker aborts;
+//!   for some seeds, a decision that panics every time for one instance ([`panics`]).
 //!   Then every worker comes back and the cluster runs until every instance has ended.
 //! - **The checks**, on what a real `read_committed` reader of Apache Kafka would see: every
 //!   instance started once and ended once, every sent event committed exactly once, every
@@ -240,6 +244,8 @@ struct Txn {
     pending: Vec<(String, i32, i64)>,
     /// When it began (virtual ms): the broker aborts it after the transaction timeout.
     began: i64,
+    /// The partitions it wrote records to.
+    wrote: BTreeSet<(String, i32)>,
 }
 
 /// `transaction.timeout.ms`, as the worker sets it.
@@ -263,6 +269,22 @@ struct Broker {
     shows_aborted: bool,
     /// The topics of one partition (the dead letters).
     single: BTreeSet<String>,
+    /// Like tansu: a committed transaction's markers land late. One that ends while another
+    /// transaction is open on a partition it wrote stays *prepared* there (its records invisible
+    /// to `read_committed` readers, the partition's last stable offset held at its first record)
+    /// until a later transaction on that partition ends with none open there.
+    late: bool,
+    /// With late markers, the worst case: only the stall guard's transactions land them (as at
+    /// the end of a workload on tansu, when nothing writes a held partition again), so that the
+    /// guard alone must keep every `read_committed` reader going.
+    stingy: bool,
+    /// The (transaction, topic, partition) whose markers have not landed yet: its records there
+    /// hold the partition's last stable offset.
+    prepared: BTreeSet<(usize, String, i32)>,
+    /// How many times a transaction was held on a partition, and how many of those the stall
+    /// guard's transactions landed.
+    held: usize,
+    unstuck: usize,
 }
 
 impl Broker {
@@ -281,8 +303,8 @@ impl Broker {
 
     /// `init_transactions`: a new epoch for the id, which aborts its open transaction.
     fn init(&mut self, tid: &str) -> u32 {
-        if let Some(i) = self.open.remove(tid) {
-            self.txns[i].state = TxnState::Aborted;
+        if let Some(i) = self.open.get(tid).copied() {
+            self.abort_by(i, false);
         }
         let e = self.epochs.entry(tid.to_string()).or_default();
         *e += 1;
@@ -304,8 +326,8 @@ impl Broker {
         if self.epochs.get(tid) != Some(&epoch) {
             return Err(format!("producer {tid} epoch {epoch} is fenced"));
         }
-        if let Some(i) = self.open.remove(tid) {
-            self.txns[i].state = TxnState::Aborted;
+        if let Some(i) = self.open.get(tid).copied() {
+            self.abort_by(i, false);
         }
         self.txns.push(Txn {
             tid: tid.to_string(),
@@ -314,6 +336,7 @@ impl Broker {
             state: TxnState::Open,
             pending: Vec::new(),
             began: now,
+            wrote: BTreeSet::new(),
         });
         let i = self.txns.len() - 1;
         self.open.insert(tid.to_string(), i);
@@ -324,7 +347,33 @@ impl Broker {
         self.live(txn)?;
         let p = self.partition(o);
         self.append(&o.topic.clone(), p, o, ts, Some(txn));
+        self.txns[txn].wrote.insert((o.topic.clone(), p));
         Ok(())
+    }
+
+    /// Whether a transaction other than `but` is open on a partition.
+    fn open_on(&self, topic: &str, p: i32, but: usize) -> bool {
+        self.open
+            .values()
+            .any(|i| *i != but && self.txns[*i].wrote.contains(&(topic.to_string(), p)))
+    }
+
+    /// Transaction `txn` has ended, committed or aborted, by its producer (`client`, an `EndTxn`)
+    /// or by the broker. An `EndTxn` that finds no other transaction open on a partition it wrote
+    /// lands the markers there: its own and those of every transaction held there. With late
+    /// markers, as on tansu, a transaction ended otherwise stays held on its partitions (its
+    /// records, committed or aborted, hold the last stable offset): one whose `EndTxn` found
+    /// another open there, and one the broker ended (fenced when its transactional id was taken
+    /// over, a SIGKILLed worker's; timed out).
+    fn ended(&mut self, txn: usize, client: bool) {
+        let lands = client && (!self.stingy || self.txns[txn].tid.contains(".unstick."));
+        for (topic, p) in self.txns[txn].wrote.clone() {
+            if lands && !self.open_on(&topic, p, txn) {
+                self.prepared.retain(|(_, t, q)| !(*t == topic && *q == p));
+            } else if self.late && self.prepared.insert((txn, topic, p)) {
+                self.held += 1;
+            }
+        }
     }
 
     /// The last stable offset: where a `read_committed` reader stops (the first record of an
@@ -333,9 +382,35 @@ impl Broker {
         let Some((next, recs)) = self.logs.get(&(topic.to_string(), p)) else {
             return 0;
         };
+        recs.iter().find(|r| self.held(topic, p, r)).map_or(*next, |r| r.offset)
+    }
+
+    /// Where a restore stops reading: the first record of an open transaction, else the log's end
+    /// (past committed transactions whose markers have not landed).
+    fn open_end(&self, topic: &str, p: i32) -> i64 {
+        let Some((next, recs)) = self.logs.get(&(topic.to_string(), p)) else {
+            return 0;
+        };
         recs.iter()
             .find(|r| self.state_of(r) == TxnState::Open)
             .map_or(*next, |r| r.offset)
+    }
+
+    /// Whether `read_committed` readers stop at a record: its transaction is open, or committed
+    /// and its markers have not landed on the partition yet.
+    fn held(&self, topic: &str, p: i32, r: &Rec) -> bool {
+        self.state_of(r) == TxnState::Open
+            || r.txn
+                .is_some_and(|i| self.prepared.contains(&(i, topic.to_string(), p)))
+    }
+
+    /// The partitions whose readers stop at a committed transaction whose markers have not
+    /// landed: `(topic, partition, last stable offset)`.
+    fn held_back(&self) -> BTreeSet<(String, i32, i64)> {
+        self.prepared
+            .iter()
+            .map(|(_, t, p)| (t.clone(), *p, self.stable_end(t, *p)))
+            .collect()
     }
 
     /// The largest offset of a record that producer `tid` wrote to a partition (what the
@@ -394,6 +469,7 @@ impl Broker {
         for (topic, p, o) in pending {
             self.offsets.insert((topic, p), o);
         }
+        self.ended(txn, true);
         Ok(())
     }
 
@@ -416,16 +492,24 @@ impl Broker {
             .filter(|i| self.txns[*i].began + TRANSACTION_TIMEOUT_MS <= now)
             .collect();
         for i in old {
-            self.abort(i);
+            self.abort_by(i, false);
         }
     }
 
+    /// The producer aborts its transaction (`EndTxn`).
     fn abort(&mut self, txn: usize) {
+        self.abort_by(txn, true);
+    }
+
+    /// A transaction aborted by its producer (`client`), or by the broker: fenced by a new epoch
+    /// of its transactional id, timed out, or aborted on its own.
+    fn abort_by(&mut self, txn: usize, client: bool) {
         let t = &mut self.txns[txn];
         if t.state == TxnState::Open {
             t.state = TxnState::Aborted;
             let tid = t.tid.clone();
             self.open.remove(&tid);
+            self.ended(txn, client);
         }
     }
 
@@ -440,11 +524,21 @@ impl Broker {
     /// What a `read_committed` consumer reads from `from`: up to the last stable offset, without
     /// aborted records unless the broker shows them.
     fn read(&self, topic: &str, p: i32, from: i64) -> Vec<&Rec> {
+        self.read_as(topic, p, from, true)
+    }
+
+    /// [`Broker::read`], or (`markers: false`) as a restore reads the state topic: every record
+    /// to the log's end, a committed transaction's whether or not its markers landed (the restore
+    /// tells committed records by the committed offsets, not by what `read_committed` shows).
+    fn read_as(&self, topic: &str, p: i32, from: i64, markers: bool) -> Vec<&Rec> {
         let mut out = Vec::new();
         let Some((_, recs)) = self.logs.get(&(topic.to_string(), p)) else {
             return out;
         };
         for r in recs.iter().filter(|r| r.offset >= from) {
+            if markers && self.held(topic, p, r) {
+                break;
+            }
             match self.state_of(r) {
                 TxnState::Open => break,
                 TxnState::Aborted if !self.shows_aborted => {}
@@ -473,7 +567,7 @@ impl Broker {
         };
         let stable = recs
             .iter()
-            .find(|r| self.state_of(r) == TxnState::Open)
+            .find(|r| self.held(topic, p, r))
             .map_or(i64::MAX, |r| r.offset);
         let mut last: BTreeMap<&str, i64> = BTreeMap::new();
         for r in recs.iter().filter(|r| r.offset < stable) {
@@ -549,6 +643,10 @@ struct SimWorker {
     owners: BTreeMap<i32, SimOwner>,
     routers: BTreeMap<i32, SimRouter>,
     outstanding: Outstanding,
+    /// Its stall guard's memory of the partitions it looks at (the worker's own rules), and the
+    /// epochs of its `unstick` producers per commands partition: both gone with the process.
+    watch: super::stall::Watch,
+    unstick: BTreeMap<i32, u32>,
 }
 
 /// A call in flight: (worker, partition, instance, op, arguments).
@@ -619,7 +717,12 @@ struct World<'a> {
     /// A panic inside a decision ([`panics`]): the kind of command whose decision panics, every
     /// time, for one instance or its subflow.
     panicky: Option<(&'static str, String)>,
+    /// The instant the stall guard's rules take for the start of the workers' clocks.
+    base: std::time::Instant,
 }
+
+/// The model's clock at the start (ms).
+const START_MS: i64 = 1_700_000_000_000;
 
 /// The panic of a seed ([`World::panicky`]): in one seed of four, deciding a command panics
 /// every time it is decided, a bug of ours as the worker would meet it: the call result of one
@@ -699,7 +802,7 @@ impl<'a> World<'a> {
             shared,
             broker,
             rng,
-            now: 1_700_000_000_000,
+            now: START_MS,
             workers: (0..WORKERS).map(|_| SimWorker::default()).collect(),
             assignment: BTreeMap::new(),
             events_assignment: BTreeMap::new(),
@@ -725,7 +828,13 @@ impl<'a> World<'a> {
             clock_fault: None,
             dues: BTreeMap::new(),
             panicky: panics(seed),
+            base: std::time::Instant::now(),
         };
+        // In one seed of four the markers of a committed transaction land late, as on tansu; in
+        // half of those only the stall guard's transactions land them.
+        let mut late = fastrand::Rng::with_seed(seed ^ 0x1a7e_3a4c);
+        w.broker.late = late.u8(..4) == 0;
+        w.broker.stingy = w.broker.late && late.bool();
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
         }
@@ -938,8 +1047,8 @@ impl<'a> World<'a> {
             }
             from = cp.offset;
         }
-        let records = self.broker.read(&shared.topics.state, p, from);
-        let end = self.broker.stable_end(&shared.topics.state, p).max(from);
+        let records = self.broker.read_as(&shared.topics.state, p, from, false);
+        let end = self.broker.open_end(&shared.topics.state, p).max(from);
         for r in records {
             let at = r
                 .headers
@@ -1396,7 +1505,7 @@ impl<'a> World<'a> {
         }
         let fault = std::mem::replace(abort, Fault::None);
         if fault == Fault::Abort {
-            self.broker.abort(txn);
+            self.broker.abort_by(txn, false);
             self.note(format!("{what}: the broker aborts it"));
             return Err(false);
         }
@@ -1420,6 +1529,8 @@ impl<'a> World<'a> {
         self.workers[w].owners.clear();
         self.workers[w].routers.clear();
         self.workers[w].outstanding.clear();
+        self.workers[w].watch = Default::default();
+        self.workers[w].unstick.clear();
         self.calls.retain(|c| c.0 != w);
         self.note(format!("w{w} killed"));
         self.rebalance(BOTH, None);
@@ -1492,6 +1603,101 @@ impl<'a> World<'a> {
             let out = super::command(self.shared, p, None, &Command::Tick { at: Some(at) });
             self.plain_lossy(&out, now);
         }
+        self.guard(w);
+    }
+
+    /// The topics the stall guard looks after (those with `read_committed` readers: the owners,
+    /// the consumers of sent events and of dead letters), with their partition counts.
+    fn guarded_topics(&self) -> [(String, i32); 3] {
+        let t = &self.shared.topics;
+        [
+            (t.commands.clone(), PARTITIONS),
+            (t.out.clone(), PARTITIONS),
+            (t.deadletter.clone(), 1),
+        ]
+    }
+
+    /// Worker `w`'s stall guard, with late markers: it looks at the partitions mapped to the
+    /// commands partitions it owns (`q mod partitions`), by its own clock, with the worker's own
+    /// rules ([`super::stall::Watch`]), and ends a transaction on each that stalled as the worker
+    /// does: one record, aborted, under `<group>.unstick.<commands partition>`. Without late
+    /// markers it is left out, so that those seeds' schedules stay as they were (there it ends
+    /// only empty aborted transactions).
+    fn guard(&mut self, w: usize) {
+        if !self.broker.late {
+            return;
+        }
+        let owned: BTreeSet<i32> = self.workers[w].owners.keys().copied().collect();
+        self.workers[w].unstick.retain(|p, _| owned.contains(p));
+        let since = u64::try_from(self.clock(w) - START_MS + MAX_SKEW_MS).unwrap_or(0);
+        let at = self.base + std::time::Duration::from_millis(since);
+        for (topic, n) in self.guarded_topics() {
+            for q in (0..n).filter(|q| owned.contains(&(q % PARTITIONS))) {
+                let key = (topic.clone(), q);
+                let (lso, high) = (self.broker.stable_end(&topic, q), self.broker.end(&topic, q));
+                let verdict = self.workers[w].watch.observe(key.clone(), lso, high, at);
+                if let super::stall::Verdict::Stalled { for_ms, repair: true } = verdict {
+                    self.note(format!(
+                        "w{w}'s guard: {topic}/{q} stalled for {for_ms} ms at {lso} of {high}"
+                    ));
+                    self.unstick(w, q % PARTITIONS, &topic, q);
+                    self.workers[w].watch.repaired(&key, at);
+                }
+            }
+        }
+    }
+
+    /// Ends one transaction on `topic`/`q` as the stall guard's repair does.
+    fn unstick(&mut self, w: usize, p: i32, topic: &str, q: i32) {
+        let shared = self.shared;
+        let tid = format!("{}.unstick.{p}", shared.cfg.group);
+        let epoch = match self.workers[w].unstick.get(&p) {
+            Some(e) => *e,
+            None => {
+                let e = self.broker.init(&tid);
+                self.workers[w].unstick.insert(p, e);
+                e
+            }
+        };
+        let record = if topic == shared.topics.commands {
+            super::command(shared, q, None, &Command::Tick { at: None })
+        } else {
+            let mut headers = vec![(super::stall::UNSTICK_HEADER.to_string(), b"aborted".to_vec())];
+            if topic == shared.topics.deadletter {
+                headers.push(("sm4c-deadletter-code".into(), b"unstick".to_vec()));
+            }
+            Out {
+                topic: topic.to_string(),
+                partition: Some(q),
+                key: None,
+                payload: Some(Vec::new()),
+                headers,
+            }
+        };
+        let generations = self.workers[w].generations;
+        let done = self.broker.begin(&tid, epoch, generations, self.now).and_then(|txn| {
+            self.broker.produce(txn, &record, self.now + self.skew[w])?;
+            let before = self.broker.prepared.len();
+            self.broker.abort(txn);
+            // What it landed (the aborted record itself was never held).
+            self.broker.unstuck += before.saturating_sub(self.broker.prepared.len());
+            Ok(())
+        });
+        if let Err(e) = done {
+            // Dropped: the next one fences it.
+            self.workers[w].unstick.remove(&p);
+            self.note(format!("w{w}'s guard cannot end a transaction on {topic}/{q}: {e}"));
+        }
+    }
+
+    /// The partitions with `read_committed` readers held back by markers that have not landed.
+    fn stalled(&self) -> Vec<(String, i32, i64)> {
+        let watched: BTreeSet<String> = self.guarded_topics().into_iter().map(|(t, _)| t).collect();
+        self.broker
+            .held_back()
+            .into_iter()
+            .filter(|(t, _, _)| watched.contains(t))
+            .collect()
     }
 
     /// Whether some owner still holds a parked event.
@@ -1732,7 +1938,10 @@ impl<'a> World<'a> {
                 self.finish_call(0, false);
             }
             // Parked events wait for their window to pass (dead-lettered) before the checks.
-            if self.all_ended() && self.drained() && !self.parked() && self.schedule_done() {
+            // And every committed record readable by `read_committed` readers (late markers
+            // landed, by a later transaction or the stall guard's).
+            if self.all_ended() && self.drained() && !self.parked() && self.schedule_done() && self.stalled().is_empty()
+            {
                 return Ok(());
             }
             self.now += 5_000;
@@ -1779,6 +1988,12 @@ impl<'a> World<'a> {
             self.broker.open.len(),
             self.calls.len()
         ));
+        let stalled = self.stalled();
+        if !stalled.is_empty() {
+            out.push(format!(
+                "held back by markers not landed (topic, partition, LSO): {stalled:?}"
+            ));
+        }
         if !self.schedule_done() {
             out.push(format!(
                 "schedule {SCHEDULE} not done: {:?}",
@@ -2266,24 +2481,38 @@ fn message(topic: &str, p: i32, r: &Rec) -> OwnedMessage {
     )
 }
 
+/// What a seed's run saw, for the checks that the faults happen.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    /// Instances that took a go event routed by key.
+    by_key: usize,
+    /// Whether its groups rebalanced eagerly.
+    eager: bool,
+    /// Transactions held on a partition by late markers, and those the stall guard landed.
+    held: usize,
+    unstuck: usize,
+}
+
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
-/// Runs one seed: how many instances took a go event routed by key, and whether its groups
-/// rebalanced eagerly.
-fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<(usize, bool), (String, Vec<String>)> {
+fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<Seen, (String, Vec<String>)> {
     run_traced(shared, seed, verbose).0
 }
 
 /// [`run`], and the whole schedule as it ran.
 #[allow(clippy::type_complexity)]
-fn run_traced(
-    shared: &Shared,
-    seed: u64,
-    verbose: bool,
-) -> (Result<(usize, bool), (String, Vec<String>)>, Vec<String>) {
+fn run_traced(shared: &Shared, seed: u64, verbose: bool) -> (Result<Seen, (String, Vec<String>)>, Vec<String>) {
     let mut w = World::new(shared, seed, verbose);
     let _panics = PanicFor::set(w.panicky.clone());
     if let Some((kind, id)) = &w.panicky {
         w.note(format!("deciding a {kind} command of {id} or its subflow panics"));
+    }
+    if w.broker.late {
+        let only = if w.broker.stingy {
+            ", only by the stall guard"
+        } else {
+            ""
+        };
+        w.note(format!("the markers of committed transactions land late{only}"));
     }
     w.create_schedule();
     let instances = INSTANCES.0 + w.rng.usize(..INSTANCES.1);
@@ -2300,7 +2529,15 @@ fn run_traced(
         .heal()
         .and_then(|()| w.clock_fault.take().map_or(Ok(()), Err))
         .and_then(|()| w.check())
-        .map(|n| (n, w.eager));
+        .map(|by_key| Seen {
+            by_key,
+            eager: w.eager,
+            held: w.broker.held,
+            unstuck: w.broker.unstuck,
+        });
+    if verbose {
+        eprintln!("{r:?}");
+    }
     let trace = w.trace.clone();
     let r = r.map_err(|e| {
         let mode = if w.broker.shows_aborted {
@@ -2351,12 +2588,14 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
-    let (mut by_key, mut eager) = (0, 0);
+    let (mut by_key, mut eager, mut held, mut unstuck) = (0, 0, 0, 0);
     for seed in 0..seeds {
         match run(&shared, seed, false) {
-            Ok((n, e)) => {
-                by_key += n;
-                eager += usize::from(e);
+            Ok(seen) => {
+                by_key += seen.by_key;
+                eager += usize::from(seen.eager);
+                held += seen.held;
+                unstuck += seen.unstuck;
             }
             Err((e, trace)) => {
                 let tail = trace[trace.len().saturating_sub(60)..].join("\n");
@@ -2376,8 +2615,13 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         seeds < 20 || (eager >= seeds as usize / 8 && eager <= seeds as usize / 2),
         "{eager} of {seeds} seeds rebalanced eagerly"
     );
+    // Late markers hold partitions back, and the stall guard lands them where nothing else does.
+    assert!(
+        seeds < 20 || (held >= seeds as usize && unstuck > 0),
+        "in {seeds} seeds late markers held {held} transactions, and the stall guard landed {unstuck}"
+    );
     eprintln!(
-        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key"
+        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key; late markers held {held} transactions on a partition, {unstuck} landed by the stall guard"
     );
 }
 
@@ -2433,6 +2677,33 @@ fn seeds_that_caught_a_panic_failing_its_instance_in_place_pass() {
         }
     }
 }
+
+/// Issue 34, item 4: seeds whose brokers land late markers only with the stall guard's
+/// transactions ([`Broker::stingy`]), so that every `read_committed` reader goes on only if the
+/// guard's rules ([`super::stall::Watch`], run by each simulated worker by its own clock) find
+/// and end every stalled partition. Both fail with the guard left out, and with a guard that does
+/// not look at the sent events' topic.
+#[test]
+fn seeds_whose_late_markers_only_the_stall_guard_lands_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in GUARD_SEEDS {
+        let w = World::new(&shared, seed, false);
+        assert!(
+            w.broker.late && w.broker.stingy,
+            "seed {seed} no longer lands markers only by the guard"
+        );
+        match run(&shared, seed, false) {
+            Ok(seen) => assert!(seen.unstuck > 0, "seed {seed}: the guard landed nothing: {seen:?}"),
+            Err((e, _)) => panic!("seed {seed} fails: {e}"),
+        }
+    }
+}
+
+/// See [`seeds_whose_late_markers_only_the_stall_guard_lands_pass`].
+const GUARD_SEEDS: [u64; 2] = [7, 21];
 
 /// See [`seeds_that_caught_a_panic_failing_its_instance_in_place_pass`].
 const PANIC_SEEDS: [(u64, &str); 3] = [(6, "timer"), (15, "result"), (65, "timer")];
