@@ -158,6 +158,39 @@ fn child() -> Value {
     })
 }
 
+/// How many `step` events a [`sequence`] instance takes, one after another.
+const STEPS_PER_SEQUENCE: u32 = 3;
+
+/// A definition that takes [`STEPS_PER_SEQUENCE`] `step` events of one source in turn, each
+/// within 2 minutes (a step parked past its event window, when its instance's start came late, is
+/// dead-lettered): the order in which its instances take them is checked against the order they
+/// were produced.
+fn sequence() -> Value {
+    let wait = |name: &str, next: &str| {
+        json!({"name": name, "transitions": [
+            { "nextState": next, "eventGroups": [ { "events": [ "step" ] } ] },
+            { "nextState": "Late", "timeout": "PT2M" }
+        ]})
+    };
+    let mut one = wait("One", "Two");
+    one["start"] = json!(true);
+    json!({
+        "id": "sim-seq",
+        "version": "1.0",
+        "name": "Simulated sequence",
+        "events": [
+            {
+                "name": "step", "type": "sim.step", "source": "client",
+                "correlation": [ { "contextAttributeName": "order", "contextAttributeValue": "${ \"s\" + (.n | tostring) }" } ]
+            }
+        ],
+        "states": [
+            one, wait("Two", "Three"), wait("Three", "Done"),
+            { "name": "Done", "final": true }, { "name": "Late", "final": true }
+        ]
+    })
+}
+
 /// Never called: the simulation performs calls itself.
 struct NoFunctions;
 
@@ -176,7 +209,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
     let mut registry = Registry::default();
     let tick = json!({"id": "sim-tick", "version": "1.0", "name": "Scheduled",
         "states": [{"name": "Done", "start": true, "end": true}]});
-    for d in [child(), definition(), tick] {
+    for d in [child(), definition(), sequence(), tick] {
         let m = sm4c_runtime::load(&d, &mut sm4c_runtime::no_files, LoadOptions::default())
             .unwrap_or_else(|e| panic!("the simulation's definition does not load: {e:?}"));
         registry.insert(Arc::new(m));
@@ -719,7 +752,20 @@ struct World<'a> {
     panicky: Option<(&'static str, String)>,
     /// The instant the stall guard's rules take for the start of the workers' clocks.
     base: std::time::Instant,
+    /// Draws for the instances of [`sequence`] and their steps, apart from `rng` likewise: in one
+    /// seed of two, `None` in the others (which run as they did before it).
+    seq_rng: Option<fastrand::Rng>,
+    /// Each started [`sequence`] instance: whether its steps go by key (else they name it), and
+    /// how many it was sent.
+    seqs: BTreeMap<String, (bool, u32)>,
+    /// Every step sent: (instance, event id, its origin `topic/partition/offset`).
+    steps: Vec<(String, String, String)>,
 }
+
+/// The seeds that regression tests and the testing chapter name, found by mutations of the
+/// worlds they ran before sequences ([`sequence`]) were added: they run no sequence, so that
+/// their worlds stay as they were and the mutations still fail them.
+const KEPT_SEEDS: [u64; 11] = [0, 1, 2, 6, 7, 15, 20, 21, 27, 65, 153];
 
 /// The model's clock at the start (ms).
 const START_MS: i64 = 1_700_000_000_000;
@@ -829,6 +875,10 @@ impl<'a> World<'a> {
             dues: BTreeMap::new(),
             panicky: panics(seed),
             base: std::time::Instant::now(),
+            seq_rng: Some(fastrand::Rng::with_seed(seed ^ 0x5e9_0e4d))
+                .filter(|r| r.clone().bool() && !KEPT_SEEDS.contains(&seed)),
+            seqs: BTreeMap::new(),
+            steps: Vec::new(),
         };
         // In one seed of four the markers of a committed transaction land late, as on tansu; in
         // half of those only the stall guard's transactions land them.
@@ -1751,6 +1801,61 @@ impl<'a> World<'a> {
             self.resend.push((id.clone(), c.clone()));
         }
         self.started.insert(id);
+        // Now and then an instance of the sequence beside it.
+        if self.seq_rng.as_mut().is_some_and(|r| r.u8(..3) == 0) {
+            let id = format!("s{k}");
+            let keyed = self.seq_rng.as_mut().is_some_and(|r| r.bool());
+            let c = Command::Start {
+                id: id.clone(),
+                definition: "sim-seq".into(),
+                version: None,
+                input: json!({ "n": k }),
+                parent: None,
+                depth: 0,
+                origin: None,
+                request: None,
+                traceparent: None,
+                schedule: None,
+                nominal: None,
+            };
+            self.note(format!("client starts {id}"));
+            self.command(&id, &c, self.now);
+            self.seqs.insert(id, (keyed, 0));
+        }
+    }
+
+    /// The client sends the next `step` event of sequence instance `id`, on its events partition,
+    /// naming it or carrying only its correlation key (the same way for all its steps: events
+    /// routed by different keys, or one by key and one by name, may reach it in either order).
+    fn send_step(&mut self, id: &str) {
+        let Some((keyed, sent)) = self.seqs.get(id).copied() else {
+            return;
+        };
+        if sent >= STEPS_PER_SEQUENCE {
+            return;
+        }
+        let step = sent + 1;
+        let mut event = json!({
+            "specversion": "1.0", "id": format!("step-{id}-{step}"), "source": "client", "type": "sim.step",
+            "order": id
+        });
+        if !keyed {
+            event["sm4cinstanceid"] = json!(id);
+        }
+        let topic = self.shared.topics.events[0].clone();
+        let e = partition_of(id, EVENTS);
+        let origin = format!("{topic}/{e}/{}", self.broker.end(&topic, e));
+        self.steps.push((id.to_string(), format!("step-{id}-{step}"), origin));
+        let out = Out {
+            topic,
+            partition: Some(e),
+            key: Some(id.to_string()),
+            payload: Some(event.to_string().into_bytes()),
+            headers: vec![("content-type".into(), b"application/cloudevents+json".to_vec())],
+        };
+        self.broker.plain(&out, self.now);
+        self.note(format!("client sends step {step} to {id} (e{e})"));
+        self.seqs.insert(id.to_string(), (keyed, step));
     }
 
     /// A client sends the `go` CloudEvent (structured mode) to the events topic, keyed by the
@@ -1819,6 +1924,12 @@ impl<'a> World<'a> {
                 let ids: Vec<String> = self.started.iter().cloned().collect();
                 let id = ids[self.rng.usize(..ids.len())].clone();
                 self.send_go(&id);
+                // And the next step of a sequence instance (sometimes before it started).
+                let seqs: Vec<String> = self.seqs.keys().cloned().collect();
+                if let Some(r) = self.seq_rng.as_mut().filter(|_| !seqs.is_empty()) {
+                    let id = seqs[r.usize(..seqs.len())].clone();
+                    self.send_step(&id);
+                }
                 // Now and then the go event of an instance not started yet: its partition parks
                 // it (a record of its own on the state topic) until the instance starts and
                 // waits for it, or dead-letters it once the event window has passed.
@@ -1927,6 +2038,13 @@ impl<'a> World<'a> {
         }
         self.note("heal: every worker back".into());
         self.lossy = false;
+        // Every sequence instance is sent the rest of its steps.
+        let seqs: Vec<String> = self.seqs.keys().cloned().collect();
+        for id in seqs {
+            for _ in 0..STEPS_PER_SEQUENCE {
+                self.send_step(&id);
+            }
+        }
         self.rebalance(BOTH, None);
         for _ in 0..400 {
             for w in 0..WORKERS {
@@ -2221,6 +2339,8 @@ impl<'a> World<'a> {
         let mut took_go = BTreeSet::new();
         // The instances that ended holding their go event in their inbox.
         let mut inboxed = BTreeSet::new();
+        // The steps the sequences took.
+        let mut seq_took: BTreeSet<String> = BTreeSet::new();
         for id in &self.instances() {
             let run = id.strip_prefix(&format!("{SCHEDULE}@"));
             let state = self
@@ -2262,8 +2382,10 @@ impl<'a> World<'a> {
             if role.is_none() && *status == sm4c_runtime::Status::Failed {
                 return Err(format!("{id} failed, though no decision of it panicked: {error:?}"));
             }
+            let seq = self.seqs.contains_key(id);
             let (events, calls, timers) = match (run, &parent, role) {
                 (Some(_), _, _) => (0, 0, 0),
+                _ if seq => (0, 0, 0),
                 // Failed at its call's result, before its subflow.
                 (None, None, Some(true)) => (0, 0, 0),
                 // Failed with its subflow: its call's result only.
@@ -2284,6 +2406,8 @@ impl<'a> World<'a> {
             let mut next = 1;
             let mut starts = 0;
             let (mut fired, mut completed, mut consumed) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+            // The events it took, in the order it took them.
+            let mut took = Vec::new();
             for r in self.broker.truth(&topics.journal, p) {
                 if r.key.as_deref() != Some(id) {
                     continue;
@@ -2306,7 +2430,8 @@ impl<'a> World<'a> {
                             _ => {}
                         },
                         Entry::Trace(Trace::EventConsumed { id: event, .. }) => {
-                            *consumed.entry(event.clone()).or_insert(0) += 1
+                            *consumed.entry(event.clone()).or_insert(0) += 1;
+                            took.push(event.clone());
                         }
                         _ => {}
                     }
@@ -2329,6 +2454,23 @@ impl<'a> World<'a> {
             if let Some(at) = run {
                 let at = sm4c_schedule::parse_time(at).map_err(|e| format!("run {id}: {e}"))?;
                 scheduled.push(at);
+                continue;
+            }
+            // A sequence took its steps, from one source on one events partition, in the order
+            // they were produced (all of them, unless one came too late, parked past its window
+            // before its instance started: those are dead-lettered, as checked below).
+            if seq {
+                let want: Vec<String> = (1..=STEPS_PER_SEQUENCE).map(|j| format!("step-{id}-{j}")).collect();
+                let places: Vec<Option<usize>> = took.iter().map(|e| want.iter().position(|w| w == e)).collect();
+                let in_order = places.iter().all(Option::is_some) && places.windows(2).all(|w| w[0] < w[1]);
+                let done = state.snapshot.state_name.as_deref() == Some("Done");
+                if !in_order || done != (took.len() == want.len()) {
+                    return Err(format!(
+                        "{id} took its steps as {took:?} and ended in {:?}, not as {want:?} in that order",
+                        state.snapshot.state_name
+                    ));
+                }
+                seq_took.extend(took.iter().cloned());
                 continue;
             }
             if parent.is_some() {
@@ -2452,6 +2594,13 @@ impl<'a> World<'a> {
         // it): each one sent to it is dead-lettered (once, as checked above), unless it reached
         // the instance, which holds it in its inbox as it ended (a panic failed it before it
         // waited for it).
+        for (id, event, origin) in &self.steps {
+            if !seq_took.contains(event) && !dead.contains(origin) {
+                return Err(format!(
+                    "step {event} of {id} ({origin}) was neither taken nor dead-lettered"
+                ));
+            }
+        }
         for (id, origin) in &self.gos {
             if !took_go.contains(id) && !inboxed.contains(id) && !dead.contains(origin) {
                 return Err(format!("the go event for {id} ({origin}) is not dead-lettered"));
@@ -2701,6 +2850,31 @@ fn seeds_whose_late_markers_only_the_stall_guard_lands_pass() {
         }
     }
 }
+
+/// Issue 34, the simulation's check of event order per instance: a seed whose sequence `s52`
+/// ([`sequence`]) took step 2 before step 1 when a restore put the parked events of its key's
+/// partition in the order of their expiry rather than the order they were read (an event routed
+/// by key is parked at the stream time of the partition that sent it there). It fails with the
+/// restore sorting them by expiry again.
+#[test]
+fn a_seed_that_caught_an_instance_taking_its_events_out_of_order_passes() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in ORDER_SEEDS {
+        assert!(
+            World::new(&shared, seed, false).seq_rng.is_some(),
+            "seed {seed} runs no sequence"
+        );
+        if let Err((e, _)) = run(&shared, seed, false) {
+            panic!("seed {seed} fails: {e}");
+        }
+    }
+}
+
+/// See [`a_seed_that_caught_an_instance_taking_its_events_out_of_order_passes`].
+const ORDER_SEEDS: [u64; 1] = [123];
 
 /// See [`seeds_whose_late_markers_only_the_stall_guard_lands_pass`].
 const GUARD_SEEDS: [u64; 2] = [7, 21];
