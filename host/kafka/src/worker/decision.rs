@@ -303,12 +303,33 @@ impl Decision<'_> {
             o.kafka_panic("decide");
         }
         if let Some(id) = &id {
-            if let Some(slot) = self.t.slot(self.shared, id) {
-                if !slot.h.inst.status().is_final() {
-                    slot.h.inst.force_fail(sm4c_runtime::ErrorInfo::new(
-                        sm4c_runtime::ErrorKind::InternalError,
-                        format!("the worker failed on this instance: {what}"),
-                    ));
+            let error = sm4c_runtime::ErrorInfo::new(
+                sm4c_runtime::ErrorKind::InternalError,
+                format!("the worker failed on this instance: {what}"),
+            );
+            // Failed through the driver, as any failure is: a parent waiting for it learns of it
+            // (failing it in place told no parent, which waited for ever: the simulation's panic
+            // in a subflow's timer found it), its calls and timers are let go of, and its
+            // correlation keys leave the index with it (else its subscriptions stayed). Should
+            // that panic too, it is failed in place, and its keys still leave the index. At the
+            // partition's stream time, not `at`: a timer's record carries its proposer's clock
+            // (the simulation's clock check found a failure decided at it).
+            let now = self.t.stream_ms;
+            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.handle(id, sm4c_runtime::Input::Abort { error: error.clone() }, now)
+            }));
+            if self.t.slot(self.shared, id).is_some() {
+                let in_place = match self.t.slots.get_mut(id) {
+                    Some(slot) if failed.is_err() || !slot.h.inst.status().is_final() => {
+                        if !slot.h.inst.status().is_final() {
+                            slot.h.inst.force_fail(error);
+                        }
+                        self.t.corr.update(id, &slot.h.inst);
+                        true
+                    }
+                    _ => false,
+                };
+                if in_place {
                     self.ended_run(id);
                 }
                 self.t.dirty.insert(id.clone());
@@ -987,7 +1008,7 @@ fn parse_origin(key: &str) -> Origin {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::decide;
 
     thread_local! {
@@ -995,18 +1016,41 @@ mod tests {
         static PANIC_ON: std::cell::RefCell<Option<&'static str>> = const { std::cell::RefCell::new(None) };
     }
 
-    /// A seam for tests: panics when deciding a command of the kind set in [`PANIC_ON`].
+    thread_local! {
+        /// The kind of command, and the instance (or the subflows of the instance) whose decision
+        /// panics: the simulation's fault of a panic inside a decision ([`panic_for`]).
+        static PANIC_FOR: std::cell::RefCell<Option<(&'static str, String)>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// Sets (or with `None` clears) the commands whose decision panics on this thread: those of
+    /// `kind` for instance `id` or for any subflow of it (`id/...`), every time one is decided.
+    pub(in crate::worker) fn panic_for(target: Option<(&'static str, String)>) {
+        PANIC_FOR.with(|p| *p.borrow_mut() = target);
+    }
+
+    /// A seam for tests: panics when deciding a command of the kind set in [`PANIC_ON`], or of
+    /// the kind and instance set by [`panic_for`].
     pub(super) fn maybe_panic(c: &Command) {
-        let kind = serde_json::to_value(c).ok().and_then(|v| {
+        let v = serde_json::to_value(c).ok();
+        let kind = v.as_ref().and_then(|v| {
             v.get("kind")
                 .or(v.get("type"))
                 .and_then(Value::as_str)
                 .map(str::to_string)
         });
         PANIC_ON.with(|p| {
-            if let (Some(want), Some(kind)) = (*p.borrow(), kind) {
+            if let (Some(want), Some(kind)) = (*p.borrow(), &kind) {
                 if kind == want {
                     panic!("a bug while deciding {kind}");
+                }
+            }
+        });
+        let id = v.as_ref().and_then(|v| v.get("id")).and_then(Value::as_str);
+        PANIC_FOR.with(|p| {
+            if let (Some((want, of)), Some(kind), Some(id)) = (&*p.borrow(), &kind, id) {
+                let mine = id == of || id.strip_prefix(of.as_str()).is_some_and(|r| r.starts_with('/'));
+                if kind == want && mine {
+                    panic!("a bug while deciding {kind} for {id}");
                 }
             }
         });

@@ -835,10 +835,19 @@ impl Latest {
             t.ended.kept.attach(store);
             t.timers_stored = true;
         }
-        // Oldest first, as they were parked.
+        // Parked events in the order they were read from their events partition (the order a
+        // subscriber or a waiting instance takes them in), not by when they expire: an event
+        // routed by key is parked at the stream time of the transaction that sent it there, so
+        // a later event of the same events partition, sent by another partition whose stream time
+        // was behind, expires first (the simulation's check of event order found an instance
+        // taking step 2 before step 1 after a restore of the key's partition).
         own.sort_by(|(a, x), (b, y)| {
-            let at = |r: &StateRecord| r.parked.as_ref().map(|p| p.expires).unwrap_or(i64::MIN);
-            (at(x), a).cmp(&(at(y), b))
+            let origin = |r: &StateRecord| {
+                r.parked
+                    .as_ref()
+                    .map(|p| (p.origin.topic.clone(), p.origin.partition, p.origin.offset))
+            };
+            (origin(x), a).cmp(&(origin(y), b))
         });
         for (k, mut r) in own {
             match (k.strip_prefix(crate::wire::SCHEDULE_PREFIX), r.schedule.take()) {

@@ -13,7 +13,10 @@
 //!   generation of their group (KIP-447); rebalances of one group or both, cooperative (a worker
 //!   keeps what it is not told to give up) or, for some seeds, eager (a worker gives up all of a
 //!   group's partitions at each rebalance and is assigned its share again); idempotent plain
-//!   producers; compaction of the state topic below the last stable offset.
+//!   producers; compaction of the state topic below the last stable offset; for some seeds,
+//!   markers that land late as on tansu ([`Broker::late`]: a committed transaction held
+//!   invisible until a later one on its partition ends), which the workers' stall guard, run with
+//!   its own rules, must end where nothing else does.
 //! - **The workers** are the real code with the IO taken out: [`decision::decide`] decides each
 //!   batch, [`Latest`] restores a partition from the state topic, [`Owner::committed`],
 //!   [`Owner::track`] and [`Owner::due_timers`] do what the worker loop does after a commit and on
@@ -25,7 +28,8 @@
 //! - **A schedule**, drawn from a seed, interleaves client requests (starts, events, each
 //!   sometimes repeated), batches, timers, call results (sometimes repeated), the passing of
 //!   time, workers killed at any record of a transaction and restarted, partitions moved to
-//!   another worker while the old one still runs (a zombie), and transactions the broker aborts.
+//!   another worker while the old one still runs (a zombie), and transactions the broker aborts;
+//!   for some seeds, a decision that panics every time for one instance ([`panics`]).
 //!   Then every worker comes back and the cluster runs until every instance has ended.
 //! - **The checks**, on what a real `read_committed` reader of Apache Kafka would see: every
 //!   instance started once and ended once, every sent event committed exactly once, every
@@ -154,6 +158,39 @@ fn child() -> Value {
     })
 }
 
+/// How many `step` events a [`sequence`] instance takes, one after another.
+const STEPS_PER_SEQUENCE: u32 = 3;
+
+/// A definition that takes [`STEPS_PER_SEQUENCE`] `step` events of one source in turn, each
+/// within 2 minutes (a step parked past its event window, when its instance's start came late, is
+/// dead-lettered): the order in which its instances take them is checked against the order they
+/// were produced.
+fn sequence() -> Value {
+    let wait = |name: &str, next: &str| {
+        json!({"name": name, "transitions": [
+            { "nextState": next, "eventGroups": [ { "events": [ "step" ] } ] },
+            { "nextState": "Late", "timeout": "PT2M" }
+        ]})
+    };
+    let mut one = wait("One", "Two");
+    one["start"] = json!(true);
+    json!({
+        "id": "sim-seq",
+        "version": "1.0",
+        "name": "Simulated sequence",
+        "events": [
+            {
+                "name": "step", "type": "sim.step", "source": "client",
+                "correlation": [ { "contextAttributeName": "order", "contextAttributeValue": "${ \"s\" + (.n | tostring) }" } ]
+            }
+        ],
+        "states": [
+            one, wait("Two", "Three"), wait("Three", "Done"),
+            { "name": "Done", "final": true }, { "name": "Late", "final": true }
+        ]
+    })
+}
+
 /// Never called: the simulation performs calls itself.
 struct NoFunctions;
 
@@ -172,7 +209,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
     let mut registry = Registry::default();
     let tick = json!({"id": "sim-tick", "version": "1.0", "name": "Scheduled",
         "states": [{"name": "Done", "start": true, "end": true}]});
-    for d in [child(), definition(), tick] {
+    for d in [child(), definition(), sequence(), tick] {
         let m = sm4c_runtime::load(&d, &mut sm4c_runtime::no_files, LoadOptions::default())
             .unwrap_or_else(|e| panic!("the simulation's definition does not load: {e:?}"));
         registry.insert(Arc::new(m));
@@ -241,6 +278,8 @@ struct Txn {
     pending: Vec<(String, i32, i64)>,
     /// When it began (virtual ms): the broker aborts it after the transaction timeout.
     began: i64,
+    /// The partitions it wrote records to.
+    wrote: BTreeSet<(String, i32)>,
 }
 
 /// `transaction.timeout.ms`, as the worker sets it.
@@ -264,6 +303,22 @@ struct Broker {
     shows_aborted: bool,
     /// The topics of one partition (the dead letters).
     single: BTreeSet<String>,
+    /// Like tansu: a committed transaction's markers land late. One that ends while another
+    /// transaction is open on a partition it wrote stays *prepared* there (its records invisible
+    /// to `read_committed` readers, the partition's last stable offset held at its first record)
+    /// until a later transaction on that partition ends with none open there.
+    late: bool,
+    /// With late markers, the worst case: only the stall guard's transactions land them (as at
+    /// the end of a workload on tansu, when nothing writes a held partition again), so that the
+    /// guard alone must keep every `read_committed` reader going.
+    stingy: bool,
+    /// The (transaction, topic, partition) whose markers have not landed yet: its records there
+    /// hold the partition's last stable offset.
+    prepared: BTreeSet<(usize, String, i32)>,
+    /// How many times a transaction was held on a partition, and how many of those the stall
+    /// guard's transactions landed.
+    held: usize,
+    unstuck: usize,
 }
 
 impl Broker {
@@ -282,8 +337,8 @@ impl Broker {
 
     /// `init_transactions`: a new epoch for the id, which aborts its open transaction.
     fn init(&mut self, tid: &str) -> u32 {
-        if let Some(i) = self.open.remove(tid) {
-            self.txns[i].state = TxnState::Aborted;
+        if let Some(i) = self.open.get(tid).copied() {
+            self.abort_by(i, false);
         }
         let e = self.epochs.entry(tid.to_string()).or_default();
         *e += 1;
@@ -305,8 +360,8 @@ impl Broker {
         if self.epochs.get(tid) != Some(&epoch) {
             return Err(format!("producer {tid} epoch {epoch} is fenced"));
         }
-        if let Some(i) = self.open.remove(tid) {
-            self.txns[i].state = TxnState::Aborted;
+        if let Some(i) = self.open.get(tid).copied() {
+            self.abort_by(i, false);
         }
         self.txns.push(Txn {
             tid: tid.to_string(),
@@ -315,6 +370,7 @@ impl Broker {
             state: TxnState::Open,
             pending: Vec::new(),
             began: now,
+            wrote: BTreeSet::new(),
         });
         let i = self.txns.len() - 1;
         self.open.insert(tid.to_string(), i);
@@ -325,7 +381,33 @@ impl Broker {
         self.live(txn)?;
         let p = self.partition(o);
         self.append(&o.topic.clone(), p, o, ts, Some(txn));
+        self.txns[txn].wrote.insert((o.topic.clone(), p));
         Ok(())
+    }
+
+    /// Whether a transaction other than `but` is open on a partition.
+    fn open_on(&self, topic: &str, p: i32, but: usize) -> bool {
+        self.open
+            .values()
+            .any(|i| *i != but && self.txns[*i].wrote.contains(&(topic.to_string(), p)))
+    }
+
+    /// Transaction `txn` has ended, committed or aborted, by its producer (`client`, an `EndTxn`)
+    /// or by the broker. An `EndTxn` that finds no other transaction open on a partition it wrote
+    /// lands the markers there: its own and those of every transaction held there. With late
+    /// markers, as on tansu, a transaction ended otherwise stays held on its partitions (its
+    /// records, committed or aborted, hold the last stable offset): one whose `EndTxn` found
+    /// another open there, and one the broker ended (fenced when its transactional id was taken
+    /// over, a SIGKILLed worker's; timed out).
+    fn ended(&mut self, txn: usize, client: bool) {
+        let lands = client && (!self.stingy || self.txns[txn].tid.contains(".unstick."));
+        for (topic, p) in self.txns[txn].wrote.clone() {
+            if lands && !self.open_on(&topic, p, txn) {
+                self.prepared.retain(|(_, t, q)| !(*t == topic && *q == p));
+            } else if self.late && self.prepared.insert((txn, topic, p)) {
+                self.held += 1;
+            }
+        }
     }
 
     /// The last stable offset: where a `read_committed` reader stops (the first record of an
@@ -334,9 +416,35 @@ impl Broker {
         let Some((next, recs)) = self.logs.get(&(topic.to_string(), p)) else {
             return 0;
         };
+        recs.iter().find(|r| self.held(topic, p, r)).map_or(*next, |r| r.offset)
+    }
+
+    /// Where a restore stops reading: the first record of an open transaction, else the log's end
+    /// (past committed transactions whose markers have not landed).
+    fn open_end(&self, topic: &str, p: i32) -> i64 {
+        let Some((next, recs)) = self.logs.get(&(topic.to_string(), p)) else {
+            return 0;
+        };
         recs.iter()
             .find(|r| self.state_of(r) == TxnState::Open)
             .map_or(*next, |r| r.offset)
+    }
+
+    /// Whether `read_committed` readers stop at a record: its transaction is open, or committed
+    /// and its markers have not landed on the partition yet.
+    fn held(&self, topic: &str, p: i32, r: &Rec) -> bool {
+        self.state_of(r) == TxnState::Open
+            || r.txn
+                .is_some_and(|i| self.prepared.contains(&(i, topic.to_string(), p)))
+    }
+
+    /// The partitions whose readers stop at a committed transaction whose markers have not
+    /// landed: `(topic, partition, last stable offset)`.
+    fn held_back(&self) -> BTreeSet<(String, i32, i64)> {
+        self.prepared
+            .iter()
+            .map(|(_, t, p)| (t.clone(), *p, self.stable_end(t, *p)))
+            .collect()
     }
 
     /// The largest offset of a record that producer `tid` wrote to a partition (what the
@@ -395,6 +503,7 @@ impl Broker {
         for (topic, p, o) in pending {
             self.offsets.insert((topic, p), o);
         }
+        self.ended(txn, true);
         Ok(())
     }
 
@@ -417,16 +526,24 @@ impl Broker {
             .filter(|i| self.txns[*i].began + TRANSACTION_TIMEOUT_MS <= now)
             .collect();
         for i in old {
-            self.abort(i);
+            self.abort_by(i, false);
         }
     }
 
+    /// The producer aborts its transaction (`EndTxn`).
     fn abort(&mut self, txn: usize) {
+        self.abort_by(txn, true);
+    }
+
+    /// A transaction aborted by its producer (`client`), or by the broker: fenced by a new epoch
+    /// of its transactional id, timed out, or aborted on its own.
+    fn abort_by(&mut self, txn: usize, client: bool) {
         let t = &mut self.txns[txn];
         if t.state == TxnState::Open {
             t.state = TxnState::Aborted;
             let tid = t.tid.clone();
             self.open.remove(&tid);
+            self.ended(txn, client);
         }
     }
 
@@ -441,11 +558,21 @@ impl Broker {
     /// What a `read_committed` consumer reads from `from`: up to the last stable offset, without
     /// aborted records unless the broker shows them.
     fn read(&self, topic: &str, p: i32, from: i64) -> Vec<&Rec> {
+        self.read_as(topic, p, from, true)
+    }
+
+    /// [`Broker::read`], or (`markers: false`) as a restore reads the state topic: every record
+    /// to the log's end, a committed transaction's whether or not its markers landed (the restore
+    /// tells committed records by the committed offsets, not by what `read_committed` shows).
+    fn read_as(&self, topic: &str, p: i32, from: i64, markers: bool) -> Vec<&Rec> {
         let mut out = Vec::new();
         let Some((_, recs)) = self.logs.get(&(topic.to_string(), p)) else {
             return out;
         };
         for r in recs.iter().filter(|r| r.offset >= from) {
+            if markers && self.held(topic, p, r) {
+                break;
+            }
             match self.state_of(r) {
                 TxnState::Open => break,
                 TxnState::Aborted if !self.shows_aborted => {}
@@ -474,7 +601,7 @@ impl Broker {
         };
         let stable = recs
             .iter()
-            .find(|r| self.state_of(r) == TxnState::Open)
+            .find(|r| self.held(topic, p, r))
             .map_or(i64::MAX, |r| r.offset);
         let mut last: BTreeMap<&str, i64> = BTreeMap::new();
         for r in recs.iter().filter(|r| r.offset < stable) {
@@ -550,6 +677,10 @@ struct SimWorker {
     owners: BTreeMap<i32, SimOwner>,
     routers: BTreeMap<i32, SimRouter>,
     outstanding: Outstanding,
+    /// Its stall guard's memory of the partitions it looks at (the worker's own rules), and the
+    /// epochs of its `unstick` producers per commands partition: both gone with the process.
+    watch: super::stall::Watch,
+    unstick: BTreeMap<i32, u32>,
 }
 
 /// A call in flight: (worker, partition, instance, op, arguments).
@@ -617,6 +748,70 @@ struct World<'a> {
     /// Per commands partition, every time something of it was due at: a parked event's window
     /// end, a broadcast tally's retention (what a tick may name).
     dues: BTreeMap<i32, BTreeSet<i64>>,
+    /// A panic inside a decision ([`panics`]): the kind of command whose decision panics, every
+    /// time, for one instance or its subflow.
+    panicky: Option<(&'static str, String)>,
+    /// The instant the stall guard's rules take for the start of the workers' clocks.
+    base: std::time::Instant,
+    /// Draws for the instances of [`sequence`] and their steps, apart from `rng` likewise: in one
+    /// seed of two, `None` in the others (which run as they did before it).
+    seq_rng: Option<fastrand::Rng>,
+    /// Each started [`sequence`] instance: whether its steps go by key (else they name it), and
+    /// how many it was sent.
+    seqs: BTreeMap<String, (bool, u32)>,
+    /// Every step sent: (instance, event id, its origin `topic/partition/offset`).
+    steps: Vec<(String, String, String)>,
+}
+
+/// The seeds that regression tests and the testing chapter name, found by mutations of the
+/// worlds they ran before sequences ([`sequence`]) were added: they run no sequence, so that
+/// their worlds stay as they were and the mutations still fail them.
+const KEPT_SEEDS: [u64; 11] = [0, 1, 2, 6, 7, 15, 20, 21, 27, 65, 153];
+
+/// The model's clock at the start (ms).
+const START_MS: i64 = 1_700_000_000_000;
+
+/// The panic of a seed ([`World::panicky`]): in one seed of four, deciding a command panics
+/// every time it is decided, a bug of ours as the worker would meet it: the call result of one
+/// instance (`result`, of instance `i<k>`), or the timer of its subflow (`timer`, of `i<k>/...`),
+/// whose failure its parent then learns of. The instance is among the first
+/// [`INSTANCES`]`.0`, which every seed starts.
+fn panics(seed: u64) -> Option<(&'static str, String)> {
+    let mut r = fastrand::Rng::with_seed(seed ^ 0x9a_41c5);
+    (r.u8(..4) == 0).then(|| {
+        (
+            ["result", "timer"][r.usize(..2)],
+            format!("i{}", r.usize(..INSTANCES.0)),
+        )
+    })
+}
+
+/// What a seed's panic makes of instance `id`: `Some(true)` for the one whose decision panics,
+/// `Some(false)` for the parent of a subflow whose timer panics (it fails with its subflow).
+fn panic_role(panicky: &Option<(&'static str, String)>, id: &str) -> Option<bool> {
+    let (kind, of) = panicky.as_ref()?;
+    let child = id.strip_prefix(of.as_str()).is_some_and(|r| r.starts_with('/'));
+    match *kind {
+        "result" => (id == of).then_some(true),
+        _ if child => Some(true),
+        _ => (id == of).then_some(false),
+    }
+}
+
+/// While it lives, the decisions of this thread panic as the seed says ([`panics`]).
+struct PanicFor;
+
+impl PanicFor {
+    fn set(target: Option<(&'static str, String)>) -> PanicFor {
+        decision::tests::panic_for(target);
+        PanicFor
+    }
+}
+
+impl Drop for PanicFor {
+    fn drop(&mut self) {
+        decision::tests::panic_for(None);
+    }
 }
 
 /// The most a simulated worker's clock runs ahead of the true one or behind it (ms).
@@ -654,7 +849,7 @@ impl<'a> World<'a> {
             shared,
             broker,
             rng,
-            now: 1_700_000_000_000,
+            now: START_MS,
             workers: (0..WORKERS).map(|_| SimWorker::default()).collect(),
             assignment: BTreeMap::new(),
             events_assignment: BTreeMap::new(),
@@ -679,7 +874,18 @@ impl<'a> World<'a> {
             stream: BTreeMap::new(),
             clock_fault: None,
             dues: BTreeMap::new(),
+            panicky: panics(seed),
+            base: std::time::Instant::now(),
+            seq_rng: Some(fastrand::Rng::with_seed(seed ^ 0x5e9_0e4d))
+                .filter(|r| r.clone().bool() && !KEPT_SEEDS.contains(&seed)),
+            seqs: BTreeMap::new(),
+            steps: Vec::new(),
         };
+        // In one seed of four the markers of a committed transaction land late, as on tansu; in
+        // half of those only the stall guard's transactions land them.
+        let mut late = fastrand::Rng::with_seed(seed ^ 0x1a7e_3a4c);
+        w.broker.late = late.u8(..4) == 0;
+        w.broker.stingy = w.broker.late && late.bool();
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
         }
@@ -892,8 +1098,8 @@ impl<'a> World<'a> {
             }
             from = cp.offset;
         }
-        let records = self.broker.read(&shared.topics.state, p, from);
-        let end = self.broker.stable_end(&shared.topics.state, p).max(from);
+        let records = self.broker.read_as(&shared.topics.state, p, from, false);
+        let end = self.broker.open_end(&shared.topics.state, p).max(from);
         for r in records {
             let at = r
                 .headers
@@ -1350,7 +1556,7 @@ impl<'a> World<'a> {
         }
         let fault = std::mem::replace(abort, Fault::None);
         if fault == Fault::Abort {
-            self.broker.abort(txn);
+            self.broker.abort_by(txn, false);
             self.note(format!("{what}: the broker aborts it"));
             return Err(false);
         }
@@ -1374,6 +1580,8 @@ impl<'a> World<'a> {
         self.workers[w].owners.clear();
         self.workers[w].routers.clear();
         self.workers[w].outstanding.clear();
+        self.workers[w].watch = Default::default();
+        self.workers[w].unstick.clear();
         self.calls.retain(|c| c.0 != w);
         self.note(format!("w{w} killed"));
         self.rebalance(BOTH, None);
@@ -1446,6 +1654,101 @@ impl<'a> World<'a> {
             let out = super::command(self.shared, p, None, &Command::Tick { at: Some(at) });
             self.plain_lossy(&out, now);
         }
+        self.guard(w);
+    }
+
+    /// The topics the stall guard looks after (those with `read_committed` readers: the owners,
+    /// the consumers of sent events and of dead letters), with their partition counts.
+    fn guarded_topics(&self) -> [(String, i32); 3] {
+        let t = &self.shared.topics;
+        [
+            (t.commands.clone(), PARTITIONS),
+            (t.out.clone(), PARTITIONS),
+            (t.deadletter.clone(), 1),
+        ]
+    }
+
+    /// Worker `w`'s stall guard, with late markers: it looks at the partitions mapped to the
+    /// commands partitions it owns (`q mod partitions`), by its own clock, with the worker's own
+    /// rules ([`super::stall::Watch`]), and ends a transaction on each that stalled as the worker
+    /// does: one record, aborted, under `<group>.unstick.<commands partition>`. Without late
+    /// markers it is left out, so that those seeds' schedules stay as they were (there it ends
+    /// only empty aborted transactions).
+    fn guard(&mut self, w: usize) {
+        if !self.broker.late {
+            return;
+        }
+        let owned: BTreeSet<i32> = self.workers[w].owners.keys().copied().collect();
+        self.workers[w].unstick.retain(|p, _| owned.contains(p));
+        let since = u64::try_from(self.clock(w) - START_MS + MAX_SKEW_MS).unwrap_or(0);
+        let at = self.base + std::time::Duration::from_millis(since);
+        for (topic, n) in self.guarded_topics() {
+            for q in (0..n).filter(|q| owned.contains(&(q % PARTITIONS))) {
+                let key = (topic.clone(), q);
+                let (lso, high) = (self.broker.stable_end(&topic, q), self.broker.end(&topic, q));
+                let verdict = self.workers[w].watch.observe(key.clone(), lso, high, at);
+                if let super::stall::Verdict::Stalled { for_ms, repair: true } = verdict {
+                    self.note(format!(
+                        "w{w}'s guard: {topic}/{q} stalled for {for_ms} ms at {lso} of {high}"
+                    ));
+                    self.unstick(w, q % PARTITIONS, &topic, q);
+                    self.workers[w].watch.repaired(&key, at);
+                }
+            }
+        }
+    }
+
+    /// Ends one transaction on `topic`/`q` as the stall guard's repair does.
+    fn unstick(&mut self, w: usize, p: i32, topic: &str, q: i32) {
+        let shared = self.shared;
+        let tid = format!("{}.unstick.{p}", shared.cfg.group);
+        let epoch = match self.workers[w].unstick.get(&p) {
+            Some(e) => *e,
+            None => {
+                let e = self.broker.init(&tid);
+                self.workers[w].unstick.insert(p, e);
+                e
+            }
+        };
+        let record = if topic == shared.topics.commands {
+            super::command(shared, q, None, &Command::Tick { at: None })
+        } else {
+            let mut headers = vec![(super::stall::UNSTICK_HEADER.to_string(), b"aborted".to_vec())];
+            if topic == shared.topics.deadletter {
+                headers.push(("sm4c-deadletter-code".into(), b"unstick".to_vec()));
+            }
+            Out {
+                topic: topic.to_string(),
+                partition: Some(q),
+                key: None,
+                payload: Some(Vec::new()),
+                headers,
+            }
+        };
+        let generations = self.workers[w].generations;
+        let done = self.broker.begin(&tid, epoch, generations, self.now).and_then(|txn| {
+            self.broker.produce(txn, &record, self.now + self.skew[w])?;
+            let before = self.broker.prepared.len();
+            self.broker.abort(txn);
+            // What it landed (the aborted record itself was never held).
+            self.broker.unstuck += before.saturating_sub(self.broker.prepared.len());
+            Ok(())
+        });
+        if let Err(e) = done {
+            // Dropped: the next one fences it.
+            self.workers[w].unstick.remove(&p);
+            self.note(format!("w{w}'s guard cannot end a transaction on {topic}/{q}: {e}"));
+        }
+    }
+
+    /// The partitions with `read_committed` readers held back by markers that have not landed.
+    fn stalled(&self) -> Vec<(String, i32, i64)> {
+        let watched: BTreeSet<String> = self.guarded_topics().into_iter().map(|(t, _)| t).collect();
+        self.broker
+            .held_back()
+            .into_iter()
+            .filter(|(t, _, _)| watched.contains(t))
+            .collect()
     }
 
     /// Whether some owner still holds a parked event.
@@ -1499,6 +1802,61 @@ impl<'a> World<'a> {
             self.resend.push((id.clone(), c.clone()));
         }
         self.started.insert(id);
+        // Now and then an instance of the sequence beside it.
+        if self.seq_rng.as_mut().is_some_and(|r| r.u8(..3) == 0) {
+            let id = format!("s{k}");
+            let keyed = self.seq_rng.as_mut().is_some_and(|r| r.bool());
+            let c = Command::Start {
+                id: id.clone(),
+                definition: "sim-seq".into(),
+                version: None,
+                input: json!({ "n": k }),
+                parent: None,
+                depth: 0,
+                origin: None,
+                request: None,
+                traceparent: None,
+                schedule: None,
+                nominal: None,
+            };
+            self.note(format!("client starts {id}"));
+            self.command(&id, &c, self.now);
+            self.seqs.insert(id, (keyed, 0));
+        }
+    }
+
+    /// The client sends the next `step` event of sequence instance `id`, on its events partition,
+    /// naming it or carrying only its correlation key (the same way for all its steps: events
+    /// routed by different keys, or one by key and one by name, may reach it in either order).
+    fn send_step(&mut self, id: &str) {
+        let Some((keyed, sent)) = self.seqs.get(id).copied() else {
+            return;
+        };
+        if sent >= STEPS_PER_SEQUENCE {
+            return;
+        }
+        let step = sent + 1;
+        let mut event = json!({
+            "specversion": "1.0", "id": format!("step-{id}-{step}"), "source": "client", "type": "sim.step",
+            "order": id
+        });
+        if !keyed {
+            event["sm4cinstanceid"] = json!(id);
+        }
+        let topic = self.shared.topics.events[0].clone();
+        let e = partition_of(id, EVENTS);
+        let origin = format!("{topic}/{e}/{}", self.broker.end(&topic, e));
+        self.steps.push((id.to_string(), format!("step-{id}-{step}"), origin));
+        let out = Out {
+            topic,
+            partition: Some(e),
+            key: Some(id.to_string()),
+            payload: Some(event.to_string().into_bytes()),
+            headers: vec![("content-type".into(), b"application/cloudevents+json".to_vec())],
+        };
+        self.broker.plain(&out, self.now);
+        self.note(format!("client sends step {step} to {id} (e{e})"));
+        self.seqs.insert(id.to_string(), (keyed, step));
     }
 
     /// A client sends the `go` CloudEvent (structured mode) to the events topic, keyed by the
@@ -1567,6 +1925,12 @@ impl<'a> World<'a> {
                 let ids: Vec<String> = self.started.iter().cloned().collect();
                 let id = ids[self.rng.usize(..ids.len())].clone();
                 self.send_go(&id);
+                // And the next step of a sequence instance (sometimes before it started).
+                let seqs: Vec<String> = self.seqs.keys().cloned().collect();
+                if let Some(r) = self.seq_rng.as_mut().filter(|_| !seqs.is_empty()) {
+                    let id = seqs[r.usize(..seqs.len())].clone();
+                    self.send_step(&id);
+                }
                 // Now and then the go event of an instance not started yet: its partition parks
                 // it (a record of its own on the state topic) until the instance starts and
                 // waits for it, or dead-letters it once the event window has passed.
@@ -1675,6 +2039,13 @@ impl<'a> World<'a> {
         }
         self.note("heal: every worker back".into());
         self.lossy = false;
+        // Every sequence instance is sent the rest of its steps.
+        let seqs: Vec<String> = self.seqs.keys().cloned().collect();
+        for id in seqs {
+            for _ in 0..STEPS_PER_SEQUENCE {
+                self.send_step(&id);
+            }
+        }
         self.rebalance(BOTH, None);
         for _ in 0..400 {
             for w in 0..WORKERS {
@@ -1686,7 +2057,10 @@ impl<'a> World<'a> {
                 self.finish_call(0, false);
             }
             // Parked events wait for their window to pass (dead-lettered) before the checks.
-            if self.all_ended() && self.drained() && !self.parked() && self.schedule_done() {
+            // And every committed record readable by `read_committed` readers (late markers
+            // landed, by a later transaction or the stall guard's).
+            if self.all_ended() && self.drained() && !self.parked() && self.schedule_done() && self.stalled().is_empty()
+            {
                 return Ok(());
             }
             self.now += 5_000;
@@ -1733,6 +2107,12 @@ impl<'a> World<'a> {
             self.broker.open.len(),
             self.calls.len()
         ));
+        let stalled = self.stalled();
+        if !stalled.is_empty() {
+            out.push(format!(
+                "held back by markers not landed (topic, partition, LSO): {stalled:?}"
+            ));
+        }
         if !self.schedule_done() {
             out.push(format!(
                 "schedule {SCHEDULE} not done: {:?}",
@@ -1956,6 +2336,12 @@ impl<'a> World<'a> {
         }
         let mut children: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut scheduled: Vec<i64> = Vec::new();
+        // The instances that took their go event.
+        let mut took_go = BTreeSet::new();
+        // The instances that ended holding their go event in their inbox.
+        let mut inboxed = BTreeSet::new();
+        // The steps the sequences took.
+        let mut seq_took: BTreeSet<String> = BTreeSet::new();
         for id in &self.instances() {
             let run = id.strip_prefix(&format!("{SCHEDULE}@"));
             let state = self
@@ -1971,10 +2357,44 @@ impl<'a> World<'a> {
                 children.entry(parent.clone()).or_default().push(id.clone());
             }
             let done = sent.get(id).map(Vec::as_slice).unwrap_or_default();
-            let (events, calls, timers) = match (run, &parent) {
-                (Some(_), _) => (0, 0, 0),
-                (None, Some(_)) => (0, 0, 1),
-                (None, None) => (1, 2, 0),
+            // The seed's panic fails the instance it came from, with what panicked, and through
+            // the driver: a parent that waited for it fails with it. No other instance.
+            let role = panic_role(&self.panicky, id);
+            let error = state.snapshot.error.as_ref();
+            match role {
+                Some(true)
+                    if *status != sm4c_runtime::Status::Failed
+                        || !error.is_some_and(|e| {
+                            e.kind == sm4c_runtime::ErrorKind::InternalError
+                                && e.message.contains("a bug while deciding")
+                        }) =>
+                {
+                    return Err(format!(
+                        "{id}, whose decision panicked, ended {status:?} with {error:?}, not failed by the panic"
+                    ));
+                }
+                Some(false) if *status != sm4c_runtime::Status::Failed => {
+                    return Err(format!(
+                        "{id}, whose subflow's decision panicked, ended {status:?}, not failed with it"
+                    ));
+                }
+                _ => {}
+            }
+            if role.is_none() && *status == sm4c_runtime::Status::Failed {
+                return Err(format!("{id} failed, though no decision of it panicked: {error:?}"));
+            }
+            let seq = self.seqs.contains_key(id);
+            let (events, calls, timers) = match (run, &parent, role) {
+                (Some(_), _, _) => (0, 0, 0),
+                _ if seq => (0, 0, 0),
+                // Failed at its call's result, before its subflow.
+                (None, None, Some(true)) => (0, 0, 0),
+                // Failed with its subflow: its call's result only.
+                (None, None, Some(false)) => (0, 1, 0),
+                // Failed at its timer.
+                (None, Some(_), Some(true)) => (0, 0, 0),
+                (None, Some(_), _) => (0, 0, 1),
+                (None, None, None) => (1, 2, 0),
             };
             if done.len() != events {
                 return Err(format!(
@@ -1987,6 +2407,8 @@ impl<'a> World<'a> {
             let mut next = 1;
             let mut starts = 0;
             let (mut fired, mut completed, mut consumed) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+            // The events it took, in the order it took them.
+            let mut took = Vec::new();
             for r in self.broker.truth(&topics.journal, p) {
                 if r.key.as_deref() != Some(id) {
                     continue;
@@ -2009,7 +2431,8 @@ impl<'a> World<'a> {
                             _ => {}
                         },
                         Entry::Trace(Trace::EventConsumed { id: event, .. }) => {
-                            *consumed.entry(event.clone()).or_insert(0) += 1
+                            *consumed.entry(event.clone()).or_insert(0) += 1;
+                            took.push(event.clone());
                         }
                         _ => {}
                     }
@@ -2034,14 +2457,46 @@ impl<'a> World<'a> {
                 scheduled.push(at);
                 continue;
             }
+            // A sequence took its steps, from one source on one events partition, in the order
+            // they were produced (all of them, unless one came too late, parked past its window
+            // before its instance started: those are dead-lettered, as checked below).
+            if seq {
+                let want: Vec<String> = (1..=STEPS_PER_SEQUENCE).map(|j| format!("step-{id}-{j}")).collect();
+                let places: Vec<Option<usize>> = took.iter().map(|e| want.iter().position(|w| w == e)).collect();
+                let in_order = places.iter().all(Option::is_some) && places.windows(2).all(|w| w[0] < w[1]);
+                let done = state.snapshot.state_name.as_deref() == Some("Done");
+                if !in_order || done != (took.len() == want.len()) {
+                    return Err(format!(
+                        "{id} took its steps as {took:?} and ended in {:?}, not as {want:?} in that order",
+                        state.snapshot.state_name
+                    ));
+                }
+                seq_took.extend(took.iter().cloned());
+                continue;
+            }
             if parent.is_some() {
                 if fired.len() != timers {
                     return Err(format!("subflow {id} fired {} timers, not {timers}", fired.len()));
                 }
                 continue;
             }
-            let how = done[0]["how"].as_str().unwrap_or_default();
             let by_event = consumed.contains_key(&format!("go-{id}"));
+            if by_event {
+                took_go.insert(id.clone());
+            }
+            let go = format!("go-{id}");
+            if role.is_some() && state.snapshot.inbox.iter().any(|e| e["id"] == go.as_str()) {
+                inboxed.insert(id.clone());
+            }
+            if role.is_some() {
+                if by_event {
+                    return Err(format!(
+                        "{id} failed by a panic before it waited, yet took its go event"
+                    ));
+                }
+                continue;
+            }
+            let how = done[0]["how"].as_str().unwrap_or_default();
             if by_event && self.keyed_only.get(id) == Some(&true) {
                 by_key += 1;
             }
@@ -2085,8 +2540,13 @@ impl<'a> World<'a> {
         }
         for id in &self.started {
             let n = children.get(id).map_or(0, Vec::len);
-            if n != 1 {
-                return Err(format!("{id} has {n} subflows, not 1: {:?}", children.get(id)));
+            // Failed at its call's result, before it started its subflow.
+            let want = match self.panicky.as_ref() {
+                Some((kind, of)) if *kind == "result" && of == id => 0,
+                _ => 1,
+            };
+            if n != want {
+                return Err(format!("{id} has {n} subflows, not {want}: {:?}", children.get(id)));
             }
         }
         for ((id, op), n) in &self.executed {
@@ -2096,6 +2556,7 @@ impl<'a> World<'a> {
         }
         // Dead letters: at most one per incoming event record.
         let mut dead = BTreeSet::new();
+        let mut panicked = 0;
         for r in self.broker.truth(&topics.deadletter, 0) {
             let origin = r
                 .headers
@@ -2103,6 +2564,20 @@ impl<'a> World<'a> {
                 .find(|(k, _)| k == "sm4c-origin")
                 .map(|(_, v)| String::from_utf8_lossy(v).to_string())
                 .unwrap_or_default();
+            let code = r.headers.iter().find(|(k, _)| k == "sm4c-deadletter-code");
+            if code.is_some_and(|(_, c)| c.as_slice() == b"panicked") {
+                // The command whose decision panicked, and nothing else.
+                let c: Command = serde_json::from_slice(r.payload.as_deref().unwrap_or_default())
+                    .map_err(|e| format!("the panicked command from {origin}: {e}"))?;
+                let v = serde_json::to_value(&c).unwrap_or_default();
+                let id = v.get("id").and_then(Value::as_str).unwrap_or_default();
+                let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default();
+                let ours = self.panicky.as_ref().is_some_and(|(k, _)| *k == kind);
+                if !ours || panic_role(&self.panicky, id) != Some(true) {
+                    return Err(format!("a {kind} command for {id:?} is dead-lettered as panicked"));
+                }
+                panicked += 1;
+            }
             // A broker that shows aborted records shows the workers the commands an aborted
             // transaction routed too: an event for an ended instance routed in one is
             // dead-lettered again when it is routed anew. Kafka hides them.
@@ -2110,14 +2585,25 @@ impl<'a> World<'a> {
                 return Err(format!("the event from {origin} is dead-lettered twice"));
             }
         }
-        // An instance that ended by its timer took no go event: each one sent to it is
-        // dead-lettered (once, as checked above).
+        if self.panicky.is_some() && panicked == 0 {
+            return Err(format!(
+                "no command is dead-lettered as panicked, though deciding {:?} panics",
+                self.panicky
+            ));
+        }
+        // An instance that did not take its go event (it ended by its timer, or a panic failed
+        // it): each one sent to it is dead-lettered (once, as checked above), unless it reached
+        // the instance, which holds it in its inbox as it ended (a panic failed it before it
+        // waited for it).
+        for (id, event, origin) in &self.steps {
+            if !seq_took.contains(event) && !dead.contains(origin) {
+                return Err(format!(
+                    "step {event} of {id} ({origin}) was neither taken nor dead-lettered"
+                ));
+            }
+        }
         for (id, origin) in &self.gos {
-            let by_timer = sent
-                .get(id)
-                .and_then(|d| d.first())
-                .is_some_and(|d| d["how"] == "timer");
-            if by_timer && !dead.contains(origin) {
+            if !took_go.contains(id) && !inboxed.contains(id) && !dead.contains(origin) {
                 return Err(format!("the go event for {id} ({origin}) is not dead-lettered"));
             }
         }
@@ -2145,21 +2631,39 @@ fn message(topic: &str, p: i32, r: &Rec) -> OwnedMessage {
     )
 }
 
+/// What a seed's run saw, for the checks that the faults happen.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    /// Instances that took a go event routed by key.
+    by_key: usize,
+    /// Whether its groups rebalanced eagerly.
+    eager: bool,
+    /// Transactions held on a partition by late markers, and those the stall guard landed.
+    held: usize,
+    unstuck: usize,
+}
+
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
-/// Runs one seed: how many instances took a go event routed by key, and whether its groups
-/// rebalanced eagerly.
-fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<(usize, bool), (String, Vec<String>)> {
+fn run(shared: &Shared, seed: u64, verbose: bool) -> Result<Seen, (String, Vec<String>)> {
     run_traced(shared, seed, verbose).0
 }
 
 /// [`run`], and the whole schedule as it ran.
 #[allow(clippy::type_complexity)]
-fn run_traced(
-    shared: &Shared,
-    seed: u64,
-    verbose: bool,
-) -> (Result<(usize, bool), (String, Vec<String>)>, Vec<String>) {
+fn run_traced(shared: &Shared, seed: u64, verbose: bool) -> (Result<Seen, (String, Vec<String>)>, Vec<String>) {
     let mut w = World::new(shared, seed, verbose);
+    let _panics = PanicFor::set(w.panicky.clone());
+    if let Some((kind, id)) = &w.panicky {
+        w.note(format!("deciding a {kind} command of {id} or its subflow panics"));
+    }
+    if w.broker.late {
+        let only = if w.broker.stingy {
+            ", only by the stall guard"
+        } else {
+            ""
+        };
+        w.note(format!("the markers of committed transactions land late{only}"));
+    }
     w.create_schedule();
     let instances = INSTANCES.0 + w.rng.usize(..INSTANCES.1);
     let steps = STEPS.0 + w.rng.usize(..STEPS.1);
@@ -2175,7 +2679,15 @@ fn run_traced(
         .heal()
         .and_then(|()| w.clock_fault.take().map_or(Ok(()), Err))
         .and_then(|()| w.check())
-        .map(|n| (n, w.eager));
+        .map(|by_key| Seen {
+            by_key,
+            eager: w.eager,
+            held: w.broker.held,
+            unstuck: w.broker.unstuck,
+        });
+    if verbose {
+        eprintln!("{r:?}");
+    }
     let trace = w.trace.clone();
     let r = r.map_err(|e| {
         let mode = if w.broker.shows_aborted {
@@ -2226,12 +2738,14 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
-    let (mut by_key, mut eager) = (0, 0);
+    let (mut by_key, mut eager, mut held, mut unstuck) = (0, 0, 0, 0);
     for seed in 0..seeds {
         match run(&shared, seed, false) {
-            Ok((n, e)) => {
-                by_key += n;
-                eager += usize::from(e);
+            Ok(seen) => {
+                by_key += seen.by_key;
+                eager += usize::from(seen.eager);
+                held += seen.held;
+                unstuck += seen.unstuck;
             }
             Err((e, trace)) => {
                 let tail = trace[trace.len().saturating_sub(60)..].join("\n");
@@ -2251,8 +2765,13 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         seeds < 20 || (eager >= seeds as usize / 8 && eager <= seeds as usize / 2),
         "{eager} of {seeds} seeds rebalanced eagerly"
     );
+    // Late markers hold partitions back, and the stall guard lands them where nothing else does.
+    assert!(
+        seeds < 20 || (held >= seeds as usize && unstuck > 0),
+        "in {seeds} seeds late markers held {held} transactions, and the stall guard landed {unstuck}"
+    );
     eprintln!(
-        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key"
+        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key; late markers held {held} transactions on a partition, {unstuck} landed by the stall guard"
     );
 }
 
@@ -2282,6 +2801,87 @@ fn seeds_that_caught_a_workers_clock_deciding_pass() {
 
 /// See [`seeds_that_caught_a_workers_clock_deciding_pass`].
 const CLOCK_SEEDS: [u64; 1] = [0];
+
+/// Issue 34, item 2: seeds whose decisions panic ([`panics`]), kept as regression seeds of what
+/// the panic found. A panicking decision failed its instance in place (`force_fail`), not through
+/// the driver: seed 6, whose subflow's timer panics, never ended its parent (nobody told it its
+/// subflow failed), and seed 15, whose call result panics, left the failed instance subscribed to
+/// its correlation key. Both fail with `Decision::guarded` failing the instance in place again.
+/// Seed 65, whose subflow's timer panics, fails when the failure is decided at the panicking
+/// record's timestamp (a timer's carries its proposer's clock) rather than the stream time.
+#[test]
+fn seeds_that_caught_a_panic_failing_its_instance_in_place_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for (seed, kind) in PANIC_SEEDS {
+        let panicky = panics(seed);
+        assert_eq!(
+            panicky.as_ref().map(|(k, _)| *k),
+            Some(kind),
+            "seed {seed} no longer panics at a {kind}"
+        );
+        if let Err((e, _)) = run(&shared, seed, false) {
+            panic!("seed {seed} ({panicky:?}) fails: {e}");
+        }
+    }
+}
+
+/// Issue 34, item 4: seeds whose brokers land late markers only with the stall guard's
+/// transactions ([`Broker::stingy`]), so that every `read_committed` reader goes on only if the
+/// guard's rules ([`super::stall::Watch`], run by each simulated worker by its own clock) find
+/// and end every stalled partition. Both fail with the guard left out, and with a guard that does
+/// not look at the sent events' topic.
+#[test]
+fn seeds_whose_late_markers_only_the_stall_guard_lands_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in GUARD_SEEDS {
+        let w = World::new(&shared, seed, false);
+        assert!(
+            w.broker.late && w.broker.stingy,
+            "seed {seed} no longer lands markers only by the guard"
+        );
+        match run(&shared, seed, false) {
+            Ok(seen) => assert!(seen.unstuck > 0, "seed {seed}: the guard landed nothing: {seen:?}"),
+            Err((e, _)) => panic!("seed {seed} fails: {e}"),
+        }
+    }
+}
+
+/// Issue 34, the simulation's check of event order per instance: a seed whose sequence `s52`
+/// ([`sequence`]) took step 2 before step 1 when a restore put the parked events of its key's
+/// partition in the order of their expiry rather than the order they were read (an event routed
+/// by key is parked at the stream time of the partition that sent it there). It fails with the
+/// restore sorting them by expiry again.
+#[test]
+fn a_seed_that_caught_an_instance_taking_its_events_out_of_order_passes() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in ORDER_SEEDS {
+        assert!(
+            World::new(&shared, seed, false).seq_rng.is_some(),
+            "seed {seed} runs no sequence"
+        );
+        if let Err((e, _)) = run(&shared, seed, false) {
+            panic!("seed {seed} fails: {e}");
+        }
+    }
+}
+
+/// See [`a_seed_that_caught_an_instance_taking_its_events_out_of_order_passes`].
+const ORDER_SEEDS: [u64; 1] = [123];
+
+/// See [`seeds_whose_late_markers_only_the_stall_guard_lands_pass`].
+const GUARD_SEEDS: [u64; 2] = [7, 21];
+
+/// See [`seeds_that_caught_a_panic_failing_its_instance_in_place_pass`].
+const PANIC_SEEDS: [(u64, &str); 3] = [(6, "timer"), (15, "result"), (65, "timer")];
 
 #[test]
 fn an_expired_instance_leaves_the_local_store_and_its_index_in_the_transaction_that_deletes_it() {
