@@ -2201,7 +2201,11 @@ fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
     assert_eq!(inst["status"], "completed", "{inst}");
     // The run reads its nominal time (the jq function `schedule`).
     assert_eq!(inst["data"], json!({"from": "schedule", "nominal": nominal}), "{inst}");
-    assert_eq!(inst["scheduled"], json!({"schedule": "sec", "nominalTime": nominal}), "{inst}");
+    assert_eq!(
+        inst["scheduled"],
+        json!({"schedule": "sec", "nominalTime": nominal}),
+        "{inst}"
+    );
     // And the start's journal entry records it.
     let history = s.history(&format!("sec@{nominal}"));
     let start = history.iter().find(|e| e["input"] == "start").expect("a start entry");
