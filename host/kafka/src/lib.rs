@@ -1408,18 +1408,8 @@ impl Backend for KafkaHost {
                     // As in SQLite mode: an unknown schedule is a 404 before its specification
                     // is looked at (the owner decides again).
                     self.known_schedule(&id)?;
-                    if let Some(o) = doc.as_object_mut() {
-                        match o.get("id") {
-                            None => drop(o.insert("id".into(), json!(id))),
-                            Some(given) if *given == json!(id) => {}
-                            Some(given) => {
-                                return Err(HostError::InvalidSchedule(vec![(
-                                    "/id".into(),
-                                    format!("{given} disagrees with the path's schedule {id:?}"),
-                                )]))
-                            }
-                        }
-                    }
+                    sm4c_schedule::path_id(&mut doc, &id)
+                        .map_err(|why| HostError::InvalidSchedule(vec![("/id".into(), why)]))?;
                     let spec = self.checked_spec(&doc)?;
                     self.schedule_write(&id, ScheduleCmd::Replace { spec: spec.to_json() })
                         .await

@@ -15,8 +15,10 @@ pub mod cron;
 pub mod plan;
 pub mod spec;
 pub mod view;
+pub mod wakes;
 
 pub use cron::Cron;
 pub use plan::{Action, Run, Skipped, State};
-pub use spec::{instance_id, parse_time, rfc3339, Overlap, Spec, SpecError, When};
+pub use spec::{instance_id, parse_time, path_id, rfc3339, Overlap, Spec, SpecError, When};
 pub use view::{view, UPCOMING};
+pub use wakes::Wakes;

@@ -371,6 +371,19 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_else(|| ms.to_string())
 }
 
+/// Gives a specification sent to `PUT /schedules/{id}` the path's `id` when it has none; `Err`
+/// (what is wrong with its `/id`) when it names another.
+pub fn path_id(doc: &mut Value, id: &str) -> Result<(), String> {
+    if let Some(o) = doc.as_object_mut() {
+        match o.get("id") {
+            None => drop(o.insert("id".into(), json!(id))),
+            Some(given) if *given == json!(id) => {}
+            Some(given) => return Err(format!("{given} disagrees with the path's schedule {id:?}")),
+        }
+    }
+    Ok(())
+}
+
 /// Reads an RFC 3339 time as ms since the epoch.
 pub fn parse_time(text: &str) -> Result<i64, String> {
     chrono::DateTime::parse_from_rfc3339(text)

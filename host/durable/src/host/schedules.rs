@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use sm4c_host::service::{HostError, ScheduleOp};
 use sm4c_runtime::engine::Scheduled;
 use sm4c_runtime::{Input, Status};
-use sm4c_schedule::{rfc3339, Action, Spec, State, UPCOMING};
+use sm4c_schedule::{rfc3339, Action, Spec, State, Wakes, UPCOMING};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The schedules a durable host keeps, in memory beside the store.
@@ -16,10 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub(super) struct Schedules {
     all: BTreeMap<String, (Spec, State)>,
     /// When each schedule next has something to do.
-    wakes: BTreeSet<(i64, String)>,
-    /// Each schedule's entry in `wakes`, to take it out without a scan (ten thousand schedules
-    /// firing each minute each change their entry).
-    wake_of: std::collections::HashMap<String, i64>,
+    wakes: Wakes,
     /// Changed in this batch: written (or deleted) with it.
     dirty: BTreeSet<String>,
     /// Schedules that started a run in this batch: woken again only once it is decided (a tick
@@ -37,23 +34,16 @@ impl Schedules {
 
     /// The next time one has something to do.
     pub(super) fn next_wake(&self) -> Option<i64> {
-        self.wakes.first().map(|(t, _)| *t)
+        self.wakes.first().map(|(t, _)| t)
     }
 
     fn unwake(&mut self, id: &str) {
-        if let Some(t) = self.wake_of.remove(id) {
-            self.wakes.remove(&(t, id.to_string()));
-        }
+        self.wakes.set(id, None);
     }
 
     fn reindex(&mut self, id: &str, now: i64) {
-        self.unwake(id);
-        if let Some((spec, state)) = self.all.get(id) {
-            if let Some(t) = state.wake_at(spec, now) {
-                self.wakes.insert((t, id.to_string()));
-                self.wake_of.insert(id.to_string(), t);
-            }
-        }
+        let at = self.all.get(id).and_then(|(spec, state)| state.wake_at(spec, now));
+        self.wakes.set(id, at);
     }
 }
 
@@ -100,17 +90,9 @@ impl Loop {
         // batch at a time as the loop comes back, rather than all created at once and written
         // (then read back) before most of them run.
         let room = self.limits.batch.saturating_sub(self.queue.len());
-        let due: Vec<(i64, String)> = self
-            .schedules
-            .wakes
-            .iter()
-            .take_while(|(t, _)| *t <= now)
-            .take(room)
-            .cloned()
-            .collect();
-        for key in due {
-            self.schedules.unwake(&key.1);
-            let id = key.1;
+        let due = self.schedules.wakes.due(now, room);
+        for id in due {
+            self.schedules.unwake(&id);
             self.reconcile(&id);
             let Some((spec, state)) = self.schedules.all.get_mut(&id) else {
                 continue;
@@ -302,18 +284,8 @@ impl Loop {
             }
             ScheduleOp::Replace(id, mut doc) => {
                 exists(&self.schedules, &id)?;
-                if let Some(o) = doc.as_object_mut() {
-                    match o.get("id") {
-                        None => drop(o.insert("id".into(), json!(id))),
-                        Some(given) if *given == json!(id) => {}
-                        Some(given) => {
-                            return Err(HostError::InvalidSchedule(vec![(
-                                "/id".into(),
-                                format!("{given} disagrees with the path's schedule {id:?}"),
-                            )]))
-                        }
-                    }
-                }
+                sm4c_schedule::path_id(&mut doc, &id)
+                    .map_err(|why| HostError::InvalidSchedule(vec![("/id".into(), why)]))?;
                 let spec = self.spec_of(&doc)?;
                 let Some((old, state)) = self.schedules.all.get_mut(&id) else {
                     return Err(HostError::UnknownSchedule(id));

@@ -34,9 +34,7 @@ pub(super) struct Scheds {
     /// Each schedule's specification and state.
     pub(super) all: BTreeMap<String, (Spec, State)>,
     /// When each next has something to do (ms).
-    wakes: BTreeSet<(i64, String)>,
-    /// Each schedule's entry in `wakes`.
-    wake_of: HashMap<String, i64>,
+    wakes: sm4c_schedule::Wakes,
     /// Ticks proposed and not decided yet: schedule → when to propose it again (ms). Ordered,
     /// so that what is proposed follows from the inputs alone (the simulation replays seeds).
     proposed: BTreeMap<String, i64>,
@@ -78,19 +76,12 @@ impl Scheds {
     }
 
     fn unwake(&mut self, id: &str) {
-        if let Some(t) = self.wake_of.remove(id) {
-            self.wakes.remove(&(t, id.to_string()));
-        }
+        self.wakes.set(id, None);
     }
 
     fn reindex(&mut self, id: &str, now: i64) {
-        self.unwake(id);
-        if let Some((spec, state)) = self.all.get(id) {
-            if let Some(t) = state.wake_at(spec, now) {
-                self.wakes.insert((t, id.to_string()));
-                self.wake_of.insert(id.to_string(), t);
-            }
-        }
+        let at = self.all.get(id).and_then(|(spec, state)| state.wake_at(spec, now));
+        self.wakes.set(id, at);
     }
 
     /// The schedules whose tick to propose at `now` (the worker's clock): those whose time came,
@@ -98,7 +89,7 @@ impl Scheds {
     /// not have taken it). A tick decided twice does nothing more.
     pub(super) fn due(&mut self, now: i64) -> Vec<String> {
         let mut out = Vec::new();
-        while let Some((t, id)) = self.wakes.first().cloned() {
+        while let Some((t, id)) = self.wakes.first().map(|(t, id)| (t, id.to_string())) {
             if t > now {
                 break;
             }
