@@ -722,3 +722,104 @@ fn a_scheduled_run_reads_its_nominal_time_in_both_languages() {
                "at": "2026-11-28T02:00:00Z"})
     );
 }
+
+/// A history recorded by one definition, compared against another (`sm4c replay`'s core).
+fn recorded(m: &Arc<Machine>, data: Value) -> sm4c_runtime::engine::history::History {
+    let mut i = Instance::new(
+        m.clone(),
+        "h",
+        Options {
+            trace: true,
+            ..Options::default()
+        },
+    );
+    let out = i.handle(Timed {
+        at: 5,
+        input: Input::Start { data, scheduled: None },
+    });
+    let entries: Vec<Value> = out
+        .entries
+        .iter()
+        .zip(1..)
+        .map(|(e, seq)| sm4c_runtime::engine::history::history_entry(seq, e))
+        .collect();
+    sm4c_runtime::engine::history::History::from_json(&json!({"id": "h", "entries": entries})).expect("readable")
+}
+
+#[test]
+fn replaying_a_history_notes_data_no_decision_depended_on() {
+    use sm4c_runtime::engine::history::compare;
+    // The enter action fails, is handled, and the same transitions fire; only the failure's message
+    // and a condition's non-boolean value differ.
+    let def = |msg: &str, cond: &str| {
+        machine(json!({
+            "id": "n", "name": "n", "version": "1",
+            "states": [
+                {"name": "A", "start": true,
+                 "enterAction": {"type": "injectData", "expression": format!("${{ error(\"{msg}\") }}"),
+                                 "errorHandlers": [{"resultHandler": "${ .handled = true }"}]},
+                 "transitions": [{"nextState": "C", "condition": cond}, {"nextState": "B", "condition": "${ .handled }"}]},
+                {"name": "B"},
+                {"name": "C"}
+            ]
+        }))
+    };
+    let old = def("no stock", "${ .count }");
+    let h = recorded(&old, json!({"count": 3}));
+    let same = compare(old.clone(), "h", &h);
+    assert_eq!(same.divergence, None, "{same:?}");
+    assert!(same.notes.is_empty(), "{same:?}");
+    assert!(same.decisions >= 4, "{same:?}");
+
+    let new = def("out of stock", "${ .count | tostring }");
+    let c = compare(new, "h", &h);
+    assert_eq!(c.divergence, None, "{c:?}");
+    assert_eq!(c.decisions, same.decisions);
+    assert_eq!(c.notes.len(), 2, "{c:?}");
+    assert!(
+        c.notes
+            .iter()
+            .any(|n| n.contains("\"out of stock\"") && n.contains("\"no stock\"")),
+        "{c:?}"
+    );
+    assert!(
+        c.notes
+            .iter()
+            .any(|n| n.contains("\"3\"") && n.contains("/states/0/transitions/0")),
+        "{c:?}"
+    );
+
+    // A condition that now fires is a decision: it diverges at the transition, in state A.
+    let fires = def("no stock", "${ .count > 1 }");
+    let c = compare(fires, "h", &h);
+    let d = c.divergence.expect("diverges");
+    assert_eq!(d.state.as_deref(), Some("A"));
+    assert!(d.summary().contains("transitionFired"), "{}", d.summary());
+    assert!(
+        d.differences
+            .iter()
+            .any(|f| f.pointer == "/next" && f.recorded == json!("B") && f.decided == json!("C")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_history_that_is_not_one_is_refused_with_its_pointer() {
+    use sm4c_runtime::engine::history::History;
+    let e = History::from_json(
+        &json!({"entries": [{"entry": "input", "input": "start", "at": 1, "data": {}}, {"entry": "effect"}]}),
+    )
+    .expect_err("no effect tag");
+    assert_eq!(e.pointer, "/entries/1");
+    assert!(e.message.starts_with("not a journal entry"), "{e}");
+    let e = History::from_json(&json!([{"entry": "input", "input": "start", "at": 1, "data": {}, "seq": "one"}]))
+        .expect_err("seq");
+    assert_eq!(e.pointer, "/0/seq");
+    let e = History::from_json(&json!("history")).expect_err("a string");
+    assert_eq!(
+        (e.pointer.as_str(), e.message.as_str()),
+        ("/", "a history is an array of journal entries, not a string")
+    );
+    let h = History::from_json(&json!([{"entry": "input", "input": "start", "at": 1, "data": {}}])).expect("an array");
+    assert_eq!((h.id, h.entries[0].0), (None, 1));
+}

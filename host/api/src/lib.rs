@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use sm4c_host::service::{Answered, Backend, HostError};
 use sm4c_host::tasks::Answer;
 use sm4c_runtime::engine::rfc3339;
+use sm4c_runtime::timespan;
 use sm4c_runtime::validate::is_task_list_name;
-use sm4c_runtime::{timespan, Entry};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -393,16 +393,6 @@ struct PageQuery {
     after: Option<String>,
 }
 
-/// A journal entry as a person reads it.
-fn readable(seq: i64, e: &Entry) -> Value {
-    let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
-    v["seq"] = json!(seq);
-    if let Entry::Input(t) = e {
-        v["time"] = json!(rfc3339(t.at));
-    }
-    v
-}
-
 async fn history(h: Api, id: String, q: PageQuery) -> Result<Json<Value>, ApiError> {
     instance_json(&h, &id)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
@@ -410,7 +400,10 @@ async fn history(h: Api, id: String, q: PageQuery) -> Result<Json<Value>, ApiErr
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.0.to_string()))
         .flatten();
-    let entries: Vec<Value> = rows.iter().map(|(s, e)| readable(*s, e)).collect();
+    let entries: Vec<Value> = rows
+        .iter()
+        .map(|(s, e)| sm4c_runtime::engine::history::history_entry(*s, e))
+        .collect();
     Ok(Json(json!({"id": id, "entries": entries, "next": next})))
 }
 

@@ -5,6 +5,7 @@ mod debug;
 mod files;
 mod forward;
 mod memory;
+mod replay_cmd;
 mod schedule_cmd;
 mod test_cmd;
 mod traces;
@@ -71,6 +72,10 @@ enum Command {
     /// Run one state of a definition and print the transition that fires, the data after it and
     /// the effects.
     TestState(test_cmd::state::TestStateArgs),
+    /// Replay a recorded history (`sm4c history ID --json`, or a folder of them) through a
+    /// definition: exit 0 when it decides the same, 1 at the first divergence (shown field by
+    /// field), 2 for an unreadable history or an invalid definition.
+    Replay(replay_cmd::ReplayArgs),
     /// Print the JSON Schema of the definition language.
     Schema,
     /// Schedules: `sm4c schedule next SPEC` prints a schedule's next times without a server.
@@ -237,6 +242,10 @@ struct RunArgs {
     /// The schedule's id for --nominal-time (default: the definition's id).
     #[arg(long, value_name = "ID", requires = "nominal_time")]
     schedule: Option<String>,
+    /// Write the run's history (its journal, as `sm4c history ID --json` prints one) to this file,
+    /// for `sm4c replay`.
+    #[arg(long, value_name = "FILE")]
+    history: Option<PathBuf>,
     /// Print states entered, actions and transitions on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -373,6 +382,7 @@ fn dispatch(cli: Cli) -> ExitCode {
         Command::Test(args) => test_cmd::run(args),
         Command::TestState(args) => test_cmd::state::run(args),
         Command::Schedule(args) => schedule_cmd::run(args),
+        Command::Replay(args) => replay_cmd::run(args),
         Command::Schema => {
             print!("{SCHEMA}");
             ExitCode::SUCCESS
@@ -502,8 +512,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Clock::Real
         },
         options: Options {
-            journal: false,
-            trace: verbose,
+            journal: args.history.is_some(),
+            trace: verbose || args.history.is_some(),
             max_transitions: args.max_transitions,
             ..Options::default()
         },
@@ -525,6 +535,16 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .await;
         host.settle(&id).await
     });
+    if let Some(path) = &args.history {
+        let entries: Vec<Value> = outcome
+            .journal
+            .iter()
+            .zip(1..)
+            .map(|(e, seq)| sm4c_runtime::engine::history::history_entry(seq, e))
+            .collect();
+        let text = serde_json::to_string_pretty(&json!({"id": outcome.id, "entries": entries}))?;
+        std::fs::write(path, text + "\n").with_context(|| format!("cannot write the history to {}", path.display()))?;
+    }
     if is_asl {
         return asl_outcome(&outcome);
     }

@@ -1677,3 +1677,62 @@ fn every_documented_operation_is_served() {
     }
     assert!(seen >= 30, "{seen} operations");
 }
+
+/// Waits for `paid` (correlated on `customerid`), then sends `com.example.receipt` with the amount.
+fn receipt() -> Value {
+    let mut d = waiter();
+    d["id"] = json!("receipt");
+    d["events"]
+        .as_array_mut()
+        .expect("events")
+        .push(json!({"name": "receipt", "type": "com.example.receipt", "source": "shop"}));
+    d["states"][1] = json!({"name": "Done", "enterAction": {
+        "type": "sendEvent", "event": "receipt", "expression": "${ {amount: .paid.amount} }"
+    }});
+    d
+}
+
+/// A durable instance's history, as `sm4c history ID --json` prints it and as the API's page
+/// gives it, replays through its definition (exit 0), and a changed copy diverges where it sends
+/// other content (exit 1), naming the field.
+#[test]
+fn a_servers_history_replays_through_its_definition_and_a_changed_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = tempfile::tempdir().expect("tempdir");
+    let s = serve_in(dir, &[]);
+    s.define(&receipt());
+    s.start("receipt", "r1", json!({"customerId": "c1"}));
+    s.wait_status("r1", "waiting");
+    let (code, _) = s.send_structured(&json!({"specversion": "1.0", "id": "e1", "source": "shop",
+        "type": "com.example.paid", "customerid": "c1", "datacontenttype": "application/json",
+        "data": {"amount": 7}}));
+    assert_eq!(code, 202);
+    s.wait_status("r1", "completed");
+
+    let url = s.url.as_str();
+    let (code, out, err) = sm4c(&["history", "r1", "--server", url, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let cli_history = write(files.path(), "cli.json", &parse(&out));
+    let (code, page) = s.get("/instances/r1/history");
+    assert_eq!(code, 200);
+    let api_history = write(files.path(), "api.json", &page);
+    let def = write(files.path(), "receipt.json", &receipt());
+    for h in [&cli_history, &api_history] {
+        let (code, out, err) = sm4c(&["replay", h, "--definition", &def]);
+        assert_eq!(code, 0, "{h}: {out}{err}");
+        assert!(out.starts_with("same decisions as recorded: 2 inputs, "), "{out}");
+        // The bare array does not name the instance: the sent event's `sm4cinstanceid` does.
+        assert!(!out.contains("note:"), "{out}");
+    }
+
+    let mut changed = receipt();
+    changed["states"][1]["enterAction"]["expression"] = json!("${ {amount: (.paid.amount * 100)} }");
+    let changed = write(files.path(), "changed.json", &changed);
+    let (code, out, err) = sm4c(&["replay", &cli_history, "--definition", &changed]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.lines().next().expect("line").ends_with("in state \"Done\""),
+        "{out}"
+    );
+    assert!(out.contains("  /event/data/amount: 7 recorded, 700 decided\n"), "{out}");
+}

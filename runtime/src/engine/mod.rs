@@ -9,6 +9,7 @@
 pub mod action;
 pub mod debug;
 pub mod event;
+pub mod history;
 pub mod task;
 pub mod types;
 
