@@ -216,6 +216,10 @@ pub fn needs(method: &Method, path: &str) -> Option<Role> {
         (&Method::GET | &Method::HEAD, p) if crate::ui::is_asset(p) => None,
         (&Method::GET | &Method::HEAD, _) => Some(Role::Read),
         (&Method::POST, "/definitions") => Some(Role::Admin),
+        // Which version takes traffic is the same decision as registering one.
+        (&Method::PUT | &Method::DELETE, p) if p.starts_with("/definitions/") && p.ends_with("/default-version") => {
+            Some(Role::Admin)
+        }
         (&Method::POST, "/events/explain") => Some(Role::Read),
         _ => Some(Role::Operate),
     }
@@ -452,6 +456,18 @@ mod tests {
         assert_eq!(needs(&Method::GET, "/members"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/events/explain"), Some(Role::Read));
         assert_eq!(needs(&Method::POST, "/instances"), Some(Role::Operate));
+        assert_eq!(
+            needs(&Method::PUT, "/definitions/order/default-version"),
+            Some(Role::Admin)
+        );
+        assert_eq!(
+            needs(&Method::DELETE, "/definitions/order/default-version"),
+            Some(Role::Admin)
+        );
+        assert_eq!(
+            needs(&Method::PUT, "/definitions/order/breakpoints"),
+            Some(Role::Operate)
+        );
         assert_eq!(needs(&Method::POST, "/tasks/t/complete"), Some(Role::Operate));
         assert_eq!(needs(&Method::POST, "/definitions"), Some(Role::Admin));
         assert_eq!(needs(&Method::DELETE, "/definitions"), Some(Role::Operate));

@@ -685,6 +685,12 @@ impl Backend for Clustered {
     fn latest(&self, id: &str) -> Option<Arc<Machine>> {
         self.inner.latest(id)
     }
+    fn default_version(&self, id: &str) -> Option<String> {
+        self.inner.default_version(id)
+    }
+    fn set_default_version(&self, id: String, version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
+        self.inner.set_default_version(id, version)
+    }
     fn start_instance(
         &self,
         definition: String,

@@ -133,6 +133,10 @@ fn routes(host: Api) -> Router {
             "/definitions/{id}/breakpoints",
             put(put_breakpoints).get(get_breakpoints).delete(delete_breakpoints),
         )
+        .route(
+            "/definitions/{id}/default-version",
+            put(put_default_version).delete(delete_default_version),
+        )
         .route("/breakpoints", get(all_breakpoints))
         .route("/instances", post(post_instance).get(list_instances))
         // Subflow instance ids contain `/` (`parent/1.enter/0`), so the rest of the path is the id,
@@ -221,10 +225,46 @@ async fn get_definition(State(h): State<Api>, Path(id): Path<String>) -> Result<
         .filter(|m| m.id == id)
         .map(|m| json!({"version": m.version, "definition": m.source}))
         .collect();
-    let latest = h.latest(&id).ok_or(HostError::UnknownDefinition(id.clone()))?;
-    Ok(Json(
-        json!({"id": id, "latest": latest.version, "definition": latest.source, "versions": versions}),
-    ))
+    // The newest registered is the last of the id in registration order; new starts take the
+    // default version when one is set.
+    let newest = h.machines().into_iter().filter(|m| m.id == id).last();
+    let takes = h.latest(&id);
+    let (Some(newest), Some(takes)) = (newest, takes) else {
+        return Err(HostError::UnknownDefinition(id).into());
+    };
+    Ok(Json(json!({
+        "id": id,
+        "latest": newest.version,
+        "defaultVersion": h.default_version(&id),
+        "startsTake": takes.version,
+        "definition": takes.source,
+        "versions": versions,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefaultVersionBody {
+    version: String,
+}
+
+/// Sets the version new starts of a definition take (one registered already), so that a newer
+/// version can be registered before it takes traffic.
+async fn put_default_version(
+    State(h): State<Api>,
+    Path(id): Path<String>,
+    Body(body): Body<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let b: DefaultVersionBody = serde_json::from_value(body)
+        .map_err(|e| MalformedJson(format!("the body must be {{\"version\": \"V\"}}: {e}")))?;
+    h.set_default_version(id.clone(), Some(b.version)).await?;
+    get_definition(State(h), Path(id)).await
+}
+
+/// Clears the default version: new starts take the newest registered again.
+async fn delete_default_version(State(h): State<Api>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    h.set_default_version(id.clone(), None).await?;
+    get_definition(State(h), Path(id)).await
 }
 
 #[derive(Deserialize)]

@@ -172,6 +172,21 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Show or set the version new starts of a definition take: with VERSION it becomes the
+    /// default version (a newer one can then be registered without taking traffic), `--latest`
+    /// clears it (new starts take the newest again), neither shows it.
+    DefaultVersion {
+        /// Definition id.
+        definition: String,
+        /// A registered version of it.
+        #[arg(conflicts_with = "latest")]
+        version: Option<String>,
+        /// Clear the default version: new starts take the newest registered.
+        #[arg(long)]
+        latest: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Cancel an instance.
     Cancel {
         /// Instance id.
@@ -492,6 +507,47 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 print_json(&v);
             } else {
                 print!("{}", explain_text(&v));
+            }
+        }
+        ClientCommand::DefaultVersion {
+            definition,
+            version,
+            latest,
+            remote,
+        } => {
+            let path = format!("/definitions/{}", sm4c_invoke::rest::encode(&definition));
+            let v = match (version, latest) {
+                (Some(v), _) => {
+                    let body = serde_json::to_vec(&json!({"version": v})).unwrap_or_default();
+                    call(
+                        &remote,
+                        "PUT",
+                        &format!("{path}/default-version"),
+                        Some(("application/json", body)),
+                    )?
+                }
+                (None, true) => call(&remote, "DELETE", &format!("{path}/default-version"), None)?,
+                (None, false) => call(&remote, "GET", &path, None)?,
+            };
+            if remote.json {
+                let mut v = v;
+                // The documents of the versions are what `GET /definitions/{id}` is for.
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("definition");
+                    o.remove("versions");
+                }
+                print_json(&v);
+            } else {
+                let how = match v["defaultVersion"].as_str() {
+                    Some(_) => "its default version".to_string(),
+                    None => "the newest; no default version is set".to_string(),
+                };
+                println!(
+                    "new starts of {} take version {} ({how}); the newest is {}",
+                    s(&v["id"]),
+                    s(&v["startsTake"]),
+                    s(&v["latest"])
+                );
             }
         }
         ClientCommand::Cancel { id, remote } => {

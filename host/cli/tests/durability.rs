@@ -2561,3 +2561,117 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
     assert_eq!(code, Some(1));
     assert!(err.contains("unknownSchedule (404)"), "{err}");
 }
+
+/// A version of `greeter` that greets with `word`.
+fn greeter(version: &str, word: &str) -> Value {
+    json!({
+        "id": "greeter", "name": "Greeter", "version": version,
+        "states": [{"name": "Greet", "start": true,
+            "enterAction": {"type": "injectData", "expression": format!("${{ \"{word} \" + .name }}")},
+            "enterResultHandler": "${ .greeting = $value }"}]
+    })
+}
+
+/// A default version holds new starts on it while newer versions are registered, is shown by
+/// `GET /definitions/{id}`, survives a SIGKILL, and once cleared new starts take the newest again.
+#[test]
+fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("versions.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&greeter("1", "Hello"));
+    let cli = |s: &Server, args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &s.base])
+            .output()
+            .expect("sm4c runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = cli(&s, &["default-version", "greeter", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        "new starts of greeter take version 1 (its default version); the newest is 1"
+    );
+    // Version 2 is registered but takes no traffic; a start may still name it.
+    s.define(&greeter("2", "Hi"));
+    let (st, v) = s.get("/definitions/greeter");
+    assert_eq!(st, 200);
+    assert_eq!(
+        (&v["latest"], &v["defaultVersion"], &v["startsTake"]),
+        (&json!("2"), &json!("1"), &json!("1")),
+        "{v}"
+    );
+    assert_eq!(v["definition"]["version"], "1", "{v}");
+    s.start_instance("greeter", "g1", json!({"name": "Ada"}));
+    let (st, b) = s.post(
+        "/instances",
+        &json!({"definition": "greeter", "version": "2", "id": "g2", "input": {"name": "Bo"}}),
+    );
+    assert_eq!(st, 201, "{b}");
+    let g1 = s.wait_instance("g1", Duration::from_secs(10), "g1 ends", |v| v["status"] == "completed");
+    let g2 = s.wait_instance("g2", Duration::from_secs(10), "g2 ends", |v| v["status"] == "completed");
+    assert_eq!(
+        (&g1["version"], &g1["data"]["greeting"]),
+        (&json!("1"), &json!("Hello Ada")),
+        "{g1}"
+    );
+    assert_eq!(
+        (&g2["version"], &g2["data"]["greeting"]),
+        (&json!("2"), &json!("Hi Bo")),
+        "{g2}"
+    );
+
+    // An unknown version or definition is refused and changes nothing.
+    let (code, _, err) = cli(&s, &["default-version", "greeter", "9"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no definition \"greeter version 9\""), "{err}");
+    let (code, _, err) = cli(&s, &["default-version", "nobody", "1"]);
+    assert_eq!(code, Some(1), "{err}");
+    let (st, b) = s.send(
+        s.client
+            .put(format!("{}/definitions/greeter/default-version", s.base))
+            .header("content-type", "application/json")
+            .body("{\"version\": 2, \"extra\": true}"),
+        "a bad body",
+    );
+    assert_eq!((st, b["error"].as_str()), (400, Some("malformedJson")), "{b}");
+    assert_eq!(s.get("/definitions/greeter").1["startsTake"], "1");
+
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let (_, v) = s.get("/definitions/greeter");
+    assert_eq!(
+        (&v["defaultVersion"], &v["startsTake"]),
+        (&json!("1"), &json!("1")),
+        "{v}"
+    );
+    s.start_instance("greeter", "g3", json!({"name": "Cy"}));
+    let g3 = s.wait_instance("g3", Duration::from_secs(10), "g3 ends", |v| v["status"] == "completed");
+    assert_eq!(g3["version"], "1", "{g3}");
+
+    // Cleared: the newest takes the starts again.
+    let (code, out, err) = cli(&s, &["default-version", "greeter", "--latest", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        v,
+        json!({"id": "greeter", "latest": "2", "defaultVersion": null, "startsTake": "2"})
+    );
+    s.start_instance("greeter", "g4", json!({"name": "Di"}));
+    let g4 = s.wait_instance("g4", Duration::from_secs(10), "g4 ends", |v| v["status"] == "completed");
+    assert_eq!(
+        (&g4["version"], &g4["data"]["greeting"]),
+        (&json!("2"), &json!("Hi Di")),
+        "{g4}"
+    );
+}

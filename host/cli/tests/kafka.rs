@@ -4635,3 +4635,121 @@ fn a_worker_says_when_the_broker_lost_records_it_had_acknowledged() {
         &[&w],
     );
 }
+
+/// A version of `greeter` that greets with `word`.
+fn greeter(version: &str, word: &str) -> Value {
+    json!({
+        "id": "greeter", "name": "Greeter", "version": version,
+        "states": [{"name": "Greet", "start": true,
+            "enterAction": {"type": "injectData", "expression": format!("${{ \"{word} \" + .name }}")},
+            "enterResultHandler": "${ .greeting = $value }"}]
+    })
+}
+
+/// The default version set on one worker is what every worker's starts take (it is on the
+/// definitions topic), a restarted worker reads it back, and clearing it on another worker sends
+/// the starts to the newest again.
+#[test]
+fn a_default_version_set_on_one_worker_holds_the_starts_of_every_worker_and_survives_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let args = worker_args(&broker, "versions", 2, &[]);
+    let w1 = Worker::start(dir.path(), "w1", &args);
+    let mut w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 2);
+    let (st, v) = w1.post("/definitions", greeter("1", "Hello"));
+    assert_eq!(st, 201, "{v}");
+    let (st, by, v) = ask_worker(
+        &w1,
+        reqwest::Method::PUT,
+        "/definitions/greeter/default-version",
+        Some(json!({"version": "1"})),
+    );
+    assert_eq!(st, 200, "{by:?} {v}");
+    assert_eq!(v["startsTake"], "1", "{v}");
+    let (st, v) = w2.post("/definitions", greeter("2", "Hi"));
+    assert!(st == 201 || st == 200, "{v}");
+    wait_until(
+        "w2 to read the default version",
+        30,
+        || w2.get("/definitions/greeter")["defaultVersion"] == "1",
+        &[&w1, &w2],
+    );
+    let v = w2.get("/definitions/greeter");
+    assert_eq!((&v["latest"], &v["startsTake"]), (&json!("2"), &json!("1")), "{v}");
+    for (w, id) in [(&w1, "g1"), (&w2, "g2")] {
+        start(w, "greeter", id, json!({"name": id}));
+    }
+    for id in ["g1", "g2"] {
+        wait_until(
+            "the greeting",
+            30,
+            || w1.get(&format!("/instances/{id}"))["status"] == "completed",
+            &[&w1, &w2],
+        );
+        let v = w1.get(&format!("/instances/{id}"));
+        assert_eq!(
+            (&v["version"], &v["data"]["greeting"]),
+            (&json!("1"), &json!(format!("Hello {id}"))),
+            "{v}"
+        );
+    }
+
+    // A worker killed and started again reads the default back from the definitions topic.
+    w2.kill9();
+    w2.run();
+    wait_owned(&[&w1, &w2], 2);
+    wait_until(
+        "the restarted w2 to read the default version",
+        30,
+        || {
+            http()
+                .get(format!("{}/definitions/greeter", w2.base))
+                .send()
+                .ok()
+                .and_then(|r| r.json::<Value>().ok())
+                .is_some_and(|v| v["defaultVersion"] == "1" && v["latest"] == "2")
+        },
+        &[&w1, &w2],
+    );
+    let (st, _, v) = ask_worker(
+        &w2,
+        reqwest::Method::PUT,
+        "/definitions/greeter/default-version",
+        Some(json!({"version": "7"})),
+    );
+    assert_eq!((st, v["error"].as_str()), (404, Some("unknownDefinition")), "{v}");
+
+    // Cleared on w2: w1's starts take the newest.
+    let (st, _, v) = ask_worker(
+        &w2,
+        reqwest::Method::DELETE,
+        "/definitions/greeter/default-version",
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (&v["defaultVersion"], &v["startsTake"]),
+        (&Value::Null, &json!("2")),
+        "{v}"
+    );
+    wait_until(
+        "w1 to read the cleared default",
+        30,
+        || w1.get("/definitions/greeter")["startsTake"] == "2",
+        &[&w1, &w2],
+    );
+    start(&w1, "greeter", "g3", json!({"name": "g3"}));
+    wait_until(
+        "g3",
+        30,
+        || w1.get("/instances/g3")["status"] == "completed",
+        &[&w1, &w2],
+    );
+    let v = w1.get("/instances/g3");
+    assert_eq!(
+        (&v["version"], &v["data"]["greeting"]),
+        (&json!("2"), &json!("Hi g3")),
+        "{v}"
+    );
+}

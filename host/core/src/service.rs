@@ -18,13 +18,46 @@ pub struct Registry {
     /// Newest version of each id, by registration order.
     latest: HashMap<String, String>,
     order: Vec<(String, String)>,
+    /// The version new starts take, by id, where one is set (otherwise the newest).
+    defaults: HashMap<String, String>,
 }
 
 impl Registry {
-    /// A definition by id and optional version (newest registered when none).
+    /// A definition by id and optional version; without one, the version new starts take: the
+    /// default version set for the id, else the newest registered.
     pub fn get(&self, id: &str, version: Option<&str>) -> Option<Arc<Machine>> {
-        let v = version.map(str::to_string).or_else(|| self.latest.get(id).cloned())?;
-        self.machines.get(&(id.to_string(), v)).cloned()
+        let v = match version {
+            Some(v) => v,
+            None => self.starts_take(id)?,
+        };
+        self.machines.get(&(id.to_string(), v.to_string())).cloned()
+    }
+
+    /// The newest version registered of `id`.
+    pub fn newest(&self, id: &str) -> Option<&str> {
+        self.latest.get(id).map(String::as_str)
+    }
+
+    /// The default version set for `id`, if one is.
+    pub fn default_version(&self, id: &str) -> Option<&str> {
+        self.defaults.get(id).map(String::as_str)
+    }
+
+    /// The version new starts of `id` take: its default version when one is set (and registered),
+    /// else the newest.
+    pub fn starts_take(&self, id: &str) -> Option<&str> {
+        match self.defaults.get(id) {
+            Some(v) if self.machines.contains_key(&(id.to_string(), v.clone())) => Some(v),
+            _ => self.newest(id),
+        }
+    }
+
+    /// Sets (or, with none, clears) the version new starts of `id` take.
+    pub fn set_default(&mut self, id: &str, version: Option<String>) {
+        match version {
+            Some(v) => self.defaults.insert(id.to_string(), v),
+            None => self.defaults.remove(id),
+        };
     }
 
     /// Every (id, version), in registration order.
@@ -381,6 +414,20 @@ pub trait Backend: Send + Sync + 'static {
         _breakpoints: Vec<Breakpoint>,
     ) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async { self.breakpoints().map(|_| ()) })
+    }
+    /// The default version set for definition `id` (the version new starts take instead of the
+    /// newest), if one is.
+    fn default_version(&self, _id: &str) -> Option<String> {
+        None
+    }
+    /// Sets which version new starts of definition `id` take (none: the newest again). The id and
+    /// the version must be registered.
+    fn set_default_version(&self, id: String, _version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            Err(HostError::NotSupported(format!(
+                "this host cannot set the default version of {id:?}"
+            )))
+        })
     }
     /// A paused instance goes on (`step`: to the next breakpoint-able point).
     fn resume(&self, _id: String, _step: bool) -> BoxFuture<'_, Result<(), HostError>> {

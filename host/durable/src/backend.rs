@@ -33,6 +33,13 @@ impl Backend for DurableHost {
     fn latest(&self, id: &str) -> Option<Arc<Machine>> {
         self.registry().get(id, None)
     }
+    fn default_version(&self, id: &str) -> Option<String> {
+        self.registry().default_version(id).map(str::to_string)
+    }
+    fn set_default_version(&self, id: String, version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
+        let r = DurableHost::set_default_version(self, &id, version.as_deref());
+        Box::pin(async move { r })
+    }
     fn start_instance(
         &self,
         definition: String,

@@ -152,6 +152,9 @@ impl DurableHost {
                 }
             }
         }
+        for (definition, version) in store.default_versions()? {
+            registry.set_default(&definition, Some(version));
+        }
         let registry = Arc::new(RwLock::new(registry));
         let breakpoints = Arc::new(driver::Breakpoints::default());
         for (definition, b) in store.breakpoints()? {
@@ -397,6 +400,23 @@ impl DurableHost {
         let store = &self.store;
         self.breakpoints
             .update(definition, breakpoints, |b| store.put_breakpoints(definition, b))?;
+        Ok(())
+    }
+
+    /// Sets which version new starts of definition `id` take (none: the newest registered, as
+    /// without a default); stored before this returns. Instances already running keep theirs.
+    pub fn set_default_version(&self, id: &str, version: Option<&str>) -> Result<(), HostError> {
+        let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        if registry.newest(id).is_none() {
+            return Err(HostError::UnknownDefinition(id.to_string()));
+        }
+        if let Some(v) = version {
+            if registry.get(id, Some(v)).is_none() {
+                return Err(HostError::UnknownDefinition(format!("{id} version {v}")));
+            }
+        }
+        self.store.put_default_version(id, version)?;
+        registry.set_default(id, version.map(str::to_string));
         Ok(())
     }
 

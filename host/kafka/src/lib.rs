@@ -1098,6 +1098,46 @@ impl Backend for KafkaHost {
         self.shared.machine_or_latest(id, None)
     }
 
+    fn default_version(&self, id: &str) -> Option<String> {
+        let registry = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
+        registry.default_version(id).map(str::to_string)
+    }
+
+    fn set_default_version(&self, id: String, version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
+        Box::pin(async move {
+            {
+                let registry = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
+                if registry.newest(&id).is_none() {
+                    return Err(HostError::UnknownDefinition(id));
+                }
+                if let Some(v) = &version {
+                    if registry.get(&id, Some(v)).is_none() {
+                        return Err(HostError::UnknownDefinition(format!("{id} version {v}")));
+                    }
+                }
+            }
+            // On the definitions topic, after the versions it names, which every worker's view
+            // reads from its beginning: a tombstone clears it.
+            let key = format!("{}{id}", wire::DEFAULT_VERSION_PREFIX);
+            let payload = serde_json::to_vec(&json!({"version": version})).unwrap_or_default();
+            let record = FutureRecord::to(&self.shared.topics.definitions).key(&key);
+            let record = match version {
+                Some(_) => record.payload(&payload),
+                None => record,
+            };
+            self.api
+                .send(record, API_WAIT)
+                .await
+                .map_err(|(e, _)| HostError::Unavailable(format!("cannot write the default version to Kafka: {e}")))?;
+            let shared = self.shared.clone();
+            self.wait_for("the default version", move |_| {
+                let registry = shared.registry.read().unwrap_or_else(|p| p.into_inner());
+                registry.default_version(&id) == version.as_deref()
+            })
+            .await
+        })
+    }
+
     fn start_instance(
         &self,
         definition: String,

@@ -651,6 +651,27 @@ pub(crate) fn run(shared: std::sync::Arc<Shared>) {
                     }
                     continue;
                 }
+                if let Some(definition) = key
+                    .as_deref()
+                    .and_then(|k| k.strip_prefix(super::wire::DEFAULT_VERSION_PREFIX))
+                {
+                    let version = match payload.is_empty() {
+                        true => Ok(None),
+                        false => serde_json::from_slice::<serde_json::Value>(payload)
+                            .map(|v| v.get("version").and_then(serde_json::Value::as_str).map(str::to_string)),
+                    };
+                    match version {
+                        Ok(v) => shared
+                            .registry
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .set_default(definition, v),
+                        Err(e) => {
+                            tracing::warn!(definition, error = %e, "a default version on the definitions topic does not read")
+                        }
+                    }
+                    continue;
+                }
                 if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(payload) {
                     let options = LoadOptions {
                         limits: shared.cfg.expression,

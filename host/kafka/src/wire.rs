@@ -356,6 +356,9 @@ pub const PARKED_PREFIX: &str = "\u{0}parked/";
 /// The key prefix of the step debugger's breakpoints of a definition on the definitions topic
 /// (followed by the definition id; the value is the JSON list, a tombstone clears it).
 pub const BREAKPOINTS_PREFIX: &str = "\u{0}breakpoints/";
+/// The key prefix of a definition id's default version on the definitions topic (followed by the
+/// id; the value is `{"version": V}`, a tombstone clears it: new starts take the newest again).
+pub const DEFAULT_VERSION_PREFIX: &str = "\u{0}default-version/";
 /// See [`PARKED_PREFIX`].
 pub const TALLY_PREFIX: &str = "\u{0}tally/";
 

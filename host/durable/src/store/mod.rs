@@ -132,6 +132,16 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Every schedule ([`Batch::schedules`] writes them).
     fn schedules(&self) -> Result<Vec<ScheduleRow>, StoreError>;
+    /// The default version set for each definition id that has one (the version new starts
+    /// take instead of the newest). By default none are kept.
+    fn default_versions(&self) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Sets (none: clears) the default version of a definition id; durable once it returns. By
+    /// default it is not kept (the host still has it until it stops).
+    fn put_default_version(&self, _definition: &str, _version: Option<&str>) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Sets the breakpoints of a definition (an empty list clears them); durable once it returns.
     /// By default they are not kept (the host still has them until it stops).
     fn put_breakpoints(&self, _definition: &str, _breakpoints: &[Breakpoint]) -> Result<(), StoreError> {

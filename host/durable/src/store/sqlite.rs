@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS parked (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL, expires INTEGER NOT NULL, type TEXT);
 CREATE TABLE IF NOT EXISTS breakpoints (
     definition TEXT PRIMARY KEY, breakpoints TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS default_versions (
+    definition TEXT PRIMARY KEY, version TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS schedules (
     id TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL) WITHOUT ROWID;
 ";
@@ -488,6 +490,27 @@ impl Store for SqliteStore {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<Result<_, _>>()?;
         rows.into_iter().map(|(d, b)| Ok((d, parse(&b)?))).collect()
+    }
+
+    fn default_versions(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT definition, version FROM default_versions ORDER BY definition")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    fn put_default_version(&self, definition: &str, version: Option<&str>) -> Result<(), StoreError> {
+        let conn = self.conn();
+        match version {
+            None => conn.execute("DELETE FROM default_versions WHERE definition = ?1", [definition])?,
+            Some(v) => conn.execute(
+                "INSERT OR REPLACE INTO default_versions (definition, version) VALUES (?1, ?2)",
+                params![definition, v],
+            )?,
+        };
+        Ok(())
     }
 
     fn put_breakpoints(&self, definition: &str, breakpoints: &[Breakpoint]) -> Result<(), StoreError> {
