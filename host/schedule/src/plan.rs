@@ -43,6 +43,21 @@ pub struct Skipped {
     pub paused: u64,
 }
 
+impl Skipped {
+    /// The times skipped since `was` (an earlier count of the same schedule), by reason
+    /// (`overlap`, `catchup`, `paused`; the metric's `reason` label), reasons with none left out.
+    pub fn since(&self, was: &Skipped) -> Vec<(&'static str, u64)> {
+        [
+            ("overlap", self.overlap.saturating_sub(was.overlap)),
+            ("catchup", self.catchup.saturating_sub(was.catchup)),
+            ("paused", self.paused.saturating_sub(was.paused)),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    }
+}
+
 /// What to do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -307,6 +322,23 @@ impl State {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn skipped_since_counts_only_what_is_new() {
+        let was = Skipped {
+            overlap: 2,
+            catchup: 0,
+            paused: 1,
+        };
+        let is = Skipped {
+            overlap: 5,
+            catchup: 0,
+            paused: 1,
+        };
+        assert_eq!(is.since(&was), vec![("overlap", 3)]);
+        assert_eq!(is.since(&Skipped::default()), vec![("overlap", 5), ("paused", 1)]);
+        assert!(was.since(&is).is_empty());
+    }
+
     use super::*;
     use crate::spec::{parse_time, rfc3339};
     use serde_json::json;

@@ -147,17 +147,10 @@ impl Loop {
     fn act(&mut self, id: &str, actions: Vec<Action>, now: i64) {
         if let (Some((_, state)), Some(o)) = (self.schedules.all.get(id), sm4c_host::metrics::observer()) {
             let was = self.schedules.reported.entry(id.to_string()).or_default();
-            let is = &state.skipped;
-            for (why, n) in [
-                ("overlap", is.overlap.saturating_sub(was.overlap)),
-                ("catchup", is.catchup.saturating_sub(was.catchup)),
-                ("paused", is.paused.saturating_sub(was.paused)),
-            ] {
-                if n > 0 {
-                    o.schedule_skipped(why, n);
-                }
+            for (why, n) in state.skipped.since(was) {
+                o.schedule_skipped(why, n);
             }
-            *was = is.clone();
+            *was = state.skipped.clone();
         }
         let started = actions.iter().any(|a| matches!(a, Action::Start { .. }));
         for a in actions {

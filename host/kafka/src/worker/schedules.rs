@@ -328,17 +328,10 @@ impl Decision<'_> {
         };
         if let Some(o) = sm4c_host::metrics::observer() {
             let was = self.t.scheds.reported.entry(id.to_string()).or_default();
-            let is = &state.skipped;
-            for (why, n) in [
-                ("overlap", is.overlap.saturating_sub(was.overlap)),
-                ("catchup", is.catchup.saturating_sub(was.catchup)),
-                ("paused", is.paused.saturating_sub(was.paused)),
-            ] {
-                if n > 0 {
-                    o.schedule_skipped(why, n);
-                }
+            for (why, n) in state.skipped.since(was) {
+                o.schedule_skipped(why, n);
             }
-            *was = is.clone();
+            *was = state.skipped.clone();
         }
         let (definition, version, input) = (spec.definition.clone(), spec.version.clone(), spec.input.clone());
         for a in actions {
