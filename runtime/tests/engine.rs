@@ -823,3 +823,217 @@ fn a_history_that_is_not_one_is_refused_with_its_pointer() {
     let h = History::from_json(&json!([{"entry": "input", "input": "start", "at": 1, "data": {}}])).expect("an array");
     assert_eq!((h.id, h.entries[0].0), (None, 1));
 }
+
+/// Version `v` of an order that waits for `paid` in `wait` (with a one-hour timeout when `timeout`),
+/// then enters `next`, which records which version took it there.
+fn order_version(v: &str, wait: &str, next: &str, timeout: bool) -> Arc<Machine> {
+    let mut transitions = vec![json!({"nextState": next, "eventGroups": [{"events": ["paid"]}]})];
+    if timeout {
+        transitions.push(json!({"nextState": "Expired", "timeout": "PT1H"}));
+    }
+    machine(json!({
+        "id": "order", "name": "order", "version": v,
+        "events": [{"name": "paid", "type": "paid", "source": "shop"}],
+        "states": [
+            {"name": wait, "start": true, "transitions": transitions},
+            {"name": next, "enterAction": {"type": "injectData", "expression": format!("${{ \"{next} on {v}\" }}")},
+             "enterResultHandler": "${ .path = $value }"},
+            {"name": "Expired"}
+        ]
+    }))
+}
+
+fn paid_event() -> Value {
+    json!({"specversion": "1.0", "id": "p1", "source": "shop", "type": "paid"})
+}
+
+#[test]
+fn a_waiting_instance_moves_to_a_mapped_state_keeps_its_timeout_and_finishes_on_the_new_path() {
+    use std::collections::BTreeMap;
+    let v1 = order_version("1", "Wait", "Done", true);
+    let v2 = order_version("2", "AwaitPayment", "Ship", true);
+    let mut i = Instance::new(
+        v1.clone(),
+        "o-1",
+        Options {
+            trace: true,
+            ..Options::default()
+        },
+    );
+    let mut journal = i
+        .handle(Timed {
+            at: 1_000,
+            input: Input::Start {
+                data: json!({}),
+                scheduled: None,
+            },
+        })
+        .entries;
+    assert_eq!(i.timers().get("1.timeout"), Some(&3_601_000));
+
+    // Without a map the state has no counterpart: refused, nothing changes.
+    let before = i.snapshot().clone();
+    let e = i
+        .migrate(v2.clone(), &BTreeMap::new(), 5_000)
+        .expect_err("no counterpart");
+    assert_eq!(e.reason, "noCounterpart");
+    assert!(
+        e.message.contains("state \"Wait\" has no counterpart in version \"2\""),
+        "{e}"
+    );
+    let mut bad = BTreeMap::new();
+    bad.insert("Wait".to_string(), "Nowhere".to_string());
+    assert_eq!(
+        i.migrate(v2.clone(), &bad, 5_000).expect_err("unknown").reason,
+        "unknownState"
+    );
+    assert_eq!(i.snapshot(), &before);
+
+    let map: BTreeMap<String, String> = [("Wait".to_string(), "AwaitPayment".to_string())].into();
+    let plan = i.migration_plan(&v2, &map, 5_000).expect("a plan");
+    assert_eq!((plan.state.as_str(), plan.to.as_str()), ("Wait", "AwaitPayment"));
+    assert_eq!(plan.timers.len(), 1);
+    assert_eq!((plan.timers[0].change, plan.timers[0].due), ("kept", Some(3_601_000)));
+    assert_eq!(i.snapshot(), &before, "a plan changes nothing");
+
+    let out = i.migrate(v2.clone(), &map, 5_000).expect("moves");
+    assert_eq!(
+        out.entries[0],
+        Entry::Input(Timed {
+            at: 5_000,
+            input: Input::Migrate {
+                from: "1".into(),
+                version: "2".into(),
+                states: map.clone()
+            }
+        })
+    );
+    assert!(out.entries.contains(&Entry::Trace(Trace::Migrated {
+        from: "1".into(),
+        version: "2".into(),
+        state: "Wait".into(),
+        to: "AwaitPayment".into()
+    })));
+    assert!(
+        out.effects.is_empty(),
+        "the timeout is kept as it was: {:?}",
+        out.effects
+    );
+    journal.extend(out.entries);
+    assert_eq!(
+        (i.status(), i.state_name(), i.snapshot().version.as_str()),
+        (Status::Waiting, Some("AwaitPayment"), "2")
+    );
+    assert_eq!(i.timers().get("1.timeout"), Some(&3_601_000), "the deadline is kept");
+
+    journal.extend(
+        i.handle(Timed {
+            at: 6_000,
+            input: Input::Event { event: paid_event() },
+        })
+        .entries,
+    );
+    assert_eq!(i.status(), Status::Completed);
+    assert_eq!(i.data()["path"], json!("Ship on 2"));
+
+    // A replay across the migration, given both versions, gives the same instance; without the
+    // old version it cannot start.
+    let versions = |v: &str| match v {
+        "1" => Some(v1.clone()),
+        "2" => Some(v2.clone()),
+        _ => None,
+    };
+    let replayed =
+        Instance::replay_versions(v2.clone(), "o-1", &journal, Options::default(), &versions).expect("replays");
+    assert!(sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), i.snapshot()).is_empty());
+    let e = match Instance::replay(v2.clone(), "o-1", &journal, Options::default()) {
+        Err(e) => e,
+        Ok(_) => panic!("the old version is needed"),
+    };
+    assert!(e.message.contains("version \"1\""), "{e}");
+}
+
+#[test]
+fn a_migration_cancels_or_arms_timeouts_as_the_new_version_says_and_refuses_what_cannot_move() {
+    use std::collections::BTreeMap;
+    let none = BTreeMap::new();
+    let v1 = order_version("1", "Wait", "Done", true);
+    // Version 2 waits without a timeout, and has an execution timeout of one day.
+    let mut doc = json!({
+        "id": "order", "name": "order", "version": "2", "timeout": {"duration": "P1D"},
+        "events": [{"name": "paid", "type": "paid", "source": "shop"}],
+        "states": [{"name": "Wait", "start": true, "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["paid"]}]}]},
+                   {"name": "Done"}]
+    });
+    let v2 = machine(doc.clone());
+    let mut i = Instance::new(v1.clone(), "o-2", Options::default());
+    i.handle(Timed {
+        at: 1_000,
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
+    });
+    let out = i.migrate(v2, &none, 10_000).expect("moves");
+    assert_eq!(
+        out.effects,
+        vec![
+            Effect::CancelTimer {
+                timer: "1.timeout".into()
+            },
+            Effect::StartTimer {
+                timer: sm4c_runtime::engine::EXEC_TIMER.into(),
+                due: 10_000 + 86_400_000
+            },
+        ]
+    );
+    assert_eq!(i.timers().len(), 1);
+
+    // An event already in the inbox is taken by the new state's transition at once.
+    doc["version"] = json!("3");
+    doc["states"][0]["transitions"][0]["nextState"] = json!("Done");
+    let v3 = machine(doc);
+    i.handle(Timed {
+        at: 11_000,
+        input: Input::Event {
+            event: json!({"specversion": "1.0", "id": "x", "source": "elsewhere", "type": "other"}),
+        },
+    });
+    assert_eq!(i.status(), Status::Waiting);
+    i.migrate(v3.clone(), &none, 12_000).expect("moves");
+    assert_eq!(i.status(), Status::Waiting);
+    i.handle(Timed {
+        at: 13_000,
+        input: Input::Event { event: paid_event() },
+    });
+    assert_eq!(i.status(), Status::Completed);
+    let e = i.migrate(v1.clone(), &none, 14_000).expect_err("ended");
+    assert_eq!(e.reason, "ended");
+
+    // In the middle of an action (waiting for a call's result): refused, naming the state.
+    let calling = machine(json!({
+        "id": "order", "name": "order", "version": "4",
+        "functions": [{"name": "charge", "operation": "http://x/api.json#charge"}],
+        "states": [{"name": "Charge", "start": true,
+                    "enterAction": {"type": "invokeFunction", "functionName": "charge", "waitForCompletion": true}}]
+    }));
+    let mut c = Instance::new(calling, "o-3", Options::default());
+    c.handle(Timed {
+        at: 1_000,
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
+    });
+    let e = c.migrate(v1.clone(), &none, 2_000).expect_err("in an action");
+    assert_eq!(e.reason, "inAction");
+    assert!(e.message.contains("its enter action in state \"Charge\""), "{e}");
+    let e = c
+        .migrate(
+            machine(json!({"id": "other", "name": "o", "version": "9", "states": [{"name": "A", "start": true}]})),
+            &none,
+            2_000,
+        )
+        .expect_err("another definition");
+    assert_eq!(e.reason, "otherDefinition");
+}

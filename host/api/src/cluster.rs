@@ -688,6 +688,15 @@ impl Backend for Clustered {
     fn default_version(&self, id: &str) -> Option<String> {
         self.inner.default_version(id)
     }
+    fn migrate(
+        &self,
+        id: String,
+        version: String,
+        states: std::collections::BTreeMap<String, String>,
+        dry_run: bool,
+    ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
+        self.inner.migrate(id, version, states, dry_run)
+    }
     fn set_default_version(&self, id: String, version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
         self.inner.set_default_version(id, version)
     }

@@ -248,6 +248,12 @@ impl From<HostError> for ApiError {
             HostError::TaskClosed { instance, op } => TaskClosed(instance, op).into(),
             HostError::InvalidTaskEvent(m) => InvalidCloudEvent(m).into(),
             HostError::NotPaused(i) => NotPaused(i).into(),
+            HostError::NotMigratable(e) => ApiError {
+                status: StatusCode::CONFLICT,
+                code: "notMigratable",
+                message: e.message,
+                details: Some(json!({"reason": e.reason})),
+            },
             HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
             HostError::InvalidInstanceId(_) => InvalidId.into(),
             HostError::ParkedLimit(m) => ParkedLimit(m).into(),

@@ -349,7 +349,11 @@ async fn instance_get(
     }
 }
 
-async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result<Response, ApiError> {
+async fn instance_post(State(h): State<Api>, Path(rest): Path<String>, req: Request) -> Result<Response, ApiError> {
+    if let Some(id) = rest.strip_suffix("/migrate") {
+        let Body(body) = Body::<MigrateBody>::from_request(req, &()).await?;
+        return Ok(migrate(h, id.to_string(), body).await?.into_response());
+    }
     if let Some(id) = rest.strip_suffix("/resume") {
         return Ok(resume(h, id.to_string(), false).await?.into_response());
     }
@@ -367,6 +371,31 @@ async fn instance_post(State(h): State<Api>, Path(rest): Path<String>) -> Result
             Ok(r)
         }
     }
+}
+
+/// `POST /instances/{id}/migrate`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MigrateBody {
+    version: String,
+    #[serde(default)]
+    states: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Moves an instance to another version of its definition: the instance as it now is, with what
+/// the move did (`migration`); with `dryRun`, only what it would do.
+async fn migrate(h: Api, id: String, body: MigrateBody) -> Result<Json<Value>, ApiError> {
+    instance_json(&h, &id)?;
+    let plan = h.migrate(id.clone(), body.version, body.states, body.dry_run).await?;
+    let plan = serde_json::to_value(&plan).unwrap_or(Value::Null);
+    if body.dry_run {
+        return Ok(Json(json!({"dryRun": true, "plan": plan})));
+    }
+    let mut v = instance_json(&h, &id)?;
+    v["migration"] = plan;
+    Ok(Json(v))
 }
 
 #[derive(Deserialize)]
@@ -784,6 +813,7 @@ mod tests {
             ("/instances/{id}", "get"),
             ("/instances/{id}/history", "get"),
             ("/instances/{id}/cancel", "post"),
+            ("/instances/{id}/migrate", "post"),
             ("/instances/{id}/resume", "post"),
             ("/instances/{id}/step", "post"),
         ] {

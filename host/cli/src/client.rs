@@ -187,6 +187,23 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Move a waiting instance to another version of its definition (`--dry-run`: say what
+    /// that would do, change nothing).
+    Migrate {
+        /// Instance id.
+        id: String,
+        /// The version to move it to.
+        #[arg(long)]
+        version: String,
+        /// A state whose name differs in that version: OLD=NEW (repeatable).
+        #[arg(long = "state", value_name = "OLD=NEW")]
+        states: Vec<String>,
+        /// Say what the move would do; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Cancel an instance.
     Cancel {
         /// Instance id.
@@ -550,6 +567,47 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 );
             }
         }
+        ClientCommand::Migrate {
+            id,
+            version,
+            states,
+            dry_run,
+            remote,
+        } => {
+            let mut map = serde_json::Map::new();
+            for s in &states {
+                let Some((old, new)) = s.split_once('=').filter(|(o, n)| !o.is_empty() && !n.is_empty()) else {
+                    return Err((2, format!("--state {s:?}: expected OLD=NEW, two state names")));
+                };
+                map.insert(old.to_string(), Value::String(new.to_string()));
+            }
+            let body = json!({"version": version, "states": map, "dryRun": dry_run});
+            let v = call(
+                &remote,
+                "POST",
+                &format!("/instances/{}/migrate", sm4c_invoke::rest::encode(&id)),
+                Some(("application/json", body.to_string().into_bytes())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                let plan = if dry_run { &v["plan"] } else { &v["migration"] };
+                let verb = if dry_run { "would move" } else { "moved" };
+                println!(
+                    "{id} {verb} from version {} state {} to version {} state {}",
+                    s(&plan["from"]),
+                    s(&plan["state"]),
+                    s(&plan["version"]),
+                    s(&plan["to"])
+                );
+                for t in plan["timers"].as_array().into_iter().flatten() {
+                    println!("  timer {}: {}", s(&t["timer"]), s(&t["change"]));
+                }
+                if !dry_run {
+                    println!("now {} in state {}", s(&v["status"]), s(&v["state"]));
+                }
+            }
+        }
         ClientCommand::Cancel { id, remote } => {
             let v = call(
                 &remote,
@@ -668,6 +726,20 @@ fn describe(e: &Value) -> String {
                 "taskStarted" => format!(" {} by {}", s(&e["op"]), s(&e["worker"])),
                 "taskHeartbeat" => format!(" {}", s(&e["op"])),
                 "event" => format!(" {} ({})", s(&e["event"]["type"]), s(&e["event"]["id"])),
+                "migrate" => {
+                    let map: Vec<String> = e["states"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(o, n)| format!("{o}={}", s(n)))
+                        .collect();
+                    let map = if map.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", map.join(", "))
+                    };
+                    format!(" from version {} to {}{map}", s(&e["from"]), s(&e["version"]))
+                }
                 _ => String::new(),
             };
             format!("{}  input {what}{extra}", s(&e["time"]))
@@ -715,6 +787,13 @@ fn describe(e: &Value) -> String {
                     s(&e["delay_ms"])
                 ),
                 "finished" => format!("{pad}instance {}", s(&e["status"])),
+                "migrated" => format!(
+                    "{pad}moved from state {} of version {} to state {} of version {}",
+                    s(&e["state"]),
+                    s(&e["from"]),
+                    s(&e["to"]),
+                    s(&e["version"])
+                ),
                 _ => format!("{pad}{e}"),
             }
         }

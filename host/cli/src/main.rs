@@ -651,6 +651,12 @@ fn print_trace(id: &str, t: &Trace) {
         Trace::ActionFailed { op, action, message } => format!("{action} {op} failed: {message}"),
         Trace::Retrying { op, attempt, delay_ms } => format!("retry {op}: attempt {attempt} in {delay_ms} ms"),
         Trace::Finished { status } => format!("instance {}", status.as_str()),
+        Trace::Migrated {
+            from,
+            version,
+            state,
+            to,
+        } => format!("moved from version {from} state {state:?} to version {version} state {to:?}"),
         Trace::Covered { pointer } => format!("took {pointer}"),
         Trace::Paused { at } => format!("paused at {}", serde_json::to_string(at).unwrap_or_default()),
         Trace::Resumed { stepping } => (if *stepping { "stepped" } else { "resumed" }).to_string(),

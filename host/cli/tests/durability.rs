@@ -2675,3 +2675,161 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
         "{g4}"
     );
 }
+
+/// Version `v` of an order that waits for `paid` (correlated on `orderid`) in `wait`, with a
+/// one-hour timeout, then records in `next` which version took it there.
+fn order_version(v: &str, wait: &str, next: &str) -> Value {
+    json!({
+        "id": "order", "name": "Order", "version": v,
+        "events": [{"name": "paid", "type": "paid", "source": "shop",
+                    "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .orderId }"}]}],
+        "states": [
+            {"name": wait, "start": true, "transitions": [
+                {"nextState": next, "eventGroups": [{"events": ["paid"]}]},
+                {"nextState": "Expired", "timeout": "PT1H"}]},
+            {"name": next, "enterAction": {"type": "injectData", "expression": format!("${{ \"{next} on {v}\" }}")},
+             "enterResultHandler": "${ .path = $value }"},
+            {"name": "Expired"}
+        ]
+    })
+}
+
+/// A waiting instance moves to a newer version with a state map (after a dry run that changes
+/// nothing, and refusals that change nothing), keeps its timeout's deadline, survives a SIGKILL
+/// right after the move, and finishes on the new version's path when its event comes; `history`
+/// shows the move.
+#[test]
+fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("migrate.db");
+    let log = dir.path().join("server.log");
+    let mut s = Server::start(&db, None, &log);
+    s.define(&order_version("1", "Wait", "Done"));
+    s.define(&order_version("2", "AwaitPayment", "Ship"));
+    let (st, b) = s.post(
+        "/instances",
+        &json!({"definition": "order", "version": "1", "id": "o1", "input": {"orderId": "o1"}}),
+    );
+    assert_eq!(st, 201, "{b}");
+    let before = s.wait_instance("o1", Duration::from_secs(10), "o1 waits", |v| v["status"] == "waiting");
+    assert_eq!(before["version"], "1");
+    let recorded = s.history("o1").len();
+    let cli = |s: &Server, args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &s.base])
+            .output()
+            .expect("sm4c runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+
+    // Refused without a map: 409 naming the state, and nothing changes.
+    let (st, b) = s.post("/instances/o1/migrate", &json!({"version": "2"}));
+    assert_eq!(
+        (st, b["error"].as_str(), b["details"]["reason"].as_str()),
+        (409, Some("notMigratable"), Some("noCounterpart")),
+        "{b}"
+    );
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("state \"Wait\" has no counterpart in version \"2\""),
+        "{b}"
+    );
+    let (st, b) = s.post("/instances/o1/migrate", &json!({"version": "7"}));
+    assert_eq!((st, b["error"].as_str()), (404, Some("unknownDefinition")), "{b}");
+    // A dry run says what would happen and changes nothing either.
+    let (code, out, err) = cli(
+        &s,
+        &[
+            "migrate",
+            "o1",
+            "--version",
+            "2",
+            "--state",
+            "Wait=AwaitPayment",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("o1 would move from version 1 state Wait to version 2 state AwaitPayment\n"),
+        "{out}"
+    );
+    assert!(out.contains("  timer 1.timeout: kept"), "{out}");
+    let same = s.instance("o1");
+    assert_eq!(
+        (&same["version"], &same["state"]),
+        (&json!("1"), &json!("Wait")),
+        "{same}"
+    );
+    assert_eq!(s.history("o1").len(), recorded, "refusals and a dry run record nothing");
+
+    let (code, out, err) = cli(
+        &s,
+        &[
+            "migrate",
+            "o1",
+            "--version",
+            "2",
+            "--state",
+            "Wait=AwaitPayment",
+            "--json",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        (&v["version"], &v["state"], &v["status"]),
+        (&json!("2"), &json!("AwaitPayment"), &json!("waiting")),
+        "{v}"
+    );
+    assert_eq!(
+        v["migration"]["timers"],
+        json!([{"timer": "1.timeout", "change": "kept", "due": v["migration"]["timers"][0]["due"]}])
+    );
+    // Moved once: the same move again is refused (it is on version 2 already).
+    let (st, b) = s.post("/instances/o1/migrate", &json!({"version": "2"}));
+    assert_eq!((st, b["details"]["reason"].as_str()), (409, Some("sameVersion")), "{b}");
+
+    s.kill9();
+    let s = {
+        drop(s);
+        Server::start(&db, None, &log)
+    };
+    let v = s.instance("o1");
+    assert_eq!(
+        (&v["version"], &v["state"], &v["status"]),
+        (&json!("2"), &json!("AwaitPayment"), &json!("waiting")),
+        "{v}"
+    );
+    let history = s.history("o1");
+    let moves = entries(&history, "input", "input", "migrate");
+    assert_eq!(moves.len(), 1, "{history:?}");
+    assert_eq!(
+        (&moves[0]["from"], &moves[0]["version"], &moves[0]["states"]),
+        (&json!("1"), &json!("2"), &json!({"Wait": "AwaitPayment"}))
+    );
+    let (code, out, _) = cli(&s, &["history", "o1"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("input migrate from version 1 to 2 (Wait=AwaitPayment)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("moved from state Wait of version 1 to state AwaitPayment of version 2"),
+        "{out}"
+    );
+
+    let (st, b) =
+        s.post_event(&json!({"specversion": "1.0", "id": "p1", "source": "shop", "type": "paid", "orderid": "o1"}));
+    assert_eq!(st, 202, "{b}");
+    let done = s.wait_instance("o1", Duration::from_secs(10), "o1 ends", |v| v["status"] == "completed");
+    assert_eq!(done["data"]["path"], "Ship on 2", "{done}");
+    assert!(!s.log().contains("replayMismatch"), "{}", s.log());
+}

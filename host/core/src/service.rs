@@ -144,6 +144,9 @@ pub enum HostError {
     /// An `sm4c.task.*` CloudEvent that cannot answer a task.
     #[error("{0}")]
     InvalidTaskEvent(String),
+    /// The instance cannot move to the version asked for (why); nothing changed.
+    #[error("{}", .0.message)]
+    NotMigratable(sm4c_runtime::engine::migrate::NotMigratable),
     /// The step debugger was asked to resume or step an instance that is not paused.
     #[error("instance {0:?} is not paused")]
     NotPaused(String),
@@ -414,6 +417,22 @@ pub trait Backend: Send + Sync + 'static {
         _breakpoints: Vec<Breakpoint>,
     ) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async { self.breakpoints().map(|_| ()) })
+    }
+    /// Moves instance `id` to `version` of its definition (`states`: old state name to new where
+    /// they differ), or with `dry_run` says what it would do and changes nothing. Answered with
+    /// the plan once the move is committed.
+    fn migrate(
+        &self,
+        id: String,
+        _version: String,
+        _states: std::collections::BTreeMap<String, String>,
+        _dry_run: bool,
+    ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
+        Box::pin(async move {
+            Err(HostError::NotSupported(format!(
+                "moving instance {id:?} to another version is done by the SQLite host (sm4c serve without --kafka)"
+            )))
+        })
     }
     /// The default version set for definition `id` (the version new starts take instead of the
     /// newest), if one is.

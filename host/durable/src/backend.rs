@@ -33,6 +33,15 @@ impl Backend for DurableHost {
     fn latest(&self, id: &str) -> Option<Arc<Machine>> {
         self.registry().get(id, None)
     }
+    fn migrate(
+        &self,
+        id: String,
+        version: String,
+        states: std::collections::BTreeMap<String, String>,
+        dry_run: bool,
+    ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
+        Box::pin(async move { DurableHost::migrate(self, &id, &version, states, dry_run).await })
+    }
     fn default_version(&self, id: &str) -> Option<String> {
         self.registry().default_version(id).map(str::to_string)
     }

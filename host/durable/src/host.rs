@@ -14,6 +14,7 @@ use sm4c_host::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
 use sm4c_host::service::{new_id, Answered, Delivery, HostError, Registry};
 use sm4c_host::tasks::{decode_token, Answer, Poller, Task, TaskLists};
 use sm4c_host::Functions;
+use sm4c_runtime::engine::migrate::MigrationPlan;
 use sm4c_runtime::{load, Effect, Entry, ErrorInfo, ErrorKind, Input, LoadOptions, Machine, Millis, Status, Timed};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -73,6 +74,14 @@ enum Cmd {
     Cancel(String, oneshot::Sender<Result<(), HostError>>),
     /// The step debugger resumes a paused instance (`true`: a step).
     Resume(String, bool, oneshot::Sender<Result<(), HostError>>),
+    /// Moves an instance to another version (or, dry, says what that would do).
+    Migrate {
+        id: String,
+        version: String,
+        states: std::collections::BTreeMap<String, String>,
+        dry_run: bool,
+        reply: oneshot::Sender<Result<MigrationPlan, HostError>>,
+    },
     Result {
         instance: String,
         op: String,
@@ -420,6 +429,27 @@ impl DurableHost {
         Ok(())
     }
 
+    /// Moves instance `id` to `version` of its definition, from the state it waits in to the one
+    /// of the same name there or the one `states` maps it to; answered with what it did once that
+    /// is committed. With `dry_run`, says what it would do and changes nothing.
+    pub async fn migrate(
+        &self,
+        id: &str,
+        version: &str,
+        states: std::collections::BTreeMap<String, String>,
+        dry_run: bool,
+    ) -> Result<MigrationPlan, HostError> {
+        let (id, version) = (id.to_string(), version.to_string());
+        self.ask(|reply| Cmd::Migrate {
+            id,
+            version,
+            states,
+            dry_run,
+            reply,
+        })
+        .await
+    }
+
     /// Resumes a paused instance; with `step`, it pauses again at the next breakpoint-able point.
     /// Answered once the resume is committed.
     pub async fn resume(&self, id: &str, step: bool) -> Result<(), HostError> {
@@ -751,7 +781,12 @@ impl Loop {
             Err(StoreError::Corrupt(e)) => return Ok(Err(("journal", e))),
             Err(e) => return Err(e.into()),
         };
-        let error = match sm4c_runtime::Instance::replay(m, id, &journal, self.driver.options) {
+        let (registry, definition) = (self.registry.clone(), stored.snapshot.definition.clone());
+        let version = move |v: &str| {
+            let r = registry.read().unwrap_or_else(|p| p.into_inner());
+            r.get(&definition, Some(v))
+        };
+        let error = match sm4c_runtime::Instance::replay_versions(m, id, &journal, self.driver.options, &version) {
             Err(e) => {
                 Some(ErrorInfo::new(ErrorKind::ReplayMismatch, e.to_string()).with_details(json!({"entry": e.index})))
             }
@@ -922,6 +957,42 @@ impl Loop {
         self.cache.get_mut(id)
     }
 
+    /// Moves instance `id` to `version` now (in this batch), or says why it cannot.
+    fn migrate(
+        &mut self,
+        id: &str,
+        version: &str,
+        states: &std::collections::BTreeMap<String, String>,
+        dry_run: bool,
+    ) -> Result<MigrationPlan, HostError> {
+        let now = now_ms();
+        let driver = self.driver.clone();
+        let definition = match self.slot(id) {
+            Some(slot) => slot.h.inst.machine().id.clone(),
+            None => return Err(HostError::UnknownInstance(id.to_string())),
+        };
+        let Some(to) = self.machine(&definition, version) else {
+            return Err(HostError::UnknownDefinition(format!("{definition} version {version}")));
+        };
+        let Some(slot) = self.slot(id) else {
+            return Err(HostError::UnknownInstance(id.to_string()));
+        };
+        let plan = slot
+            .h
+            .inst
+            .migration_plan(&to, states, now)
+            .map_err(HostError::NotMigratable)?;
+        if dry_run {
+            return Ok(plan);
+        }
+        let step = driver
+            .migrate(&mut slot.h, to, states, now)
+            .map_err(HostError::NotMigratable)?;
+        slot.dirty = true;
+        self.after_step(id, step, now);
+        Ok(plan)
+    }
+
     fn handle(&mut self, id: &str, input: Input) {
         let now = now_ms();
         let driver = self.driver.clone();
@@ -936,6 +1007,12 @@ impl Loop {
         }
         let step = driver.step(&mut slot.h, Timed { at: now, input });
         slot.dirty = true;
+        self.after_step(id, step, now);
+    }
+
+    /// What an instance's step asks of the host: its effects after the commit, its sent events
+    /// routed, the instance it notifies, the schedule it ran for when it ended.
+    fn after_step(&mut self, id: &str, step: sm4c_host::driver::Step, now: i64) {
         for work in step.work {
             if let Work::Send { event, .. } = &work {
                 self.batch.outbox.push((id.to_string(), event.clone(), now));
@@ -1397,6 +1474,24 @@ impl Loop {
                     self.replies.push(Box::new(move |r| {
                         let _ = reply.send(r);
                     }));
+                }
+            },
+            Cmd::Migrate {
+                id,
+                version,
+                states,
+                dry_run,
+                reply,
+            } => match self.migrate(&id, &version, &states, dry_run) {
+                Ok(plan) if dry_run => {
+                    let _ = reply.send(Ok(plan));
+                }
+                // Answered once the move is committed.
+                Ok(plan) => self.replies.push(Box::new(move |r| {
+                    let _ = reply.send(r.map(|()| plan));
+                })),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
                 }
             },
             Cmd::Result { instance, op, result } => {

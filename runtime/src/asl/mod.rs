@@ -292,7 +292,7 @@ pub fn handle(
                 }
             }
         }
-        Input::Event { .. } | Input::Debug { .. } | Input::Resume { .. } => {}
+        Input::Event { .. } | Input::Debug { .. } | Input::Resume { .. } | Input::Migrate { .. } => {}
         Input::Abort { error } => {
             if let Some(e) = &mut exec {
                 engine::cancel(&mut cx, &mut e.root);

@@ -255,6 +255,12 @@ pub fn compare(machine: Arc<Machine>, id: &str, history: &History) -> Comparison
             continue;
         };
         let input_seq = *seq;
+        if let Input::Migrate { version, .. } = &t.input {
+            out.notes.push(format!(
+                "entry {input_seq} moves the instance to version {version:?}: the decisions after it are that version's, compared up to here"
+            ));
+            return out;
+        }
         out.inputs += 1;
         let decided: Vec<Entry> = inst
             .handle(t.clone())

@@ -10,6 +10,7 @@ pub mod action;
 pub mod debug;
 pub mod event;
 pub mod history;
+pub mod migrate;
 pub mod task;
 pub mod types;
 
@@ -444,6 +445,36 @@ impl Instance {
         journal: &[Entry],
         options: Options,
     ) -> Result<Instance, ReplayError> {
+        Instance::replay_versions(machine, id, journal, options, &|_: &str| None)
+    }
+
+    /// [`Instance::replay`] of a journal that may move the instance to other versions
+    /// ([`Input::Migrate`]): `version` gives the definition of each version it names. The replay
+    /// starts on the version the first migration moved from (on `machine` when there is none).
+    pub fn replay_versions(
+        machine: Arc<Machine>,
+        id: &str,
+        journal: &[Entry],
+        options: Options,
+        version: &dyn Fn(&str) -> Option<Arc<Machine>>,
+    ) -> Result<Instance, ReplayError> {
+        let load = |v: &str, i: usize| {
+            version(v).ok_or_else(|| ReplayError {
+                index: i + 1,
+                message: format!("the journal moves the instance across version {v:?}, which cannot be loaded here"),
+            })
+        };
+        let first = journal.iter().enumerate().find_map(|(i, e)| match e {
+            Entry::Input(Timed {
+                input: Input::Migrate { from, .. },
+                ..
+            }) => Some((i, from)),
+            _ => None,
+        });
+        let machine = match first {
+            Some((i, from)) if *from != machine.version => load(from, i)?,
+            _ => machine,
+        };
         let mut inst = Instance::new(
             machine,
             id,
@@ -473,6 +504,24 @@ impl Instance {
         };
         for (i, e) in journal.iter().enumerate() {
             match e {
+                Entry::Input(Timed {
+                    at,
+                    input: Input::Migrate { version: v, states, .. },
+                }) => {
+                    check_done(&produced, pos, i, input_index)?;
+                    let to = load(v, i)?;
+                    produced = inst
+                        .migrate(to, states, *at)
+                        .map_err(|e| ReplayError {
+                            index: i + 1,
+                            message: format!(
+                                "the journal moves the instance to version {v:?}, which it cannot do now: {e}"
+                            ),
+                        })?
+                        .effects;
+                    pos = 0;
+                    input_index = i;
+                }
                 Entry::Input(t) => {
                     check_done(&produced, pos, i, input_index)?;
                     produced = inst.handle(t.clone()).effects;
@@ -585,8 +634,14 @@ impl Instance {
     }
 
     /// Handles one input and returns what to record and perform.
+    ///
+    /// An [`Input::Migrate`] is not handled here (it needs the other version's definition): see
+    /// [`Instance::migrate`]; given here, it does nothing.
     pub fn handle(&mut self, timed: Timed) -> Output {
         let mut out = Output::default();
+        if matches!(timed.input, Input::Migrate { .. }) {
+            return out;
+        }
         if self.options.journal {
             out.entries.push(Entry::Input(timed.clone()));
         }
@@ -769,7 +824,7 @@ impl Instance {
             return;
         }
         let next = match timed.input {
-            Input::Debug { .. } | Input::Resume { .. } => return,
+            Input::Debug { .. } | Input::Resume { .. } | Input::Migrate { .. } => return,
             Input::Start { data, .. } => {
                 if self.s.status != Status::Created {
                     return;

@@ -4,6 +4,7 @@ use crate::json::{from_val, to_val};
 use jaq_json::Val;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 /// Milliseconds since the Unix epoch. The engine has no clock: every input carries its time.
 pub type Millis = i64;
@@ -107,6 +108,18 @@ pub enum Input {
     Debug {
         /// The breakpoints from now on (none: the instance no longer pauses at breakpoints).
         breakpoints: Vec<super::debug::Breakpoint>,
+    },
+    /// The instance moves to another version of its definition (see
+    /// [`Instance::migrate`](super::Instance::migrate)): from the state it waits in to its
+    /// counterpart there (the same name, unless `states` maps it).
+    Migrate {
+        /// The version it ran on before.
+        from: String,
+        /// The version it runs on from now.
+        version: String,
+        /// Old state name to new state name, for states whose names differ.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        states: BTreeMap<String, String>,
     },
     /// A paused instance goes on; with `step`, it pauses again at the next breakpoint-able point.
     Resume {
@@ -463,6 +476,17 @@ pub enum Trace {
     Covered {
         /// JSON pointer of what was taken, e.g. `/states/1/transitions/0`.
         pointer: String,
+    },
+    /// The instance moved to another version of its definition.
+    Migrated {
+        /// The version it ran on.
+        from: String,
+        /// The version it runs on now.
+        version: String,
+        /// The state it waited in.
+        state: String,
+        /// Its counterpart in the new version, where it waits now.
+        to: String,
     },
     /// The instance ended.
     Finished {

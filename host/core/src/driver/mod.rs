@@ -206,6 +206,7 @@ fn input_kind(input: &Input) -> &'static str {
         Input::Cancel { .. } => "cancel",
         Input::Debug { .. } => "debug",
         Input::Resume { .. } => "resume",
+        Input::Migrate { .. } => "migrate",
     }
 }
 
@@ -499,6 +500,30 @@ impl Driver {
             propagate(&mut step.work, &parent);
         }
         step
+    }
+
+    /// Moves the instance to version `to` of its definition at time `at` (see
+    /// [`Instance::migrate`]): a step like any input's, or why it cannot move (nothing changes).
+    pub fn migrate(
+        &self,
+        h: &mut Hosted,
+        to: Arc<Machine>,
+        states: &std::collections::BTreeMap<String, String>,
+        at: Millis,
+    ) -> Result<Step, sm4c_runtime::engine::migrate::NotMigratable> {
+        h.inst.migration_plan(&to, states, at)?;
+        let mut refused = None;
+        let step = self.run_engine(h, |inst| match inst.migrate(to, states, at) {
+            Ok(out) => out,
+            Err(e) => {
+                refused = Some(e);
+                Default::default()
+            }
+        });
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(step),
+        }
     }
 
     /// Runs the engine on the instance through `engine` (a seam for tests that need the engine to

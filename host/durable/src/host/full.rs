@@ -56,6 +56,9 @@ impl Loop {
             Cmd::Event(_, reply) => drop(reply.send(Err(full()))),
             Cmd::Cancel(_, reply) => drop(reply.send(Err(full()))),
             Cmd::Resume(_, _, reply) => drop(reply.send(Err(full()))),
+            Cmd::Migrate {
+                reply, dry_run: false, ..
+            } => drop(reply.send(Err(full()))),
             Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
             Cmd::Schedule(op, reply)
                 if !matches!(

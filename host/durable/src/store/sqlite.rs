@@ -313,7 +313,7 @@ impl Store for SqliteStore {
             let mut upsert = tx.prepare_cached(
                 "INSERT INTO instances (id, definition, version, status, state, started_at, ended_at, parent, parent_op, parent_waits, snapshot, journal_len)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-                 ON CONFLICT (id) DO UPDATE SET status = ?4, state = ?5, started_at = ?6, ended_at = ?7, snapshot = ?11,
+                 ON CONFLICT (id) DO UPDATE SET version = ?3, status = ?4, state = ?5, started_at = ?6, ended_at = ?7, snapshot = ?11,
                    journal_len = journal_len + ?12
                  RETURNING journal_len",
             )?;
