@@ -4753,3 +4753,133 @@ fn a_default_version_set_on_one_worker_holds_the_starts_of_every_worker_and_surv
         "{v}"
     );
 }
+
+/// Version `v` of an order that waits for `paid` (correlated on `orderid`) in `wait`, with a
+/// one-hour timeout, then records in `next` which version took it there.
+fn order_version(v: &str, wait: &str, next: &str) -> Value {
+    json!({
+        "id": "order", "name": "Order", "version": v,
+        "events": [{"name": "paid", "type": "paid", "source": "shop",
+                    "correlation": [{"contextAttributeName": "orderid", "contextAttributeValue": "${ .orderId }"}]}],
+        "states": [
+            {"name": wait, "start": true, "transitions": [
+                {"nextState": next, "eventGroups": [{"events": ["paid"]}]},
+                {"nextState": "Expired", "timeout": "PT1H"}]},
+            {"name": next, "enterAction": {"type": "injectData", "expression": format!("${{ \"{next} on {v}\" }}")},
+             "enterResultHandler": "${ .path = $value }"},
+            {"name": "Expired"}
+        ]
+    })
+}
+
+/// In Kafka mode a waiting instance moves to a newer version through any worker (the request goes
+/// to its owner), refusals change nothing, and after its owner is SIGKILLed the worker that takes
+/// its partition over has it on the new version, which its event then finishes.
+#[test]
+fn a_waiting_instance_migrates_in_kafka_mode_and_its_event_finishes_it_after_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let args = worker_args(&broker, "migrate", 2, &[]);
+    let mut w1 = Worker::start(dir.path(), "w1", &args);
+    let w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 2);
+    for doc in [
+        order_version("1", "Wait", "Done"),
+        order_version("2", "AwaitPayment", "Ship"),
+    ] {
+        let (st, v) = w1.post("/definitions", doc);
+        assert_eq!(st, 201, "{v}");
+    }
+    wait_until(
+        "w2 to read both versions",
+        30,
+        || {
+            w2.get("/definitions/order")["versions"]
+                .as_array()
+                .is_some_and(|v| v.len() == 2)
+        },
+        &[&w1, &w2],
+    );
+    let ids: Vec<String> = (0..6).map(|i| format!("o{i}")).collect();
+    for id in &ids {
+        let (st, v) = w1.post(
+            "/instances",
+            json!({"definition": "order", "version": "1", "id": id, "input": {"orderId": id}}),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    for id in &ids {
+        wait_until(
+            "waiting",
+            30,
+            || w2.get(&format!("/instances/{id}"))["status"] == "waiting",
+            &[&w1, &w2],
+        );
+    }
+    // Through both workers: each request reaches the instance's owner.
+    for (k, id) in ids.iter().enumerate() {
+        let w = if k % 2 == 0 { &w1 } else { &w2 };
+        let (st, _, v) = ask_worker(
+            w,
+            reqwest::Method::POST,
+            &format!("/instances/{id}/migrate"),
+            Some(json!({"version": "2"})),
+        );
+        assert_eq!(
+            (st, v["details"]["reason"].as_str()),
+            (409, Some("noCounterpart")),
+            "{v}"
+        );
+        let (st, _, v) = ask_worker(
+            w,
+            reqwest::Method::POST,
+            &format!("/instances/{id}/migrate"),
+            Some(json!({"version": "2", "states": {"Wait": "AwaitPayment"}, "dryRun": true})),
+        );
+        assert_eq!((st, &v["plan"]["to"]), (200, &json!("AwaitPayment")), "{v}");
+        assert_eq!(w.get(&format!("/instances/{id}"))["version"], "1");
+        let (st, _, v) = ask_worker(
+            w,
+            reqwest::Method::POST,
+            &format!("/instances/{id}/migrate"),
+            Some(json!({"version": "2", "states": {"Wait": "AwaitPayment"}})),
+        );
+        assert_eq!(st, 200, "{v}\n{}\n----\n{}", tail(&w1.log), tail(&w2.log));
+        assert_eq!(
+            (&v["version"], &v["state"], &v["status"]),
+            (&json!("2"), &json!("AwaitPayment"), &json!("waiting")),
+            "{v}"
+        );
+    }
+
+    // A worker dies; the survivor takes its partition over and holds every instance, on version 2.
+    w1.kill9();
+    let live = &w2;
+    wait_owned(&[live], 2);
+    for id in &ids {
+        let v = settled_get(live, &format!("/instances/{id}"));
+        assert_eq!(
+            (&v["version"], &v["state"]),
+            (&json!("2"), &json!("AwaitPayment")),
+            "{v}"
+        );
+    }
+    for id in &ids {
+        post_event(
+            live,
+            json!({"specversion": "1.0", "id": format!("paid-{id}"), "source": "shop", "type": "paid", "orderid": id}),
+        );
+    }
+    for id in &ids {
+        wait_until(
+            "completed",
+            30,
+            || live.get(&format!("/instances/{id}"))["status"] == "completed",
+            &[live],
+        );
+        let v = live.get(&format!("/instances/{id}"));
+        assert_eq!(v["data"]["path"], "Ship on 2", "{v}");
+        let (moves, _) = history_inputs(live, id);
+        assert_eq!(moves.iter().filter(|i| *i == "migrate").count(), 1, "{moves:?}");
+    }
+}

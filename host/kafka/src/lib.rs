@@ -1321,6 +1321,54 @@ impl Backend for KafkaHost {
         })
     }
 
+    fn migrate(
+        &self,
+        id: String,
+        version: String,
+        states: std::collections::BTreeMap<String, String>,
+        dry_run: bool,
+    ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
+        Box::pin(async move {
+            let p = partition_of(&id, self.shared.partitions);
+            let Some(r) = self.record_off(&id).await? else {
+                return Err(HostError::UnknownInstance(id));
+            };
+            let definition = r.snapshot.definition.clone();
+            let Some(from) = self.shared.machine(&definition, &r.snapshot.version) else {
+                return Err(HostError::UnknownDefinition(format!(
+                    "{definition} version {}",
+                    r.snapshot.version
+                )));
+            };
+            let Some(to) = self.shared.machine(&definition, &version) else {
+                return Err(HostError::UnknownDefinition(format!("{definition} version {version}")));
+            };
+            // Checked here against the instance as this worker holds it, so that a refusal says
+            // why; the owner decides the move in its own turn, checking again.
+            let inst = sm4c_runtime::Instance::from_snapshot(from, r.snapshot, sm4c_runtime::Options::default());
+            let plan = inst
+                .migration_plan(&to, &states, sm4c_host::clock::wall_ms())
+                .map_err(HostError::NotMigratable)?;
+            if dry_run {
+                return Ok(plan);
+            }
+            self.send_command(
+                &id,
+                &Command::Migrate {
+                    id: id.clone(),
+                    version: version.clone(),
+                    states,
+                },
+            )
+            .await?;
+            self.wait_for("the migration", |v| {
+                v.get(p, &id).is_some_and(|r| r.snapshot.version == version)
+            })
+            .await?;
+            Ok(plan)
+        })
+    }
+
     fn resume(&self, id: String, step: bool) -> BoxFuture<'_, Result<(), HostError>> {
         Box::pin(async move {
             let p = partition_of(&id, self.shared.partitions);

@@ -61,6 +61,16 @@ pub enum Command {
         /// Why.
         reason: String,
     },
+    /// Move an instance to another version of its definition.
+    Migrate {
+        /// Instance id.
+        id: String,
+        /// The version.
+        version: String,
+        /// Old state name to new, where they differ.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        states: std::collections::BTreeMap<String, String>,
+    },
     /// An incoming event for one instance (`target`) or for every instance of the partition.
     Event {
         /// The instance the event names, if it names one.

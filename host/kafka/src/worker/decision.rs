@@ -445,6 +445,7 @@ impl Decision<'_> {
                     self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
                 }
             }
+            Command::Migrate { id, version, states } => self.migrate(&id, &version, &states, at),
             Command::Resume { id, step } => {
                 if self
                     .t
@@ -931,6 +932,37 @@ impl Decision<'_> {
             shared.driver.step(&mut slot.h, Timed { at, input: debug });
         }
         let step = shared.driver.step(&mut slot.h, Timed { at, input });
+        self.stepped(id, step, at);
+    }
+
+    /// Moves instance `id` to `version` of its definition (what the API checked may no longer
+    /// hold: then nothing changes, and the API's wait for the move ends in its bound).
+    fn migrate(&mut self, id: &str, version: &str, states: &std::collections::BTreeMap<String, String>, at: i64) {
+        let shared = self.shared;
+        if self.t.slot(shared, id).is_none() {
+            return;
+        }
+        let Some(slot) = self.t.slots.get_mut(id) else { return };
+        let definition = slot.h.inst.machine().id.clone();
+        let Some(to) = shared.machine_or_latest(&definition, Some(version)) else {
+            tracing::warn!(
+                instance = id,
+                definition,
+                version,
+                "a migration names a version this worker does not have"
+            );
+            return;
+        };
+        match shared.driver.migrate(&mut slot.h, to, states, at) {
+            Ok(step) => self.stepped(id, step, at),
+            Err(e) => tracing::info!(instance = id, version, reason = e.reason, "migration refused: {e}"),
+        }
+    }
+
+    /// What instance `id`'s step asks for, in this transaction or after it commits.
+    fn stepped(&mut self, id: &str, step: sm4c_host::driver::Step, at: i64) {
+        let shared = self.shared;
+        let Some(slot) = self.t.slots.get_mut(id) else { return };
         self.t.dirty.insert(id.to_string());
         self.t.corr.update(id, &slot.h.inst);
         for work in step.work {
