@@ -827,3 +827,93 @@ fn the_context_object_and_intrinsics_are_deterministic() {
     assert_eq!(a["started"], json!("2023-11-14T22:13:20.000Z"));
     assert_eq!(run("x-1"), a, "the same execution draws the same randomness");
 }
+
+/// An ASL order (its version is a digest of its text): `Charge` (a Task) then `Ship` or, in
+/// version 2, a renamed charge state whose result goes under `$.receipt` and ends in `Record`.
+fn asl_order(v: &str) -> Arc<Machine> {
+    let doc = match v {
+        "1" => json!({"sm4c:id": "asl-order", "StartAt": "Charge", "States": {
+            "Charge": {"Type": "Task", "Resource": "arn:aws:lambda:::function:charge", "TimeoutSeconds": 3600,
+                       "ResultPath": "$.charge", "Next": "Ship"},
+            "Ship": {"Type": "Pass", "Result": "shipped on 1", "ResultPath": "$.path", "End": true}}}),
+        _ => {
+            json!({"sm4c:id": "asl-order", "StartAt": "ChargeCard", "TimeoutSeconds": 86400, "States": {
+            "ChargeCard": {"Type": "Task", "Resource": "arn:aws:lambda:::function:charge", "TimeoutSeconds": 3600,
+                           "ResultPath": "$.receipt", "Next": "Record"},
+            "Record": {"Type": "Pass", "Result": format!("recorded on {v}"), "ResultPath": "$.path", "End": true},
+            "Pause": {"Type": "Wait", "Seconds": 5, "Next": "Record"}}})
+        }
+    };
+    machine(doc)
+}
+
+#[test]
+fn an_asl_execution_waiting_for_its_task_moves_to_a_mapped_state_and_takes_the_result_there() {
+    let v1 = asl_order("1");
+    let v2 = asl_order("2");
+    let mut i = Instance::new(v1.clone(), "exec-m", Options::default());
+    let mut journal = i
+        .handle(Timed {
+            at: 1_000,
+            input: Input::Start {
+                data: json!({"order": 7}),
+                scheduled: None,
+            },
+        })
+        .entries;
+    let op = journal
+        .iter()
+        .find_map(|e| match e {
+            Entry::Effect(Effect::InvokeFunction { op, .. }) => Some(op.clone()),
+            _ => None,
+        })
+        .expect("the task is called");
+    assert_eq!(i.state_name(), Some("Charge"));
+    let none = BTreeMap::new();
+    let e = i.migrate(v2.clone(), &none, 2_000).expect_err("no counterpart");
+    assert_eq!(e.reason, "noCounterpart");
+    let wrong: BTreeMap<String, String> = [("Charge".to_string(), "Pause".to_string())].into();
+    assert_eq!(
+        i.migrate(v2.clone(), &wrong, 2_000)
+            .expect_err("a Wait is no Task")
+            .reason,
+        "otherKind"
+    );
+
+    let map: BTreeMap<String, String> = [("Charge".to_string(), "ChargeCard".to_string())].into();
+    let out = i.migrate(v2.clone(), &map, 2_000).expect("moves");
+    // The task's timeout is kept; the execution timeout of version 2 counts from the move.
+    assert_eq!(
+        out.effects,
+        vec![Effect::StartTimer {
+            timer: sm4c_runtime::engine::EXEC_TIMER.into(),
+            due: 2_000 + 86_400_000
+        }]
+    );
+    assert_eq!(
+        (i.state_name(), &i.snapshot().version, i.status()),
+        (Some("ChargeCard"), &v2.version, Status::Waiting)
+    );
+    journal.extend(out.entries);
+    // The task's result is taken by the new state: its ResultPath and Next.
+    journal.extend(
+        i.handle(Timed {
+            at: 3_000,
+            input: Input::Completed {
+                op,
+                result: json!({"id": "r-1"}),
+            },
+        })
+        .entries,
+    );
+    assert_eq!(i.status(), Status::Completed);
+    assert_eq!(
+        i.data(),
+        json!({"order": 7, "receipt": {"id": "r-1"}, "path": "recorded on 2"})
+    );
+
+    let versions = |v: &str| [&v1, &v2].into_iter().find(|m| m.version == v).cloned();
+    let replayed =
+        Instance::replay_versions(v2.clone(), "exec-m", &journal, Options::default(), &versions).expect("replays");
+    assert!(sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), i.snapshot()).is_empty());
+}
