@@ -641,15 +641,18 @@ where
     Ok(all)
 }
 
+/// Every byte but the unreserved characters of RFC 3986 as `%XX`: a path segment or a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 fn query(pairs: &[(&str, Option<String>)]) -> String {
-    let enc = |s: &str| {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-                b => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
+    let enc = encode;
     pairs
         .iter()
         .filter_map(|(k, v)| Some(format!("{k}={}", enc(v.as_deref()?))))
@@ -777,6 +780,25 @@ impl Backend for Clustered {
     }
     /// An event naming its instance is explained by the worker that holds it; any other by every
     /// worker, their instances reached and near misses together.
+    fn upgrade_check(&self, new: Arc<Machine>) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            let mine = self.inner.upgrade_check(new.clone()).await?;
+            let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
+            let path = format!("/definitions/{}/upgrade-check", encode(&new.id));
+            let doc = Arc::new(new.source.clone());
+            let theirs = ask_all(self.peers(), move |p| {
+                let (fwd, peering, doc, path) = (fwd.clone(), peering.clone(), doc.clone(), path.clone());
+                let caller = caller();
+                CALLER.scope(caller, async move {
+                    ask(&*fwd, &peering, &p, Method::POST, &path, Some(&doc)).await
+                })
+            })
+            .await?;
+            let mut all = vec![mine];
+            all.extend(theirs);
+            Ok(sm4c_host::upgrade::merge(all))
+        })
+    }
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>> {
         Box::pin(async move {
             let (fwd, peering) = (self.fwd.clone(), self.peering.clone());

@@ -137,6 +137,7 @@ fn routes(host: Api) -> Router {
             "/definitions/{id}/default-version",
             put(put_default_version).delete(delete_default_version),
         )
+        .route("/definitions/{id}/upgrade-check", post(post_upgrade_check))
         .route("/breakpoints", get(all_breakpoints))
         .route("/instances", post(post_instance).get(list_instances))
         // Subflow instance ids contain `/` (`parent/1.enter/0`), so the rest of the path is the id,
@@ -240,6 +241,32 @@ async fn get_definition(State(h): State<Api>, Path(id): Path<String>) -> Result<
         "definition": takes.source,
         "versions": versions,
     })))
+}
+
+/// What a new version of a definition (the body, not registered) would mean for the instances of
+/// the definition that have not ended: per version and state, how many could move to it as they
+/// are, how many need a state map, why the others cannot, and whose histories it would decide
+/// otherwise. Run in the bounded [`work`] pool: it replays every such instance's journal.
+async fn post_upgrade_check(
+    State(h): State<Api>,
+    Path(id): Path<String>,
+    work: Option<axum::Extension<work::Work>>,
+    Body(doc): Body<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let doc = named(doc, Some(id.clone()))?;
+    let pool = work::of(work);
+    let options = sm4c_runtime::LoadOptions { limits: pool.limits };
+    let m = sm4c_runtime::load(&doc, &mut sm4c_runtime::no_files, options).map_err(HostError::Invalid)?;
+    if h.latest(&id).is_none() {
+        return Err(HostError::UnknownDefinition(id).into());
+    }
+    let rt = tokio::runtime::Handle::current();
+    let m = std::sync::Arc::new(m);
+    let checking = cluster::as_caller(async move { h.upgrade_check(m).await });
+    let report = pool
+        .run("checking the upgrade", move |_| rt.block_on(checking))
+        .await??;
+    Ok(Json(report))
 }
 
 #[derive(Deserialize)]

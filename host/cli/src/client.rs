@@ -172,6 +172,15 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// What a new version of a definition (a file, not registered) would mean for the instances
+    /// that have not ended: per version and state, how many could move to it as they are, how
+    /// many need a state map, why the others cannot, and whose histories it decides otherwise.
+    UpgradeCheck {
+        /// The new version's definition file (SM4C or ASL).
+        file: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Show or set the version new starts of a definition take: with VERSION it becomes the
     /// default version (a newer one can then be registered without taking traffic), `--latest`
     /// clears it (new starts take the newest again), neither shows it.
@@ -317,13 +326,21 @@ pub(crate) fn print_json(v: &Value) {
 }
 
 fn table(rows: &[Vec<String>]) {
+    print!("{}", table_text(rows));
+}
+
+/// Rows in columns as wide as their widest cell, a line each.
+fn table_text(rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
+    let mut out = String::new();
     for r in rows {
         let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        println!("{}", line.join("  ").trim_end());
+        out += line.join("  ").trim_end();
+        out += "\n";
     }
+    out
 }
 
 pub(crate) fn s(v: &Value) -> String {
@@ -512,6 +529,27 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 println!("reached {}", ids.join(", "));
             }
         }
+        ClientCommand::UpgradeCheck { file, remote } => {
+            let m = crate::files::load_definition(&file, sm4c_runtime::Limits::default()).map_err(|errs| {
+                let text: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+                (2, text.join("\n"))
+            })?;
+            let mut doc = read_json(&file).map_err(|e| (2, e))?;
+            if sm4c_runtime::asl::model::is_asl(&doc) {
+                doc[sm4c_runtime::asl::model::ID_KEY] = Value::String(m.id.clone());
+            }
+            let v = call(
+                &remote,
+                "POST",
+                &format!("/definitions/{}/upgrade-check", sm4c_invoke::rest::encode(&m.id)),
+                Some(("application/json", doc.to_string().into_bytes())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                print!("{}", upgrade_text(&v));
+            }
+        }
         ClientCommand::ExplainEvent { file, remote } => {
             let event = read_json(&file).map_err(|e| (2, e))?;
             let v = call(
@@ -646,6 +684,71 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// An upgrade report as a person reads it.
+fn upgrade_text(v: &Value) -> String {
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let reasons = |c: &Value| {
+        let parts: Vec<String> = c
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k} {}", v.as_u64().unwrap_or(0)))
+            .collect();
+        if parts.is_empty() {
+            "-".to_string()
+        } else {
+            parts.join(", ")
+        }
+    };
+    let mut out = format!(
+        "version {} of {}, against the {} instances that have not ended:\n  {} can move to it as they are, {} need a state map, {} cannot ({})\n  {} histories it decides the same, {} otherwise\n",
+        s(&v["version"]),
+        s(&v["definition"]),
+        n(v, "instances"),
+        n(v, "canMove"),
+        n(v, "needMapping"),
+        v["cannot"].as_object().map_or(0, |c| c.values().filter_map(Value::as_u64).sum::<u64>()),
+        reasons(&v["cannot"]),
+        n(v, "sameDecisions"),
+        n(v, "diverged"),
+    );
+    let groups = v["groups"].as_array().cloned().unwrap_or_default();
+    if groups.is_empty() {
+        return out;
+    }
+    let mut rows = vec![[
+        "VERSION",
+        "STATE",
+        "INSTANCES",
+        "MOVE",
+        "MAP",
+        "CANNOT",
+        "SAME",
+        "DIVERGED",
+    ]
+    .map(str::to_string)
+    .to_vec()];
+    for g in &groups {
+        rows.push(vec![
+            s(&g["version"]),
+            s(&g["state"]),
+            n(g, "instances").to_string(),
+            n(g, "canMove").to_string(),
+            n(g, "needMapping").to_string(),
+            reasons(&g["cannot"]),
+            n(g, "sameDecisions").to_string(),
+            n(g, "diverged").to_string(),
+        ]);
+    }
+    out += &table_text(&rows);
+    for g in &groups {
+        for e in g["examples"].as_array().into_iter().flatten() {
+            out += &format!("  {}: {}\n", s(&e["id"]), s(&e["why"]));
+        }
+    }
+    out
 }
 
 /// An explanation as a person reads it.

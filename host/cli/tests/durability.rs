@@ -2833,3 +2833,98 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     assert_eq!(done["data"]["path"], "Ship on 2", "{done}");
     assert!(!s.log().contains("replayMismatch"), "{}", s.log());
 }
+
+/// Version `v` of a router: an order with `.slow` goes to `Work` (a worker task nobody takes),
+/// the others wait for `paid` in `wait`.
+fn router(v: &str, wait: &str) -> Value {
+    json!({
+        "id": "router", "name": "Router", "version": v,
+        "functions": [{"name": "work", "type": "worker", "operation": "slow-work"}],
+        "events": [{"name": "paid", "type": "paid", "source": "shop"}],
+        "states": [
+            {"name": "Route", "start": true, "transitions": [
+                {"nextState": "Work", "condition": "${ .slow == true }"},
+                {"nextState": wait}]},
+            {"name": "Work", "enterAction": {"type": "invokeFunction", "functionName": "work", "waitForCompletion": true}},
+            {"name": wait, "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["paid"]}]}]},
+            {"name": "Done"}
+        ]
+    })
+}
+
+/// `sm4c upgrade-check` reports, per version and state, the instances that could move to a new
+/// version as they are, those that need a state map, those that cannot (in the middle of an
+/// action), and whose histories it decides otherwise; nothing is registered or changed.
+#[test]
+fn the_upgrade_report_counts_what_could_move_what_needs_a_map_and_what_cannot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("upgrade.db");
+    let log = dir.path().join("server.log");
+    let s = Server::start(&db, None, &log);
+    s.define(&router("1", "Wait"));
+    for i in 0..3 {
+        s.start_instance("router", &format!("w{i}"), json!({}));
+    }
+    s.start_instance("router", "slow", json!({"slow": true}));
+    for id in ["w0", "w1", "w2"] {
+        s.wait_instance(id, Duration::from_secs(10), "it waits", |v| v["status"] == "waiting");
+    }
+    // Running its enter action: the task waits on its task list.
+    s.wait_instance("slow", Duration::from_secs(10), "its task", |v| v["state"] == "Work");
+    let check = |doc: &Value, json: bool| {
+        let file = dir.path().join("next.json");
+        write_json(&file, doc);
+        let mut args = vec![
+            "upgrade-check".to_string(),
+            file.display().to_string(),
+            "--server".into(),
+            s.base.clone(),
+        ];
+        if json {
+            args.push("--json".into());
+        }
+        let out = Command::new(BIN).args(&args).output().expect("sm4c runs");
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+
+    // Version 2 renames Wait: those need a map; the one in its action cannot move.
+    let v: Value = serde_json::from_str(&check(&router("2", "AwaitPayment"), true)).expect("JSON");
+    assert_eq!(
+        (&v["instances"], &v["canMove"], &v["needMapping"], &v["cannot"]),
+        (&json!(4), &json!(0), &json!(3), &json!({"inAction": 1})),
+        "{v}"
+    );
+    let groups = v["groups"].as_array().expect("groups");
+    let wait = groups.iter().find(|g| g["state"] == "Wait").expect("the Wait group");
+    assert_eq!(
+        (&wait["version"], &wait["instances"], &wait["needMapping"]),
+        (&json!("1"), &json!(3), &json!(3)),
+        "{v}"
+    );
+    // Their histories entered Wait, which version 2 does not have.
+    assert_eq!(wait["diverged"], 3, "{v}");
+    let work = groups.iter().find(|g| g["state"] == "Work").expect("the Work group");
+    assert_eq!(work["cannot"], json!({"inAction": 1}), "{v}");
+    assert!(
+        work["examples"][0]["why"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("in the middle of its enter action"),
+        "{v}"
+    );
+
+    // Version 3 keeps Wait: those could move as they are, with the same decisions.
+    let text = check(&router("3", "Wait"), false);
+    assert!(
+        text.starts_with("version 3 of router, against the 4 instances that have not ended:\n  3 can move to it as they are, 0 need a state map, 1 cannot (inAction 1)\n  4 histories it decides the same, 0 otherwise\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("VERSION  STATE  INSTANCES  MOVE  MAP  CANNOT      SAME  DIVERGED"),
+        "{text}"
+    );
+    // Nothing was registered.
+    let (_, d) = s.get("/definitions/router");
+    assert_eq!(d["versions"].as_array().map(Vec::len), Some(1), "{d}");
+}

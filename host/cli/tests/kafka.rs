@@ -4816,6 +4816,24 @@ fn a_waiting_instance_migrates_in_kafka_mode_and_its_event_finishes_it_after_a_s
             &[&w1, &w2],
         );
     }
+    // The upgrade report through one worker covers both workers' instances.
+    let (st, _, v) = ask_worker(
+        &w1,
+        reqwest::Method::POST,
+        "/definitions/order/upgrade-check",
+        Some(order_version("3", "AwaitPayment", "Ship")),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (&v["instances"], &v["needMapping"], &v["canMove"]),
+        (&json!(6), &json!(6), &json!(0)),
+        "{v}"
+    );
+    assert_eq!(
+        (&v["groups"][0]["version"], &v["groups"][0]["state"]),
+        (&json!("1"), &json!("Wait")),
+        "{v}"
+    );
     // Through both workers: each request reaches the instance's owner.
     for (k, id) in ids.iter().enumerate() {
         let w = if k % 2 == 0 { &w1 } else { &w2 };

@@ -29,6 +29,7 @@ pub mod memory;
 pub mod metrics;
 pub mod service;
 pub mod tasks;
+pub mod upgrade;
 
 pub use functions::{spawn_call, BoxFuture, FunctionCall, Functions};
 pub use memory::{Clock, Config, InMemoryHost, Outcome, TraceSink};

@@ -393,6 +393,11 @@ pub trait Backend: Send + Sync + 'static {
     fn sent(&self, after: &str, limit: usize) -> BoxFuture<'_, Result<SentPage, HostError>>;
     /// Which instances an event would reach, and why the others turn it away.
     fn explain(&self, event: Value) -> BoxFuture<'_, Result<Value, HostError>>;
+    /// The upgrade report of `new` (a version of a definition, registered or not) over the
+    /// unended instances of its definition this host holds: see [`crate::upgrade::report`].
+    fn upgrade_check(&self, new: Arc<Machine>) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(crate::upgrade::report(self, new, crate::clock::wall_ms()))
+    }
     /// The task lists with tasks waiting or taken.
     fn task_lists(&self) -> BoxFuture<'_, Result<Vec<Value>, HostError>>;
     /// Waits up to `wait` for a task of a task list.
