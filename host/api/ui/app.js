@@ -232,6 +232,8 @@ async function instancePage(r, seq) {
     // The question being answered is moved into the new page as it is, not drawn again: a button
     // replaced under the pointer would lose the click.
     const asking = confirming ? view.querySelector("#cancel-box") : null;
+    // The migration form being filled in is moved into the new page the same way.
+    const migrating = view.querySelector("#migrate-box[open]");
     view.innerHTML = `
       <h1>${esc(i.id)} ${badge(i.status)}</h1>
       <section>
@@ -249,6 +251,14 @@ async function instancePage(r, seq) {
           <span id="cancel-box"><button type="button" id="cancel" class="danger">Cancel instance</button></span>` : ""}
         </div>
       </section>
+      ${open ? `<details id="migrate-box" data-key="migrate"><summary>Move to another version…</summary>
+        <form id="migrate-form" class="actions">
+          <label>Version <select id="migrate-version"></select></label>
+          <label>States whose names differ <input id="migrate-states" placeholder="${esc(i.state || "Old")}=New, …" size="30"></label>
+          <button type="button" id="migrate-preview">Preview</button>
+          <button type="button" id="migrate-go" class="danger" disabled title="Preview the move first">Move</button>
+        </form>
+        <div id="migrate-plan" aria-live="polite"></div></details>` : ""}
       ${i.status === "paused" ? `<section id="paused" class="paused-banner" aria-live="polite"><h2>Paused</h2>
         <p id="paused-at">Paused ${esc(describeBreakpoint(i.pausedAt))}</p>
         <div class="actions"><button type="button" id="resume">Resume</button>
@@ -276,6 +286,9 @@ async function instancePage(r, seq) {
     else if (cancel && confirming) confirmCancel(i.id, answered, false);
     else if (cancel) cancel.addEventListener("click", () => { confirming = true; confirmCancel(i.id, answered, true); });
     if (!cancel) confirming = false;
+    const box = $("#migrate-box");
+    if (box && migrating) box.replaceWith(migrating);
+    else if (box) box.addEventListener("toggle", () => { if (box.open) migrationForm(i); }, { once: true });
     for (const how of ["resume", "step"]) {
       const b = $("#" + how);
       if (b) b.addEventListener("click", async () => {
@@ -296,6 +309,53 @@ async function instancePage(r, seq) {
   current.onChanges = list => {
     if (list.some(c => c.id === id || c.id.startsWith(id + "/") || id.startsWith(c.id + "/"))) render().catch(e => banner(explainError(e)));
   };
+}
+
+// The migration form of instance `i`: the other versions of its definition, a dry run that shows
+// the plan (or why it cannot move), then the move itself.
+async function migrationForm(i) {
+  const select = $("#migrate-version"), plan = $("#migrate-plan"), go = $("#migrate-go");
+  try {
+    const d = await api("/definitions/" + encodeURIComponent(i.definition));
+    const others = d.versions.map(v => v.version).filter(v => v !== i.version);
+    select.innerHTML = others.length ? others.map(v => `<option value="${esc(v)}">${esc(v)}</option>`).join("")
+      : `<option value="">(no other version is registered)</option>`;
+    if (others.includes(d.startsTake)) select.value = d.startsTake;
+  } catch (e) { plan.innerHTML = `<p class="error">${esc(refusal(e))}</p>`; return; }
+  const body = dryRun => {
+    const states = {};
+    for (const pair of $("#migrate-states").value.split(",").map(p => p.trim()).filter(Boolean)) {
+      const [from, to] = pair.split("=").map(x => x.trim());
+      if (from && to) states[from] = to;
+    }
+    return JSON.stringify({ version: select.value, states, dryRun });
+  };
+  const path = "/instances/" + i.id.split("/").map(encodeURIComponent).join("/") + "/migrate";
+  const post = dryRun => api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: body(dryRun) });
+  const describe = p => `<p id="migrate-says">From version ${esc(p.from)} state <strong>${esc(p.state)}</strong> to version ${esc(p.version)} state <strong>${esc(p.to)}</strong></p>`
+    + (p.timers.length ? `<ul>${p.timers.map(t => `<li>timer <code>${esc(t.timer)}</code> ${esc(t.change)}${t.due ? " (due " + when(new Date(t.due).toISOString()) + ")" : ""}</li>`).join("")}</ul>` : "");
+  const reset = () => { go.disabled = true; plan.innerHTML = ""; };
+  select.addEventListener("change", reset);
+  $("#migrate-states").addEventListener("input", reset);
+  $("#migrate-preview").addEventListener("click", async () => {
+    try {
+      const v = await post(true);
+      plan.innerHTML = describe(v.plan);
+      go.disabled = false;
+    } catch (e) {
+      go.disabled = true;
+      plan.innerHTML = `<p class="error" id="migrate-refused">${esc(e.code ? `${e.code}: ${e.message}` : explainError(e))}${e.details && e.details.reason ? ` <span class="muted">(${esc(e.details.reason)})</span>` : ""}</p>`;
+    }
+  });
+  go.addEventListener("click", async () => {
+    go.disabled = true;
+    try {
+      const v = await post(false);
+      banner(`Instance ${i.id} moved to version ${v.migration.version}, state ${v.migration.to}.`, "info");
+      $("#migrate-box").open = false;
+      await current.refresh();
+    } catch (e) { plan.innerHTML = `<p class="error" id="migrate-refused">${esc(refusal(e))}</p>`; }
+  });
 }
 
 function confirmCancel(id, after, focus) {
@@ -366,6 +426,7 @@ function describeInput(input) {
   if (k === "abort") return `aborted: ${esc(input.error && input.error.message)}`;
   if (k === "debug") return input.breakpoints.length ? `breakpoints: ${input.breakpoints.map(b => esc(describeBreakpoint(b))).join("; ")}` : "breakpoints cleared";
   if (k === "resume") return input.step ? "step" : "resume";
+  if (k === "migrate") return `moved from version ${esc(input.from)} to ${esc(input.version)}`;
   return esc(k);
 }
 
@@ -383,6 +444,7 @@ function describeTrace(t) {
     case "paused": return `<strong>paused</strong> ${esc(describeBreakpoint(t.at))}`;
     case "resumed": return t.stepping ? "stepped" : "resumed";
     case "stateEntered": return `entered <strong>${esc(t.state)}</strong>`;
+    case "migrated": return `moved to version ${esc(t.version)}: ${esc(t.state)} → <strong>${esc(t.to)}</strong>`;
     case "transitionFired": return `${esc(t.state)} → ${esc(t.next || t.state)} <span class="muted">(${esc(t.trigger)})</span>`;
     case "eventConsumed": return `consumed event ${esc(t.event)}`;
     case "actionCompleted": return `${esc(t.action)} <code>${esc(t.op)}</code> done`;

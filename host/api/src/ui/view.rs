@@ -30,10 +30,14 @@ pub async fn instance(h: &Arc<dyn Backend>, id: &str, work: &crate::work::Work) 
         .instance(id)?
         .ok_or_else(|| HostError::UnknownInstance(id.to_string()))?;
     let snap = &stored.snapshot;
-    let machine = h
+    // Every version of its definition: a migrated instance's journal crosses several.
+    let versions: BTreeMap<String, Arc<Machine>> = h
         .machines()
         .into_iter()
-        .find(|m| m.id == snap.definition && m.version == snap.version);
+        .filter(|m| m.id == snap.definition)
+        .map(|m| (m.version.clone(), m))
+        .collect();
+    let machine = versions.get(&snap.version).cloned();
     let mut journal = Vec::new();
     let mut after = 0;
     let mut history_error = None;
@@ -57,7 +61,7 @@ pub async fn instance(h: &Arc<dyn Backend>, id: &str, work: &crate::work::Work) 
     let (steps, marks, open) = match machine.clone() {
         Some(m) => {
             let id = id.to_string();
-            work.run("the instance page's replay", move |_| replay(&m, &id, &journal))
+            work.run("the instance page's replay", move |_| replay(&m, &versions, &id, &journal))
                 .await?
         }
         None => Default::default(),
@@ -105,12 +109,28 @@ type Open = BTreeMap<String, Value>;
 
 /// Replays `journal`: one step per input, with the effects and traces it produced and the data it
 /// left; the marks of the states it visited; the operations still open at the end.
-fn replay(m: &Arc<Machine>, id: &str, journal: &[(i64, Entry)]) -> (Vec<Value>, Marks, Open) {
+///
+/// `m` is the version the instance runs now; a journal that migrated it starts on the version its
+/// first migration moved from, and moves as it did, with the `versions` of the definition.
+fn replay(
+    m: &Arc<Machine>,
+    versions: &BTreeMap<String, Arc<Machine>>,
+    id: &str,
+    journal: &[(i64, Entry)],
+) -> (Vec<Value>, Marks, Open) {
     let options = Options {
         journal: true,
         trace: true,
         ..Options::default()
     };
+    let first = journal.iter().find_map(|(_, e)| match e {
+        Entry::Input(t) => match &t.input {
+            Input::Migrate { from, .. } => versions.get(from).cloned(),
+            _ => None,
+        },
+        _ => None,
+    });
+    let m = &first.unwrap_or_else(|| m.clone());
     let mut inst = Instance::new(m.clone(), id, options);
     let mut steps = Vec::new();
     let mut marks = Marks::default();
@@ -125,7 +145,13 @@ fn replay(m: &Arc<Machine>, id: &str, journal: &[(i64, Entry)]) -> (Vec<Value>, 
             }
             _ => {}
         }
-        let out = inst.handle(timed.clone());
+        let out = match &timed.input {
+            Input::Migrate { version, states, .. } => match versions.get(version) {
+                Some(to) => inst.migrate(to.clone(), states, timed.at).unwrap_or_default(),
+                None => Default::default(),
+            },
+            _ => inst.handle(timed.clone()),
+        };
         let mut effects = Vec::new();
         let mut traces = Vec::new();
         for entry in out.entries {

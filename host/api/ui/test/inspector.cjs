@@ -484,6 +484,43 @@ async function main() {
     await page.waitForSelector('#diagram g.block[data-parent="Each"] g.state[data-state="ItemDone"]');
     ok((await page.$$("#diagram g.block g.state")).length === 7, "an ASL definition's page draws its nested states");
 
+    // Live migration from an instance's page: the versions to move to, a dry run that says why it
+    // cannot move without a map, then the plan with the map, then the move.
+    {
+      const shipment = (version, wait) => ({
+        id: "shipment", name: "Shipment", version,
+        events: [{ name: "picked", type: "com.example.picked", source: "depot" }],
+        states: [{ name: wait, start: true, transitions: [{ nextState: "Gone", eventGroups: [{ events: ["picked"] }] }, { nextState: "Late", timeout: "PT1H" }] },
+          { name: "Gone" }, { name: "Late" }],
+      });
+      await post(s, "/definitions", shipment("1", "AtDepot"));
+      await post(s, "/definitions", shipment("2", "OnShelf"));
+      await post(s, "/instances", { definition: "shipment", version: "1", id: "m-1", input: {} });
+      await reach(s, "m-1", "waiting");
+      await page.goto(s.url + "/ui#/instance/m-1");
+      await page.waitForSelector("#migrate-box summary");
+      await page.click("#migrate-box summary");
+      await page.waitForSelector('#migrate-version option[value="2"]', { state: "attached" });
+      ok(await page.isDisabled("#migrate-go"), "the move waits for its preview");
+      await page.click("#migrate-preview");
+      await page.waitForSelector("#migrate-refused");
+      ok((await page.textContent("#migrate-refused")).includes("noCounterpart"), "the preview says the state has no counterpart: " + await page.textContent("#migrate-refused"));
+      // A refresh keeps the form being filled in.
+      await page.fill("#migrate-states", "AtDepot=OnShelf");
+      await page.evaluate(() => current.refresh());
+      ok((await page.inputValue("#migrate-states")) === "AtDepot=OnShelf", "the migration form keeps what was typed through a refresh");
+      await page.click("#migrate-preview");
+      await page.waitForSelector("#migrate-says");
+      ok((await page.textContent("#migrate-says")).includes("to version 2 state OnShelf") && (await page.textContent("#migrate-plan")).includes("kept"),
+        "the preview shows the plan, the timeout kept");
+      ok((await call(s, "GET", "/instances/m-1")).version === "1", "a preview changes nothing");
+      await page.click("#migrate-go");
+      await page.waitForFunction(() => document.querySelector("#current-state") && document.querySelector("#current-state").textContent === "OnShelf", null, { timeout: LIVE });
+      const moved = await call(s, "GET", "/instances/m-1");
+      ok(moved.version === "2" && moved.state === "OnShelf", "Move moves the instance to version 2, state OnShelf");
+      ok((await page.textContent("#timeline")).includes("moved from version 1 to 2"), "the history shows the move");
+    }
+
     const schedules = await scheduleChecks(page, s);
 
     // The server restarts: the page reconnects and is live again.
