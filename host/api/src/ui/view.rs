@@ -61,8 +61,10 @@ pub async fn instance(h: &Arc<dyn Backend>, id: &str, work: &crate::work::Work) 
     let (steps, marks, open) = match machine.clone() {
         Some(m) => {
             let id = id.to_string();
-            work.run("the instance page's replay", move |_| replay(&m, &versions, &id, &journal))
-                .await?
+            work.run("the instance page's replay", move |_| {
+                replay(&m, &versions, &id, &journal)
+            })
+            .await?
         }
         None => Default::default(),
     };
@@ -538,7 +540,7 @@ mod tests {
         let m = nested();
         let (journal, snap) = run(&m, json!({"ok": true, "items": [1, 2]}), 0);
         assert_eq!(snap.status.as_str(), "waiting");
-        let (_, mut marks, _) = replay(&m, "i-1", &journal);
+        let (_, mut marks, _) = replay(&m, &BTreeMap::new(), "i-1", &journal);
         mark_runs(
             &snap.asl.as_ref().expect("an execution").root,
             m.asl.as_deref().unwrap(),
@@ -572,7 +574,7 @@ mod tests {
         let m = nested();
         let (journal, snap) = run(&m, json!({"ok": true, "items": [1, 2]}), 1);
         assert_eq!(snap.status.as_str(), "completed");
-        let (_, marks, _) = replay(&m, "i-1", &journal);
+        let (_, marks, _) = replay(&m, &BTreeMap::new(), "i-1", &journal);
         assert_eq!(marks.visited, set(&["Prepare", "Both", "Each"]));
         assert_eq!(marks.fired, fired(&[("Prepare", "Both"), ("Both", "Each")]));
         assert_eq!(marks.blocks[&2].visited, set(&["Right", "RightCheck", "RightDone"]));
@@ -604,12 +606,12 @@ mod tests {
             "Done": {"Type": "Succeed"}
         }}));
         let (journal, _) = run(&m, json!({}), 0);
-        let (_, marks, _) = replay(&m, "i-1", &journal);
+        let (_, marks, _) = replay(&m, &BTreeMap::new(), "i-1", &journal);
         assert_eq!(marks.visited, set(&["Both"]), "the top-level Done is not reached yet");
         assert_eq!(marks.blocks[&1].visited, set(&["Done"]));
         let (journal, snap) = run(&m, json!({}), 1);
         assert_eq!(snap.status.as_str(), "completed");
-        let (_, marks, _) = replay(&m, "i-1", &journal);
+        let (_, marks, _) = replay(&m, &BTreeMap::new(), "i-1", &journal);
         assert_eq!(marks.visited, set(&["Both", "Done"]));
         assert_eq!(marks.fired, fired(&[("Both", "Done")]));
     }
