@@ -735,3 +735,61 @@ fn an_asl_map_killed_with_an_iteration_waiting_resumes_without_repeating_done_it
         "only item 4 is packed after the restart: {calls:?}"
     );
 }
+
+/// An execution waiting in a Wait state moves to a second version (its states renamed, its last
+/// Task writing elsewhere) with the Wait's timer kept; killed right after the move, it finishes on
+/// the second version's path after the restart.
+#[test]
+fn an_asl_execution_waiting_in_a_wait_state_migrates_and_finishes_on_the_new_version_after_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut s, db, defs) = crash_server(dir.path());
+    let v2 = json!({"StartAt": "Reserve", "States": {
+        "Reserve": {"Type": "Task", "Resource": "arn:sm4c:reserve", "ResultPath": "$.reserved", "Next": "Rest"},
+        "Rest": {"Type": "Wait", "Seconds": 3, "Next": "Send"},
+        "Send": {"Type": "Task", "Resource": "arn:sm4c:ship", "ResultPath": "$.sent", "End": true}}});
+    let (_, d) = s.get("/definitions/wait");
+    let v1 = d["latest"].as_str().expect("the folder's version").to_string();
+    let (st, b) = s.send(
+        s.client
+            .post(format!("{}/definitions?name=wait", s.base))
+            .header("content-type", "application/json")
+            .body(v2.to_string()),
+        "register version 2",
+    );
+    assert_eq!(st, 201, "{b}");
+    let version = b["version"].as_str().expect("a version").to_string();
+    // Started on the first version by name (the second is the newest now).
+    let (st, b) = s.post(
+        "/instances",
+        &json!({"definition": "wait", "version": v1, "id": "w", "input": {"item": "book", "to": "Oslo"}}),
+    );
+    assert_eq!(st, 201, "{b}");
+    let (before, _) = s.wait_for("w", "waiting in the Wait state", |v, h| {
+        v["state"] == "Nap" && has_timer(h)
+    });
+    assert_eq!(before["version"], json!(v1));
+    let (st, b) = s.post("/instances/w/migrate", &json!({"version": version}));
+    assert_eq!(
+        (st, b["details"]["reason"].as_str()),
+        (409, Some("noCounterpart")),
+        "{b}"
+    );
+    let (st, b) = s.post(
+        "/instances/w/migrate",
+        &json!({"version": version, "states": {"Nap": "Rest"}}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!((&b["state"], &b["version"]), (&json!("Rest"), &json!(version)), "{b}");
+    assert_eq!(b["migration"]["timers"][0]["change"], "kept", "{b}");
+    s.kill9();
+
+    let s = Server::start(&db, Some(&defs), &dir.path().join("log"));
+    let (v, h) = s.wait_for("w", "completed after the restart", |v, _| {
+        v["status"].as_str() != Some("waiting")
+    });
+    assert_eq!(v["status"], "completed", "{v}\n{h:?}");
+    assert_eq!(v["version"], json!(version));
+    assert_eq!(v["data"]["sent"], "shipped to Oslo", "{v}");
+    assert!(v["data"].get("shipped").is_none(), "{v}");
+    assert_eq!(calls_of(&h, "arn:sm4c:reserve").len(), 1, "{h:?}");
+}
