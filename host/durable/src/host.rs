@@ -989,6 +989,8 @@ impl Loop {
             .migrate(&mut slot.h, to, states, now)
             .map_err(HostError::NotMigratable)?;
         slot.dirty = true;
+        // It may wait for other events now: those parked for it are handed over.
+        slot.was_waiting = false;
         self.after_step(id, step, now);
         Ok(plan)
     }
