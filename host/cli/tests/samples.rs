@@ -398,3 +398,41 @@ fn replay_refuses_what_it_cannot_read_with_exit_2() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("def.json: "), "{err}");
 }
+
+/// Every sample that enters two states or more, against a copy whose last state entered is
+/// renamed: the replay diverges (exit 1) where the recorded instance went to that state, naming
+/// the state it was in.
+#[test]
+fn every_sample_diverges_from_a_copy_with_its_last_state_renamed() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let mut checked = 0;
+    for dir in sample_dirs() {
+        let name = dir.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+        let h = record(&name, tmp.path());
+        let history: Value = serde_json::from_str(&std::fs::read_to_string(&h).expect("history")).expect("JSON");
+        let entered: Vec<String> = history["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["step"] == "stateEntered")
+            .filter_map(|e| e["state"].as_str().map(str::to_string))
+            .collect();
+        let Some(last) = entered.last().filter(|l| entered.iter().any(|s| s != *l)) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(dir.join("definition.json")).expect("definition");
+        let quoted = format!("\"{last}\"");
+        assert!(text.contains(&quoted), "{name}: {last} is named in the definition");
+        let changed = tmp.path().join(format!("{name}.changed.json"));
+        std::fs::write(&changed, text.replace(&quoted, &format!("\"{last} renamed\""))).expect("write");
+        let (code, out, err) = sm4c(&["replay", &h, "--definition", changed.to_str().expect("utf-8")]);
+        assert_eq!(code, 1, "{name}: {out}{err}");
+        let first = out.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("diverges at entry ") && first.contains(" in state \""),
+            "{name}: {out}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} samples enter two states or more");
+}
