@@ -182,8 +182,8 @@ pub(crate) struct Watch<'a> {
 }
 
 impl Watch<'_> {
-    /// Waits until a committed transaction changed what is watched, or for `at_most`: call
-    /// [`Watch::armed`] before looking, then wait on what it gives.
+    /// A wait that ends once a committed transaction changes what is watched: take it before
+    /// looking, then wait on it (with a bound of the caller's).
     pub(crate) fn armed(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
         let mut n = Box::pin(self.notify.notified());
         n.as_mut().enable();
@@ -472,9 +472,10 @@ impl View {
         }
     }
 
-    /// Watches instance `id`'s record (or schedule request `request`'s answer) for a waiting
-    /// request: the [`Watch`] it gets is woken when a committed transaction changes it. Take it
-    /// before looking, so that no change is missed between the look and the wait.
+    /// Watches `key`, an instance's id (its record) or a schedule request's token (its answer),
+    /// for a waiting request: the [`Watch`] it gets is woken when a committed transaction changes
+    /// it. Arm it ([`Watch::armed`]) before looking, so that no change is missed between the look
+    /// and the wait.
     pub(crate) fn watch(&self, key: &str) -> Watch<'_> {
         let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
         let (n, notify) = watched
