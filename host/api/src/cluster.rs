@@ -260,7 +260,7 @@ async fn write(
         Whereabouts::Unavailable(why) => failover(h, fwd, peering, caller, id, &req, next, why).await,
         Whereabouts::At(url) => match peering.allows(&url) {
             Err(why) => Unavailable(format!("instance {id:?} is held by the worker at {url}: {why}")).into_response(),
-            Ok(()) => match forward(fwd, peering, caller.role, &url, req.forwarded(false)).await {
+            Ok(()) => match timed(forward(fwd, peering, caller.role, &url, req.forwarded(false)), id, &url).await {
                 // It no longer holds the instance (the partition moved meanwhile), or could not
                 // write to Kafka: appended here all the same.
                 Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {
@@ -278,6 +278,20 @@ async fn write(
             },
         },
     }
+}
+
+/// `f`, a write forwarded to the worker at `url`, with how long it took in the debug log: one of
+/// the hops of a write's latency (bench/kafka/latency.py reads it).
+async fn timed<T>(f: impl Future<Output = T>, id: &str, url: &str) -> T {
+    let t0 = std::time::Instant::now();
+    let r = f.await;
+    tracing::debug!(
+        instance = id,
+        to = url,
+        forwarded_us = t0.elapsed().as_micros() as u64,
+        "write forwarded"
+    );
+    r
 }
 
 /// A write kept whole, to be run more than once: here, and at the workers asked.

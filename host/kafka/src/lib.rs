@@ -95,6 +95,9 @@ use wire::{Command, JournalRecord, Quiet};
 /// How long API calls wait for the cluster to take a command into account.
 const API_WAIT: Duration = Duration::from_secs(30);
 
+/// How often a request waiting for its write to be decided looks again without being woken (it is
+/// woken when the owner commits it: this is for a partition that moved meanwhile).
+const RECHECK: Duration = Duration::from_millis(250);
 /// How long a request about an instance waits for a worker to serve the instance's partition
 /// (while it is restored, or while the group moves it after a worker left).
 const LOCATE_WAIT: Duration = Duration::from_secs(10);
@@ -760,18 +763,30 @@ impl KafkaHost {
             .map_err(|(e, _)| HostError::Unavailable(format!("cannot write to Kafka: {e}")))
     }
 
-    async fn wait_for(&self, what: &str, f: impl Fn(&view::View) -> bool) -> Result<(), HostError> {
-        let deadline = Instant::now() + API_WAIT;
-        while !f(&self.shared.view) {
-            if Instant::now() > deadline {
+    /// Waits until `f` holds of the view, for up to [`API_WAIT`]: `f` is looked at again as soon as
+    /// a committed transaction changed instance `id`'s record ([`view::View::watch`]), and every
+    /// [`RECHECK`] besides (without an instance, every 3 ms).
+    async fn wait_for(&self, what: &str, id: Option<&str>, f: impl Fn(&view::View) -> bool) -> Result<(), HostError> {
+        let deadline = tokio::time::Instant::now() + API_WAIT;
+        let watch = self.shared.view.watch(id.unwrap_or_default());
+        let recheck = if id.is_some() {
+            RECHECK
+        } else {
+            Duration::from_millis(3)
+        };
+        loop {
+            let changed = watch.armed();
+            if f(&self.shared.view) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
                 // In the log already: refusing it now would tell the client a lie.
                 return Err(HostError::Appended(format!(
                     "{what} was accepted (it is in the log) but no worker has taken it into account yet; check that workers are running"
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(3)).await;
+            let _ = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + recheck), changed).await;
         }
-        Ok(())
     }
 
     /// Whether a write about instance `id` (of partition `p`) is to be appended here without its
@@ -849,9 +864,11 @@ impl KafkaHost {
             op,
             request: request.clone(),
         };
+        let watch = self.shared.view.watch(&request);
         self.send_command(id, &c).await?;
-        let deadline = Instant::now() + API_WAIT;
+        let deadline = tokio::time::Instant::now() + API_WAIT;
         loop {
+            let answered = watch.armed();
             if let Some(answer) = self.shared.view.take_answer(&request) {
                 return answer.map_err(|r| match r {
                     view::Refusal::Invalid(fields) => HostError::InvalidSchedule(fields),
@@ -860,10 +877,10 @@ impl KafkaHost {
                     view::Refusal::UnknownDefinition(what) => HostError::UnknownDefinition(what),
                 });
             }
-            if Instant::now() > deadline {
+            if tokio::time::Instant::now() > deadline {
                 return Err(self.appended(&format!("the operation on schedule {id:?}"), id, p));
             }
-            tokio::time::sleep(Duration::from_millis(3)).await;
+            let _ = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + RECHECK), answered).await;
         }
     }
 
@@ -1068,7 +1085,7 @@ impl Backend for KafkaHost {
             };
             self.send_command(&instance, &c).await?;
             if !heartbeat {
-                self.wait_for("the answer", |v| {
+                self.wait_for("the answer", Some(&instance), |v| {
                     v.get(p, &instance).is_none_or(|r| !task_open(&r, &op))
                 })
                 .await?;
@@ -1130,7 +1147,7 @@ impl Backend for KafkaHost {
                 .await
                 .map_err(|(e, _)| HostError::Unavailable(format!("cannot write the default version to Kafka: {e}")))?;
             let shared = self.shared.clone();
-            self.wait_for("the default version", move |_| {
+            self.wait_for("the default version", None, move |_| {
                 let registry = shared.registry.read().unwrap_or_else(|p| p.into_inner());
                 registry.default_version(&id) == version.as_deref()
             })
@@ -1189,18 +1206,29 @@ impl Backend for KafkaHost {
                 self.send_command(&id, &c).await?;
                 return Err(self.appended(&format!("the start of instance {id:?}"), &id, p));
             }
+            let t0 = Instant::now();
             // Only the request that created it says 201, wherever it was appended.
             if let Some(r) = self.record_off(&id).await? {
                 return Ok((id, r.request.as_ref() == Some(&request)));
             }
+            let looked = t0.elapsed();
             self.send_command(&id, &c).await?;
-            self.wait_for("the start", |v| v.get(p, &id).is_some()).await?;
+            let appended = t0.elapsed();
+            self.wait_for("the start", Some(&id), |v| v.get(p, &id).is_some())
+                .await?;
             // Another request for the same id may have won the race: only the creator says 201.
             let created = self
                 .shared
                 .view
                 .get(p, &id)
                 .is_some_and(|r| r.request.as_ref() == Some(&request));
+            tracing::debug!(
+                partition = p,
+                looked_us = looked.as_micros() as u64,
+                appended_us = appended.as_micros() as u64,
+                decided_us = t0.elapsed().as_micros() as u64,
+                "start answered"
+            );
             Ok((id, created))
         })
     }
@@ -1268,11 +1296,20 @@ impl Backend for KafkaHost {
                 Some(r) if r.snapshot.status.is_final() => return Err(HostError::Ended(id)),
                 Some(_) => {}
             }
+            let t0 = Instant::now();
             self.send_command(&id, &c).await?;
-            self.wait_for("the cancel", |v| {
+            let appended = t0.elapsed();
+            self.wait_for("the cancel", Some(&id), |v| {
                 v.get(p, &id).is_some_and(|r| r.snapshot.status.is_final())
             })
-            .await
+            .await?;
+            tracing::debug!(
+                partition = p,
+                appended_us = appended.as_micros() as u64,
+                decided_us = t0.elapsed().as_micros() as u64,
+                "cancel answered"
+            );
+            Ok(())
         })
     }
 
@@ -1314,7 +1351,7 @@ impl Backend for KafkaHost {
                 .await
                 .map_err(|(e, _)| HostError::Unavailable(format!("cannot write the breakpoints to Kafka: {e}")))?;
             let shared = self.shared.clone();
-            self.wait_for("the breakpoints", move |_| {
+            self.wait_for("the breakpoints", None, move |_| {
                 shared.breakpoints.of(&definition) == breakpoints
             })
             .await
@@ -1361,7 +1398,7 @@ impl Backend for KafkaHost {
                 },
             )
             .await?;
-            self.wait_for("the migration", |v| {
+            self.wait_for("the migration", Some(&id), |v| {
                 v.get(p, &id).is_some_and(|r| r.snapshot.version == version)
             })
             .await?;
@@ -1380,8 +1417,10 @@ impl Backend for KafkaHost {
             self.send_command(&id, &Command::Resume { id: id.clone(), step })
                 .await?;
             // Taken into account once the instance's journal has grown past the resume.
-            self.wait_for("the resume", |v| v.get(p, &id).is_some_and(|r| r.journal_len > before))
-                .await
+            self.wait_for("the resume", Some(&id), |v| {
+                v.get(p, &id).is_some_and(|r| r.journal_len > before)
+            })
+            .await
         })
     }
 

@@ -135,6 +135,11 @@ pub struct View {
     /// with when it was kept: taken by the request that waits (the others are let go after
     /// [`ANSWER_KEPT`]).
     answers: Mutex<HashMap<String, (Instant, ScheduleAnswer)>>,
+    /// The API requests waiting for a committed transaction to change an instance's record (by
+    /// instance id) or to answer a schedule operation (by request token), with how many wait on
+    /// each: [`View::apply`] and [`View::apply_schedules`] wake them as soon as the owner has
+    /// committed, instead of leaving them to look again after a pause.
+    watched: Mutex<HashMap<Box<str>, Watched>>,
     /// True once the definitions topic was read to its end at start.
     pub ready: AtomicBool,
     /// Set to stop following.
@@ -164,6 +169,39 @@ pub(crate) enum Refusal {
 /// What an owner decided for a schedule operation: the schedule as `GET /schedules/{id}` shows
 /// it, or why it refused.
 pub(crate) type ScheduleAnswer = Result<serde_json::Value, Refusal>;
+
+/// How many requests watch a key, and what wakes them.
+type Watched = (usize, Arc<tokio::sync::Notify>);
+
+/// A request's watch on an instance's record or a schedule request's answer ([`View::watch`]);
+/// dropped, it no longer keeps its entry.
+pub(crate) struct Watch<'a> {
+    view: &'a View,
+    key: Box<str>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Watch<'_> {
+    /// A wait that ends once a committed transaction changes what is watched: take it before
+    /// looking, then wait on it (with a bound of the caller's).
+    pub(crate) fn armed(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut n = Box::pin(self.notify.notified());
+        n.as_mut().enable();
+        n
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        let mut watched = self.view.watched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((n, _)) = watched.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                watched.remove(&self.key);
+            }
+        }
+    }
+}
 
 /// What the view keeps of one partition.
 struct Part {
@@ -410,8 +448,13 @@ impl View {
         let Some(part) = all.get_mut(&p) else { return };
         part.prune(p);
         let stored = part.backing.is_some();
+        let watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+        let mut wake = Vec::new();
         for (id, r) in changes {
             let id = id.into_boxed_str();
+            if let Some((_, n)) = watched.get(&id) {
+                wake.push(n.clone());
+            }
             if stored {
                 part.queue.push_back((ticket, id.clone()));
                 part.recent.insert(id, (ticket, r));
@@ -420,6 +463,29 @@ impl View {
             } else {
                 part.recent.remove(&id);
             }
+        }
+        drop(watched);
+        drop(all);
+        // Once the records are in: a woken request reads them.
+        for n in wake {
+            n.notify_waiters();
+        }
+    }
+
+    /// Watches `key`, an instance's id (its record) or a schedule request's token (its answer),
+    /// for a waiting request: the [`Watch`] it gets is woken when a committed transaction changes
+    /// it. Arm it ([`Watch::armed`]) before looking, so that no change is missed between the look
+    /// and the wait.
+    pub(crate) fn watch(&self, key: &str) -> Watch<'_> {
+        let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+        let (n, notify) = watched
+            .entry(key.into())
+            .or_insert_with(|| (0, Arc::new(tokio::sync::Notify::new())));
+        *n += 1;
+        Watch {
+            view: self,
+            key: key.into(),
+            notify: notify.clone(),
         }
     }
 
@@ -465,7 +531,18 @@ impl View {
             let mut kept = self.answers.lock().unwrap_or_else(|e| e.into_inner());
             kept.retain(|_, (at, _)| at.elapsed() < ANSWER_KEPT);
             let now = Instant::now();
+            let wake: Vec<_> = {
+                let watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+                answers
+                    .iter()
+                    .filter_map(|(r, _)| watched.get(r.as_str()).map(|(_, n)| n.clone()))
+                    .collect()
+            };
             kept.extend(answers.into_iter().map(|(r, a)| (r, (now, a))));
+            drop(kept);
+            for n in wake {
+                n.notify_waiters();
+            }
         }
     }
 
@@ -933,6 +1010,45 @@ pub(crate) mod tests {
         // The records stay in memory: a failed store's tickets are done, yet nothing is dropped.
         view.apply(0, Vec::new(), ticket);
         assert_eq!(view.in_memory(), 1);
+    }
+
+    /// Whether a waiting request's armed watch has been woken, without waiting for it.
+    fn woken(armed: &mut std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>) -> bool {
+        use std::future::Future;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        armed.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_request_waiting_for_an_instance_is_woken_by_the_commit_that_changes_it_and_by_no_other() {
+        let view = View::default();
+        view.take(0, Records::new(), None);
+        {
+            let (watch, also) = (view.watch("a"), view.watch("a"));
+            let (mut armed, mut armed_too) = (watch.armed(), also.armed());
+            // Another instance's transaction, and another partition's: not what it waits for.
+            view.apply(0, vec![("b".into(), Some(record("b", "order", Status::Waiting, 1)))], 0);
+            view.apply(1, vec![("a".into(), Some(record("a", "order", Status::Waiting, 1)))], 0);
+            assert!(
+                !woken(&mut armed),
+                "woken by a transaction that did not change its instance"
+            );
+            // Its instance's: both requests waiting for it are woken, with the record in the view.
+            view.apply(0, vec![("a".into(), Some(record("a", "order", Status::Waiting, 2)))], 0);
+            assert!(woken(&mut armed) && woken(&mut armed_too));
+            assert!(view.get(0, "a").is_some());
+        }
+        {
+            // A schedule request's answer wakes the request waiting for it.
+            let answer = view.watch("schedule-1");
+            let mut armed = answer.armed();
+            view.apply_schedules(0, Vec::new(), vec![("schedule-2".into(), Ok(serde_json::json!({})))]);
+            assert!(!woken(&mut armed));
+            view.apply_schedules(0, Vec::new(), vec![("schedule-1".into(), Ok(serde_json::json!({})))]);
+            assert!(woken(&mut armed));
+        }
+        // Dropped, the watches leave nothing behind.
+        assert!(view.watched.lock().unwrap().is_empty());
     }
 
     #[test]
