@@ -912,13 +912,12 @@ impl Instance {
     /// Applies a result handler: jq over the global data with the result as `$value`.
     fn apply(&mut self, handler: Option<&crate::expr::Expr>, value: Val, what: &str) -> Result<(), ErrorInfo> {
         if let Some(h) = handler {
-            let d = h.eval(self.s.data.0.clone(), value).map_err(|e| {
+            h.eval_mut(&mut self.s.data.0, value).map_err(|e| {
                 ErrorInfo::new(
                     ErrorKind::ExpressionError,
                     format!("{what} failed: {} (in {})", e.message, e.expression),
                 )
             })?;
-            self.s.data = J(d);
         }
         Ok(())
     }
