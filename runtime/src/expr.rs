@@ -2068,6 +2068,15 @@ impl Expr {
         self.eval_jaq(input, value)
     }
 
+    /// [`Expr::eval`] on borrowed values: the direct evaluator reads them where they are, and only
+    /// jaq is given copies (which share their parts).
+    pub fn eval_on(&self, input: &Val, value: &Val) -> Result<Val, EvalError> {
+        if let Some(v) = self.0.fast.as_ref().and_then(|f| f.eval(input, value)) {
+            return self.bounded(v);
+        }
+        self.eval_jaq(input.clone(), value.clone())
+    }
+
     /// Runs the expression on `data` where exactly one output is needed, and makes that output the
     /// new `data`; on an error `data` is left as it was. The same as `*data = self.eval(data.clone(),
     /// value)?`, but an assignment to a field (`.a.b = $value`, `.n += 1`) changes the field in place:
