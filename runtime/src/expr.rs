@@ -453,6 +453,41 @@ fn expanded_size(v: &Val, budget: u64) -> Option<u64> {
     Some(budget - left)
 }
 
+/// In one walk: `None` when the [`expanded_size`] of `v` passes `budget`, else whether `v` nests
+/// arrays and objects deeper than `depth` levels ([`crate::json::val_too_deep`]). It recurses
+/// only `depth` levels deep, and allocates nothing for values that stay within them.
+fn size_and_depth(v: &Val, budget: u64, depth: usize) -> Option<bool> {
+    fn walk(v: &Val, left: &mut u64, depth: usize, deep: &mut bool) -> Option<()> {
+        *left = left.checked_sub(shallow_size(v).max(1))?;
+        let children: &mut dyn Iterator<Item = &Val> = match v {
+            Val::Arr(a) => &mut a.iter(),
+            Val::Obj(o) => {
+                for k in o.keys() {
+                    *left = left.checked_sub(shallow_size(k))?;
+                }
+                &mut o.values()
+            }
+            _ => return Some(()),
+        };
+        if depth == 0 {
+            // A container past the depth limit: count the rest without recursing further.
+            *deep = true;
+            for c in children {
+                *left -= expanded_size(c, *left)?;
+            }
+        } else {
+            for c in children {
+                walk(c, left, depth - 1, deep)?;
+            }
+        }
+        Some(())
+    }
+    let mut left = budget;
+    let mut deep = false;
+    walk(v, &mut left, depth, &mut deep)?;
+    Some(deep)
+}
+
 /// A sink for text that fails once more than its bytes would be written.
 struct BoundedText(usize);
 
@@ -1918,17 +1953,24 @@ impl Expr {
     /// [`expanded_size`]) and within [`crate::json::MAX_DEPTH`] levels of nesting; else the error of
     /// an evaluation that would build too much.
     fn bounded(&self, v: Val) -> Result<Val, EvalError> {
-        if matches!(v, Val::Arr(_) | Val::Obj(_)) && expanded_size(&v, self.0.limits.memory).is_none() {
-            return Err(self.too_large());
+        self.check_bounds(&v)?;
+        Ok(v)
+    }
+
+    /// [`Expr::bounded`] without taking the value.
+    fn check_bounds(&self, v: &Val) -> Result<(), EvalError> {
+        if !matches!(v, Val::Arr(_) | Val::Obj(_)) {
+            return Ok(());
         }
-        if crate::json::val_too_deep(&v, crate::json::MAX_DEPTH) {
-            return Err(self.stopped(format!(
+        match size_and_depth(v, self.0.limits.memory, crate::json::MAX_DEPTH) {
+            None => Err(self.too_large()),
+            Some(true) => Err(self.stopped(format!(
                 "expression result is nested deeper than {} levels, the most sm4c keeps (in {})",
                 crate::json::MAX_DEPTH,
                 self.0.source
-            )));
+            ))),
+            Some(false) => Ok(()),
         }
-        Ok(v)
     }
 
     fn too_large(&self) -> EvalError {
@@ -2024,6 +2066,32 @@ impl Expr {
             return self.bounded(v);
         }
         self.eval_jaq(input, value)
+    }
+
+    /// [`Expr::eval`] on borrowed values: the direct evaluator reads them where they are, and only
+    /// jaq is given copies (which share their parts).
+    pub fn eval_on(&self, input: &Val, value: &Val) -> Result<Val, EvalError> {
+        if let Some(v) = self.0.fast.as_ref().and_then(|f| f.eval(input, value)) {
+            return self.bounded(v);
+        }
+        self.eval_jaq(input.clone(), value.clone())
+    }
+
+    /// Runs the expression on `data` where exactly one output is needed, and makes that output the
+    /// new `data`; on an error `data` is left as it was. The same as `*data = self.eval(data.clone(),
+    /// value)?`, but an assignment to a field (`.a.b = $value`, `.n += 1`) changes the field in place:
+    /// when `data` alone holds its objects, nothing of it is copied.
+    pub fn eval_mut(&self, data: &mut Val, value: Val) -> Result<(), EvalError> {
+        if let Some((path, x)) = self.0.fast.as_ref().and_then(|f| f.in_place(data, &value)) {
+            let old = crate::fast::replace(data, path, x);
+            if let Err(e) = self.check_bounds(data) {
+                crate::fast::restore(data, path, old);
+                return Err(e);
+            }
+            return Ok(());
+        }
+        *data = self.eval(data.clone(), value)?;
+        Ok(())
     }
 
     /// Runs the expression through jaq only (the reference for the direct evaluator).

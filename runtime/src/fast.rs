@@ -11,7 +11,8 @@ use jaq_core::load::lex::StrPart;
 use jaq_core::load::parse::{BinaryOp, Term};
 use jaq_core::ops::{Cmp, Math};
 use jaq_core::path::{Opt, Part, Path};
-use jaq_json::{Num, Val};
+use jaq_json::{Map, Num, Val};
+use std::borrow::Cow;
 
 /// A compiled simple expression.
 #[derive(Debug, Clone)]
@@ -184,13 +185,43 @@ fn index(k: &Val) -> Option<usize> {
     }
 }
 
-fn get(v: &Val, k: &Val) -> Option<Val> {
+/// `null`, for lookups that yield it without a value to borrow.
+static NULL: Val = Val::Null;
+
+/// Objects up to this many entries are searched key by key: cheaper than hashing the key, and
+/// the objects of instance data are mostly this small.
+const SCAN: usize = 8;
+
+/// The value at key `k` of object `m`, as [`Map::get`] finds it.
+fn lookup<'a>(m: &'a Map, k: &Val) -> Option<&'a Val> {
+    if m.len() <= SCAN {
+        m.iter().find(|(x, _)| *x == k).map(|(_, v)| v)
+    } else {
+        m.get(k)
+    }
+}
+
+/// The value at key `k` of object `m`, to change in place.
+fn lookup_mut<'a>(m: &'a mut Map, k: &Val) -> Option<&'a mut Val> {
+    if m.len() <= SCAN {
+        m.iter_mut().find(|(x, _)| *x == k).map(|(_, v)| v)
+    } else {
+        m.get_mut(k)
+    }
+}
+
+/// `v[k]` with jq's semantics for object keys and array indices, borrowed.
+fn get_ref<'a>(v: &'a Val, k: &Val) -> Option<&'a Val> {
     match (v, k) {
-        (Val::Null, _) => Some(Val::Null),
-        (Val::Obj(m), Val::TStr(_)) => Some(m.get(k).cloned().unwrap_or(Val::Null)),
-        (Val::Arr(a), _) => Some(a.get(index(k)?).cloned().unwrap_or(Val::Null)),
+        (Val::Null, _) => Some(&NULL),
+        (Val::Obj(m), Val::TStr(_)) => Some(lookup(m, k).unwrap_or(&NULL)),
+        (Val::Arr(a), _) => Some(a.get(index(k)?).unwrap_or(&NULL)),
         _ => None,
     }
+}
+
+fn get(v: &Val, k: &Val) -> Option<Val> {
+    get_ref(v, k).cloned()
 }
 
 /// Largest array index an assignment may create (jq pads with nulls up to it).
@@ -206,8 +237,15 @@ fn set(v: Val, ks: &[Val], x: Val) -> Option<Val> {
                 Val::Obj(m) => jaq_json::Rc::unwrap_or_clone(m),
                 _ => jaq_json::Map::default(),
             };
-            let inner = map.get(k).cloned().unwrap_or(Val::Null);
-            map.insert(k.clone(), set(inner, rest, x)?);
+            match lookup_mut(&mut map, k) {
+                Some(slot) => {
+                    let inner = std::mem::take(slot);
+                    *slot = set(inner, rest, x)?;
+                }
+                None => {
+                    map.insert(k.clone(), set(Val::Null, rest, x)?);
+                }
+            }
             Some(Val::obj(map))
         }
         (v @ (Val::Null | Val::Arr(_)), Val::Num(_)) => {
@@ -240,38 +278,32 @@ impl Fast {
     /// Evaluates; `None` means "ask jaq" (an edge case or an error).
     pub fn eval(&self, input: &Val, value: &Val) -> Option<Val> {
         match self {
-            Fast::Lit(v) => Some(v.clone()),
-            Fast::Id => Some(input.clone()),
-            Fast::Value => Some(value.clone()),
-            Fast::Path(base, ks) => {
-                let mut v = base.eval(input, value)?;
-                for k in ks {
-                    v = get(&v, k)?;
-                }
-                Some(v)
-            }
+            Fast::Lit(_) | Fast::Id | Fast::Value | Fast::Path(..) => self.eval_ref(input, value).map(Cow::into_owned),
             Fast::Cmp(l, c, r) => {
-                let (l, r) = (l.eval(input, value)?, r.eval(input, value)?);
+                let (l, r) = (l.eval_ref(input, value)?, r.eval_ref(input, value)?);
                 Some(Val::Bool(c.run(&l, &r)))
             }
             Fast::Math(l, m, r) => {
-                let (l, r) = (l.eval(input, value)?, r.eval(input, value)?);
-                numbers(*m, l, r)
+                let (l, r) = (l.eval_ref(input, value)?, r.eval_ref(input, value)?);
+                match (&*l, &*r) {
+                    (Val::Num(_), Val::Num(_)) => numbers(*m, l.into_owned(), r.into_owned()),
+                    _ => None,
+                }
             }
             Fast::And(l, r) => {
-                if !truthy(&l.eval(input, value)?) {
+                if !truthy(&*l.eval_ref(input, value)?) {
                     return Some(Val::Bool(false));
                 }
-                Some(Val::Bool(truthy(&r.eval(input, value)?)))
+                Some(Val::Bool(truthy(&*r.eval_ref(input, value)?)))
             }
             Fast::Or(l, r) => {
-                if truthy(&l.eval(input, value)?) {
+                if truthy(&*l.eval_ref(input, value)?) {
                     return Some(Val::Bool(true));
                 }
-                Some(Val::Bool(truthy(&r.eval(input, value)?)))
+                Some(Val::Bool(truthy(&*r.eval_ref(input, value)?)))
             }
             Fast::Pipe(l, r) => {
-                let mid = l.eval(input, value)?;
+                let mid = l.eval_ref(input, value)?;
                 r.eval(&mid, value)
             }
             Fast::Assign(ks, r) => {
@@ -280,14 +312,121 @@ impl Fast {
             }
             Fast::Update(ks, m, r) => {
                 let x = r.eval(input, value)?;
-                let mut cur = input.clone();
-                for k in ks {
-                    cur = get(&cur, k)?;
-                }
-                let new = numbers(*m, cur, x)?;
+                let new = numbers(*m, get_path_ref(input, ks)?.clone(), x)?;
                 set(input.clone(), ks, new)
             }
         }
+    }
+
+    /// [`Fast::eval`], borrowing from the input, the value or the expression where the result is
+    /// one of their parts (`.a.b`, `$value`, a literal): nothing is copied to read or compare it.
+    fn eval_ref<'a>(&'a self, input: &'a Val, value: &'a Val) -> Option<Cow<'a, Val>> {
+        match self {
+            Fast::Lit(v) => Some(Cow::Borrowed(v)),
+            Fast::Id => Some(Cow::Borrowed(input)),
+            Fast::Value => Some(Cow::Borrowed(value)),
+            Fast::Path(base, ks) => match base.eval_ref(input, value)? {
+                Cow::Borrowed(v) => get_path_ref(v, ks).map(Cow::Borrowed),
+                Cow::Owned(v) => get_path_ref(&v, ks).cloned().map(Cow::Owned),
+            },
+            _ => self.eval(input, value).map(Cow::Owned),
+        }
+    }
+
+    /// For an assignment `.a.b = r` or `.a.b op= r` whose target's parent exists (`.a` is an
+    /// object, or an array holding the index): its path and the value to store there, computed
+    /// without changing `input`. Storing it with [`replace`] gives what [`Fast::eval`] gives.
+    /// `None` for every other expression and case.
+    pub fn in_place<'a>(&'a self, input: &Val, value: &Val) -> Option<(&'a [Val], Val)> {
+        let (ks, x) = match self {
+            Fast::Assign(ks, r) => (ks, r.eval(input, value)?),
+            Fast::Update(ks, m, r) => {
+                let x = r.eval(input, value)?;
+                (ks, numbers(*m, get_path_ref(input, ks)?.clone(), x)?)
+            }
+            _ => return None,
+        };
+        let (last, parents) = ks.split_last()?;
+        let parent = parents.iter().try_fold(input, |v, k| match (v, k) {
+            (Val::Obj(m), Val::TStr(_)) => lookup(m, k),
+            (Val::Arr(a), _) => a.get(index(k)?),
+            _ => None,
+        })?;
+        match (parent, last) {
+            (Val::Obj(_), Val::TStr(_)) => Some((ks, x)),
+            (Val::Arr(a), _) if index(last)? < a.len() => Some((ks, x)),
+            _ => None,
+        }
+    }
+}
+
+/// `getpath` of a path of fixed keys, borrowed.
+fn get_path_ref<'a>(v: &'a Val, ks: &[Val]) -> Option<&'a Val> {
+    ks.iter().try_fold(v, |v, k| get_ref(v, k))
+}
+
+/// Stores `x` at path `ks` of `v`, whose parents exist (see [`Fast::in_place`]): the containers on
+/// the path are changed in place where `v` alone holds them, copied where they are shared. Gives
+/// back what was there (`None`: the key was new, and is now the object's last), for [`restore`].
+pub fn replace(v: &mut Val, ks: &[Val], x: Val) -> Option<Val> {
+    let (last, parents) = ks.split_last()?;
+    let mut cur = v;
+    for k in parents {
+        cur = child_mut(cur, k)?;
+    }
+    match (cur, last) {
+        (Val::Obj(m), Val::TStr(_)) => {
+            let m = jaq_json::Rc::make_mut(m);
+            match lookup_mut(m, last) {
+                Some(slot) => Some(std::mem::replace(slot, x)),
+                None => {
+                    m.insert(last.clone(), x);
+                    None
+                }
+            }
+        }
+        (Val::Arr(a), _) => {
+            let slot = jaq_json::Rc::make_mut(a).get_mut(index(last)?)?;
+            Some(std::mem::replace(slot, x))
+        }
+        _ => None,
+    }
+}
+
+/// Undoes [`replace`]: puts `old` back at path `ks` of `v`, or removes the key it added.
+pub fn restore(v: &mut Val, ks: &[Val], old: Option<Val>) {
+    let Some((last, parents)) = ks.split_last() else { return };
+    let mut cur = v;
+    for k in parents {
+        match child_mut(cur, k) {
+            Some(c) => cur = c,
+            None => return,
+        }
+    }
+    match (cur, old) {
+        (Val::Obj(m), None) => {
+            jaq_json::Rc::make_mut(m).pop();
+        }
+        (Val::Obj(m), Some(old)) => {
+            if let Some(slot) = lookup_mut(jaq_json::Rc::make_mut(m), last) {
+                *slot = old;
+            }
+        }
+        (Val::Arr(a), Some(old)) => {
+            if let Some(slot) = index(last).and_then(|i| jaq_json::Rc::make_mut(a).get_mut(i)) {
+                *slot = old;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The existing child `v[k]` of an object or array, to change in place.
+fn child_mut<'a>(v: &'a mut Val, k: &Val) -> Option<&'a mut Val> {
+    match (v, k) {
+        (Val::Obj(m), Val::TStr(_)) => lookup_mut(jaq_json::Rc::make_mut(m), k),
+        (Val::Arr(a), _) => jaq_json::Rc::make_mut(a).get_mut(index(k)?),
+        _ => None,
     }
 }
 
@@ -360,13 +499,20 @@ mod tests {
                 (
                     prop::option::of(inner.clone()),
                     prop::option::of(inner.clone()),
-                    prop::option::of(inner)
+                    prop::option::of(inner),
+                    any::<bool>()
                 )
-                    .prop_map(|(a, b, c)| {
+                    .prop_map(|(a, b, c, big)| {
                         let mut m = serde_json::Map::new();
                         for (k, v) in [("a", a), ("b", b), ("c", c)] {
                             if let Some(v) = v {
                                 m.insert(k.into(), v);
+                            }
+                        }
+                        // Past `SCAN` entries, keys are looked up by hash.
+                        if big {
+                            for i in 0..super::SCAN {
+                                m.insert(format!("k{i}"), Value::from(i));
                             }
                         }
                         Value::Object(m)
@@ -388,6 +534,66 @@ mod tests {
                 _ => prop_assert!(false, "{code}: direct {fast:?} vs jaq {slow:?}"),
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        /// `eval_mut` (in place where it can) gives what `eval` gives, and leaves the data as it
+        /// was on an error.
+        #[test]
+        fn evaluation_in_place_agrees_with_eval(code in expr(), input in value(), v in value()) {
+            let e = Expr::compile(&code, &[], Limits::default()).unwrap();
+            let expected = e.eval(to_val(&input), to_val(&v)).map(|x| from_val(&x));
+            let mut data = to_val(&input);
+            let shared = data.clone();
+            match (e.eval_mut(&mut data, to_val(&v)), expected) {
+                (Ok(()), Ok(x)) => prop_assert_eq!(from_val(&data), x, "{}", code),
+                (Err(a), Err(b)) => {
+                    prop_assert_eq!(&a.message, &b.message, "{}", code);
+                    prop_assert_eq!(from_val(&data), input.clone(), "{}", code);
+                }
+                (got, want) => prop_assert!(false, "{code}: in place {got:?} vs eval {want:?}"),
+            }
+            // A copy shared before the change does not see it.
+            prop_assert_eq!(from_val(&shared), input, "{}", code);
+        }
+    }
+
+    /// An assignment in place whose result passes a limit is undone: the data stays as it was,
+    /// whether the assignment replaced a field or added one.
+    #[test]
+    fn assignment_in_place_past_a_limit_is_undone() {
+        let small = Limits {
+            memory: 400,
+            ..Limits::default()
+        };
+        let long = Value::from("x".repeat(400));
+        for code in ["${ .a = $value }", "${ .b = $value }", "${ .c.d = $value }"] {
+            let e = Expr::compile(code, &[], small).unwrap();
+            let before = json!({"a": 1, "c": {"d": 2}});
+            let mut data = to_val(&before);
+            let err = e.eval_mut(&mut data, to_val(&long)).unwrap_err();
+            assert!(
+                err.message.contains("would build more than 400 bytes"),
+                "{code}: {}",
+                err.message
+            );
+            assert_eq!(from_val(&data), before, "{code}");
+            assert_eq!(
+                serde_json::to_string(&from_val(&data)).unwrap(),
+                before.to_string(),
+                "{code}: key order"
+            );
+            // A short value fits: the limit stopped the long one.
+            e.eval_mut(&mut data, to_val(&json!("y"))).unwrap();
+        }
+        let deep = (0..crate::json::MAX_DEPTH).fold(Value::Null, |v, _| json!([v]));
+        let e = Expr::compile("${ .c.d = $value }", &[], Limits::default()).unwrap();
+        let before = json!({"a": 1, "c": {"d": 2}});
+        let mut data = to_val(&before);
+        let err = e.eval_mut(&mut data, to_val(&deep)).unwrap_err();
+        assert!(err.message.contains("nested deeper than"), "{}", err.message);
+        assert_eq!(from_val(&data), before);
     }
 
     #[test]

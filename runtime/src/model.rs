@@ -434,8 +434,8 @@ impl Condition {
 
     /// Evaluates the condition (one output is needed) and judges its value. This is the one place
     /// that decides whether a condition fires.
-    pub fn test(&self, input: Val, value: Val) -> Result<Verdict, EvalError> {
-        Ok(match self.expr.eval(input, value)? {
+    pub fn test(&self, input: &Val, value: &Val) -> Result<Verdict, EvalError> {
+        Ok(match self.expr.eval_on(input, value)? {
             Val::Bool(true) => Verdict::True,
             Val::Bool(false) => Verdict::False,
             other => Verdict::NotBoolean(other),

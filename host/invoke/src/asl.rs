@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use sm4c_host::FunctionCall;
 use sm4c_runtime::{ErrorInfo, ErrorKind};
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The Resource of the HTTP Task.
@@ -146,7 +147,9 @@ pub fn bound_call(call: &FunctionCall, function_type: &str, operation: &str) -> 
 
 /// Performs HTTP Tasks.
 pub struct HttpTask {
-    client: reqwest::Client,
+    /// Built at the first call: building it reads the system's certificates, which a run without
+    /// HTTP Tasks does not need.
+    client: OnceLock<reqwest::Client>,
     connections: BTreeMap<String, Connection>,
     net: NetPolicy,
 }
@@ -176,9 +179,8 @@ impl HttpTask {
     /// An HTTP Task performer with the configured connections and what calls may reach
     /// ([`AslConfig::net`]); a call may take up to 60 s, as AWS's HTTP Task.
     pub fn new(config: &AslConfig) -> HttpTask {
-        let client = config.net.client(Duration::from_secs(60)).build().unwrap_or_default();
         HttpTask {
-            client,
+            client: OnceLock::new(),
             connections: config.connections.clone(),
             net: config.net.clone(),
         }
@@ -281,7 +283,10 @@ impl HttpTask {
         }
         self.net.check_url(&url).map_err(&bad)?;
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-        let mut req = self.client.request(method.clone(), url.clone());
+        let client = self
+            .client
+            .get_or_init(|| self.net.client(Duration::from_secs(60)).build().unwrap_or_default());
+        let mut req = client.request(method.clone(), url.clone());
         for (k, v) in &headers {
             let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
                 .map_err(|_| bad(format!("{k:?} is not a header name")))?;

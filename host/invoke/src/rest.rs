@@ -26,7 +26,7 @@ use sm4c_host::FunctionCall;
 use sm4c_runtime::{ErrorInfo, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Host configuration for REST functions. Credentials live here, never in definitions.
@@ -94,7 +94,9 @@ const LINGER: Duration = Duration::from_millis(250);
 
 /// Calls REST functions; connections to the same host are reused.
 pub struct RestInvoker {
-    client: reqwest::Client,
+    /// Built at the first call: building it reads the system's certificates, which a run that
+    /// calls no REST function (or only mocks) does not need.
+    client: OnceLock<reqwest::Client>,
     base: PathBuf,
     config: RestConfig,
     docs: Mutex<HashMap<String, Arc<Value>>>,
@@ -123,19 +125,25 @@ fn err(message: String, details: Value) -> ErrorInfo {
 impl RestInvoker {
     /// Relative `file://` documents resolve against `base` (the definitions' folder).
     pub fn new(base: &Path, config: RestConfig) -> RestInvoker {
-        let client = config
-            .net
-            .client(config.timeout.unwrap_or(Duration::from_secs(30)))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build()
-            .unwrap_or_default();
         RestInvoker {
-            client,
+            client: OnceLock::new(),
             base: base.to_path_buf(),
             config,
             docs: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The HTTP client, built at the first call.
+    fn client(&self) -> &reqwest::Client {
+        self.client.get_or_init(|| {
+            self.config
+                .net
+                .client(self.config.timeout.unwrap_or(Duration::from_secs(30)))
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build()
+                .unwrap_or_default()
+        })
     }
 
     /// The turns of one document's calls.
@@ -168,7 +176,7 @@ impl RestInvoker {
             let url = reqwest::Url::parse(uri).map_err(|e| fetch_err(e.to_string()))?;
             self.config.net.check_url(&url).map_err(fetch_err)?;
             let resp = self
-                .client
+                .client()
                 .get(url)
                 .send()
                 .await
@@ -343,7 +351,7 @@ impl RestInvoker {
             }
         }
         let mut req = self
-            .client
+            .client()
             .request(op.method.clone(), parsed)
             .query(&query)
             .header("Idempotency-Key", format!("{}/{}", call.instance, call.op))

@@ -11,6 +11,7 @@ use super::{names, AslError, Env};
 use crate::engine::{rfc3339, Effect, Entry, Millis, Options, Output, Trace};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
@@ -429,8 +430,7 @@ fn deliver_to(cx: &mut Cx, run: &mut Run, d: &Delivery) -> bool {
                 return true;
             };
             let st = state(cx, run);
-            let result = effective.clone();
-            finish(cx, run, st, effective, result);
+            finish(cx, run, st, effective);
             true
         }
         Step::Children { slots, .. } => {
@@ -468,7 +468,11 @@ fn advance(cx: &mut Cx, run: &mut Run, top: bool) {
                 }
                 let st = state(cx, run);
                 if top {
-                    cx.top_state = Some(st.name.clone());
+                    match &mut cx.top_state {
+                        // Reuses the name's buffer: entering states one after another allocates nothing.
+                        Some(name) => st.name.clone_into(name),
+                        None => cx.top_state = Some(st.name.clone()),
+                    }
                 }
                 enter(cx, run, st);
             }
@@ -527,13 +531,14 @@ fn enter(cx: &mut Cx, run: &mut Run, st: &State) {
 fn effective(cx: &Cx, run: &Run, st: &State, ctx: &Value) -> Result<Value, AslError> {
     match st.lang {
         Lang::JsonPath => {
+            // The state's input is copied only when it is the effective input itself.
             let after_input = match &st.input_path {
-                None => run.input.clone(),
-                Some(None) => json!({}),
-                Some(Some(p)) => read_path(p, &run.input, ctx, &run.vars, &cx.rng)?,
+                None => Cow::Borrowed(&run.input),
+                Some(None) => Cow::Owned(json!({})),
+                Some(Some(p)) => Cow::Owned(read_path(p, &run.input, ctx, &run.vars, &cx.rng)?),
             };
             if matches!(st.kind, Kind::Map(_)) {
-                return Ok(after_input);
+                return Ok(after_input.into_owned());
             }
             match &st.parameters {
                 Some(t) => t.eval(&Env {
@@ -542,7 +547,7 @@ fn effective(cx: &Cx, run: &Run, st: &State, ctx: &Value) -> Result<Value, AslEr
                     vars: &run.vars,
                     rng: &cx.rng,
                 }),
-                None => Ok(after_input),
+                None => Ok(after_input.into_owned()),
             }
         }
         Lang::Jsonata => match &st.arguments {
@@ -611,15 +616,14 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
             let eff = effective(cx, run, st, &ctx)?;
             let out = match (st.lang, result) {
                 (Lang::JsonPath, Some(r)) => r.clone(),
-                _ => eff.clone(),
+                _ => eff,
             };
-            finish(cx, run, st, eff, out);
+            finish(cx, run, st, out);
             Ok(())
         }
         Kind::Succeed => {
             let eff = effective(cx, run, st, &ctx)?;
-            let out = eff.clone();
-            finish(cx, run, st, eff, out);
+            finish(cx, run, st, eff);
             Ok(())
         }
         Kind::Fail { error, cause } => {
@@ -724,8 +728,7 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                 }
             };
             if due <= cx.now {
-                let out = eff.clone();
-                finish(cx, run, st, eff, out);
+                finish(cx, run, st, eff);
             } else {
                 let timer = format!("wait:{}", op_id(run, st));
                 cx.start_timer(&timer, due);
@@ -1149,6 +1152,7 @@ fn children(cx: &mut Cx, run: &mut Run) -> bool {
 
 /// A Task, Parallel or Map produced `result`: ResultSelector, then the state's output.
 fn task_result(cx: &mut Cx, run: &mut Run, effective: Value, result: Value) {
+    let _ = effective;
     let st = state(cx, run);
     let selected = match (&st.result_selector, st.lang) {
         (Some(t), Lang::JsonPath) => {
@@ -1163,15 +1167,14 @@ fn task_result(cx: &mut Cx, run: &mut Run, effective: Value, result: Value) {
         _ => Ok(result),
     };
     match selected {
-        Ok(r) => finish(cx, run, st, effective, r),
+        Ok(r) => finish(cx, run, st, r),
         Err(e) => fail(cx, run, e),
     }
 }
 
 /// The state produced `result`: ResultPath and OutputPath (JSONPath) or Output (JSONata), Assign,
 /// then the transition.
-fn finish(cx: &mut Cx, run: &mut Run, st: &State, effective: Value, result: Value) {
-    let _ = effective;
+fn finish(cx: &mut Cx, run: &mut Run, st: &State, result: Value) {
     let ctx = cx.context(run, st, None, None);
     let done = (|| -> Result<(Value, Option<Map<String, Value>>), AslError> {
         let assigned = match &st.assign {

@@ -230,9 +230,19 @@ impl Path {
 /// One definite step; `None` when it does not match.
 fn step_definite<'v>(v: &'v Value, seg: &Seg) -> Option<&'v Value> {
     match (seg, v) {
-        (Seg::Child(name), Value::Object(m)) => m.get(name),
+        (Seg::Child(name), Value::Object(m)) => field(m, name),
         (Seg::Index(i), Value::Array(a)) => index(a.len(), *i).and_then(|i| a.get(i)),
         _ => None,
+    }
+}
+
+/// The field `name` of object `m`. Objects up to 8 fields are searched name by name: cheaper than
+/// hashing the name, and the objects states pass on are mostly this small.
+fn field<'v>(m: &'v serde_json::Map<String, Value>, name: &str) -> Option<&'v Value> {
+    if m.len() <= 8 {
+        m.iter().find(|(k, _)| k.as_str() == name).map(|(_, v)| v)
+    } else {
+        m.get(name)
     }
 }
 

@@ -151,15 +151,15 @@ fn op_id(path: &str, attempt: u32) -> String {
 }
 
 /// Starts an action (attempt `attempt`) and applies its error handlers to an immediate failure.
-pub fn start(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32) -> Step {
+pub fn start(cx: &mut Cx, id: ActionId, input: Val, path: &str, attempt: u32) -> Step {
     let m = cx.m;
     cx.cover(|| m.actions[id].pointer.clone());
-    let raw = start_raw(cx, id, &input, &path, attempt);
+    let raw = start_raw(cx, id, &input, path, attempt);
     match raw {
         Step::Fail(e) => settle(cx, id, input, path, attempt, e),
         Step::Done(v) => {
             cx.trace(|| Trace::ActionCompleted {
-                op: op_id(&path, attempt),
+                op: op_id(path, attempt),
                 action: cx.m.actions[id].kind.type_name().into(),
             });
             Step::Done(v)
@@ -171,7 +171,8 @@ pub fn start(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32) 
 fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -> Step {
     let m = cx.m;
     let action = &m.actions[id];
-    let op = op_id(path, attempt);
+    // The operation id, built only by the actions that name their operation.
+    let op_of = || op_id(path, attempt);
     let expr_err = |e: crate::expr::EvalError| {
         let mut details = serde_json::json!({"expression": e.expression});
         // A value given to jq `error(...)` is kept when it carries more than the message.
@@ -193,7 +194,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
     };
     match &action.kind {
         ActionKind::Delay { ms } => {
-            let timer = format!("{op}:delay");
+            let timer = format!("{}:delay", op_of());
             cx.start_timer(&timer, *ms);
             pending(Node::Delay { timer })
         }
@@ -214,6 +215,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             let f = &m.functions[*function];
             match &f.kind {
                 FunctionKind::Worker(t) if *wait => {
+                    let op = op_of();
                     cx.effect(Effect::InvokeFunction {
                         op: op.clone(),
                         function: f.name.clone(),
@@ -237,6 +239,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                     Err(_) => Step::Done(Val::Null),
                 },
                 kind => {
+                    let op = op_of();
                     cx.effect(Effect::InvokeFunction {
                         op: op.clone(),
                         function: f.name.clone(),
@@ -262,6 +265,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                 Ok(a) => a,
                 Err(e) => return Step::Fail(expr_err(e)),
             };
+            let op = op_of();
             cx.effect(Effect::StartSubflow {
                 op: op.clone(),
                 definition: subflow.clone(),
@@ -277,17 +281,21 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             event,
             data,
             attributes,
-        } => match outgoing_event(cx, *event, data.as_ref(), attributes, input, &op) {
-            Ok(ev) => {
-                cx.effect(Effect::SendEvent { op, event: ev });
-                Step::Done(Val::Null)
+        } => {
+            let op = op_of();
+            match outgoing_event(cx, *event, data.as_ref(), attributes, input, &op) {
+                Ok(ev) => {
+                    cx.effect(Effect::SendEvent { op, event: ev });
+                    Step::Done(Val::Null)
+                }
+                Err(e) => Step::Fail(expr_err(e)),
             }
-            Err(e) => Step::Fail(expr_err(e)),
-        },
+        }
         ActionKind::Sequence { actions } => {
+            let op = op_of();
             let mut out = Vec::new();
             for (i, &child) in actions.iter().enumerate() {
-                match start(cx, child, input.clone(), format!("{op}/{i}"), 1) {
+                match start(cx, child, input.clone(), &format!("{op}/{i}"), 1) {
                     Step::Done(v) => out.push(J(v)),
                     Step::Fail(e) => return Step::Fail(e),
                     Step::Pending(run) => {
@@ -302,10 +310,11 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             Step::Done(keyed(cx, actions, out.into_iter().map(Some).collect()))
         }
         ActionKind::Parallel { actions, completion } => {
+            let op = op_of();
             let mut out: Vec<Option<J>> = vec![None; actions.len()];
             let mut running = Vec::new();
             for (i, &child) in actions.iter().enumerate() {
-                match start(cx, child, input.clone(), format!("{op}/{i}"), 1) {
+                match start(cx, child, input.clone(), &format!("{op}/{i}"), 1) {
                     Step::Done(v) => out[i] = Some(J(v)),
                     Step::Fail(e) => {
                         for (_, r) in &running {
@@ -413,7 +422,7 @@ fn foreach_fill(cx: &mut Cx, child: ActionId, max_parallel: usize, run: &mut Run
     while running.len() < max_parallel && *next < items.len() {
         let i = *next;
         *next += 1;
-        match start(cx, child, items[i].0.clone(), format!("{op}/{i}"), 1) {
+        match start(cx, child, items[i].0.clone(), &format!("{op}/{i}"), 1) {
             Step::Done(v) => out[i] = Some(J(v)),
             Step::Fail(e) => {
                 for (_, r) in running.iter() {
@@ -457,10 +466,10 @@ fn keyed(cx: &Cx, children: &[ActionId], out: Vec<Option<J>>) -> Val {
 }
 
 /// Applies an action's error handlers to a failure: handled (output null), retried (pending), or propagated.
-fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, error: ErrorInfo) -> Step {
+fn settle(cx: &mut Cx, id: ActionId, input: Val, path: &str, attempt: u32, error: ErrorInfo) -> Step {
     let m = cx.m;
     let action = &m.actions[id];
-    let op = op_id(&path, attempt);
+    let op = op_id(path, attempt);
     cx.trace(|| Trace::ActionFailed {
         op: op.clone(),
         action: action.kind.type_name().into(),
@@ -469,7 +478,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
     let err_val = error.to_val();
     for (j, h) in action.handlers.iter().enumerate() {
         if let Some(c) = &h.condition {
-            match super::fires(c, err_val.clone(), err_val.clone(), cx.options.trace, cx.out) {
+            match super::fires(c, &err_val, &err_val, cx.options.trace, cx.out) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {
@@ -482,8 +491,8 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
         }
         cx.cover(|| format!("{}/errorHandlers/{j}", action.pointer));
         if let Some(rh) = &h.handler {
-            match rh.eval(cx.data.clone(), err_val.clone()) {
-                Ok(d) => *cx.data = d,
+            match rh.eval_mut(cx.data, err_val.clone()) {
+                Ok(()) => {}
                 Err(e) => {
                     return Step::Fail(ErrorInfo::new(
                         ErrorKind::ExpressionError,
@@ -510,7 +519,7 @@ fn settle(cx: &mut Cx, id: ActionId, input: Val, path: String, attempt: u32, err
         cx.start_timer(&timer, delay);
         return Step::Pending(Run {
             action: id,
-            path,
+            path: path.to_string(),
             attempt,
             input: J(input),
             node: Node::Backoff { timer },
@@ -545,7 +554,7 @@ pub fn deliver(cx: &mut Cx, run: &mut Run, signal: &Signal) -> Option<Result<Val
             });
             Some(Ok(v))
         }
-        Raw::Err(e) => match settle(cx, run.action, run.input.0.clone(), run.path.clone(), run.attempt, e) {
+        Raw::Err(e) => match settle(cx, run.action, run.input.0.clone(), &run.path, run.attempt, e) {
             Step::Done(v) => Some(Ok(v)),
             Step::Fail(e) => Some(Err(e)),
             Step::Pending(next) => {
@@ -596,7 +605,7 @@ fn deliver_raw(cx: &mut Cx, run: &mut Run, signal: &Signal) -> Option<Raw> {
             Signal::Timer(t) if *t == timer => {
                 cx.timers.remove(*t);
                 let input = run.input.0.clone();
-                match start(cx, run.action, input, run.path.clone(), run.attempt + 1) {
+                match start(cx, run.action, input, &run.path, run.attempt + 1) {
                     Step::Pending(next) => {
                         *run = next;
                         None
@@ -617,7 +626,7 @@ fn deliver_raw(cx: &mut Cx, run: &mut Run, signal: &Signal) -> Option<Raw> {
                     let op = op_id(&run.path, run.attempt);
                     let input = run.input.0.clone();
                     for (i, &next) in actions.iter().enumerate().skip(*index + 1) {
-                        match start(cx, next, input.clone(), format!("{op}/{i}"), 1) {
+                        match start(cx, next, input.clone(), &format!("{op}/{i}"), 1) {
                             Step::Done(v) => out.push(J(v)),
                             Step::Fail(e) => return Some(Raw::Err(e)),
                             Step::Pending(r) => {

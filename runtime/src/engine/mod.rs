@@ -23,6 +23,7 @@ use jaq_json::Val;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 pub use types::*;
 
@@ -185,6 +186,8 @@ pub struct Instance {
     burst: u64,
     /// Set on resuming: the first breakpoint-able point reached (the one it paused at) does not pause.
     skip: bool,
+    /// Where [`Instance::run_action`] writes the position of the action it starts.
+    path: String,
 }
 
 /// Context handed to action code: the instance's mutable parts and the output being built.
@@ -255,7 +258,7 @@ impl Cx<'_> {
 /// A value that is not a boolean does not fire; with `trace` on, the first such value of each
 /// condition in an input is recorded as a [`Trace::ConditionNotBoolean`] naming the condition and
 /// the value (an event group condition may be tried on every event in the inbox: once is enough).
-pub(crate) fn fires(c: &Condition, input: Val, value: Val, trace: bool, out: &mut Output) -> Result<bool, EvalError> {
+pub(crate) fn fires(c: &Condition, input: &Val, value: &Val, trace: bool, out: &mut Output) -> Result<bool, EvalError> {
     match c.test(input, value)? {
         Verdict::True => Ok(true),
         Verdict::False => Ok(false),
@@ -335,6 +338,7 @@ impl Instance {
             options,
             burst: 0,
             skip: false,
+            path: String::new(),
         }
     }
 
@@ -346,6 +350,7 @@ impl Instance {
             options,
             burst: 0,
             skip: false,
+            path: String::new(),
         };
         if let Err(why) = inst.fits() {
             let e = ErrorInfo::new(
@@ -968,13 +973,12 @@ impl Instance {
     /// Applies a result handler: jq over the global data with the result as `$value`.
     fn apply(&mut self, handler: Option<&crate::expr::Expr>, value: Val, what: &str) -> Result<(), ErrorInfo> {
         if let Some(h) = handler {
-            let d = h.eval(self.s.data.0.clone(), value).map_err(|e| {
+            h.eval_mut(&mut self.s.data.0, value).map_err(|e| {
                 ErrorInfo::new(
                     ErrorKind::ExpressionError,
                     format!("{what} failed: {} (in {})", e.message, e.expression),
                 )
             })?;
-            self.s.data = J(d);
         }
         Ok(())
     }
@@ -1003,8 +1007,11 @@ impl Instance {
                     self.s.state = Some(s);
                     self.s.status = Status::Running;
                     let st = &m.states[s];
-                    if self.s.state_name.as_deref() != Some(st.name.as_str()) {
-                        self.s.state_name = Some(st.name.clone());
+                    match &mut self.s.state_name {
+                        Some(name) if *name == st.name => {}
+                        // Reuses the name's buffer: entering states one after another allocates nothing.
+                        Some(name) => st.name.clone_into(name),
+                        None => self.s.state_name = Some(st.name.clone()),
                     }
                     self.cx(out).trace(|| Trace::StateEntered { state: st.name.clone() });
                     match st.enter {
@@ -1019,7 +1026,8 @@ impl Instance {
                     } else {
                         match m.states[s].enter {
                             None => Next::Entered(Val::Null),
-                            Some(a) => self.run_action(out, a, "enter", Next::Entered, |run| Phase::Enter { run }),
+                            Some(a) => self
+                                .run_action(out, a, format_args!("enter"), Next::Entered, |run| Phase::Enter { run }),
                         }
                     }
                 }
@@ -1030,7 +1038,7 @@ impl Instance {
                         Err(e) => self.fail(out, e),
                     }
                 }
-                Next::Evaluate => self.evaluate(out),
+                Next::Evaluate => self.evaluate(&m, out),
                 Next::Fire(i, trigger)
                     if self.s.debug.is_some()
                         && self.pauses(
@@ -1088,11 +1096,11 @@ impl Instance {
                         match m.states[s].transitions[i].action {
                             None => Next::Fired(i, Val::Null),
                             Some(a) => {
-                                let site = format!("t{i}.{}", self.s.firings);
+                                let firings = self.s.firings;
                                 self.run_action(
                                     out,
                                     a,
-                                    &site,
+                                    format_args!("t{i}.{firings}"),
                                     |v| Next::Fired(i, v),
                                     |run| Phase::Transition { transition: i, run },
                                 )
@@ -1128,7 +1136,7 @@ impl Instance {
                             Some(a) => self.run_action(
                                 out,
                                 a,
-                                "exit",
+                                format_args!("exit"),
                                 |v| Next::Exited(n, v),
                                 |run| Phase::Exit { next: n, run },
                             ),
@@ -1151,7 +1159,7 @@ impl Instance {
         &mut self,
         out: &mut Output,
         action: usize,
-        site: &str,
+        site: std::fmt::Arguments,
         done: impl FnOnce(Val) -> Next,
         phase: impl FnOnce(Run) -> Phase,
     ) -> Next {
@@ -1159,8 +1167,13 @@ impl Instance {
             Ok(v) => v,
             Err(e) => return self.fail(out, e),
         };
-        let path = format!("{}.{site}", self.s.visit);
-        match start(&mut self.cx(out), action, view, path, 1) {
+        // The action's position, written into a buffer kept from step to step.
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let _ = write!(path, "{}.{site}", self.s.visit);
+        let step = start(&mut self.cx(out), action, view, &path, 1);
+        self.path = path;
+        match step {
             Step::Done(v) => done(v),
             Step::Fail(e) => self.fail(out, e),
             Step::Pending(run) => {
@@ -1170,23 +1183,27 @@ impl Instance {
         }
     }
 
-    fn evaluate(&mut self, out: &mut Output) -> Next {
-        let m = self.machine.clone();
+    fn evaluate(&mut self, m: &Machine, out: &mut Output) -> Next {
         let st = &m.states[self.s.state.unwrap_or(0)];
         if st.transitions.is_empty() {
             self.end(out, Status::Completed, None);
             return Next::Stop;
         }
-        let view = match self.view() {
-            Ok(v) => v,
-            Err(e) => return self.fail(out, e),
+        // Without an input filter the view is the data itself: conditions read it where it is.
+        let filtered = match st.input_filter {
+            None => None,
+            Some(_) => match self.view() {
+                Ok(v) => Some(v),
+                Err(e) => return self.fail(out, e),
+            },
         };
+        let view = filtered.as_ref().unwrap_or(&self.s.data.0);
         for (i, t) in st.transitions.iter().enumerate() {
             match t.trigger {
                 Trigger::Implicit => return Next::Fire(i, "implicit"),
                 Trigger::Condition => {
                     let Some(c) = &t.condition else { continue };
-                    match fires(c, view.clone(), Val::Null, self.options.trace, out) {
+                    match fires(c, view, &Val::Null, self.options.trace, out) {
                         Ok(true) => return Next::Fire(i, "condition"),
                         Ok(false) => {}
                         Err(e) => {
@@ -1210,7 +1227,7 @@ impl Instance {
             if t.trigger != Trigger::Events {
                 continue;
             }
-            match self.match_groups(out, i, &view) {
+            match self.match_groups(out, i, view) {
                 Err(e) => return self.fail(out, e),
                 Ok(None) => {}
                 Ok(Some(chosen)) => {
@@ -1283,7 +1300,7 @@ impl Instance {
                     }
                     if let Some(c) = &group.condition {
                         let v = event::event_value(ev);
-                        match fires(c, v.clone(), v, self.options.trace, out) {
+                        match fires(c, &v, &v, self.options.trace, out) {
                             Ok(true) => {}
                             Ok(false) => continue,
                             Err(e) => {
@@ -1304,7 +1321,7 @@ impl Instance {
             }
         }
         if let Some(c) = &tr.condition {
-            match fires(c, view.clone(), Val::Null, self.options.trace, out) {
+            match fires(c, view, &Val::Null, self.options.trace, out) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),
                 Err(e) => {
@@ -1328,7 +1345,7 @@ impl Instance {
             None => self.finish_timed_out(out),
             Some(a) => {
                 let data = self.s.data.0.clone();
-                match start(&mut self.cx(out), a, data, "timeout".into(), 1) {
+                match start(&mut self.cx(out), a, data, "timeout", 1) {
                     Step::Pending(run) => self.s.phase = Phase::TimeoutAction { run },
                     _ => self.finish_timed_out(out),
                 }
