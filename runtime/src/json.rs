@@ -255,3 +255,16 @@ mod depth_tests {
         assert_eq!(text_nesting(b"1"), 0);
     }
 }
+
+/// What kind of JSON value `v` is, as messages name it: `null`, `a boolean`, `a number`, `a string`,
+/// `an array`, `an object`.
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

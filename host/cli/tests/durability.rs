@@ -156,6 +156,20 @@ impl Server {
         (status, body)
     }
 
+    /// `sm4c ARGS --server` this server: (exit code, stdout, stderr).
+    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &self.base])
+            .output()
+            .expect("sm4c runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
     fn get(&self, path: &str) -> (u16, Value) {
         self.send(self.client.get(format!("{}{path}", self.base)), &format!("GET {path}"))
     }
@@ -2581,19 +2595,7 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
     let log = dir.path().join("server.log");
     let mut s = Server::start(&db, None, &log);
     s.define(&greeter("1", "Hello"));
-    let cli = |s: &Server, args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(args)
-            .args(["--server", &s.base])
-            .output()
-            .expect("sm4c runs");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
-    let (code, out, err) = cli(&s, &["default-version", "greeter", "1"]);
+    let (code, out, err) = s.cli(&["default-version", "greeter", "1"]);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
         out.trim(),
@@ -2629,10 +2631,10 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
     );
 
     // An unknown version or definition is refused and changes nothing.
-    let (code, _, err) = cli(&s, &["default-version", "greeter", "9"]);
+    let (code, _, err) = s.cli(&["default-version", "greeter", "9"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no definition \"greeter version 9\""), "{err}");
-    let (code, _, err) = cli(&s, &["default-version", "nobody", "1"]);
+    let (code, _, err) = s.cli(&["default-version", "nobody", "1"]);
     assert_eq!(code, Some(1), "{err}");
     let (st, b) = s.send(
         s.client
@@ -2660,7 +2662,7 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
     assert_eq!(g3["version"], "1", "{g3}");
 
     // Cleared: the newest takes the starts again.
-    let (code, out, err) = cli(&s, &["default-version", "greeter", "--latest", "--json"]);
+    let (code, out, err) = s.cli(&["default-version", "greeter", "--latest", "--json"]);
     assert_eq!(code, Some(0), "{err}");
     let v: Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(
@@ -2714,18 +2716,6 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     let before = s.wait_instance("o1", Duration::from_secs(10), "o1 waits", |v| v["status"] == "waiting");
     assert_eq!(before["version"], "1");
     let recorded = s.history("o1").len();
-    let cli = |s: &Server, args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(args)
-            .args(["--server", &s.base])
-            .output()
-            .expect("sm4c runs");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
 
     // Refused without a map: 409 naming the state, and nothing changes.
     let (st, b) = s.post("/instances/o1/migrate", &json!({"version": "2"}));
@@ -2744,18 +2734,15 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     let (st, b) = s.post("/instances/o1/migrate", &json!({"version": "7"}));
     assert_eq!((st, b["error"].as_str()), (404, Some("unknownDefinition")), "{b}");
     // A dry run says what would happen and changes nothing either.
-    let (code, out, err) = cli(
-        &s,
-        &[
-            "migrate",
-            "o1",
-            "--version",
-            "2",
-            "--state",
-            "Wait=AwaitPayment",
-            "--dry-run",
-        ],
-    );
+    let (code, out, err) = s.cli(&[
+        "migrate",
+        "o1",
+        "--version",
+        "2",
+        "--state",
+        "Wait=AwaitPayment",
+        "--dry-run",
+    ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
         out.starts_with("o1 would move from version 1 state Wait to version 2 state AwaitPayment\n"),
@@ -2770,18 +2757,15 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     );
     assert_eq!(s.history("o1").len(), recorded, "refusals and a dry run record nothing");
 
-    let (code, out, err) = cli(
-        &s,
-        &[
-            "migrate",
-            "o1",
-            "--version",
-            "2",
-            "--state",
-            "Wait=AwaitPayment",
-            "--json",
-        ],
-    );
+    let (code, out, err) = s.cli(&[
+        "migrate",
+        "o1",
+        "--version",
+        "2",
+        "--state",
+        "Wait=AwaitPayment",
+        "--json",
+    ]);
     assert_eq!(code, Some(0), "{err}");
     let v: Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(
@@ -2815,7 +2799,7 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
         (&moves[0]["from"], &moves[0]["version"], &moves[0]["states"]),
         (&json!("1"), &json!("2"), &json!({"Wait": "AwaitPayment"}))
     );
-    let (code, out, _) = cli(&s, &["history", "o1"]);
+    let (code, out, _) = s.cli(&["history", "o1"]);
     assert_eq!(code, Some(0));
     assert!(
         out.contains("input migrate from version 1 to 2 (Wait=AwaitPayment)"),

@@ -16,6 +16,7 @@
 
 use super::path::{json_eq, Path};
 use super::{AslError, Env};
+use crate::json::kind;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
 use serde_json::{Map, Number, Value};
@@ -431,17 +432,6 @@ fn render(v: &Value, depth: usize) -> String {
             let items: Vec<String> = m.iter().map(|(k, x)| format!("{k}={}", render(x, depth + 1))).collect();
             format!("{{{}}}", items.join(", "))
         }
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

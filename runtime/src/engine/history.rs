@@ -9,6 +9,7 @@
 //! against the instances the old one ran, before they meet it.
 
 use super::{rfc3339, Entry, Input, Instance, Options, Trace};
+use crate::json::kind;
 use crate::Machine;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -105,17 +106,6 @@ impl History {
             }
             _ => None,
         })
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
