@@ -254,6 +254,12 @@ impl From<HostError> for ApiError {
                 message: e.message,
                 details: Some(json!({"reason": e.reason})),
             },
+            HostError::NotRedrivable { reason, message } => ApiError {
+                status: StatusCode::CONFLICT,
+                code: "notRedrivable",
+                message,
+                details: Some(json!({"reason": reason})),
+            },
             HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
             HostError::InvalidInstanceId(_) => InvalidId.into(),
             HostError::ParkedLimit(m) => ParkedLimit(m).into(),

@@ -147,6 +147,14 @@ pub enum HostError {
     /// The instance cannot move to the version asked for (why); nothing changed.
     #[error("{}", .0.message)]
     NotMigratable(sm4c_runtime::engine::migrate::NotMigratable),
+    /// The instance cannot be redriven; nothing changed.
+    #[error("{message}")]
+    NotRedrivable {
+        /// Why, as a fixed code (`completed`, `cancelled`, `running`, `limitReached`, ...).
+        reason: String,
+        /// The whole message, naming the instance.
+        message: String,
+    },
     /// The step debugger was asked to resume or step an instance that is not paused.
     #[error("instance {0:?} is not paused")]
     NotPaused(String),
@@ -436,6 +444,17 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(async move {
             Err(HostError::NotSupported(format!(
                 "moving instance {id:?} to another version is done by the SQLite host (sm4c serve without --kafka)"
+            )))
+        })
+    }
+    /// Sends failed or timed-out instance `id` back to running from the action (SM4C) or state
+    /// (ASL) that failed, after applying `update` (a jq expression over its data), or with
+    /// `dry_run` says what it would do (the data after the update) and changes nothing. Answered
+    /// once the redrive is committed.
+    fn redrive(&self, id: String, _update: Option<String>, _dry_run: bool) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            Err(HostError::NotSupported(format!(
+                "redriving instance {id:?} is not offered by this host"
             )))
         })
     }
