@@ -9,7 +9,9 @@
 //! counting the comparisons as they go: every [`COMPARISONS_PER_STEP`] cost one unit of fuel, so
 //! the default fuel allows some 64 million, a fraction of a second.
 
-use super::{burn_n, charge, Env, VAL_BYTES};
+use super::fuel::burn_n;
+use super::size::{charge, VAL_BYTES};
+use super::Env;
 use bstr::ByteSlice;
 use jaq_json::Val;
 
