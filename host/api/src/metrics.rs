@@ -149,6 +149,7 @@ pub struct Metrics {
     stalled: Family<TopicPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     stall_repairs: Family<TopicPartitionLabels, Counter>,
     behind_checkpoint: Family<TopicPartitionLabels, Counter>,
+    offsets_repaired: Family<TopicPartitionLabels, Counter>,
     panics: Family<WhereLabels, Counter>,
     schedule_runs: Histogram,
     schedule_skipped: Family<WhyLabels, Counter>,
@@ -279,6 +280,12 @@ impl Metrics {
             "Kafka mode: restores that found a partition ending before this worker's local checkpoint of it (the broker lost records it had acknowledged, or the topic was made again); the local store is rebuilt from what the broker holds",
             behind_checkpoint.clone(),
         );
+        let offsets_repaired = Family::<TopicPartitionLabels, Counter>::default();
+        registry.register(
+            "kafka_offsets_repaired",
+            "Kafka mode: restores that found the group's committed offsets of a commands partition behind its state (expired after offsets.retention.minutes, or reset) and repaired them from the partition's last committed position",
+            offsets_repaired.clone(),
+        );
         let panics = Family::<WhereLabels, Counter>::default();
         registry.register(
             "kafka_panics",
@@ -319,6 +326,7 @@ impl Metrics {
             stalled,
             stall_repairs,
             behind_checkpoint,
+            offsets_repaired,
             panics,
             schedule_runs,
             schedule_skipped,
@@ -480,6 +488,14 @@ impl Observer for Observed {
             partition: partition.to_string(),
         };
         self.0.behind_checkpoint.get_or_create(&labels).inc();
+    }
+
+    fn kafka_offsets_repaired(&self, topic: &str, partition: i32) {
+        let labels = TopicPartitionLabels {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+        };
+        self.0.offsets_repaired.get_or_create(&labels).inc();
     }
 }
 

@@ -228,6 +228,9 @@ impl Observer for Observed {
     fn kafka_log_behind_checkpoint(&self, topic: &str, partition: i32) {
         self.metrics.kafka_log_behind_checkpoint(topic, partition)
     }
+    fn kafka_offsets_repaired(&self, topic: &str, partition: i32) {
+        self.metrics.kafka_offsets_repaired(topic, partition)
+    }
     fn schedule_run(&self, late_seconds: f64) {
         self.metrics.schedule_run(late_seconds)
     }

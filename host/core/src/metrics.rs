@@ -60,6 +60,9 @@ pub trait Observer: Send + Sync {
     /// `topic` partition `partition` ends before a worker's local checkpoint of it: the broker
     /// lost records it had acknowledged, or the topic was made again.
     fn kafka_log_behind_checkpoint(&self, _topic: &str, _partition: i32) {}
+    /// A restore found the group's committed offsets of commands `topic` partition `partition`
+    /// behind its state (expired, or reset) and repaired them from the partition's position.
+    fn kafka_offsets_repaired(&self, _topic: &str, _partition: i32) {}
     /// A Kafka worker's thread panicked while it decided a batch (`where_` is `decide`) or routed
     /// events (`route`); the batch's inputs are read again.
     fn kafka_panic(&self, _where: &str) {}

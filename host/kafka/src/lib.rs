@@ -329,6 +329,9 @@ pub(crate) struct Shared {
     /// State partitions found ending before this worker's local checkpoint of them, last seen
     /// (shown in `/healthz` as `logBehindCheckpoint`).
     pub(crate) behind: Mutex<std::collections::BTreeMap<i32, Value>>,
+    /// Partitions whose group offsets a restore found lost and repaired from the partition's
+    /// position record, last seen (shown in `/healthz` as `offsetsRepaired`).
+    pub(crate) repaired: Mutex<std::collections::BTreeMap<i32, Value>>,
     /// The longest turn of the worker's loop so far (ms): past `max.poll.interval.ms`, the group
     /// would take the worker out.
     pub longest_turn_ms: std::sync::atomic::AtomicU64,
@@ -606,6 +609,7 @@ impl KafkaHost {
             journals: Default::default(),
             stalls: Default::default(),
             behind: Default::default(),
+            repaired: Default::default(),
             longest_turn_ms: Default::default(),
         });
         let mut threads = Vec::new();
@@ -1572,6 +1576,7 @@ impl Backend for KafkaHost {
             "partitions": self.shared.partitions,
             "stalledPartitions": self.shared.stalls.list(),
             "logBehindCheckpoint": self.shared.behind.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>(),
+            "offsetsRepaired": self.shared.repaired.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>(),
             "longestTurnMs": self.shared.longest_turn_ms.load(Ordering::Relaxed),
             "error": failure,
         })

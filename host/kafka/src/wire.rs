@@ -505,6 +505,14 @@ pub fn committed(through: i64, clock: Option<i64>, commands: i64, clock_committe
     }
 }
 
+/// The state topic's key of a partition's position: every transaction of its owner writes it first,
+/// a [`StateRecord`] with only `through` (the last commands offset applied, -1 for none) and
+/// `clock` (the transaction's number). The group's committed offsets say the same, until they are
+/// lost (expired after `offsets.retention.minutes` with no worker running, or reset by hand): a
+/// restore that reads a position the committed offsets are behind repairs them from it (see
+/// `worker::restore`), rather than reading the partition's commands again from the beginning.
+pub const POSITION_KEY: &str = "\u{0}position";
+
 /// The state topic's key for a partition's own record.
 pub const PARTITION_KEY: &str = "\u{0}partition";
 

@@ -630,6 +630,9 @@ struct Owner {
     /// holds every command below it: the partition is read on from there, and those commands are
     /// skipped if they come again.
     resume: i64,
+    /// The next commands offset to apply (the committed offset once the last batch commits): what
+    /// each transaction's position record says ([`crate::wire::POSITION_KEY`]).
+    next_command: i64,
     /// While set, events are not applied here directly: this worker has put a barrier command
     /// with this token on the partition when the partition or an events partition came to it, and
     /// waits to read it back, so that the commands an earlier owner routed here go first.

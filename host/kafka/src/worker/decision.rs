@@ -137,7 +137,24 @@ pub(super) fn decide<'a>(
         d.t.scheds
             .decided(shared, d.t.partition, through, d.t.clock, d.t.stream_ms);
     let (new, after) = (d.outs, d.after);
-    let mut outs = std::mem::take(&mut t.repair);
+    if through >= 0 {
+        t.next_command = through + 1;
+    }
+    // The partition's position first: a restore repairs the group's offsets from it if they are
+    // lost ([`crate::wire::POSITION_KEY`]).
+    let position = StateRecord {
+        through: t.next_command - 1,
+        clock: Some(t.clock),
+        ..StateRecord::default()
+    };
+    let mut outs = vec![Out {
+        topic: shared.topics.state.clone(),
+        partition: Some(t.partition),
+        key: Some(crate::wire::POSITION_KEY.to_string()),
+        payload: Some(serde_json::to_vec(&position).unwrap_or_default()),
+        headers: vec![(CLOCK_HEADER.to_string(), t.clock.to_string().into_bytes())],
+    }];
+    outs.append(&mut t.repair);
     outs.extend(new);
     let clock = Some(t.clock);
     outs.extend(hosted.outs);

@@ -6,8 +6,8 @@ use super::{
     RESTORE_TIMEOUT,
 };
 use crate::wire::{
-    parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, SUBSCRIPTION_PREFIX,
-    TALLY_PREFIX,
+    parked_key, tally_key, Quiet, StateRecord, CLOCK_HEADER, PARKED_PREFIX, PARTITION_KEY, POSITION_KEY,
+    SUBSCRIPTION_PREFIX, TALLY_PREFIX,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
@@ -132,6 +132,18 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
     if let Some(why) = gone() {
         return Err(why);
     }
+    if let Some(lost) = state.offsets_lost() {
+        // The restore fails either way: once repaired, the next one reads the offsets again.
+        return Err(repair_offsets(
+            shared,
+            offsets,
+            txn.as_ref(),
+            p,
+            lost,
+            (committed, clock),
+            left(),
+        ));
+    }
     let streamed = state.streaming();
     let kept = store.and_then(|(s, _)| Some((state.save(s.as_ref(), p, from, end)?, s)));
     if streamed && kept.is_none() {
@@ -195,6 +207,110 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
     }
     t.last_commit = Instant::now();
     Ok((t, later))
+}
+
+/// The group's committed offsets of partition `p` are behind its state
+/// ([`Latest::offsets_lost`]: transaction `lost` certainly committed; `was`: the committed commands
+/// offset and clock). The group's offsets expired (Kafka
+/// drops a group's offsets `offsets.retention.minutes` after its last member left) or were reset by
+/// hand; restored from them, the partition would take every record of its state as uncommitted
+/// and read its commands again from the beginning. They are repaired instead from the latest
+/// position record a `read_committed` reader sees (which, on a broker that shows it the records of
+/// aborted transactions, such as tansu, may be an aborted transaction's), in a transaction of the
+/// partition's producer; said loudly, counted and shown in `/healthz`. Gives why this restore
+/// ends (the next one reads the repaired offsets).
+fn repair_offsets(
+    shared: &Shared,
+    offsets: &BaseConsumer<Quiet>,
+    txn: Option<&rdkafka::producer::ThreadedProducer<Quiet>>,
+    p: i32,
+    lost: i64,
+    was: (i64, i64),
+    timeout: std::time::Duration,
+) -> String {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::producer::Producer;
+    use rdkafka::{Offset, TopicPartitionList};
+    let started = Instant::now();
+    let mut position: Option<(i64, i64)> = None;
+    let read = crate::read_partition(
+        shared,
+        &shared.topics.state,
+        p,
+        0,
+        crate::Isolation::Committed,
+        |key, payload, _| {
+            if key.as_deref() != Some(POSITION_KEY) {
+                return;
+            }
+            if let Some(Ok(StateRecord {
+                through,
+                clock: Some(c),
+                ..
+            })) = payload.map(sm4c_runtime::json::read_stored::<StateRecord>)
+            {
+                if position.is_none_or(|(_, at)| c >= at) {
+                    position = Some((through, c));
+                }
+            }
+        },
+    );
+    if let Err(e) = read {
+        return format!(
+            "the group's committed offsets of partition {p} are lost, and its position cannot be read: {e}"
+        );
+    }
+    // A committed transaction's markers may not have landed yet (tansu): try again later.
+    let Some((through, c)) = position.filter(|(_, c)| *c >= lost) else {
+        return format!(
+            "the group's committed offsets of partition {p} are behind its state (committed clock {}, transaction {lost} committed), and no committed position record that far can be read yet",
+            was.1
+        );
+    };
+    let (commands, clock) = ((through + 1).max(was.0), c + 1);
+    tracing::error!(
+        partition = p,
+        committed = was.0,
+        committed_clock = was.1,
+        commands,
+        clock,
+        "the group's committed offsets of this partition are behind its state (they expired, or were reset): repairing them from the partition's last committed position"
+    );
+    let mut tpl = TopicPartitionList::new();
+    let added = tpl
+        .add_partition_offset(&shared.topics.commands, p, Offset::Offset(commands))
+        .and_then(|()| tpl.add_partition_offset(&shared.topics.clock, p, Offset::Offset(clock)));
+    if let Err(e) = added {
+        return e.to_string();
+    }
+    let deadline = timeout.saturating_sub(started.elapsed());
+    let committed = match txn {
+        Some(producer) => offsets
+            .group_metadata()
+            .ok_or_else(|| "no consumer group metadata".to_string())
+            .and_then(|meta| {
+                producer.begin_transaction().map_err(|e| e.to_string())?;
+                producer
+                    .send_offsets_to_transaction(&tpl, &meta, deadline)
+                    .and_then(|()| producer.commit_transaction(deadline))
+                    .map_err(|e| e.to_string())
+            }),
+        None => offsets
+            .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+            .map_err(|e| e.to_string()),
+    };
+    if let Err(e) = committed {
+        return format!("the group's committed offsets of partition {p} are lost, and repairing them failed: {e}");
+    }
+    if let Some(o) = sm4c_host::metrics::observer() {
+        o.kafka_offsets_repaired(&shared.topics.commands, p);
+    }
+    shared.repaired.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        p,
+        serde_json::json!({"partition": p, "committed": was.0, "committedClock": was.1,
+                           "repaired": commands, "repairedClock": clock, "at": sm4c_runtime::engine::rfc3339(now_ms())}),
+    );
+    format!("the group's committed offsets of partition {p} were lost; repaired to commands offset {commands} and clock {clock}, the partition is restored again")
 }
 
 /// For the tests only: `SM4C_KAFKA_TEST_RESTORE_DELAY=P:MS` makes reading partition P's state take
@@ -357,6 +473,11 @@ pub(super) struct Latest {
     /// committed record is in the store (`None`: deleted, or not an instance's), in place of the
     /// records in `latest`, which then holds only the partition's own keys.
     stored: BTreeMap<String, Option<Meta>>,
+    /// The latest position record read ([`crate::wire::POSITION_KEY`]), committed or not:
+    /// (`through`, `clock`); and `through` of the last one numbered one below the committed
+    /// clock, which is the last committed transaction's.
+    position: Option<(i64, i64)>,
+    last_committed: Option<i64>,
 }
 
 /// Of an instance record a streaming restore wrote to the local store, what the restore decides
@@ -410,6 +531,7 @@ fn instance_key(k: &str) -> bool {
     .iter()
     .any(|prefix| k.starts_with(prefix))
         && k != PARTITION_KEY
+        && k != POSITION_KEY
 }
 
 impl Latest {
@@ -428,6 +550,44 @@ impl Latest {
             corrupt: BTreeMap::new(),
             spill: None,
             stored: BTreeMap::new(),
+            position: None,
+            last_committed: None,
+        }
+    }
+
+    /// Takes a position record (local store or log, in order): the one of the latest
+    /// transaction stays.
+    fn position(&mut self, value: &[u8]) -> bool {
+        match sm4c_runtime::json::read_stored::<StateRecord>(value) {
+            Ok(StateRecord {
+                through,
+                clock: Some(clock),
+                ..
+            }) => {
+                if self.position.is_none_or(|(_, c)| clock >= c) {
+                    self.position = Some((through, clock));
+                }
+                if clock == self.clock - 1 {
+                    self.last_committed = Some(through);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the group's committed offsets of the partition are behind what its position
+    /// records say, and so cannot be what the broker holds: they were lost (expired, or reset by
+    /// hand) after those records were written. Gives the number of a transaction that certainly
+    /// committed: the one before the latest a position record names, when that one is later than
+    /// the committed clock (a transaction numbered with the committed clock is the one after the
+    /// last committed, which a restore sees when it was aborted or left open); or the last
+    /// committed transaction's, when its position is past the committed commands offset.
+    pub(super) fn offsets_lost(&self) -> Option<i64> {
+        match (self.position, self.last_committed) {
+            (Some((_, c)), _) if c > self.clock => Some(c - 1),
+            (_, Some(through)) if through + 1 > self.committed => Some(self.clock - 1),
+            _ => None,
         }
     }
 
@@ -516,6 +676,9 @@ impl Latest {
         if crate::view::is_index_key(key) {
             return true;
         }
+        if key == POSITION_KEY {
+            return self.position(value);
+        }
         match sm4c_runtime::json::read_stored::<StateRecord>(value) {
             Ok(r) if self.spill.is_some() && instance_key(key) => {
                 // Already in the store: only what the restore decides with stays.
@@ -568,6 +731,19 @@ impl Latest {
             }
         }
         bytes.extend(index);
+        // The last committed transaction's position, which the store must hold for a later restore
+        // from it to find lost offsets (the log past its checkpoint may hold no later one).
+        if let Some(through) = self.last_committed {
+            let r = StateRecord {
+                through,
+                clock: Some(self.clock - 1),
+                ..StateRecord::default()
+            };
+            bytes.push((
+                POSITION_KEY.to_string(),
+                Some(serde_json::to_vec(&r).unwrap_or_default()),
+            ));
+        }
         let version = Some(crate::view::INDEX_VERSION.to_vec());
         bytes.push((crate::view::INDEX_VERSION_KEY.to_string(), version));
         let changes: Vec<(&str, Option<&[u8]>)> = bytes.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
@@ -591,6 +767,12 @@ impl Latest {
         let (committed, clock) = (self.committed, self.clock);
         self.read += 1;
         let Some(k) = key else { return };
+        if k == POSITION_KEY {
+            if let Some(payload) = payload {
+                self.position(payload);
+            }
+            return;
+        }
         // A streaming restore writes its instances' records as it reads them.
         if self.spill.is_none() || !instance_key(&k) {
             self.touched.insert(k.clone());
@@ -739,6 +921,7 @@ impl Latest {
             checkpoint_at: Instant::now(),
             clock,
             resume: committed,
+            next_command: committed,
             barrier,
             records: Default::default(),
             known: HashSet::new(),

@@ -240,6 +240,7 @@ pub(super) fn shared(rt: &tokio::runtime::Runtime) -> Shared {
         journals: Default::default(),
         stalls: Default::default(),
         behind: Default::default(),
+        repaired: Default::default(),
         longest_turn_ms: Default::default(),
     }
 }
@@ -295,6 +296,8 @@ struct Broker {
     open: BTreeMap<String, usize>,
     /// The group's committed offsets.
     offsets: BTreeMap<(String, i32), i64>,
+    /// The same, had none been lost ([`World::expire`]): what a repair must find.
+    kept_offsets: BTreeMap<(String, i32), i64>,
     /// Each group's generation: a rebalance of the group moves it on.
     generations: [u64; 2],
     /// The topics whose offsets are committed in the events group.
@@ -501,6 +504,7 @@ impl Broker {
         let pending = std::mem::take(&mut t.pending);
         self.open.remove(&tid);
         for (topic, p, o) in pending {
+            self.kept_offsets.insert((topic.clone(), p), o);
             self.offsets.insert((topic, p), o);
         }
         self.ended(txn, true);
@@ -761,6 +765,10 @@ struct World<'a> {
     seqs: BTreeMap<String, (bool, u32)>,
     /// Every step sent: (instance, event id, its origin `topic/partition/offset`).
     steps: Vec<(String, String, String)>,
+    /// For seeds that lose the group's offsets ([`World::expire`]): when, and which.
+    expiry: Option<fastrand::Rng>,
+    /// How many times a restore repaired lost offsets.
+    repairs: usize,
 }
 
 /// The seeds that regression tests and the testing chapter name, found by mutations of the
@@ -880,12 +888,22 @@ impl<'a> World<'a> {
                 .filter(|r| r.clone().bool() && !KEPT_SEEDS.contains(&seed)),
             seqs: BTreeMap::new(),
             steps: Vec::new(),
+            expiry: None,
+            repairs: 0,
         };
         // In one seed of four the markers of a committed transaction land late, as on tansu; in
         // half of those only the stall guard's transactions land them.
         let mut late = fastrand::Rng::with_seed(seed ^ 0x1a7e_3a4c);
         w.broker.late = late.u8(..4) == 0;
         w.broker.stingy = w.broker.late && late.bool();
+        // In one seed of three whose broker is Apache Kafka's kind (aborted records hidden,
+        // markers written before a fenced producer's id is given again), the group's committed
+        // offsets of a commands partition are lost now and then (`offsets.retention.minutes`, or
+        // a reset by hand): restores must repair them from the partition's position records.
+        let mut expiry = fastrand::Rng::with_seed(seed ^ 0xe8_1e5);
+        if !w.broker.shows_aborted && !w.broker.late && expiry.u8(..3) == 0 && std::env::var("NOEXP").is_err() {
+            w.expiry = Some(expiry);
+        }
         if w.disk_rng.u8(..4) != 0 {
             w.disks = Some((0..WORKERS).map(|_| Arc::default()).collect());
         }
@@ -1111,6 +1129,14 @@ impl<'a> World<'a> {
                 state.write(false);
             }
         }
+        if let Some(lost) = state.offsets_lost() {
+            // As the worker does: repair the group's offsets from the latest committed position,
+            // and restore again (reading the repaired offsets).
+            if self.repair_offsets(p, lost, committed, clock) {
+                self.restore(w, p);
+            }
+            return;
+        }
         let kept = store.and_then(|s| Some((state.save(s.as_ref(), p, from, end)?, s)));
         if kept.is_some() {
             state.cache(self.cache);
@@ -1146,6 +1172,69 @@ impl<'a> World<'a> {
         self.note(format!(
             "w{w} restores p{p}: epoch {epoch}, committed {committed}, clock {clock}, {n} instances, state read from {from}"
         ));
+    }
+
+    /// The group's committed offsets of a commands partition are lost: both its commands offset
+    /// and its clock, or (one time in three) the commands offset alone.
+    fn expire(&mut self) {
+        let Some(r) = self.expiry.as_mut() else { return };
+        let p = r.i32(0..PARTITIONS);
+        let both = r.u8(..3) != 0;
+        let shared = self.shared;
+        self.broker.offsets.remove(&(shared.topics.commands.clone(), p));
+        if both {
+            self.broker.offsets.remove(&(shared.topics.clock.clone(), p));
+        }
+        let what = if both {
+            "commands offset and clock"
+        } else {
+            "commands offset"
+        };
+        self.note(format!("the group's {what} of p{p} are lost"));
+    }
+
+    /// What `restore::repair_offsets` does, in the model: the latest position record a
+    /// `read_committed` reader sees, if it is of transaction `lost` or later, becomes the group's
+    /// committed offsets (`false`: none can be read yet, and the restore fails).
+    fn repair_offsets(&mut self, p: i32, lost: i64, committed: i64, clock: i64) -> bool {
+        let shared = self.shared;
+        let mut position: Option<(i64, i64)> = None;
+        for r in self.broker.read(&shared.topics.state, p, 0) {
+            if r.key.as_deref() != Some(crate::wire::POSITION_KEY) {
+                continue;
+            }
+            let Some(rec) = r
+                .payload
+                .as_deref()
+                .and_then(|b| serde_json::from_slice::<StateRecord>(b).ok())
+            else {
+                continue;
+            };
+            if let Some(c) = rec.clock.filter(|c| position.is_none_or(|(_, at)| *c >= at)) {
+                position = Some((rec.through, c));
+            }
+        }
+        let Some((through, c)) = position.filter(|(_, c)| *c >= lost) else {
+            self.note(format!("p{p}: offsets lost, no committed position {lost} readable yet"));
+            return false;
+        };
+        let (commands, next) = ((through + 1).max(committed), c + 1);
+        let kept = |t: &str| self.broker.kept_offsets.get(&(t.to_string(), p)).copied().unwrap_or(0);
+        let want = (kept(&shared.topics.commands), kept(&shared.topics.clock));
+        if (commands, next) != want {
+            self.clock_fault.get_or_insert(format!(
+                "p{p}: lost offsets repaired to commands {commands}, clock {next}; they were {want:?}"
+            ));
+        }
+        self.broker
+            .offsets
+            .insert((shared.topics.commands.clone(), p), commands);
+        self.broker.offsets.insert((shared.topics.clock.clone(), p), next);
+        self.repairs += 1;
+        self.note(format!(
+            "p{p}: offsets lost (committed {committed}, clock {clock}); repaired to {commands}, clock {next}"
+        ));
+        true
     }
 
     /// What the worker does once a decision committed (or a restore asked for).
@@ -1976,6 +2065,7 @@ impl<'a> World<'a> {
                 let w = alive[self.rng.usize(..alive.len())];
                 self.fire_timers(w);
             }
+            65 if self.expiry.is_some() => self.expire(),
             38..=40 if alive.len() > 1 => {
                 let w = alive[self.rng.usize(..alive.len())];
                 self.kill(w);
@@ -2641,6 +2731,8 @@ struct Seen {
     /// Transactions held on a partition by late markers, and those the stall guard landed.
     held: usize,
     unstuck: usize,
+    /// Restores that repaired the group's lost offsets.
+    repairs: usize,
 }
 
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
@@ -2684,6 +2776,7 @@ fn run_traced(shared: &Shared, seed: u64, verbose: bool) -> (Result<Seen, (Strin
             eager: w.eager,
             held: w.broker.held,
             unstuck: w.broker.unstuck,
+            repairs: w.repairs,
         });
     if verbose {
         eprintln!("{r:?}");
@@ -2824,6 +2917,27 @@ fn seeds_that_caught_a_panic_failing_its_instance_in_place_pass() {
         );
         if let Err((e, _)) = run(&shared, seed, false) {
             panic!("seed {seed} ({panicky:?}) fails: {e}");
+        }
+    }
+}
+
+/// Issue 34: seeds that lose the group's committed offsets of commands partitions ([`World::expire`]),
+/// whose restores must repair them from the partitions' position records: without the repair,
+/// seed 1 never ends four of its instances (their partition read its commands again from the
+/// beginning over state it took as uncommitted). Seed 45 caught a restore that read its partition
+/// from a local store a restore had written without the position (the offsets lost again, the next
+/// restore found nothing to repair from), and each repair is checked against the offsets that were
+/// lost.
+#[test]
+fn seeds_that_lose_the_groups_offsets_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in [1, 45] {
+        match run(&shared, seed, false) {
+            Ok(seen) => assert!(seen.repairs > 0, "seed {seed} no longer repairs lost offsets"),
+            Err((e, _)) => panic!("seed {seed} fails: {e}"),
         }
     }
 }
