@@ -78,6 +78,11 @@ enum Fault {
     Abort,
     /// Commits it, and the worker is told it failed.
     Ambiguous,
+    /// The worker's thread panics halfway through producing its records (a bug outside the code
+    /// that fails one instance): the transaction is left open, and the worker goes on as it does
+    /// after a panic, restoring the partition (or making the router again) and reading its inputs
+    /// again from the committed offsets.
+    Panic,
 }
 /// Partitions of the events topic.
 const EVENTS: i32 = 2;
@@ -769,6 +774,11 @@ struct World<'a> {
     expiry: Option<fastrand::Rng>,
     /// How many times a restore repaired lost offsets.
     repairs: usize,
+    /// For one seed in four, the worker's thread panics now and then outside the code that fails
+    /// one instance ([`Fault::Panic`]).
+    loop_panics: bool,
+    /// How many times a thread panicked with its transaction open.
+    panicked: usize,
 }
 
 /// The seeds that regression tests and the testing chapter name, found by mutations of the
@@ -890,6 +900,8 @@ impl<'a> World<'a> {
             steps: Vec::new(),
             expiry: None,
             repairs: 0,
+            loop_panics: fastrand::Rng::with_seed(seed ^ 0x9a_1c5).u8(..4) == 0,
+            panicked: 0,
         };
         // In one seed of four the markers of a committed transaction land late, as on tansu; in
         // half of those only the stall guard's transactions land them.
@@ -1621,6 +1633,15 @@ impl<'a> World<'a> {
             }
         };
         for (i, out) in outs.iter().enumerate() {
+            if *abort == Fault::Panic && i == outs.len() / 2 {
+                *abort = Fault::None;
+                self.panicked += 1;
+                self.note(format!(
+                    "{what}: panics at record {i} of {}, its transaction left open",
+                    outs.len()
+                ));
+                return Err(false);
+            }
             if *crash == Some(i) {
                 self.note(format!("{what}: killed at record {i} of {}", outs.len()));
                 self.kill(w);
@@ -2114,6 +2135,7 @@ impl<'a> World<'a> {
                 let fault = match self.rng.u8(..25) {
                     0 => Fault::Abort,
                     1 => Fault::Ambiguous,
+                    2 if self.loop_panics => Fault::Panic,
                     _ => Fault::None,
                 };
                 self.turn(w, max, crash, fault);
@@ -2733,6 +2755,8 @@ struct Seen {
     unstuck: usize,
     /// Restores that repaired the group's lost offsets.
     repairs: usize,
+    /// Threads that panicked with their transaction open.
+    panicked: usize,
 }
 
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
@@ -2777,6 +2801,7 @@ fn run_traced(shared: &Shared, seed: u64, verbose: bool) -> (Result<Seen, (Strin
             held: w.broker.held,
             unstuck: w.broker.unstuck,
             repairs: w.repairs,
+            panicked: w.panicked,
         });
     if verbose {
         eprintln!("{r:?}");
@@ -2831,7 +2856,7 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
-    let (mut by_key, mut eager, mut held, mut unstuck) = (0, 0, 0, 0);
+    let (mut by_key, mut eager, mut held, mut unstuck, mut repairs, mut panicked) = (0, 0, 0, 0, 0, 0);
     for seed in 0..seeds {
         match run(&shared, seed, false) {
             Ok(seen) => {
@@ -2839,6 +2864,8 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
                 eager += usize::from(seen.eager);
                 held += seen.held;
                 unstuck += seen.unstuck;
+                repairs += seen.repairs;
+                panicked += seen.panicked;
             }
             Err((e, trace)) => {
                 let tail = trace[trace.len().saturating_sub(60)..].join("\n");
@@ -2863,8 +2890,13 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         seeds < 20 || (held >= seeds as usize && unstuck > 0),
         "in {seeds} seeds late markers held {held} transactions, and the stall guard landed {unstuck}"
     );
+    // Lost offsets are repaired, and threads panic with their transactions open.
+    assert!(
+        seeds < 20 || (repairs > 0 && panicked > 0),
+        "in {seeds} seeds {repairs} restores repaired lost offsets and {panicked} threads panicked mid-transaction"
+    );
     eprintln!(
-        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key; late markers held {held} transactions on a partition, {unstuck} landed by the stall guard"
+        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key; late markers held {held} transactions on a partition, {unstuck} landed by the stall guard; {repairs} restores repaired lost offsets; {panicked} threads panicked mid-transaction"
     );
 }
 
