@@ -779,6 +779,10 @@ struct World<'a> {
     loop_panics: bool,
     /// How many times a thread panicked with its transaction open.
     panicked: usize,
+    /// For one seed in three, retention deletes the records of commands and events partitions
+    /// that their group has consumed ([`World::retain`]); and how many it deleted.
+    retention: Option<fastrand::Rng>,
+    retained: usize,
 }
 
 /// The seeds that regression tests and the testing chapter name, found by mutations of the
@@ -902,6 +906,8 @@ impl<'a> World<'a> {
             repairs: 0,
             loop_panics: fastrand::Rng::with_seed(seed ^ 0x9a_1c5).u8(..4) == 0,
             panicked: 0,
+            retention: Some(fastrand::Rng::with_seed(seed ^ 0x7e_7e47)).filter(|r| r.clone().u8(..3) == 0),
+            retained: 0,
         };
         // In one seed of four the markers of a committed transaction land late, as on tansu; in
         // half of those only the stall guard's transactions land them.
@@ -1203,6 +1209,31 @@ impl<'a> World<'a> {
             "commands offset"
         };
         self.note(format!("the group's {what} of p{p} are lost"));
+    }
+
+    /// Retention (`retention.ms`) deletes the oldest records of a commands or events partition,
+    /// those its group has committed: nothing a worker does may need them again (a restore reads
+    /// the state topic, and the inputs read again after a failed batch lie past the committed
+    /// offset).
+    fn retain(&mut self) {
+        let Some(r) = self.retention.as_mut() else { return };
+        let shared = self.shared;
+        let (topic, p) = if r.bool() {
+            (shared.topics.commands.clone(), r.i32(0..PARTITIONS))
+        } else {
+            (shared.topics.events[0].clone(), r.i32(0..EVENTS))
+        };
+        let upto = self.broker.committed_offset(&topic, p);
+        let Some((_, recs)) = self.broker.logs.get_mut(&(topic.clone(), p)) else {
+            return;
+        };
+        let before = recs.len();
+        recs.retain(|r| r.offset >= upto);
+        let gone = before - recs.len();
+        self.retained += gone;
+        self.note(format!(
+            "retention deletes {gone} records of {topic} partition {p} below {upto}"
+        ));
     }
 
     /// What `restore::repair_offsets` does, in the model: the latest position record a
@@ -2087,6 +2118,7 @@ impl<'a> World<'a> {
                 self.fire_timers(w);
             }
             65 if self.expiry.is_some() => self.expire(),
+            66 if self.retention.is_some() => self.retain(),
             38..=40 if alive.len() > 1 => {
                 let w = alive[self.rng.usize(..alive.len())];
                 self.kill(w);
@@ -2757,6 +2789,8 @@ struct Seen {
     repairs: usize,
     /// Threads that panicked with their transaction open.
     panicked: usize,
+    /// Commands and events records retention deleted.
+    retained: usize,
 }
 
 /// Runs one seed: a random schedule with faults, then a healed run to the end, then the checks.
@@ -2802,6 +2836,7 @@ fn run_traced(shared: &Shared, seed: u64, verbose: bool) -> (Result<Seen, (Strin
             unstuck: w.broker.unstuck,
             repairs: w.repairs,
             panicked: w.panicked,
+            retained: w.retained,
         });
     if verbose {
         eprintln!("{r:?}");
@@ -2856,7 +2891,7 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
-    let (mut by_key, mut eager, mut held, mut unstuck, mut repairs, mut panicked) = (0, 0, 0, 0, 0, 0);
+    let (mut by_key, mut eager, mut held, mut unstuck, mut repairs, mut panicked, mut retained) = (0, 0, 0, 0, 0, 0, 0);
     for seed in 0..seeds {
         match run(&shared, seed, false) {
             Ok(seen) => {
@@ -2866,6 +2901,7 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
                 unstuck += seen.unstuck;
                 repairs += seen.repairs;
                 panicked += seen.panicked;
+                retained += seen.retained;
             }
             Err((e, trace)) => {
                 let tail = trace[trace.len().saturating_sub(60)..].join("\n");
@@ -2892,11 +2928,11 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
     );
     // Lost offsets are repaired, and threads panic with their transactions open.
     assert!(
-        seeds < 20 || (repairs > 0 && panicked > 0),
-        "in {seeds} seeds {repairs} restores repaired lost offsets and {panicked} threads panicked mid-transaction"
+        seeds < 20 || (repairs > 0 && panicked > 0 && retained > 0),
+        "in {seeds} seeds {repairs} restores repaired lost offsets, {panicked} threads panicked mid-transaction, and retention deleted {retained} records"
     );
     eprintln!(
-        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key; late markers held {held} transactions on a partition, {unstuck} landed by the stall guard; {repairs} restores repaired lost offsets; {panicked} threads panicked mid-transaction"
+        "{seeds} seeds ({eager} rebalancing eagerly); {by_key} instances took a go event routed by its correlation key; late markers held {held} transactions on a partition, {unstuck} landed by the stall guard; {repairs} restores repaired lost offsets; {panicked} threads panicked mid-transaction; retention deleted {retained} consumed commands and events records"
     );
 }
 
