@@ -4636,6 +4636,94 @@ fn a_worker_says_when_the_broker_lost_records_it_had_acknowledged() {
     );
 }
 
+/// The group's committed offsets lost: Kafka drops them `offsets.retention.minutes` after the
+/// group's last member left, or an operator resets them. Here the worker comes back under another
+/// group id, whose offsets are empty, over the same topics. Its restores find the partitions'
+/// position records past the committed offsets and repair them (an error in the log, `/healthz`
+/// `offsetsRepaired`, `sm4c_kafka_offsets_repaired_total`) rather than take every state record as
+/// uncommitted and read the commands again from the beginning: the instances are all there, the
+/// waiting ones finish, and no start is decided twice (each saga asked for its payment once).
+#[test]
+fn a_worker_repairs_the_groups_lost_offsets_from_the_partitions_positions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    let prefix = "regroup";
+    let args = worker_args(&broker, prefix, 2, &[]);
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    let ids: Vec<String> = (0..8).map(|i| format!("lost-{i}")).collect();
+    for id in &ids {
+        start(&w, "saga", id, json!({"orderId": id, "amount": 1}));
+    }
+    let reply = |id: &str| {
+        json!({"specversion": "1.0", "id": format!("paid-{id}"), "source": "payments", "type": "payment.done",
+               "orderid": id, "datacontenttype": "application/json", "data": {"paid": 1}})
+    };
+    for id in &ids[..4] {
+        post_event(&w, reply(id));
+    }
+    wait_until(
+        "the first four sagas to be paid",
+        60,
+        || ids[..4].iter().all(|id| state_of(&w, id) == "Paid"),
+        &[&w],
+    );
+    w.terminate();
+    // The same topics, a group with no committed offsets.
+    let mut renamed = args.clone();
+    let at = renamed.iter().position(|a| a == "--group").expect("--group") + 1;
+    renamed[at] = format!("{prefix}-renamed");
+    let w2 = Worker::start(dir.path(), "w2", &renamed);
+    wait_owned(&[&w2], 2);
+    let repaired = w2.get("/healthz")["offsetsRepaired"].clone();
+    let entries = repaired.as_array().cloned().unwrap_or_default();
+    assert!(!entries.is_empty(), "no partition's offsets were repaired: {repaired}");
+    for e in &entries {
+        assert_eq!(e["committed"], 0, "{repaired}");
+        assert!(e["repaired"].as_i64().unwrap_or(0) > 0, "{repaired}");
+        assert!(e["repairedClock"].as_i64().unwrap_or(0) > 0, "{repaired}");
+    }
+    let log = std::fs::read_to_string(&w2.log).expect("log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("committed offsets of this partition are behind its state")),
+        "{}",
+        tail(&w2.log)
+    );
+    let r = http().get(format!("{}/metrics", w2.base)).send().expect("GET /metrics");
+    let text = r.text().expect("body");
+    let total: f64 = entries
+        .iter()
+        .map(|e| {
+            let series = format!(
+                r#"sm4c_kafka_offsets_repaired_total{{topic="{prefix}.commands",partition="{}"}}"#,
+                e["partition"]
+            );
+            sample(&text, &series).unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(total, entries.len() as f64, "{text}");
+    // Every instance is there as it was, and the waiting ones finish.
+    for id in &ids[..4] {
+        assert_eq!(state_of(&w2, id), "Paid", "{id}");
+    }
+    for id in &ids[4..] {
+        post_event(&w2, reply(id));
+    }
+    wait_until(
+        "the other sagas to be paid",
+        60,
+        || ids.iter().all(|id| state_of(&w2, id) == "Paid"),
+        &[&w2],
+    );
+    let asked = sent_ids(&broker, &format!("{prefix}.events.out"), "payment.requested");
+    assert_eq!(asked.len(), ids.len(), "{asked:?}");
+    assert!(
+        asked.values().all(|n| *n == 1),
+        "a payment was asked for twice: {asked:?}"
+    );
+}
+
 /// A version of `greeter` that greets with `word`.
 fn greeter(version: &str, word: &str) -> Value {
     json!({
