@@ -657,6 +657,7 @@ fn print_trace(id: &str, t: &Trace) {
             state,
             to,
         } => format!("moved from version {from} state {state:?} to version {version} state {to:?}"),
+        Trace::Redriven { from, redrives } => format!("redriven (redrive {redrives}) from {from}"),
         Trace::Covered { pointer } => format!("took {pointer}"),
         Trace::Paused { at } => format!("paused at {}", serde_json::to_string(at).unwrap_or_default()),
         Trace::Resumed { stepping } => (if *stepping { "stepped" } else { "resumed" }).to_string(),
