@@ -714,6 +714,9 @@ impl Backend for Clustered {
     ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
         self.inner.migrate(id, version, states, dry_run)
     }
+    fn redrive(&self, id: String, update: Option<String>, dry_run: bool) -> BoxFuture<'_, Result<Value, HostError>> {
+        self.inner.redrive(id, update, dry_run)
+    }
     fn set_default_version(&self, id: String, version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
         self.inner.set_default_version(id, version)
     }

@@ -107,6 +107,11 @@ struct ServeArgs {
     /// instance and would pass it is refused with 429 `parkedLimit`. Default 64 MiB.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20, conflicts_with = "kafka")]
     max_parked_bytes: u64,
+    /// Most redrives of one instance (`POST /instances/{id}/redrive`) whose definition does not
+    /// say (SM4C `maxRedrives` does); past it a redrive is refused with 409 `notRedrivable`,
+    /// reason `limitReached`. Default: no limit.
+    #[arg(long, value_name = "N")]
+    max_redrives: Option<u32>,
     #[command(flatten)]
     expression: ExpressionArgs,
     /// Listen on an address other than loopback without authentication (no token and no client
@@ -756,6 +761,7 @@ fn serve_on(
             max_parked: args.kafka.max_parked,
             max_parked_bytes: args.max_parked_bytes,
             expression: args.expression.limits(),
+            max_redrives: args.max_redrives,
             ..HostLimits::default()
         };
         let durable = match DurableHost::start(store, host, limits) {

@@ -220,7 +220,10 @@ impl Instance {
             if count >= cap {
                 return Err(RedriveError::refuse(
                     "limitReached",
-                    format!("instance {id:?} was redriven {count} times, the most its definition allows ({cap})"),
+                    format!(
+                        "instance {id:?} was redriven {count} time{}, the most allowed ({cap})",
+                        if count == 1 { "" } else { "s" }
+                    ),
                 ));
             }
         }
