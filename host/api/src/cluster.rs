@@ -431,7 +431,7 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     let method = req.method().clone();
     if let Some(rest) = path.strip_prefix("/instances/") {
         let rest = decode(rest);
-        let id = ["/history", "/cancel", "/resume", "/step", "/migrate"]
+        let id = ["/history", "/cancel", "/resume", "/step", "/migrate", "/redrive"]
             .iter()
             .find_map(|s| rest.strip_suffix(s))
             .unwrap_or(&rest);

@@ -891,6 +891,7 @@ fn serve_kafka(
     config.partitions = args.kafka.partitions;
     config.event_window_ms = park_ms as i64;
     config.max_parked = args.kafka.max_parked;
+    config.max_redrives = args.max_redrives;
     config.cached_instances = args.kafka.cached_instances;
     config.group_instance_id = args.kafka.group_instance_id.clone();
     config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {
