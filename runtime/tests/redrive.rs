@@ -444,3 +444,42 @@ fn an_asl_execution_that_ended_in_its_fail_state_is_not_redrivable() {
     assert_eq!(i.status(), Status::Failed);
     assert_eq!(reason(i.redrive_plan(None, None).unwrap_err()), "failState");
 }
+
+#[test]
+fn sm4c_replay_compares_a_history_across_a_redrive() {
+    use sm4c_runtime::engine::history::{compare, history_entry, History};
+    let m = machine(order());
+    let mut i = Instance::new(m.clone(), "h", options());
+    let mut host = Host::new(|op: &str, args: &Value| {
+        if op.contains("enter/1") {
+            return Some(json!("sent"));
+        }
+        args["card"].as_str().map(|card| json!({"charged": card}))
+    });
+    host.feed(
+        &mut i,
+        Input::Start {
+            data: json!({"amount": 5}),
+            scheduled: None,
+        },
+    );
+    let plan = i.redrive_plan(Some(r#".card = "1""#), None).expect("redrivable");
+    host.feed(&mut i, plan.input);
+    assert_eq!(i.status(), Status::Completed);
+    let entries: Vec<Value> = host
+        .journal
+        .iter()
+        .zip(1..)
+        .map(|(e, seq)| history_entry(seq, e))
+        .collect();
+    let h = History::from_json(&json!({"id": "h", "entries": entries})).expect("readable");
+    let same = compare(m, "h", &h);
+    assert_eq!(same.divergence, None, "{same:?}");
+    assert_eq!(same.inputs, entries.iter().filter(|e| e["entry"] == "input").count());
+
+    // A definition that decides otherwise (no retry) still diverges.
+    let mut changed = order();
+    changed["retries"][0]["maxAttempts"] = json!(0);
+    let c = compare(machine(changed), "h", &h);
+    assert!(c.divergence.is_some(), "{c:?}");
+}
