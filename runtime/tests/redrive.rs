@@ -483,3 +483,46 @@ fn sm4c_replay_compares_a_history_across_a_redrive() {
     let c = compare(machine(changed), "h", &h);
     assert!(c.divergence.is_some(), "{c:?}");
 }
+
+#[test]
+fn failures_outside_a_running_action_go_on_from_their_step() {
+    // The enter action fails as it starts (an expression function), then no transition holds
+    // until the data says where to go.
+    let m = machine(json!({
+        "id": "steps", "name": "steps", "version": "1",
+        "functions": [{"name": "check", "type": "expression",
+                       "operation": "if .card == null then error(\"no card\") else .card end"}],
+        "states": [
+            {"name": "Check", "start": true,
+             "enterAction": {"type": "invokeFunction", "functionName": "check", "waitForCompletion": true,
+                             "arguments": {"card": "${ .card }"}},
+             "enterResultHandler": "${ .checked = $value }",
+             "transitions": [{"nextState": "Done", "condition": "${ .route == \"done\" }"}]},
+            {"name": "Done"}
+        ]
+    }));
+    let mut i = Instance::new(m.clone(), "s", options());
+    let mut host = Host::new(|_: &str, _: &Value| None);
+    host.feed(
+        &mut i,
+        Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
+    );
+    assert_eq!(i.status(), Status::Failed);
+    let plan = i.redrive_plan(Some(r#".card = "c""#), None).expect("redrivable");
+    assert_eq!(plan.from, "state \"Check\", enter action");
+    host.feed(&mut i, plan.input);
+    // The action ran again and took the card; now no transition holds.
+    assert_eq!(i.status(), Status::Failed);
+    assert_eq!(i.error().map(|e| e.kind.clone()), Some(ErrorKind::NoTransition));
+    assert_eq!(i.data()["checked"], json!("c"));
+    let plan = i.redrive_plan(Some(r#".route = "done""#), None).expect("redrivable");
+    assert_eq!(plan.from, "state \"Check\", its transitions");
+    host.feed(&mut i, plan.input);
+    assert_eq!((i.status(), i.state_name()), (Status::Completed, Some("Done")));
+    assert_eq!(i.snapshot().redrive.as_ref().map(|r| r.count), Some(2));
+    let replayed = Instance::replay(m, "s", &host.journal, options()).expect("replays");
+    assert_eq!(replayed.snapshot(), i.snapshot());
+}

@@ -13,7 +13,8 @@
 //! `~r<n>` for the n-th redrive) and, but for `foreach` items, with the input the data gives
 //! after the update. A failure outside a running action goes on from that step: a result handler
 //! that failed runs again with the action's result, an action that failed as it started starts
-//! again, transitions whose conditions failed (or none held) are evaluated again. An ASL
+//! again, transitions whose conditions failed (or none held) are evaluated again; that step
+//! counts as a new visit of the state, so what it starts has new operation and timer ids. An ASL
 //! execution re-enters the top-level state that failed, with its Retry counters at zero (a
 //! Parallel or Map runs all its branches or iterations again). The execution timeout, when the
 //! definition has one, counts afresh from the redrive.
@@ -341,6 +342,12 @@ impl Instance {
         if let Some(t) = &self.machine.timeout {
             let ms = t.duration_ms;
             self.cx(out).start_timer(EXEC_TIMER, ms);
+        }
+        // A step that starts again counts as a new visit of the state, so the operations and
+        // timers it starts have ids of their own (a late answer to one of the failed run's
+        // operations cannot be taken for a new one's).
+        if !matches!(point, Point::Action { .. }) {
+            self.s.visit += 1;
         }
         let next = match point {
             Point::Action { phase } => {
