@@ -526,3 +526,28 @@ fn failures_outside_a_running_action_go_on_from_their_step() {
     let replayed = Instance::replay(m, "s", &host.journal, options()).expect("replays");
     assert_eq!(replayed.snapshot(), i.snapshot());
 }
+
+#[test]
+fn a_result_too_large_to_keep_is_not_kept_and_its_action_runs_again() {
+    // The result is shared with itself: small in memory, 2^40 elements written out. The handler
+    // fails on it; the snapshot must not keep it.
+    let m = machine(json!({
+        "id": "big", "name": "big", "version": "1",
+        "states": [{"name": "Build", "start": true,
+            "enterAction": {"type": "injectData", "expression": "${ reduce range(40) as $i ([1]; [., .]) }"},
+            "enterResultHandler": "${ .n = ($value | tojson | length) }"}]
+    }));
+    let mut i = Instance::new(m, "b", options());
+    i.handle(Timed {
+        at: 0,
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
+    });
+    assert_eq!(i.status(), Status::Failed);
+    let written = serde_json::to_string(i.snapshot()).expect("snapshot");
+    assert!(written.len() < 10_000, "{} bytes", written.len());
+    let plan = i.redrive_plan(None, None).expect("redrivable");
+    assert_eq!(plan.from, "state \"Build\", enter action");
+}

@@ -1062,7 +1062,13 @@ impl Instance {
                     match self.apply(st.enter_handler.as_ref(), v, "enterResultHandler") {
                         Ok(()) => Next::Evaluate,
                         Err(e) => {
-                            self.point = kept.map(|v| redrive::Point::Entered { value: J(v) });
+                            self.point = kept.map(|v| {
+                                redrive::after_handler(
+                                    v,
+                                    |value| redrive::Point::Entered { value },
+                                    redrive::Point::EnterAction,
+                                )
+                            });
                             self.fail(out, e)
                         }
                     }
@@ -1143,9 +1149,12 @@ impl Instance {
                     let kept = t.handler.as_ref().map(|_| v.clone());
                     match self.apply(t.handler.as_ref(), v, "transition resultHandler") {
                         Err(e) => {
-                            self.point = kept.map(|v| redrive::Point::Fired {
-                                transition: i,
-                                value: J(v),
+                            self.point = kept.map(|v| {
+                                redrive::after_handler(
+                                    v,
+                                    |value| redrive::Point::Fired { transition: i, value },
+                                    redrive::Point::TransitionAction { transition: i },
+                                )
                             });
                             self.fail(out, e)
                         }
@@ -1187,7 +1196,13 @@ impl Instance {
                     match self.apply(st.exit_handler.as_ref(), v, "exitResultHandler") {
                         Ok(()) => Next::Enter(n),
                         Err(e) => {
-                            self.point = kept.map(|v| redrive::Point::Exited { next: n, value: J(v) });
+                            self.point = kept.map(|v| {
+                                redrive::after_handler(
+                                    v,
+                                    |value| redrive::Point::Exited { next: n, value },
+                                    redrive::Point::ExitAction { next: n },
+                                )
+                            });
                             self.fail(out, e)
                         }
                     }

@@ -50,7 +50,7 @@ pub enum Point {
         /// The state to enter afterwards.
         next: StateId,
     },
-    /// The enter action's result handler, with the action's result.
+    /// The enter action's result handler, with the action's result (see [`MAX_KEPT_RESULT`]).
     Entered {
         /// The result.
         value: J,
@@ -99,6 +99,45 @@ impl Point {
             Point::Evaluate => format!("state {here:?}, its transitions"),
             Point::State => "state".into(),
         }
+    }
+}
+
+/// Most bytes (about, written out as JSON) of an action's result a failed result handler keeps for
+/// a redrive; a larger result is not kept, and the redrive runs the action again instead.
+pub const MAX_KEPT_RESULT: u64 = 8 << 20;
+
+/// Where a redrive goes on from after result handler `handler` failed on `value`: the handler
+/// with the value when the value is small enough to keep ([`MAX_KEPT_RESULT`]), else the action
+/// (`again`) from its start. A value shared with itself (`[., .]` forty times) is small in memory
+/// and huge written out: it is measured as written, and the measure stops at the bound.
+pub(super) fn after_handler(value: Val, keep: impl FnOnce(J) -> Point, again: Point) -> Point {
+    let mut budget = MAX_KEPT_RESULT;
+    let mut stack = vec![&value];
+    let mut fits = true;
+    while let Some(v) = stack.pop() {
+        let cost = match v {
+            Val::TStr(s) | Val::BStr(s) => s.len() as u64 + 2,
+            Val::Arr(a) => {
+                stack.extend(a.iter());
+                2
+            }
+            Val::Obj(o) => {
+                stack.extend(o.values());
+                2 + 16 * o.len() as u64
+            }
+            _ => 8,
+        };
+        if cost > budget {
+            fits = false;
+            break;
+        }
+        budget -= cost;
+    }
+    drop(stack);
+    if fits {
+        keep(J(value))
+    } else {
+        again
     }
 }
 
