@@ -551,3 +551,48 @@ fn a_result_too_large_to_keep_is_not_kept_and_its_action_runs_again() {
     let plan = i.redrive_plan(None, None).expect("redrivable");
     assert_eq!(plan.from, "state \"Build\", enter action");
 }
+
+#[test]
+fn a_timed_out_asl_execution_enters_its_state_again_with_the_execution_timeout_counted_afresh() {
+    let m = machine(json!({
+        "TimeoutSeconds": 10,
+        "StartAt": "Nap",
+        "States": {"Nap": {"Type": "Wait", "Seconds": 60, "Next": "Done"}, "Done": {"Type": "Succeed"}}
+    }));
+    let mut i = Instance::new(m.clone(), "t", options());
+    let mut journal = i
+        .handle(Timed {
+            at: 0,
+            input: Input::Start {
+                data: json!({"n": 1}),
+                scheduled: None,
+            },
+        })
+        .entries;
+    journal.extend(
+        i.handle(Timed {
+            at: 10_000,
+            input: Input::TimerFired {
+                timer: "exec:timeout".into(),
+            },
+        })
+        .entries,
+    );
+    assert_eq!(i.status(), Status::TimedOut);
+    let plan = i
+        .redrive_plan(None, None)
+        .expect("a timed-out execution can be redriven");
+    assert_eq!(plan.from, "state \"Nap\"");
+    let out = i.handle(Timed {
+        at: 20_000,
+        input: plan.input,
+    });
+    assert!(out.effects.contains(&Effect::StartTimer {
+        timer: "exec:timeout".into(),
+        due: 30_000
+    }));
+    journal.extend(out.entries);
+    assert_eq!((i.status(), i.state_name()), (Status::Waiting, Some("Nap")));
+    let replayed = Instance::replay(m, "t", &journal, options()).expect("replays");
+    assert_eq!(replayed.snapshot(), i.snapshot());
+}
