@@ -194,7 +194,7 @@ pub enum RedriveError {
         /// The whole message.
         message: String,
     },
-    /// The update does not compile, fails, or does not yield one object.
+    /// The update does not compile, fails, or (SM4C) does not yield an object.
     #[error("{0}")]
     Update(String),
 }
@@ -292,12 +292,15 @@ impl Instance {
             Some(text) => {
                 let expr = crate::expr::Expr::compile(text, &[], crate::expr::Limits::default())
                     .map_err(|e| RedriveError::Update(format!("the update does not compile: {e}")))?;
+                // SM4C data is an object; an ASL state's input may be any value.
+                let asl = self.machine.asl.is_some();
                 match expr.eval(to_val(&before), Val::Null) {
                     Ok(v @ Val::Obj(_)) => from_val(&v),
+                    Ok(v) if asl => from_val(&v),
                     Ok(v) => {
                         return Err(RedriveError::Update(format!(
                             "the update must yield an object (the instance data), not {}",
-                            from_val(&v)
+                            crate::json::kind(&from_val(&v))
                         )))
                     }
                     Err(e) => return Err(RedriveError::Update(format!("the update failed: {}", e.message))),
