@@ -596,3 +596,63 @@ fn a_timed_out_asl_execution_enters_its_state_again_with_the_execution_timeout_c
     let replayed = Instance::replay(m, "t", &journal, options()).expect("replays");
     assert_eq!(replayed.snapshot(), i.snapshot());
 }
+
+#[test]
+fn an_asl_execution_timed_out_between_retries_is_redriven_with_its_retry_counters_reset() {
+    let m = machine(json!({
+        "TimeoutSeconds": 10,
+        "StartAt": "Pay",
+        "States": {"Pay": {"Type": "Task", "Resource": "pay", "End": true,
+            "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 100, "MaxAttempts": 1}]}}
+    }));
+    let call = |effects: &[Effect]| {
+        effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::InvokeFunction { op, .. } => Some(op.clone()),
+                _ => None,
+            })
+            .expect("a call")
+    };
+    let retry_timer = |effects: &[Effect]| {
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::StartTimer { timer, .. } if timer.starts_with("retry:")))
+    };
+    let mut i = Instance::new(m.clone(), "r", options());
+    let mut journal = Vec::new();
+    let mut step = |i: &mut Instance, at: i64, input: Input| {
+        let out = i.handle(Timed { at, input });
+        journal.extend(out.entries);
+        out.effects
+    };
+    let first = step(
+        &mut i,
+        0,
+        Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
+    );
+    let op = call(&first);
+    // The first attempt fails: its one retry waits 100 s, and the execution times out meanwhile.
+    let after = step(&mut i, 1_000, Input::Failed { op, error: declined() });
+    assert!(retry_timer(&after), "{after:?}");
+    step(
+        &mut i,
+        10_000,
+        Input::TimerFired {
+            timer: "exec:timeout".into(),
+        },
+    );
+    assert_eq!(i.status(), Status::TimedOut);
+    let plan = i.redrive_plan(None, None).expect("redrivable");
+    let again = step(&mut i, 20_000, plan.input);
+    let op = call(&again);
+    // Counted afresh: the failure after the redrive is retried (its one retry was used before).
+    let after = step(&mut i, 21_000, Input::Failed { op, error: declined() });
+    assert!(retry_timer(&after), "the retry counters were reset: {after:?}");
+    assert_eq!(i.status(), Status::Waiting);
+    let replayed = Instance::replay(m, "r", &journal, options()).expect("replays");
+    assert_eq!(replayed.snapshot(), i.snapshot());
+}
