@@ -40,6 +40,9 @@ pub struct Machine {
     pub actions: Vec<Action>,
     /// The CloudEvent that starts an instance (extension `startEvent`).
     pub start_event: Option<StartEvent>,
+    /// How often a failed instance may be redriven (extension `maxRedrives`); none: as the host
+    /// says.
+    pub max_redrives: Option<u32>,
     /// The definition as it was loaded (external `events`/`functions`/`retries` inlined).
     pub source: Value,
     /// For a definition written in the Amazon States Language: the validated machine (then

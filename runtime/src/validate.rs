@@ -159,6 +159,16 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
             source: v.opt_str(o, "/startEvent", "source"),
         })
     });
+    let max_redrives = root.get("maxRedrives").and_then(|n| {
+        let cap = n.as_u64().and_then(|n| u32::try_from(n).ok());
+        if cap.is_none() {
+            v.err(
+                "/maxRedrives",
+                "must be a whole number from 0 to 4294967295 (0: never redriven)",
+            );
+        }
+        cap
+    });
 
     if !v.errors.is_empty() {
         return Err(v.errors);
@@ -176,6 +186,7 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
         start,
         actions: v.actions,
         start_event,
+        max_redrives,
         source,
         asl: None,
     })
@@ -213,6 +224,7 @@ fn load_asl(doc: &Value) -> Result<Machine, Vec<ValidationError>> {
         start: 0,
         actions: Vec::new(),
         start_event: None,
+        max_redrives: None,
         source: doc.clone(),
         asl: Some(std::sync::Arc::new(asl)),
     })

@@ -431,7 +431,7 @@ async fn about(h: &Api, req: Request) -> Result<(Request, Option<String>), Respo
     let method = req.method().clone();
     if let Some(rest) = path.strip_prefix("/instances/") {
         let rest = decode(rest);
-        let id = ["/history", "/cancel", "/resume", "/step", "/migrate"]
+        let id = ["/history", "/cancel", "/resume", "/step", "/migrate", "/redrive"]
             .iter()
             .find_map(|s| rest.strip_suffix(s))
             .unwrap_or(&rest);
@@ -713,6 +713,9 @@ impl Backend for Clustered {
         dry_run: bool,
     ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
         self.inner.migrate(id, version, states, dry_run)
+    }
+    fn redrive(&self, id: String, update: Option<String>, dry_run: bool) -> BoxFuture<'_, Result<Value, HostError>> {
+        self.inner.redrive(id, update, dry_run)
     }
     fn set_default_version(&self, id: String, version: Option<String>) -> BoxFuture<'_, Result<(), HostError>> {
         self.inner.set_default_version(id, version)

@@ -260,6 +260,12 @@ impl From<HostError> for ApiError {
                 message,
                 details: Some(json!({"reason": reason})),
             },
+            HostError::InvalidUpdate(m) => ApiError {
+                status: StatusCode::BAD_REQUEST,
+                code: "invalidUpdate",
+                message: format!("/update: {m}"),
+                details: Some(json!({"pointer": "/update"})),
+            },
             HostError::InvalidBreakpoint(m) => InvalidBreakpoint(m).into(),
             HostError::InvalidInstanceId(_) => InvalidId.into(),
             HostError::ParkedLimit(m) => ParkedLimit(m).into(),

@@ -377,6 +377,20 @@ async fn instance_get(
 }
 
 async fn instance_post(State(h): State<Api>, Path(rest): Path<String>, req: Request) -> Result<Response, ApiError> {
+    if let Some(id) = rest.strip_suffix("/redrive") {
+        // The body is optional: none redrives without an update.
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, MAX_BODY)
+            .await
+            .map_err(|_| PayloadTooLarge(MAX_BODY))?;
+        let body = if bytes.iter().all(u8::is_ascii_whitespace) {
+            RedriveBody::default()
+        } else {
+            let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+            Body::<RedriveBody>::from_request(req, &()).await?.0
+        };
+        return Ok(redrive(h, id.to_string(), body).await?.into_response());
+    }
     if let Some(id) = rest.strip_suffix("/migrate") {
         let Body(body) = Body::<MigrateBody>::from_request(req, &()).await?;
         return Ok(migrate(h, id.to_string(), body).await?.into_response());
@@ -422,6 +436,30 @@ async fn migrate(h: Api, id: String, body: MigrateBody) -> Result<Json<Value>, A
     }
     let mut v = instance_json(&h, &id)?;
     v["migration"] = plan;
+    Ok(Json(v))
+}
+
+/// `POST /instances/{id}/redrive`'s body (it may be empty).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RedriveBody {
+    /// A jq expression over the instance's data; its result is the data the instance goes on with.
+    #[serde(default)]
+    update: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Redrives a failed or timed-out instance: the instance as it now is, with what the redrive did
+/// (`redrive`); with `dryRun`, only what it would do (the data after the update).
+async fn redrive(h: Api, id: String, body: RedriveBody) -> Result<Json<Value>, ApiError> {
+    instance_json(&h, &id)?;
+    let done = h.redrive(id.clone(), body.update, body.dry_run).await?;
+    if body.dry_run {
+        return Ok(Json(json!({"dryRun": true, "redrive": done})));
+    }
+    let mut v = instance_json(&h, &id)?;
+    v["redrive"] = done;
     Ok(Json(v))
 }
 
@@ -841,6 +879,7 @@ mod tests {
             ("/instances/{id}/history", "get"),
             ("/instances/{id}/cancel", "post"),
             ("/instances/{id}/migrate", "post"),
+            ("/instances/{id}/redrive", "post"),
             ("/instances/{id}/resume", "post"),
             ("/instances/{id}/step", "post"),
         ] {

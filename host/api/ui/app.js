@@ -234,6 +234,8 @@ async function instancePage(r, seq) {
     const asking = confirming ? view.querySelector("#cancel-box") : null;
     // The migration form being filled in is moved into the new page the same way.
     const migrating = view.querySelector("#migrate-box[open]");
+    // And the redrive form.
+    const redriving = view.querySelector("#redrive-box[open]");
     view.innerHTML = `
       <h1>${esc(i.id)} ${badge(i.status)}</h1>
       <section>
@@ -259,6 +261,14 @@ async function instancePage(r, seq) {
           <button type="button" id="migrate-go" class="danger" disabled title="Preview the move first">Move</button>
         </form>
         <div id="migrate-plan" aria-live="polite"></div></details>` : ""}
+      ${i.status === "failed" || i.status === "timedOut" ? `<details id="redrive-box" data-key="redrive"><summary>Redrive…</summary>
+        <p class="muted">Sends the instance back to running from where it failed, after an optional update of its data (a jq expression, e.g. <code>.card = "4242"</code>).</p>
+        <form id="redrive-form" class="actions">
+          <label>Update <input id="redrive-update" placeholder=".field = &quot;value&quot;" size="40" spellcheck="false"></label>
+          <button type="button" id="redrive-preview">Preview</button>
+          <button type="button" id="redrive-go" class="danger" disabled title="Preview the redrive first">Redrive</button>
+        </form>
+        <div id="redrive-plan" aria-live="polite"></div></details>` : ""}
       ${i.status === "paused" ? `<section id="paused" class="paused-banner" aria-live="polite"><h2>Paused</h2>
         <p id="paused-at">Paused ${esc(describeBreakpoint(i.pausedAt))}</p>
         <div class="actions"><button type="button" id="resume">Resume</button>
@@ -289,6 +299,9 @@ async function instancePage(r, seq) {
     const box = $("#migrate-box");
     if (box && migrating) box.replaceWith(migrating);
     else if (box) box.addEventListener("toggle", () => { if (box.open) migrationForm(i); }, { once: true });
+    const rbox = $("#redrive-box");
+    if (rbox && redriving) rbox.replaceWith(redriving);
+    else if (rbox) redriveForm(i);
     for (const how of ["resume", "step"]) {
       const b = $("#" + how);
       if (b) b.addEventListener("click", async () => {
@@ -355,6 +368,35 @@ async function migrationForm(i) {
       $("#migrate-box").open = false;
       await current.refresh();
     } catch (e) { plan.innerHTML = `<p class="error" id="migrate-refused">${esc(refusal(e))}</p>`; }
+  });
+}
+
+// The redrive form of failed or timed-out instance `i`: a dry run that previews the data after the
+// update (or says why it cannot go on), then the redrive itself.
+function redriveForm(i) {
+  const plan = $("#redrive-plan"), go = $("#redrive-go"), update = $("#redrive-update");
+  const path = "/instances/" + i.id.split("/").map(encodeURIComponent).join("/") + "/redrive";
+  const body = dryRun => JSON.stringify(update.value.trim() ? { update: update.value, dryRun } : { dryRun });
+  const post = dryRun => api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: body(dryRun) });
+  const patch = op => `<li><code>${esc(op.op)} ${esc(op.path)}</code>${"value" in op ? " " + esc(JSON.stringify(op.value)) : ""}</li>`;
+  const refused = e => `<p class="error" id="redrive-refused">${esc(e.code ? `${e.code}: ${e.message}` : explainError(e))}${e.details && e.details.reason ? ` <span class="muted">(${esc(e.details.reason)})</span>` : ""}</p>`;
+  update.addEventListener("input", () => { go.disabled = true; plan.innerHTML = ""; });
+  $("#redrive-preview").addEventListener("click", async () => {
+    try {
+      const r = (await post(true)).redrive;
+      plan.innerHTML = `<p id="redrive-says">Goes on from ${esc(r.from)} (redrive ${esc(String(r.redrives))})</p>`
+        + (r.diff.length ? `<ul id="redrive-diff">${r.diff.map(patch).join("")}</ul>` : `<p class="muted">The data stays as it is.</p>`)
+        + `<details open><summary>The data after the update</summary><pre id="redrive-data">${json(r.data)}</pre></details>`;
+      go.disabled = false;
+    } catch (e) { go.disabled = true; plan.innerHTML = refused(e); }
+  });
+  go.addEventListener("click", async () => {
+    go.disabled = true;
+    try {
+      const v = await post(false);
+      banner(`Instance ${i.id} redriven from ${v.redrive.from}.`, "info");
+      await current.refresh();
+    } catch (e) { plan.innerHTML = refused(e); }
   });
 }
 
@@ -427,6 +469,8 @@ function describeInput(input) {
   if (k === "debug") return input.breakpoints.length ? `breakpoints: ${input.breakpoints.map(b => esc(describeBreakpoint(b))).join("; ")}` : "breakpoints cleared";
   if (k === "resume") return input.step ? "step" : "resume";
   if (k === "migrate") return `moved from version ${esc(input.from)} to ${esc(input.version)}`;
+  if (k === "redrive") return `redriven${input.update ? ` with update <code>${esc(input.update)}</code>` : " without update"}`
+    + ((input.diff || []).length ? `: ${input.diff.map(op => `<code>${esc(op.op)} ${esc(op.path)}</code>${"value" in op ? " " + esc(JSON.stringify(op.value)) : ""}`).join(", ")}` : "");
   return esc(k);
 }
 
@@ -444,6 +488,7 @@ function describeTrace(t) {
     case "paused": return `<strong>paused</strong> ${esc(describeBreakpoint(t.at))}`;
     case "resumed": return t.stepping ? "stepped" : "resumed";
     case "stateEntered": return `entered <strong>${esc(t.state)}</strong>`;
+    case "redriven": return `<strong>redriven</strong> from ${esc(t.from)} <span class="muted">(redrive ${esc(String(t.redrives))})</span>`;
     case "migrated": return `moved to version ${esc(t.version)}: ${esc(t.state)} → <strong>${esc(t.to)}</strong>`;
     case "transitionFired": return `${esc(t.state)} → ${esc(t.next || t.state)} <span class="muted">(${esc(t.trigger)})</span>`;
     case "eventConsumed": return `consumed event ${esc(t.event)}`;

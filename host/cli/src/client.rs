@@ -213,6 +213,22 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Send a failed or timed-out instance back to running from where it failed (`--update`:
+    /// change its data first with a jq expression; `--dry-run`: show the data after it, change
+    /// nothing).
+    Redrive {
+        /// Instance id.
+        id: String,
+        /// A jq expression over the instance's data, e.g. '.card = "4242"'; its result is the data
+        /// the instance goes on with.
+        #[arg(long, value_name = "JQ")]
+        update: Option<String>,
+        /// Say what the redrive would do; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Cancel an instance.
     Cancel {
         /// Instance id.
@@ -646,6 +662,38 @@ fn exec(cmd: ClientCommand) -> Result<(), Failure> {
                 }
             }
         }
+        ClientCommand::Redrive {
+            id,
+            update,
+            dry_run,
+            remote,
+        } => {
+            let mut body = json!({"dryRun": dry_run});
+            if let Some(u) = &update {
+                body["update"] = json!(u);
+            }
+            let v = call(
+                &remote,
+                "POST",
+                &format!("/instances/{}/redrive", sm4c_invoke::rest::encode(&id)),
+                Some(("application/json", body.to_string().into_bytes())),
+            )?;
+            if remote.json {
+                print_json(&v);
+            } else {
+                let r = &v["redrive"];
+                let verb = if dry_run { "would go on" } else { "goes on" };
+                println!("{id} {verb} from {} (redrive {})", s(&r["from"]), s(&r["redrives"]));
+                for op in r["diff"].as_array().into_iter().flatten() {
+                    println!("  {}", patch_line(op));
+                }
+                if dry_run {
+                    println!("data after the update: {}", r["data"]);
+                } else {
+                    println!("now {} in state {}", s(&v["status"]), s(&v["state"]));
+                }
+            }
+        }
         ClientCommand::Cancel { id, remote } => {
             let v = call(
                 &remote,
@@ -819,6 +867,14 @@ fn explain_text(v: &Value) -> String {
 }
 
 /// One journal entry as a line.
+/// One operation of an RFC 6902 JSON Patch as a line: `replace /card: "4242"`, `remove /x`.
+fn patch_line(op: &Value) -> String {
+    match op.get("value") {
+        Some(v) => format!("{} {}: {v}", s(&op["op"]), s(&op["path"])),
+        None => format!("{} {}", s(&op["op"]), s(&op["path"])),
+    }
+}
+
 fn describe(e: &Value) -> String {
     match e["entry"].as_str() {
         Some("input") => {
@@ -829,6 +885,16 @@ fn describe(e: &Value) -> String {
                 "taskStarted" => format!(" {} by {}", s(&e["op"]), s(&e["worker"])),
                 "taskHeartbeat" => format!(" {}", s(&e["op"])),
                 "event" => format!(" {} ({})", s(&e["event"]["type"]), s(&e["event"]["id"])),
+                "redrive" => {
+                    let mut text = match e["update"].as_str() {
+                        Some(u) => format!(" with update {u}"),
+                        None => " without update".to_string(),
+                    };
+                    for op in e["diff"].as_array().into_iter().flatten() {
+                        text += &format!("\n      {}", patch_line(op));
+                    }
+                    text
+                }
                 "migrate" => {
                     let map: Vec<String> = e["states"]
                         .as_object()
@@ -890,6 +956,7 @@ fn describe(e: &Value) -> String {
                     s(&e["delay_ms"])
                 ),
                 "finished" => format!("{pad}instance {}", s(&e["status"])),
+                "redriven" => format!("{pad}redriven from {} (redrive {})", s(&e["from"]), s(&e["redrives"])),
                 "migrated" => format!(
                     "{pad}moved from state {} of version {} to state {} of version {}",
                     s(&e["state"]),

@@ -107,6 +107,11 @@ struct ServeArgs {
     /// instance and would pass it is refused with 429 `parkedLimit`. Default 64 MiB.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20, conflicts_with = "kafka")]
     max_parked_bytes: u64,
+    /// Most redrives of one instance (`POST /instances/{id}/redrive`) whose definition does not
+    /// say (SM4C `maxRedrives` does); past it a redrive is refused with 409 `notRedrivable`,
+    /// reason `limitReached`. Default: no limit.
+    #[arg(long, value_name = "N")]
+    max_redrives: Option<u32>,
     #[command(flatten)]
     expression: ExpressionArgs,
     /// Listen on an address other than loopback without authentication (no token and no client
@@ -657,6 +662,7 @@ fn print_trace(id: &str, t: &Trace) {
             state,
             to,
         } => format!("moved from version {from} state {state:?} to version {version} state {to:?}"),
+        Trace::Redriven { from, redrives } => format!("redriven (redrive {redrives}) from {from}"),
         Trace::Covered { pointer } => format!("took {pointer}"),
         Trace::Paused { at } => format!("paused at {}", serde_json::to_string(at).unwrap_or_default()),
         Trace::Resumed { stepping } => (if *stepping { "stepped" } else { "resumed" }).to_string(),
@@ -755,6 +761,7 @@ fn serve_on(
             max_parked: args.kafka.max_parked,
             max_parked_bytes: args.max_parked_bytes,
             expression: args.expression.limits(),
+            max_redrives: args.max_redrives,
             ..HostLimits::default()
         };
         let durable = match DurableHost::start(store, host, limits) {
@@ -884,6 +891,7 @@ fn serve_kafka(
     config.partitions = args.kafka.partitions;
     config.event_window_ms = park_ms as i64;
     config.max_parked = args.kafka.max_parked;
+    config.max_redrives = args.max_redrives;
     config.cached_instances = args.kafka.cached_instances;
     config.group_instance_id = args.kafka.group_instance_id.clone();
     config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {

@@ -4989,3 +4989,98 @@ fn a_waiting_instance_migrates_in_kafka_mode_and_its_event_finishes_it_after_a_s
         assert_eq!(moves.iter().filter(|i| *i == "migrate").count(), 1, "{moves:?}");
     }
 }
+
+/// In Kafka mode a failed instance is redriven through any worker (the request goes to its
+/// owner, which applies the update and runs the failed call again), refusals name their reason,
+/// and the journal keeps the redrive.
+#[test]
+fn a_failed_instance_is_redriven_in_kafka_mode_through_any_worker() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::start(dir.path());
+    // The payment function declines a charge without a card.
+    let mocks = dir.path().join("mocks.json");
+    std::fs::write(
+        &mocks,
+        json!({"charge": "if .card == null then error(\"declined: no card\") else {charged: .card} end"}).to_string(),
+    )
+    .expect("write mocks");
+    let mocks = mocks.display().to_string();
+    let args = worker_args(&broker, "redrive", 2, &["--mock", &mocks]);
+    let mut w1 = Worker::start(dir.path(), "w1", &args);
+    let w2 = Worker::start(dir.path(), "w2", &args);
+    wait_owned(&[&w1, &w2], 2);
+    let (st, v) = w1.post(
+        "/definitions",
+        json!({"id": "kpay", "name": "kpay", "version": "1",
+            "functions": [{"name": "charge", "operation": "http://pay.example/api.json#charge"}],
+            "states": [{"name": "Charge", "start": true,
+                        "enterAction": {"type": "invokeFunction", "functionName": "charge", "waitForCompletion": true,
+                                        "arguments": {"card": "${ .card }"}},
+                        "enterResultHandler": "${ .receipt = $value }",
+                        "transitions": [{"nextState": "Done"}]},
+                       {"name": "Done"}]}),
+    );
+    assert_eq!(st, 201, "{v}");
+    wait_until(
+        "w2 to read the definition",
+        30,
+        || w2.get("/definitions/kpay")["id"] == "kpay",
+        &[&w1, &w2],
+    );
+    let ids: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    for id in &ids {
+        let (st, v) = w1.post(
+            "/instances",
+            json!({"definition": "kpay", "id": id, "input": {"amount": 1}}),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    for id in &ids {
+        wait_until(
+            "failed",
+            30,
+            || w2.get(&format!("/instances/{id}"))["status"] == "failed",
+            &[&w1, &w2],
+        );
+    }
+    // Through both workers: each request reaches the instance's owner.
+    for (k, id) in ids.iter().enumerate() {
+        let w = if k % 2 == 0 { &w1 } else { &w2 };
+        let path = format!("/instances/{id}/redrive");
+        let (st, _, v) = ask_worker(
+            w,
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"update": ".card = \"4242\"", "dryRun": true})),
+        );
+        assert_eq!((st, &v["redrive"]["data"]["card"]), (200, &json!("4242")), "{v}");
+        assert_eq!(w.get(&format!("/instances/{id}"))["status"], "failed");
+        let (st, _, v) = ask_worker(
+            w,
+            reqwest::Method::POST,
+            &path,
+            Some(json!({"update": ".card = \"4242\""})),
+        );
+        assert_eq!(st, 200, "{v}\n{}\n----\n{}", tail(&w1.log), tail(&w2.log));
+        assert_eq!(v["redrive"]["redrives"], 1, "{v}");
+    }
+    // A worker is SIGKILLed right after the redrives' answers; the survivor takes its partition
+    // over and every instance completes.
+    w1.kill9();
+    let w = &w2;
+    wait_owned(&[w], 2);
+    for id in &ids {
+        wait_until(
+            "completed",
+            60,
+            || settled_get(w, &format!("/instances/{id}"))["status"] == "completed",
+            &[w],
+        );
+        let v = w.get(&format!("/instances/{id}"));
+        assert_eq!(v["data"]["receipt"], json!({"charged": "4242"}), "{v}");
+        let (inputs, _) = history_inputs(w, id);
+        assert_eq!(inputs.iter().filter(|i| *i == "redrive").count(), 1, "{inputs:?}");
+        let (st, _, v) = ask_worker(w, reqwest::Method::POST, &format!("/instances/{id}/redrive"), None);
+        assert_eq!((st, v["details"]["reason"].as_str()), (409, Some("completed")), "{v}");
+    }
+}

@@ -155,6 +155,9 @@ pub enum HostError {
         /// The whole message, naming the instance.
         message: String,
     },
+    /// A redrive's update does not compile, fails, or does not yield one object; nothing changed.
+    #[error("/update: {0}")]
+    InvalidUpdate(String),
     /// The step debugger was asked to resume or step an instance that is not paused.
     #[error("instance {0:?} is not paused")]
     NotPaused(String),
@@ -222,6 +225,18 @@ pub const INSTANCE_ID_RULE: &str = "an instance id must have 1 to 200 characters
 /// state topic and local stores), and no listing or log should carry them.
 pub fn valid_instance_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 200 && !id.chars().any(char::is_control)
+}
+
+/// A refused redrive as the host reports it.
+pub fn redrive_error(e: sm4c_runtime::engine::redrive::RedriveError) -> HostError {
+    use sm4c_runtime::engine::redrive::RedriveError;
+    match e {
+        RedriveError::NotRedrivable { reason, message } => HostError::NotRedrivable {
+            reason: reason.to_string(),
+            message,
+        },
+        RedriveError::Update(m) => HostError::InvalidUpdate(m),
+    }
 }
 
 /// Where an event went.

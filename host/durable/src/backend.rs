@@ -42,6 +42,9 @@ impl Backend for DurableHost {
     ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
         Box::pin(async move { DurableHost::migrate(self, &id, &version, states, dry_run).await })
     }
+    fn redrive(&self, id: String, update: Option<String>, dry_run: bool) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move { DurableHost::redrive(self, &id, update, dry_run).await })
+    }
     fn default_version(&self, id: &str) -> Option<String> {
         self.registry().default_version(id).map(str::to_string)
     }

@@ -11,10 +11,12 @@
 use crate::store::{Batch, InstanceWrite, Store, StoreError};
 use serde_json::{json, Value};
 use sm4c_host::driver::{self, Answering, Driver, Hosted, ParentLink, Work};
+use sm4c_host::service::redrive_error;
 use sm4c_host::service::{new_id, Answered, Delivery, HostError, Registry};
 use sm4c_host::tasks::{decode_token, Answer, Poller, Task, TaskLists};
 use sm4c_host::Functions;
 use sm4c_runtime::engine::migrate::MigrationPlan;
+use sm4c_runtime::engine::redrive::RedrivePlan;
 use sm4c_runtime::{load, Effect, Entry, ErrorInfo, ErrorKind, Input, LoadOptions, Machine, Millis, Status, Timed};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -45,6 +47,9 @@ pub struct Limits {
     pub batch: usize,
     /// Limits of every jq evaluation (fuel, sizes) of the definitions the host loads.
     pub expression: sm4c_runtime::Limits,
+    /// Most redrives of one instance whose definition says nothing (SM4C `maxRedrives` says);
+    /// none: no limit.
+    pub max_redrives: Option<u32>,
 }
 
 impl Default for Limits {
@@ -56,6 +61,7 @@ impl Default for Limits {
             max_journal: 100_000,
             batch: 512,
             expression: sm4c_runtime::Limits::default(),
+            max_redrives: None,
         }
     }
 }
@@ -81,6 +87,13 @@ enum Cmd {
         states: std::collections::BTreeMap<String, String>,
         dry_run: bool,
         reply: oneshot::Sender<Result<MigrationPlan, HostError>>,
+    },
+    /// Redrives a failed or timed-out instance (or, dry, says what that would do).
+    Redrive {
+        id: String,
+        update: Option<String>,
+        dry_run: bool,
+        reply: oneshot::Sender<Result<Value, HostError>>,
     },
     Result {
         instance: String,
@@ -444,6 +457,21 @@ impl DurableHost {
             id,
             version,
             states,
+            dry_run,
+            reply,
+        })
+        .await
+    }
+
+    /// Redrives failed or timed-out instance `id` from where it failed, its data changed by
+    /// `update` (a jq expression over it): answered with what the redrive did (`id`, `from`,
+    /// `redrives`, `data`, `diff`) once it is committed. With `dry_run`, says what it would do
+    /// and changes nothing.
+    pub async fn redrive(&self, id: &str, update: Option<String>, dry_run: bool) -> Result<Value, HostError> {
+        let id = id.to_string();
+        self.ask(|reply| Cmd::Redrive {
+            id,
+            update,
             dry_run,
             reply,
         })
@@ -995,6 +1023,27 @@ impl Loop {
         Ok(plan)
     }
 
+    /// Redrives instance `id` now (in this batch), or says why it cannot.
+    fn redrive(&mut self, id: &str, update: Option<&str>, dry_run: bool) -> Result<Value, HostError> {
+        let now = now_ms();
+        let driver = self.driver.clone();
+        let cap = self.limits.max_redrives;
+        let Some(slot) = self.slot(id) else {
+            return Err(HostError::UnknownInstance(id.to_string()));
+        };
+        let answer = |plan: &RedrivePlan| json!({"id": id, "from": plan.from, "redrives": plan.redrives, "data": plan.data, "diff": plan.diff});
+        if dry_run {
+            let plan = slot.h.inst.redrive_plan(update, cap).map_err(redrive_error)?;
+            return Ok(answer(&plan));
+        }
+        let (plan, step) = driver.redrive(&mut slot.h, update, cap, now).map_err(redrive_error)?;
+        slot.dirty = true;
+        // It may wait for events again: those parked for it are handed over.
+        slot.was_waiting = false;
+        self.after_step(id, step, now);
+        Ok(answer(&plan))
+    }
+
     fn handle(&mut self, id: &str, input: Input) {
         let now = now_ms();
         let driver = self.driver.clone();
@@ -1491,6 +1540,23 @@ impl Loop {
                 // Answered once the move is committed.
                 Ok(plan) => self.replies.push(Box::new(move |r| {
                     let _ = reply.send(r.map(|()| plan));
+                })),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Cmd::Redrive {
+                id,
+                update,
+                dry_run,
+                reply,
+            } => match self.redrive(&id, update.as_deref(), dry_run) {
+                Ok(answer) if dry_run => {
+                    let _ = reply.send(Ok(answer));
+                }
+                // Answered once the redrive is committed.
+                Ok(answer) => self.replies.push(Box::new(move |r| {
+                    let _ = reply.send(r.map(|()| answer));
                 })),
                 Err(e) => {
                     let _ = reply.send(Err(e));

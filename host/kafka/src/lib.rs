@@ -139,6 +139,9 @@ pub struct KafkaConfig {
     pub retention_ms: i64,
     /// Limits of every jq evaluation (fuel, sizes) of the definitions the workers load.
     pub expression: sm4c_runtime::Limits,
+    /// Most redrives of one instance whose definition does not say (SM4C `maxRedrives` does);
+    /// none: no limit.
+    pub max_redrives: Option<u32>,
     /// How many unended instances a worker keeps in memory, over all its partitions, when it
     /// keeps local stores (default 10,000): the least recently used beyond that are read from the
     /// partition's store when a command, an event or a timer comes for them.
@@ -175,6 +178,7 @@ impl KafkaConfig {
             offsets_refresh_ms: 24 * 3_600_000,
             retention_ms: 7 * 24 * 3_600_000,
             expression: sm4c_runtime::Limits::default(),
+            max_redrives: None,
             cached_instances: 10_000,
             timer_horizon_ms: 10 * 60_000,
             group_instance_id: None,
@@ -1407,6 +1411,43 @@ impl Backend for KafkaHost {
             })
             .await?;
             Ok(plan)
+        })
+    }
+
+    fn redrive(&self, id: String, update: Option<String>, dry_run: bool) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            let p = partition_of(&id, self.shared.partitions);
+            let Some(r) = self.record_off(&id).await? else {
+                return Err(HostError::UnknownInstance(id));
+            };
+            let definition = r.snapshot.definition.clone();
+            let Some(m) = self.shared.machine(&definition, &r.snapshot.version) else {
+                return Err(HostError::UnknownDefinition(format!(
+                    "{definition} version {}",
+                    r.snapshot.version
+                )));
+            };
+            // Checked here against the instance as this worker holds it, so that a refusal says
+            // why (and a dry run previews the data); the owner redrives it in its own turn,
+            // checking again and running the update again on the same data.
+            let before = r.snapshot.redrive.as_ref().map_or(0, |r| r.count);
+            let inst = sm4c_runtime::Instance::from_snapshot(m, r.snapshot, sm4c_runtime::Options::default());
+            let plan = inst
+                .redrive_plan(update.as_deref(), self.shared.cfg.max_redrives)
+                .map_err(sm4c_host::service::redrive_error)?;
+            let answer =
+                json!({"id": id, "from": plan.from, "redrives": plan.redrives, "data": plan.data, "diff": plan.diff});
+            if dry_run {
+                return Ok(answer);
+            }
+            self.send_command(&id, &Command::Redrive { id: id.clone(), update })
+                .await?;
+            self.wait_for("the redrive", Some(&id), |v| {
+                v.get(p, &id)
+                    .is_some_and(|r| r.snapshot.redrive.as_ref().map_or(0, |r| r.count) > before)
+            })
+            .await?;
+            Ok(answer)
         })
     }
 

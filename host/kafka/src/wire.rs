@@ -71,6 +71,14 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         states: std::collections::BTreeMap<String, String>,
     },
+    /// Redrive a failed or timed-out instance, its data changed by `update` (a jq expression).
+    Redrive {
+        /// Instance id.
+        id: String,
+        /// The update, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        update: Option<String>,
+    },
     /// An incoming event for one instance (`target`) or for every instance of the partition.
     Event {
         /// The instance the event names, if it names one.

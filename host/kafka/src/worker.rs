@@ -658,6 +658,27 @@ impl Owner {
 
     /// Unended instance `id`, read from the local store when the owner let go of it. `None`: no
     /// such unended instance (or the store failed, which [`Owner::unreadable`] records).
+    /// [`Self::slot`] of an instance a redrive sends back to running: an ended one has left
+    /// memory (its record stays on the state topic for the retention), so it is read back from
+    /// the partition's records, and leaves the index of ended instances (whose retention would
+    /// delete its record).
+    fn revive(&mut self, shared: &Shared, id: &str) -> Option<&mut Slot> {
+        if !self.slots.contains_key(id) {
+            let rec = shared.view.get(self.partition, id)?;
+            if rec.snapshot.status.is_final() {
+                let m = shared.machine(&rec.snapshot.definition, &rec.snapshot.version)?;
+                self.slots
+                    .insert(id.to_string(), Box::new(Slot::from_record(shared, m, rec)));
+            }
+        }
+        self.slot(shared, id)
+    }
+
+    /// Instance `id`, redriven, is no longer ended: its record is kept past the retention.
+    fn revived(&mut self, id: &str) {
+        self.ended.remove(id);
+    }
+
     fn slot(&mut self, shared: &Shared, id: &str) -> Option<&mut Slot> {
         if !self.slots.contains_key(id) {
             let loaded = self.load(shared, id)?;

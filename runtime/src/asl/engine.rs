@@ -324,6 +324,21 @@ pub fn deliver(cx: &mut Cx, root: &mut Run, d: &Delivery) -> bool {
     handled
 }
 
+/// Redrives a failed or timed-out execution: the machine's run enters its current state again
+/// (its Retry counters at zero, a Parallel's branches and a Map's iterations all anew), and the
+/// execution timeout, if any, counts afresh from now.
+pub fn redrive_root(cx: &mut Cx, root: &mut Run) {
+    if let Some(t) = cx.m.timeout_seconds {
+        let due = cx
+            .now
+            .saturating_add(t.saturating_mul(1000).min(i64::MAX as u64 / 2) as i64);
+        cx.start_timer(crate::engine::EXEC_TIMER, due);
+    }
+    root.retry = None;
+    root.step = Step::Enter;
+    advance(cx, root, true);
+}
+
 /// Ends every run, cancelling what they wait for.
 pub fn cancel(cx: &mut Cx, run: &mut Run) {
     match std::mem::replace(&mut run.step, Step::Enter) {

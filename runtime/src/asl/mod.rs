@@ -292,6 +292,11 @@ pub fn handle(
                 }
             }
         }
+        Input::Redrive { .. } => {
+            if let Some(e) = &mut exec {
+                engine::redrive_root(&mut cx, &mut e.root);
+            }
+        }
         Input::Event { .. } | Input::Debug { .. } | Input::Resume { .. } | Input::Migrate { .. } => {}
         Input::Abort { error } => {
             if let Some(e) = &mut exec {
@@ -304,6 +309,10 @@ pub fn handle(
             }
             s.asl = exec;
             s.status = Status::Failed;
+            // The host ended it: a redrive cannot go on from there.
+            if let Some(r) = s.redrive.as_mut() {
+                r.point = None;
+            }
             s.error = Some(error);
             s.ended_at = Some(s.now);
             if options.trace {
@@ -360,6 +369,12 @@ pub fn handle(
             }
             s.timers.clear();
             s.status = status;
+            // A redrive enters the top-level state it failed or timed out in again.
+            if matches!(status, Status::Failed | Status::TimedOut) {
+                s.redrive.get_or_insert_with(Default::default).point = Some(crate::engine::redrive::Point::State);
+            } else if let Some(r) = s.redrive.as_mut() {
+                r.point = None;
+            }
             s.error = err.map(|e| e.to_info(s.state_name.as_deref()));
             s.ended_at = Some(s.now);
             if options.trace {

@@ -11,6 +11,7 @@ pub mod debug;
 pub mod event;
 pub mod history;
 pub mod migrate;
+pub mod redrive;
 pub mod task;
 pub mod types;
 
@@ -159,6 +160,10 @@ pub struct Snapshot {
     /// The schedule that started the instance, and its run's nominal time (from the start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled: Option<Scheduled>,
+    /// Its redrives, and where a failed or timed-out instance goes on from; absent until it first
+    /// fails or times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive: Option<Box<redrive::Redrives>>,
 }
 
 impl Snapshot {
@@ -188,6 +193,8 @@ pub struct Instance {
     skip: bool,
     /// Where [`Instance::run_action`] writes the position of the action it starts.
     path: String,
+    /// Where a redrive goes on from, set just before the step that fails the instance.
+    point: Option<redrive::Point>,
 }
 
 /// Context handed to action code: the instance's mutable parts and the output being built.
@@ -330,6 +337,7 @@ impl Instance {
             asl: None,
             debug: None,
             scheduled: None,
+            redrive: None,
             id,
         };
         Instance {
@@ -339,6 +347,7 @@ impl Instance {
             burst: 0,
             skip: false,
             path: String::new(),
+            point: None,
         }
     }
 
@@ -351,6 +360,7 @@ impl Instance {
             burst: 0,
             skip: false,
             path: String::new(),
+            point: None,
         };
         if let Err(why) = inst.fits() {
             let e = ErrorInfo::new(
@@ -377,6 +387,9 @@ impl Instance {
         self.s.status = Status::Failed;
         self.s.error = Some(error);
         self.s.ended_at = Some(self.s.now);
+        if let Some(r) = self.s.redrive.as_mut() {
+            r.point = None;
+        }
     }
 
     /// Checks that every index in the snapshot exists in the definition.
@@ -674,6 +687,9 @@ impl Instance {
     fn input_in(&mut self, out: &mut Output, timed: Timed) {
         self.s.now = self.s.now.max(timed.at);
         self.burst = 0;
+        if let Input::Redrive { diff, .. } = &timed.input {
+            return self.redrive_in(out, diff);
+        }
         // The step debugger: one branch while no breakpoint was ever recorded for the instance.
         if self.s.debug.is_some() || matches!(timed.input, Input::Debug { .. } | Input::Resume { .. }) {
             match self.debug_input(out, timed) {
@@ -829,7 +845,7 @@ impl Instance {
             return;
         }
         let next = match timed.input {
-            Input::Debug { .. } | Input::Resume { .. } | Input::Migrate { .. } => return,
+            Input::Debug { .. } | Input::Resume { .. } | Input::Migrate { .. } | Input::Redrive { .. } => return,
             Input::Start { data, .. } => {
                 if self.s.status != Status::Created {
                     return;
@@ -952,7 +968,10 @@ impl Instance {
                 Next::Stop
             }
             Some(Ok(v)) => resume(v, &phase),
-            Some(Err(e)) => self.fail(out, e),
+            Some(Err(e)) => {
+                self.point = Some(redrive::Point::Action { phase: Box::new(phase) });
+                self.fail(out, e)
+            }
         }
     }
 
@@ -1026,16 +1045,32 @@ impl Instance {
                     } else {
                         match m.states[s].enter {
                             None => Next::Entered(Val::Null),
-                            Some(a) => self
-                                .run_action(out, a, format_args!("enter"), Next::Entered, |run| Phase::Enter { run }),
+                            Some(a) => self.run_action(
+                                out,
+                                a,
+                                format_args!("enter"),
+                                redrive::Point::EnterAction,
+                                Next::Entered,
+                                |run| Phase::Enter { run },
+                            ),
                         }
                     }
                 }
                 Next::Entered(v) => {
                     let st = &m.states[self.s.state.unwrap_or(0)];
+                    let kept = st.enter_handler.as_ref().map(|_| v.clone());
                     match self.apply(st.enter_handler.as_ref(), v, "enterResultHandler") {
                         Ok(()) => Next::Evaluate,
-                        Err(e) => self.fail(out, e),
+                        Err(e) => {
+                            self.point = kept.map(|v| {
+                                redrive::after_handler(
+                                    v,
+                                    |value| redrive::Point::Entered { value },
+                                    redrive::Point::EnterAction,
+                                )
+                            });
+                            self.fail(out, e)
+                        }
                     }
                 }
                 Next::Evaluate => self.evaluate(&m, out),
@@ -1101,6 +1136,7 @@ impl Instance {
                                     out,
                                     a,
                                     format_args!("t{i}.{firings}"),
+                                    redrive::Point::TransitionAction { transition: i },
                                     |v| Next::Fired(i, v),
                                     |run| Phase::Transition { transition: i, run },
                                 )
@@ -1110,8 +1146,18 @@ impl Instance {
                 }
                 Next::Fired(i, v) => {
                     let t = &m.states[self.s.state.unwrap_or(0)].transitions[i];
+                    let kept = t.handler.as_ref().map(|_| v.clone());
                     match self.apply(t.handler.as_ref(), v, "transition resultHandler") {
-                        Err(e) => self.fail(out, e),
+                        Err(e) => {
+                            self.point = kept.map(|v| {
+                                redrive::after_handler(
+                                    v,
+                                    |value| redrive::Point::Fired { transition: i, value },
+                                    redrive::Point::TransitionAction { transition: i },
+                                )
+                            });
+                            self.fail(out, e)
+                        }
                         Ok(()) => match t.next {
                             None => Next::Evaluate,
                             Some(n) => {
@@ -1137,6 +1183,7 @@ impl Instance {
                                 out,
                                 a,
                                 format_args!("exit"),
+                                redrive::Point::ExitAction { next: n },
                                 |v| Next::Exited(n, v),
                                 |run| Phase::Exit { next: n, run },
                             ),
@@ -1145,9 +1192,19 @@ impl Instance {
                 }
                 Next::Exited(n, v) => {
                     let st = &m.states[self.s.state.unwrap_or(0)];
+                    let kept = st.exit_handler.as_ref().map(|_| v.clone());
                     match self.apply(st.exit_handler.as_ref(), v, "exitResultHandler") {
                         Ok(()) => Next::Enter(n),
-                        Err(e) => self.fail(out, e),
+                        Err(e) => {
+                            self.point = kept.map(|v| {
+                                redrive::after_handler(
+                                    v,
+                                    |value| redrive::Point::Exited { next: n, value },
+                                    redrive::Point::ExitAction { next: n },
+                                )
+                            });
+                            self.fail(out, e)
+                        }
                     }
                 }
             };
@@ -1160,12 +1217,16 @@ impl Instance {
         out: &mut Output,
         action: usize,
         site: std::fmt::Arguments,
+        again: redrive::Point,
         done: impl FnOnce(Val) -> Next,
         phase: impl FnOnce(Run) -> Phase,
     ) -> Next {
         let view = match self.view() {
             Ok(v) => v,
-            Err(e) => return self.fail(out, e),
+            Err(e) => {
+                self.point = Some(again);
+                return self.fail(out, e);
+            }
         };
         // The action's position, written into a buffer kept from step to step.
         let mut path = std::mem::take(&mut self.path);
@@ -1175,7 +1236,10 @@ impl Instance {
         self.path = path;
         match step {
             Step::Done(v) => done(v),
-            Step::Fail(e) => self.fail(out, e),
+            Step::Fail(e) => {
+                self.point = Some(again);
+                self.fail(out, e)
+            }
             Step::Pending(run) => {
                 self.s.phase = phase(run);
                 Next::Stop
@@ -1194,7 +1258,10 @@ impl Instance {
             None => None,
             Some(_) => match self.view() {
                 Ok(v) => Some(v),
-                Err(e) => return self.fail(out, e),
+                Err(e) => {
+                    self.point = Some(redrive::Point::Evaluate);
+                    return self.fail(out, e);
+                }
             },
         };
         let view = filtered.as_ref().unwrap_or(&self.s.data.0);
@@ -1207,6 +1274,7 @@ impl Instance {
                         Ok(true) => return Next::Fire(i, "condition"),
                         Ok(false) => {}
                         Err(e) => {
+                            self.point = Some(redrive::Point::Evaluate);
                             return self.fail(
                                 out,
                                 ErrorInfo::new(
@@ -1216,7 +1284,7 @@ impl Instance {
                                         e.message, e.expression
                                     ),
                                 ),
-                            )
+                            );
                         }
                     }
                 }
@@ -1228,7 +1296,10 @@ impl Instance {
                 continue;
             }
             match self.match_groups(out, i, view) {
-                Err(e) => return self.fail(out, e),
+                Err(e) => {
+                    self.point = Some(redrive::Point::Evaluate);
+                    return self.fail(out, e);
+                }
                 Ok(None) => {}
                 Ok(Some(chosen)) => {
                     // Consume the matched events, bind correlation values, run the group handlers.
@@ -1264,6 +1335,7 @@ impl Instance {
                 ErrorKind::NoTransition,
                 format!("state {:?} cannot proceed: no transition condition holds and it has no event or timeout transition", st.name),
             );
+            self.point = Some(redrive::Point::Evaluate);
             return self.fail(out, e);
         }
         if let (Some(t), None) = (timeout, &self.s.state_timer) {
@@ -1339,6 +1411,15 @@ impl Instance {
     }
 
     fn exec_timeout(&mut self, out: &mut Output) -> Next {
+        // A redrive goes on from here: the state's transitions again, or the action it ran.
+        let point = match &self.s.phase {
+            Phase::Waiting => Some(redrive::Point::Evaluate),
+            p @ (Phase::Enter { .. } | Phase::Transition { .. } | Phase::Exit { .. }) => Some(redrive::Point::Action {
+                phase: Box::new(p.clone()),
+            }),
+            _ => None,
+        };
+        self.s.redrive.get_or_insert_with(Default::default).point = point;
         self.cancel_phase(out);
         let m = self.machine.clone();
         match m.timeout.as_ref().and_then(|t| t.action) {
@@ -1396,6 +1477,22 @@ impl Instance {
         self.s.status = status;
         self.s.error = error;
         self.s.ended_at = Some(self.s.now);
+        // Where a redrive goes on from: the point set just before a failure (none: it cannot),
+        // the one the execution timeout kept.
+        let point = self.point.take();
+        match status {
+            Status::Failed => {
+                if point.is_some() || self.s.redrive.is_some() {
+                    self.s.redrive.get_or_insert_with(Default::default).point = point;
+                }
+            }
+            Status::TimedOut => {}
+            _ => {
+                if let Some(r) = self.s.redrive.as_mut() {
+                    r.point = None;
+                }
+            }
+        }
     }
 }
 

@@ -121,6 +121,18 @@ pub enum Input {
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         states: BTreeMap<String, String>,
     },
+    /// A failed or timed-out instance goes back to running from where it failed (see
+    /// [`Instance::redrive_plan`](super::Instance::redrive_plan)), after its data changed by `diff`.
+    Redrive {
+        /// The update as the operator wrote it (a jq expression over the data), for the record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        update: Option<String>,
+        /// What the update changed, as an RFC 6902 JSON Patch (an array of operations) over the
+        /// instance data (ASL: the failed state's input); empty when nothing changed. Replay
+        /// applies it, so the journal alone gives the data after the redrive.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        diff: Vec<Value>,
+    },
     /// A paused instance goes on; with `step`, it pauses again at the next breakpoint-able point.
     Resume {
         /// Pause at the next breakpoint-able point.
@@ -487,6 +499,14 @@ pub enum Trace {
         state: String,
         /// Its counterpart in the new version, where it waits now.
         to: String,
+    },
+    /// The instance was redriven: it runs again from where it failed.
+    Redriven {
+        /// Where it went on from: the SM4C action's operation or the step of the algorithm, the
+        /// ASL state.
+        from: String,
+        /// Its redrives so far, this one included.
+        redrives: u32,
     },
     /// The instance ended.
     Finished {

@@ -521,6 +521,44 @@ async function main() {
       ok((await page.textContent("#timeline")).includes("moved from version 1 to 2"), "the history shows the move");
     }
 
+    // Redrive from a failed instance's page: a preview of the data after the update (or why it
+    // cannot go on), then the redrive; the instance completes and its history shows the change.
+    {
+      await post(s, "/definitions", {
+        id: "checkout", name: "Checkout", version: "1",
+        functions: [{ name: "charge", type: "expression", operation: 'if .card == null then error("no card") else {charged: .card} end' }],
+        states: [{ name: "Charge", start: true,
+          enterAction: { type: "invokeFunction", functionName: "charge", waitForCompletion: true, arguments: { card: "${ .card }" } },
+          enterResultHandler: "${ .receipt = $value }" }],
+      });
+      await post(s, "/instances", { definition: "checkout", id: "r-1", input: { amount: 3 } });
+      await reach(s, "r-1", "failed");
+      await page.goto(s.url + "/ui#/instance/r-1");
+      await page.waitForSelector("#redrive-box summary");
+      await page.click("#redrive-box summary");
+      ok(await page.isDisabled("#redrive-go"), "the redrive waits for its preview");
+      await page.fill("#redrive-update", ".card = ");
+      await page.click("#redrive-preview");
+      await page.waitForSelector("#redrive-refused");
+      ok((await page.textContent("#redrive-refused")).includes("invalidUpdate"), "a bad update is refused: " + await page.textContent("#redrive-refused"));
+      ok(await page.isDisabled("#redrive-go"), "and cannot be redriven");
+      await page.fill("#redrive-update", '.card = "4242"');
+      await page.evaluate(() => current.refresh());
+      ok((await page.inputValue("#redrive-update")) === '.card = "4242"', "the redrive form keeps what was typed through a refresh");
+      await page.click("#redrive-preview");
+      await page.waitForSelector("#redrive-data");
+      ok(JSON.parse(await page.textContent("#redrive-data")).card === "4242", "the preview shows the data after the update");
+      ok((await page.textContent("#redrive-diff")).includes("add /card"), "and what it changes");
+      ok((await call(s, "GET", "/instances/r-1")).status === "failed", "a preview changes nothing");
+      await page.click("#redrive-go");
+      await reach(s, "r-1", "completed");
+      const done = await call(s, "GET", "/instances/r-1");
+      ok(done.data.receipt.charged === "4242", "Redrive sends the instance on with the update: " + JSON.stringify(done.data));
+      await page.waitForFunction(() => document.querySelector("#timeline") && document.querySelector("#timeline").textContent.includes("redriven with update"), null, { timeout: LIVE });
+      ok((await page.textContent("#timeline")).includes("add /card"), "the history shows the redrive and its data change");
+      ok(!(await page.$("#redrive-box")), "a completed instance offers no redrive");
+    }
+
     const schedules = await scheduleChecks(page, s);
 
     // The server restarts: the page reconnects and is live again.

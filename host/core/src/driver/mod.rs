@@ -16,6 +16,7 @@ use crate::functions::FunctionCall;
 use crate::tasks::{Answer, Task};
 use serde_json::{json, Value};
 use sm4c_runtime::engine::event::{attribute_text, kind_matches, mismatch};
+use sm4c_runtime::engine::redrive::{RedriveError, RedrivePlan};
 use sm4c_runtime::{Effect, Entry, ErrorInfo, ErrorKind, Input, Instance, Machine, Millis, Options, Status, Timed};
 use std::sync::Arc;
 
@@ -207,6 +208,7 @@ fn input_kind(input: &Input) -> &'static str {
         Input::Debug { .. } => "debug",
         Input::Resume { .. } => "resume",
         Input::Migrate { .. } => "migrate",
+        Input::Redrive { .. } => "redrive",
     }
 }
 
@@ -524,6 +526,23 @@ impl Driver {
             Some(e) => Err(e),
             None => Ok(step),
         }
+    }
+
+    /// Redrives the failed or timed-out instance at time `at` (see [`Instance::redrive_plan`]):
+    /// its data changed by `update` (a jq expression), at most `cap` redrives unless its
+    /// definition says otherwise. A step like any input's with what the redrive does, or why it
+    /// cannot be redriven (nothing changes).
+    pub fn redrive(
+        &self,
+        h: &mut Hosted,
+        update: Option<&str>,
+        cap: Option<u32>,
+        at: Millis,
+    ) -> Result<(RedrivePlan, Step), RedriveError> {
+        let plan = h.inst.redrive_plan(update, cap)?;
+        let input = plan.input.clone();
+        let step = self.run_engine(h, |inst| inst.handle(Timed { at, input }));
+        Ok((plan, step))
     }
 
     /// Runs the engine on the instance through `engine` (a seam for tests that need the engine to

@@ -59,6 +59,9 @@ impl Loop {
             Cmd::Migrate {
                 reply, dry_run: false, ..
             } => drop(reply.send(Err(full()))),
+            Cmd::Redrive {
+                reply, dry_run: false, ..
+            } => drop(reply.send(Err(full()))),
             Cmd::Answer { reply, .. } => drop(reply.send(Err(full()))),
             Cmd::Schedule(op, reply)
                 if !matches!(

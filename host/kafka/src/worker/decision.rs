@@ -463,6 +463,7 @@ impl Decision<'_> {
                 }
             }
             Command::Migrate { id, version, states } => self.migrate(&id, &version, &states, at),
+            Command::Redrive { id, update } => self.redrive(&id, update.as_deref(), at),
             Command::Resume { id, step } => {
                 if self
                     .t
@@ -973,6 +974,23 @@ impl Decision<'_> {
         match shared.driver.migrate(&mut slot.h, to, states, at) {
             Ok(step) => self.stepped(id, step, at),
             Err(e) => tracing::info!(instance = id, version, reason = e.reason, "migration refused: {e}"),
+        }
+    }
+
+    /// Redrives instance `id` (what the API checked may no longer hold: then nothing changes, and
+    /// the API's wait for the redrive ends in its bound).
+    fn redrive(&mut self, id: &str, update: Option<&str>, at: i64) {
+        let shared = self.shared;
+        if self.t.revive(shared, id).is_none() {
+            return;
+        }
+        let Some(slot) = self.t.slots.get_mut(id) else { return };
+        match shared.driver.redrive(&mut slot.h, update, shared.cfg.max_redrives, at) {
+            Ok((_, step)) => {
+                self.t.revived(id);
+                self.stepped(id, step, at)
+            }
+            Err(e) => tracing::info!(instance = id, "redrive refused: {e}"),
         }
     }
 

@@ -683,6 +683,16 @@ impl Ended {
             .put(format!("{ENDED_ID}{id}"), Some(at.to_string().into_bytes()));
     }
 
+    /// Instance `id` is no longer ended (a redrive sent it back to running).
+    pub(super) fn remove(&mut self, id: &str) {
+        let Some(at) = self.kept.get(&format!("{ENDED_ID}{id}")) else {
+            return;
+        };
+        let at: i64 = std::str::from_utf8(&at).ok().and_then(|a| a.parse().ok()).unwrap_or(0);
+        self.kept.put(format!("{ENDED_AT}{at:016x}\u{0}{id}"), None);
+        self.kept.put(format!("{ENDED_ID}{id}"), None);
+    }
+
     pub(super) fn contains(&mut self, id: &str) -> bool {
         self.kept.get(&format!("{ENDED_ID}{id}")).is_some()
     }
