@@ -1078,6 +1078,29 @@ mod tests {
     }
 
     #[test]
+    fn asl_resources_say_their_delivery_alone_or_beside_their_target() {
+        let c = load(
+            "[asl.resources.\"arn:aws:states:::http:invoke\"]\ndelivery = \"atMostOnce\"\n[asl.resources.a]\nrest = \"d#o\"\ndelivery = \"atMostOnce\"\n[asl.resources.b]\nrest = \"d#o\"\ndelivery = \"atLeastOnce\"\n",
+        )
+        .unwrap();
+        // The HTTP Task stays sm4c's own (no binding), and is atMostOnce.
+        assert!(!c.asl.resources.contains_key("arn:aws:states:::http:invoke"));
+        assert_eq!(
+            c.asl.at_most_once.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["a", "arn:aws:states:::http:invoke"]
+        );
+        assert_eq!(c.asl.resources["a"], crate::asl::AslTarget::Rest("d#o".into()));
+        assert_eq!(c.asl.resources["b"], crate::asl::AslTarget::Rest("d#o".into()));
+        let errs = load("[asl.resources.a]\nrest = \"d#o\"\ndelivery = 1\n").unwrap_err();
+        assert!(errs[0].starts_with("line 3:"), "{errs:?}");
+        let errs = load("[asl.resources.w]\nworker = \"jobs\"\ndelivery = \"atMostOnce\"\n").unwrap_err();
+        assert!(
+            errs[0].starts_with("line 3: asl.resources.w: delivery = \"atMostOnce\" applies to calls sm4c makes"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn a_connection_lists_its_endpoints_or_is_refused() {
         let errs = load("[asl.connections.\"arn:c\"]\nheaders = { authorization = \"s3cret\" }\n").unwrap_err();
         assert_eq!(

@@ -911,14 +911,14 @@ mod tests {
         let path = dir.path().join("new.db");
         drop(SqliteStore::open(&path).expect("open"));
         Connection::open(&path)
-            .and_then(|c| c.execute("UPDATE sm4c_meta SET value = 'sm4c-store-3' WHERE key = 'format'", []))
+            .and_then(|c| c.execute("UPDATE sm4c_meta SET value = 'sm4c-store-4' WHERE key = 'format'", []))
             .expect("stamp a later format");
         let err = SqliteStore::open(&path).err().expect("refused").to_string();
-        assert!(err.contains("\"sm4c-store-3\"") && err.contains(FORMAT), "{err}");
+        assert!(err.contains("\"sm4c-store-4\"") && err.contains(FORMAT), "{err}");
         let format: String = Connection::open(&path)
             .and_then(|c| c.query_row("SELECT value FROM sm4c_meta WHERE key = 'format'", [], |r| r.get(0)))
             .expect("format");
-        assert_eq!(format, "sm4c-store-3");
+        assert_eq!(format, "sm4c-store-4");
     }
 
     #[test]
