@@ -734,7 +734,7 @@ impl Loop {
         let work = self.driver.work(id, &m, depth, effect);
         // An atMostOnce call may have reached its function: it fails instead (journaled, so a
         // replay sees the same), and the instance's handlers and retries take it from there.
-        if let Some(input) = driver::interrupted(&work).filter(|_| false) {
+        if let Some(input) = driver::interrupted(&work) {
             self.queue.push((id.to_string(), input));
             return Ok(None);
         }

@@ -1483,7 +1483,7 @@ impl Worker {
                     for (id, work) in calls {
                         // An atMostOnce call may have reached its function: it fails instead, by
                         // a result command like any call's (kept and proposed again until taken).
-                        match sm4c_host::driver::interrupted(&work).filter(|_| false) {
+                        match sm4c_host::driver::interrupted(&work) {
                             Some(sm4c_runtime::Input::Failed { op, error }) => {
                                 let c = t.answered(&id, &op, Outcome::Err(error), now_ms());
                                 let p = partition_of(&id, self.shared.partitions);
