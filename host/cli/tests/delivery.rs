@@ -62,6 +62,11 @@ fn serve(defs: &Path, db: &Path, config: Option<&Path>, port: u16, log: &Path) -
 /// first request for each key only after 30 s (the call is in flight when the test kills sm4c),
 /// later ones at once.
 fn pay_api(keys: Arc<Mutex<Vec<String>>>) -> String {
+    pay_api_after(keys, Duration::from_secs(30))
+}
+
+/// [`pay_api`] answering first requests after `delay`.
+fn pay_api_after(keys: Arc<Mutex<Vec<String>>>, delay: Duration) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -82,7 +87,7 @@ fn pay_api(keys: Arc<Mutex<Vec<String>>>) -> String {
                             k.iter().filter(|x| **x == key).count() == 1
                         };
                         if first {
-                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            tokio::time::sleep(delay).await;
                         }
                         Json(json!({"charged": body}))
                     }
@@ -393,4 +398,30 @@ fn a_bad_delivery_in_the_configuration_file_is_refused_with_its_line() {
         check("[asl.resources.\"x.waitForTaskToken\"]\nworker = \"approvals\"\ndelivery = \"atMostOnce\"\n");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("line 3") && err.contains("worker task"), "{err}");
+}
+
+#[test]
+fn sm4c_run_accepts_at_most_once_and_makes_each_call_once() {
+    // The in-memory host has no crash to recover from: the field is checked and the call made once.
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+    let server = pay_api_after(keys.clone(), Duration::ZERO);
+    let def = sm4c_definitions().remove(0);
+    assert_eq!(def["functions"][0]["delivery"], "atMostOnce");
+    std::fs::write(dir.path().join("pay.openapi"), openapi(&server).to_string()).unwrap();
+    let path = dir.path().join("amo.json");
+    std::fs::write(&path, def.to_string()).unwrap();
+    let input = dir.path().join("in.json");
+    std::fs::write(&input, json!({"amount": 3}).to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sm4c"))
+        .arg("run")
+        .arg(&path)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["charge"], json!({"charged": {"amount": 3}}), "{v}");
+    assert_eq!(keys.lock().unwrap().len(), 1);
 }
