@@ -42,5 +42,5 @@ pub use engine::{
     Snapshot, Status, Timed, Trace,
 };
 pub use expr::{Expr, Limits};
-pub use model::Machine;
+pub use model::{Delivery, Machine};
 pub use validate::{load, no_files, LoadOptions, ValidationError};

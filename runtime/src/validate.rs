@@ -43,6 +43,7 @@ pub fn load(doc: &Value, resolve: Resolver<'_>, options: LoadOptions) -> Result<
         events: HashMap::new(),
         functions: HashMap::new(),
         workers: Default::default(),
+        kinds: Default::default(),
         retries: HashMap::new(),
     };
     let Some(root) = doc.as_object() else {
@@ -267,6 +268,8 @@ struct V {
     functions: HashMap<String, usize>,
     /// Indices of `worker` functions (their calls must wait for completion).
     workers: std::collections::HashSet<usize>,
+    /// The `type` of each function, by index (`delivery` applies to calls the host makes).
+    kinds: HashMap<usize, &'static str>,
     retries: HashMap<String, usize>,
 }
 
@@ -617,9 +620,50 @@ impl V {
                     }
                 }
             }
-            out.push(Function { name, operation, kind });
+            let delivery = self.delivery(o, p, kind.as_str()).unwrap_or_default();
+            self.kinds.insert(out.len(), kind.as_str());
+            out.push(Function {
+                name,
+                operation,
+                kind,
+                delivery,
+            });
         }
         out
+    }
+
+    /// `delivery` of a function or an `invokeFunction` action of a function of type `kind`:
+    /// `atLeastOnce` or `atMostOnce`, the latter only for calls the host makes (`rest`, `rpc`).
+    fn delivery(&mut self, o: &Map<String, Value>, p: &str, kind: &str) -> Option<Delivery> {
+        let at = format!("{p}/delivery");
+        let delivery = match o.get("delivery")? {
+            Value::String(s) => match Delivery::parse(s) {
+                Some(d) => d,
+                None => {
+                    self.err(
+                        &at,
+                        &format!("{s:?} is not a delivery: use \"atLeastOnce\" or \"atMostOnce\""),
+                    );
+                    return None;
+                }
+            },
+            _ => {
+                self.err(&at, "must be \"atLeastOnce\" or \"atMostOnce\"");
+                return None;
+            }
+        };
+        if delivery == Delivery::AtMostOnce && !matches!(kind, "rest" | "rpc") {
+            let why = match kind {
+                "worker" => "a worker task is taken once by a worker and bound by its own timeouts (startToCloseTimeout, heartbeatTimeout), not made again by the host",
+                _ => "an expression function runs inside the engine and makes no call a crash could repeat",
+            };
+            self.err(
+                &at,
+                &format!("\"atMostOnce\" applies to \"rest\" and \"rpc\" functions; this one is {kind:?}: {why}"),
+            );
+            return None;
+        }
+        Some(delivery)
     }
 
     /// A task timeout of a worker function: a timespan longer than zero.
@@ -897,6 +941,12 @@ impl V {
             }
             Some(_) => self.err(&format!("{p}/errorHandlers"), "must be an array of error handlers"),
         }
+        if *ty != "invokeFunction" && o.get("delivery").is_some_and(|d| !d.is_null()) {
+            self.err(
+                &format!("{p}/delivery"),
+                &format!("only invokeFunction actions have a delivery; this one is {ty:?}"),
+            );
+        }
         let kind = match *ty {
             "delay" => ActionKind::Delay {
                 ms: self.req_timespan(o, p, "timeout")?,
@@ -972,11 +1022,17 @@ impl V {
                         );
                     }
                 }
+                let kind = function.and_then(|i| self.kinds.get(&i).copied());
+                let delivery = match kind {
+                    Some(kind) => self.delivery(o, p, kind),
+                    None => None,
+                };
                 ActionKind::InvokeFunction {
                     function: function?,
                     args,
                     timeout_ms: self.opt_timespan(o, p, "timeout"),
                     wait,
+                    delivery,
                 }
             }
             "invokeSubflow" => {

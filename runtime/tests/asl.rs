@@ -917,3 +917,69 @@ fn an_asl_execution_waiting_for_its_task_moves_to_a_mapped_state_and_takes_the_r
         Instance::replay_versions(v2.clone(), "exec-m", &journal, Options::default(), &versions).expect("replays");
     assert!(sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), i.snapshot()).is_empty());
 }
+
+/// The error a host feeds for an `atMostOnce` call in flight at a crash: the kind, no ASL details.
+fn interrupted(op: &str) -> Input {
+    Input::Failed {
+        op: op.into(),
+        error: ErrorInfo::new(ErrorKind::StepInterrupted, "in flight when the host stopped"),
+    }
+}
+
+#[test]
+fn an_interrupted_task_is_the_error_step_interrupted_that_retry_and_catch_name() {
+    let m = machine(json!({
+        "StartAt": "Charge",
+        "States": {
+            "Charge": {"Type": "Task", "Resource": "arn:charge", "End": true,
+                "Retry": [{"ErrorEquals": ["stepInterrupted"], "IntervalSeconds": 1, "MaxAttempts": 1}],
+                "Catch": [{"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.err", "Next": "Check"}]},
+            "Check": {"Type": "Pass", "End": true}
+        }
+    }));
+    let mut i = Instance::new(m, "x", Options::default());
+    let out = i.handle(Timed {
+        at: 1_000,
+        input: Input::Start {
+            data: json!({}),
+            scheduled: None,
+        },
+    });
+    let op = |effects: &[Effect]| {
+        effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::InvokeFunction { op, .. } => Some(op.clone()),
+                _ => None,
+            })
+            .expect("a call")
+    };
+    let first = op(&out.effects);
+    // Retried once by the Retry that names it.
+    let out = i.handle(Timed {
+        at: 2_000,
+        input: interrupted(&first),
+    });
+    let timer = out
+        .effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::StartTimer { timer, due } => Some((timer.clone(), *due)),
+            _ => None,
+        })
+        .expect("a retry timer");
+    let out = i.handle(Timed {
+        at: timer.1,
+        input: Input::TimerFired { timer: timer.0 },
+    });
+    let second = op(&out.effects);
+    assert_ne!(first, second);
+    // Then caught (States.TaskFailed matches it, as every Task error but a timeout).
+    i.handle(Timed {
+        at: timer.1 + 1,
+        input: interrupted(&second),
+    });
+    assert_eq!(i.status(), Status::Completed);
+    assert_eq!(i.data()["err"]["Error"], json!("stepInterrupted"), "{}", i.data());
+    assert_eq!(i.data()["err"]["Cause"], json!("in flight when the host stopped"));
+}

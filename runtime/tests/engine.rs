@@ -63,6 +63,7 @@ fn invoke_function_emits_effect_with_deterministic_op_and_waits() {
             function_type: "rest".into(),
             arguments: json!({"amount": 5}),
             wait: true,
+            delivery: Default::default(),
         }]
     );
     // The same instance id gives the same effects: operation ids derive from positions, not randomness.
@@ -1036,4 +1037,203 @@ fn a_migration_cancels_or_arms_timeouts_as_the_new_version_says_and_refuses_what
         )
         .expect_err("another definition");
     assert_eq!(e.reason, "otherDefinition");
+}
+
+/// A payment whose provider has no idempotency key: `atMostOnce` on the function, overridden to
+/// `atLeastOnce` by one action; `stepInterrupted` retried once, then handled.
+fn payment() -> Value {
+    json!({
+        "id": "pay", "name": "pay", "version": "1",
+        "functions": [{"name": "charge", "operation": "http://x/api.json#charge", "delivery": "atMostOnce"}],
+        "retries": [{"name": "once", "delay": "PT1S", "maxAttempts": 1}],
+        "states": [
+            {"name": "Charge", "start": true,
+             "enterAction": {"type": "invokeFunction", "functionName": "charge", "waitForCompletion": true,
+                 "errorHandlers": [
+                     {"condition": "${ .type == \"stepInterrupted\" and (.details.op | endswith(\"#2\") | not) }", "retryPolicy": "once"},
+                     {"condition": "${ .type == \"stepInterrupted\" }", "resultHandler": "${ .interrupted = $value.details.op }"}]},
+             "transitions": [{"nextState": "Lookup"}]},
+            {"name": "Lookup",
+             "enterAction": {"type": "invokeFunction", "functionName": "charge", "waitForCompletion": true,
+                 "delivery": "atLeastOnce"}},
+        ]
+    })
+}
+
+#[test]
+fn an_interrupted_at_most_once_call_is_an_error_that_retry_policies_and_handlers_see() {
+    use sm4c_runtime::Delivery;
+    let m = machine(payment());
+    let (mut i, effects) = start(&m, "p-1", json!({}));
+    assert!(
+        matches!(&effects[..], [Effect::InvokeFunction { op, delivery: Delivery::AtMostOnce, .. }] if op == "1.enter"),
+        "{effects:?}"
+    );
+    let interrupted = |op: &str| Input::Failed {
+        op: op.into(),
+        error: sm4c_runtime::ErrorInfo::new(ErrorKind::StepInterrupted, "in flight at a crash")
+            .with_details(json!({"op": op})),
+    };
+    // The first interruption is retried by the policy, like any error: a new call, still atMostOnce.
+    let out = i.handle(Timed {
+        at: 2_000,
+        input: interrupted("1.enter"),
+    });
+    let Some(Effect::StartTimer { timer, due }) = out.effects.first().cloned() else {
+        panic!("{:?}", out.effects)
+    };
+    let out = i.handle(Timed {
+        at: due,
+        input: Input::TimerFired { timer },
+    });
+    assert!(
+        matches!(&out.effects[..], [Effect::InvokeFunction { op, delivery: Delivery::AtMostOnce, .. }] if op == "1.enter#2"),
+        "{:?}",
+        out.effects
+    );
+    // The second is handled by the next handler; the action's own override makes the next call
+    // atLeastOnce, which the effect then does not write.
+    let out = i.handle(Timed {
+        at: due + 1,
+        input: interrupted("1.enter#2"),
+    });
+    assert_eq!(i.data()["interrupted"], json!("1.enter#2"));
+    assert!(
+        matches!(
+            &out.effects[..],
+            [Effect::InvokeFunction {
+                delivery: Delivery::AtLeastOnce,
+                ..
+            }]
+        ),
+        "{:?}",
+        out.effects
+    );
+    assert!(!serde_json::to_string(&out.effects[0]).unwrap().contains("delivery"));
+    // Unhandled, it fails the instance with its kind.
+    let (mut j, _) = start(&m, "p-2", json!({}));
+    j.handle(Timed {
+        at: 2_000,
+        input: Input::Failed {
+            op: "1.enter".into(),
+            error: sm4c_runtime::ErrorInfo::new(ErrorKind::StepInterrupted, "x")
+                .with_details(json!({"op": "1.enter#2"})),
+        },
+    });
+    assert_eq!(j.status(), Status::Running);
+    let m2 = machine(json!({
+        "id": "p", "name": "p", "version": "1",
+        "functions": [{"name": "charge", "operation": "http://x/api.json#charge", "delivery": "atMostOnce"}],
+        "states": [{"name": "S", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "charge", "waitForCompletion": true}}]
+    }));
+    let (mut k, _) = start(&m2, "p-3", json!({}));
+    k.handle(Timed {
+        at: 2_000,
+        input: interrupted("1.enter"),
+    });
+    assert_eq!(k.status(), Status::Failed);
+    assert_eq!(k.error().unwrap().kind, ErrorKind::StepInterrupted);
+    assert_eq!(
+        serde_json::to_value(k.error().unwrap()).unwrap()["type"],
+        json!("stepInterrupted")
+    );
+}
+
+#[test]
+fn journals_without_at_most_once_are_written_as_before() {
+    // The saga's journal, entry by entry, as this version writes it: no `delivery` anywhere, and an
+    // effect of today's form (without the field) reads back as atLeastOnce.
+    let m = machine(saga());
+    let mut i = Instance::new(
+        m.clone(),
+        "o-1",
+        Options {
+            journal: true,
+            ..Options::default()
+        },
+    );
+    let out = i.handle(Timed {
+        at: 1_000,
+        input: Input::Start {
+            data: json!({"amount": 5, "id": "o-1"}),
+            scheduled: None,
+        },
+    });
+    let text = serde_json::to_string(&out.entries).unwrap();
+    assert!(!text.contains("delivery"), "{text}");
+    assert!(text.contains(
+        r#"{"entry":"effect","effect":"invokeFunction","op":"1.enter/0","function":"charge","operation":"http://x/api.json#charge","functionType":"rest","arguments":{"amount":5},"wait":true}"#
+    ), "{text}");
+    let old: Entry = serde_json::from_str(
+        r#"{"entry":"effect","effect":"invokeFunction","op":"1","function":"f","operation":"o","functionType":"rest","arguments":null,"wait":true}"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        old,
+        Entry::Effect(Effect::InvokeFunction {
+            delivery: sm4c_runtime::Delivery::AtLeastOnce,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn delivery_is_validated_with_its_pointer() {
+    let errors = |doc: Value| -> Vec<(String, String)> {
+        match load(&doc, &mut no_files, LoadOptions::default()) {
+            Ok(_) => Vec::new(),
+            Err(es) => es.into_iter().map(|e| (e.pointer, e.message)).collect(),
+        }
+    };
+    let doc = |function: Value, action: Value| {
+        json!({"id": "d", "name": "d", "version": "1", "functions": [function],
+               "states": [{"name": "S", "start": true, "enterAction": action}]})
+    };
+    let call = json!({"type": "invokeFunction", "functionName": "f", "waitForCompletion": true});
+    let e = errors(doc(
+        json!({"name": "f", "operation": "a#b", "delivery": "once"}),
+        call.clone(),
+    ));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].0, "/functions/0/delivery");
+    assert!(e[0].1.contains("\"once\" is not a delivery"), "{e:?}");
+    let e = errors(doc(
+        json!({"name": "f", "operation": "a#b", "delivery": true}),
+        call.clone(),
+    ));
+    assert_eq!(e[0].0, "/functions/0/delivery");
+    let e = errors(doc(
+        json!({"name": "f", "operation": ".", "type": "expression", "delivery": "atMostOnce"}),
+        call.clone(),
+    ));
+    assert_eq!(e[0].0, "/functions/0/delivery");
+    assert!(e[0].1.contains("is \"expression\""), "{e:?}");
+    let e = errors(doc(
+        json!({"name": "f", "operation": "jobs", "type": "worker", "delivery": "atMostOnce"}),
+        call.clone(),
+    ));
+    assert_eq!(e[0].0, "/functions/0/delivery");
+    assert!(e[0].1.contains("worker task"), "{e:?}");
+    let mut bad = call.clone();
+    bad["delivery"] = json!("atMostTwice");
+    let e = errors(doc(json!({"name": "f", "operation": "a#b"}), bad));
+    assert_eq!(e[0].0, "/states/0/enterAction/delivery");
+    let e = errors(doc(
+        json!({"name": "f", "operation": "a#b"}),
+        json!({"type": "delay", "timeout": "PT1S", "delivery": "atMostOnce"}),
+    ));
+    assert_eq!(e[0].0, "/states/0/enterAction/delivery");
+    assert!(e[0].1.contains("only invokeFunction actions"), "{e:?}");
+    // Both values are accepted where they apply; atLeastOnce anywhere a call is.
+    assert!(errors(doc(
+        json!({"name": "f", "operation": "a#b", "delivery": "atMostOnce"}),
+        call.clone()
+    ))
+    .is_empty());
+    assert!(errors(doc(
+        json!({"name": "f", "operation": "jobs", "type": "worker", "delivery": "atLeastOnce"}),
+        call
+    ))
+    .is_empty());
 }

@@ -544,6 +544,10 @@ impl Functions for Metered {
         self.inner.task_lists()
     }
 
+    fn at_most_once(&self) -> Option<Arc<sm4c_host::driver::AtMostOnceResources>> {
+        self.inner.at_most_once()
+    }
+
     fn check_definition(&self, m: &Machine) -> Vec<sm4c_runtime::ValidationError> {
         self.inner.check_definition(m)
     }

@@ -503,6 +503,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         rest: Some(rest),
         grpc: Some(grpc),
         asl_resources: calls.asl.resources,
+        asl_at_most_once: calls.asl.at_most_once,
         http: Some(http),
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -835,6 +836,7 @@ fn served_functions(
             rest: Some(Arc::new(sm4c_invoke::rest::RestInvoker::new(base, calls.rest))),
             grpc: Some(Arc::new(GrpcInvoker::new(base, calls.grpc))),
             asl_resources: calls.asl.resources,
+            asl_at_most_once: calls.asl.at_most_once,
             http: Some(http),
         }),
         metrics: metrics.clone(),

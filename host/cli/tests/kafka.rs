@@ -2293,6 +2293,117 @@ fn calls_and_subflows_survive_a_worker_crash_mid_call_with_the_same_idempotency_
     );
 }
 
+/// A service like [`reserve_api`] whose first answer to each key comes only after 30 s.
+fn slow_pay_api() -> ReserveApi {
+    use axum::http::HeaderMap;
+    use axum::routing::post;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let keys: Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let k2 = keys.clone();
+    let app = axum::Router::new().route(
+        "/charge",
+        post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
+            let keys = k2.clone();
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let first = {
+                    let mut k = keys.lock().expect("lock");
+                    k.push(key.clone());
+                    k.iter().filter(|x| **x == key).count() == 1
+                };
+                if first {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                axum::Json(json!({"charged": body}))
+            }
+        }),
+    );
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    rt.spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    ReserveApi { url, keys, _rt: rt }
+}
+
+#[test]
+fn an_at_most_once_call_in_flight_at_a_worker_sigkill_is_not_made_again_and_fails_with_step_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = slow_pay_api();
+    let defs = dir.path().join("defs");
+    std::fs::create_dir(&defs).expect("mkdir");
+    let openapi = json!({
+        "openapi": "3.0.1",
+        "info": {"title": "pay", "version": "1"},
+        "servers": [{"url": api.url}],
+        "paths": {"/charge": {"post": {
+            "operationId": "charge",
+            "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}},
+            "responses": {"200": {"description": "charged"}}
+        }}}
+    });
+    std::fs::write(defs.join("pay.openapi"), openapi.to_string()).expect("write");
+    for (id, delivery) in [("amo", "atMostOnce"), ("alo", "atLeastOnce")] {
+        let def = json!({"id": id, "name": id, "version": "1",
+            "functions": [{"name": "charge", "operation": "file://pay.openapi#charge", "delivery": delivery}],
+            "states": [{"name": "Charge", "start": true,
+                        "enterAction": {"type": "invokeFunction", "functionName": "charge", "waitForCompletion": true,
+                                        "arguments": {"amount": "${ .amount }"}},
+                        "enterResultHandler": "${ .charge = $value }",
+                        "transitions": [{"nextState": "Done"}]},
+                       {"name": "Done"}]});
+        std::fs::write(defs.join(format!("{id}.json")), def.to_string()).expect("write");
+    }
+    let broker = Broker::start(dir.path());
+    let mut args = worker_args(&broker, "amo", 2, &[]);
+    let i = args.iter().position(|a| a == "--definitions").expect("flag");
+    args[i + 1] = defs.display().to_string();
+    let mut w = Worker::start(dir.path(), "w", &args);
+    wait_owned(&[&w], 2);
+    start(&w, "amo", "once", json!({"amount": 12}));
+    start(&w, "alo", "again", json!({"amount": 12}));
+    // Both calls are in flight (the service answers first calls after 30 s): crash now.
+    wait_until(
+        "two calls in flight",
+        30,
+        || api.keys.lock().expect("lock").len() == 2,
+        &[&w],
+    );
+    w.kill9();
+    w.run();
+    wait_owned(&[&w], 2);
+    let ended = |id: &str| {
+        matches!(
+            w.get(&format!("/instances/{id}"))["status"].as_str(),
+            Some("failed" | "completed")
+        )
+    };
+    wait_until("both instances to end", 60, || ended("once") && ended("again"), &[&w]);
+    let once = w.get("/instances/once");
+    assert_eq!(once["status"], "failed", "{once}");
+    assert_eq!(once["error"]["type"], "stepInterrupted", "{once}");
+    let again = w.get("/instances/again");
+    assert_eq!(again["status"], "completed", "{again}");
+    assert_eq!(again["data"]["charge"], json!({"charged": {"amount": 12}}), "{again}");
+    let keys = api.keys.lock().expect("lock").clone();
+    let count = |id: &str| keys.iter().filter(|k| k.starts_with(&format!("{id}/"))).count();
+    // At most once: one request; at least once: made again after the crash.
+    assert_eq!(count("once"), 1, "{keys:?}");
+    assert_eq!(count("again"), 2, "{keys:?}");
+    // The interruption is an input of the instance's journal.
+    let (inputs, history) = history_inputs(&w, "once");
+    assert!(inputs.iter().any(|i| i == "failed"), "{inputs:?}");
+    assert!(history.to_string().contains("stepInterrupted"), "{history}");
+}
+
 #[test]
 fn grpc_calls_survive_a_worker_crash_mid_call_with_the_same_idempotency_key() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -28,6 +28,9 @@ pub struct FunctionCall {
     /// The W3C `traceparent` of the step that made the call, when steps are traced: invokers send
     /// it on (an HTTP header, gRPC metadata).
     pub traceparent: Option<String>,
+    /// `atMostOnce`: the call's start is committed before it is made, and a call in flight when
+    /// the host stopped is not made again ([`crate::driver::interrupted`]).
+    pub delivery: sm4c_runtime::Delivery,
 }
 
 impl FunctionCall {
@@ -41,6 +44,7 @@ impl FunctionCall {
                 function_type,
                 arguments,
                 wait,
+                delivery,
             } => Some((
                 FunctionCall {
                     instance: instance.to_string(),
@@ -50,6 +54,7 @@ impl FunctionCall {
                     function_type: function_type.clone(),
                     arguments: arguments.clone(),
                     traceparent: None,
+                    delivery: *delivery,
                 },
                 *wait,
             )),
@@ -100,6 +105,12 @@ pub trait Functions: Send + Sync + 'static {
     /// list): hosts with task lists put those Tasks on them instead of calling
     /// [`Functions::invoke`] ([`crate::driver::Driver::task_lists`]).
     fn task_lists(&self) -> Option<Arc<crate::driver::TaskListBindings>> {
+        None
+    }
+
+    /// ASL Task Resources whose calls the host configuration makes `atMostOnce`
+    /// ([`crate::driver::Driver::at_most_once`]); SM4C definitions say it themselves.
+    fn at_most_once(&self) -> Option<Arc<crate::driver::AtMostOnceResources>> {
         None
     }
 

@@ -157,6 +157,8 @@ impl InMemoryHost {
                 limits: config.limits,
                 // Its functions do the work of worker tasks too: nothing is bound to task lists.
                 task_lists: None,
+                // No crash to recover from: a call is made once either way.
+                at_most_once: None,
             },
             config,
             tx: tx.downgrade(),

@@ -79,6 +79,7 @@ impl Task {
             function_type: "worker".into(),
             arguments: self.arguments.clone(),
             traceparent: None,
+            delivery: Default::default(),
         }
     }
 

@@ -185,6 +185,7 @@ impl DurableHost {
         let (tx, rx) = mpsc::unbounded_channel();
         let (failed, failure) = tokio::sync::watch::channel(None);
         let task_lists = host.task_lists();
+        let at_most_once = host.at_most_once();
         let mut lp = Loop {
             store: store.clone(),
             host,
@@ -194,6 +195,7 @@ impl DurableHost {
                     ..driver::Limits::default()
                 },
                 task_lists,
+                at_most_once,
                 ..Driver::durable()
             },
             failed,
@@ -745,7 +747,8 @@ impl Loop {
     }
 
     /// The work an open call or subflow start of a crashed server still needs: the call is made
-    /// again with the same operation id, the subflow started if it was not, and a worker task
+    /// again with the same operation id (an `atMostOnce` call is failed with `stepInterrupted`
+    /// instead, [`driver::interrupted`]), the subflow started if it was not, and a worker task
     /// queued again with the same token, unless a worker had taken it (that worker still has its
     /// token, and the task's start-to-close and heartbeat timeouts cover a worker that is gone).
     fn recovered(&mut self, id: &str, effect: Effect) -> Result<Option<Work>, HostError> {
@@ -757,6 +760,12 @@ impl Loop {
         };
         let depth = self.depth(stored.parent.as_ref());
         let work = self.driver.work(id, &m, depth, effect);
+        // An atMostOnce call may have reached its function: it fails instead (journaled, so a
+        // replay sees the same), and the instance's handlers and retries take it from there.
+        if let Some(input) = driver::interrupted(&work) {
+            self.queue.push((id.to_string(), input));
+            return Ok(None);
+        }
         if let Work::Task { task, .. } = &work {
             let inst = self.driver.restore(m, stored.snapshot);
             if inst.task_started(&task.op) != Some(false) {

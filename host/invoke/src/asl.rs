@@ -9,6 +9,8 @@
 //! only to the URL prefixes that connection lists (`endpoints`): a Task whose `ApiEndpoint` is
 //! outside them fails with `States.Runtime` before any request is made. Redirects are followed only
 //! within one origin, answers are capped, and private addresses refused as [`crate::net`] says.
+//! A Resource's table may also say `delivery = "atMostOnce"` (alone, for the HTTP Task): ASL has
+//! no field for it ([`AslConfig::at_most_once`]).
 
 use crate::net::{read_capped, under, NetPolicy};
 use crate::rest::encode;
@@ -38,6 +40,9 @@ pub enum AslTarget {
 pub struct AslConfig {
     /// What each bound Resource calls.
     pub resources: BTreeMap<String, AslTarget>,
+    /// The Resources whose Tasks' calls are `atMostOnce` (`delivery = "atMostOnce"`): a call in
+    /// flight when the host stopped fails with `stepInterrupted` instead of being made again.
+    pub at_most_once: std::collections::BTreeSet<String>,
     /// Each connection, by the `ConnectionArn` as definitions write it.
     pub connections: BTreeMap<String, Connection>,
     /// What HTTP Tasks may reach and read.
@@ -142,6 +147,23 @@ pub fn bound_call(call: &FunctionCall, function_type: &str, operation: &str) -> 
         function_type: function_type.to_string(),
         arguments: call.arguments.clone(),
         traceparent: call.traceparent.clone(),
+        delivery: call.delivery,
+    }
+}
+
+/// Checks the `delivery` of one `[asl.resources."RESOURCE"]` entry bound to `target` (none: the
+/// entry gives only a delivery, for a Resource sm4c performs itself, such as the HTTP Task):
+/// `atLeastOnce` or `atMostOnce`, the latter not for a worker task list. `Ok(true)`: atMostOnce.
+pub fn check_delivery(delivery: &str, target: Option<&AslTarget>) -> Result<bool, String> {
+    match sm4c_runtime::Delivery::parse(delivery) {
+        None => Err(format!(
+            "delivery = {delivery:?} is not a delivery: use \"atLeastOnce\" or \"atMostOnce\""
+        )),
+        Some(sm4c_runtime::Delivery::AtMostOnce) if matches!(target, Some(AslTarget::Worker(_))) => Err(
+            "delivery = \"atMostOnce\" applies to calls sm4c makes (rest, grpc, the HTTP Task); a worker task is taken once by a worker and bound by its own timeouts"
+                .into(),
+        ),
+        Some(d) => Ok(d == sm4c_runtime::Delivery::AtMostOnce),
     }
 }
 
@@ -434,6 +456,7 @@ mod tests {
             function_type: "asl".into(),
             arguments,
             traceparent: None,
+            delivery: Default::default(),
         }
     }
 

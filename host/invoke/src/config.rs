@@ -224,6 +224,7 @@ struct RawResource {
     rest: Option<Spanned<String>>,
     grpc: Option<Spanned<String>>,
     worker: Option<Spanned<String>>,
+    delivery: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -599,7 +600,7 @@ impl CallConfig {
         }
         if let Some(asl) = &raw.asl {
             for (resource, r) in &asl.resources {
-                let at = [&r.rest, &r.grpc, &r.worker]
+                let at = [&r.rest, &r.grpc, &r.worker, &r.delivery]
                     .into_iter()
                     .flatten()
                     .map(|v| v.span().start)
@@ -608,11 +609,31 @@ impl CallConfig {
                 fn text(v: &Option<Spanned<String>>) -> Option<&str> {
                     v.as_ref().map(|v| v.get_ref().as_str())
                 }
-                match crate::asl::check_target(resource, text(&r.rest), text(&r.grpc), text(&r.worker)) {
-                    Ok(t) => {
-                        c.asl.resources.insert(resource.clone(), t);
+                let target = match (text(&r.rest), text(&r.grpc), text(&r.worker), text(&r.delivery)) {
+                    // Only a delivery: the Resource is performed as it would be without the table.
+                    (None, None, None, Some(_)) => None,
+                    (rest, grpc, worker, _) => match crate::asl::check_target(resource, rest, grpc, worker) {
+                        Ok(t) => Some(t),
+                        Err(m) => {
+                            fail(at, key(&["asl", "resources", resource]), m);
+                            continue;
+                        }
+                    },
+                };
+                if let Some(d) = &r.delivery {
+                    match crate::asl::check_delivery(d.get_ref(), target.as_ref()) {
+                        Ok(true) => {
+                            c.asl.at_most_once.insert(resource.clone());
+                        }
+                        Ok(false) => {}
+                        Err(m) => {
+                            fail(d.span().start, key(&["asl", "resources", resource]), m);
+                            continue;
+                        }
                     }
-                    Err(m) => fail(at, key(&["asl", "resources", resource]), m),
+                }
+                if let Some(t) = target {
+                    c.asl.resources.insert(resource.clone(), t);
                 }
             }
             for (arn, conn) in &asl.connections {
@@ -1054,6 +1075,29 @@ mod tests {
         assert!(!errs.iter().any(|e| e.contains("s3cret")), "{errs:?}");
         let errs = load("[asl.resources.a]\nlambda = \"x\"\n").unwrap_err();
         assert!(errs[0].starts_with("line 2: unknown field `lambda`"), "{errs:?}");
+    }
+
+    #[test]
+    fn asl_resources_say_their_delivery_alone_or_beside_their_target() {
+        let c = load(
+            "[asl.resources.\"arn:aws:states:::http:invoke\"]\ndelivery = \"atMostOnce\"\n[asl.resources.a]\nrest = \"d#o\"\ndelivery = \"atMostOnce\"\n[asl.resources.b]\nrest = \"d#o\"\ndelivery = \"atLeastOnce\"\n",
+        )
+        .unwrap();
+        // The HTTP Task stays sm4c's own (no binding), and is atMostOnce.
+        assert!(!c.asl.resources.contains_key("arn:aws:states:::http:invoke"));
+        assert_eq!(
+            c.asl.at_most_once.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["a", "arn:aws:states:::http:invoke"]
+        );
+        assert_eq!(c.asl.resources["a"], crate::asl::AslTarget::Rest("d#o".into()));
+        assert_eq!(c.asl.resources["b"], crate::asl::AslTarget::Rest("d#o".into()));
+        let errs = load("[asl.resources.a]\nrest = \"d#o\"\ndelivery = 1\n").unwrap_err();
+        assert!(errs[0].starts_with("line 3:"), "{errs:?}");
+        let errs = load("[asl.resources.w]\nworker = \"jobs\"\ndelivery = \"atMostOnce\"\n").unwrap_err();
+        assert!(
+            errs[0].starts_with("line 3: asl.resources.w: delivery = \"atMostOnce\" applies to calls sm4c makes"),
+            "{errs:?}"
+        );
     }
 
     #[test]

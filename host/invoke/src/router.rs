@@ -25,6 +25,8 @@ pub struct CallRouter {
     pub grpc: Option<Arc<crate::grpc::GrpcInvoker>>,
     /// What ASL Task Resources without a mock call (`[asl.resources]` of the configuration).
     pub asl_resources: BTreeMap<String, AslTarget>,
+    /// ASL Task Resources whose calls are `atMostOnce` (`[asl.resources]` `delivery`).
+    pub asl_at_most_once: std::collections::BTreeSet<String>,
     /// HTTP Tasks (`arn:aws:states:::http:invoke`) without a mock.
     pub http: Option<Arc<HttpTask>>,
 }
@@ -180,5 +182,16 @@ impl Functions for CallRouter {
             })
             .collect();
         (!bound.is_empty()).then(|| Arc::new(bound))
+    }
+
+    /// Resources configured `atMostOnce`, except those a mock answers (a mock makes no call).
+    fn at_most_once(&self) -> Option<Arc<sm4c_host::driver::AtMostOnceResources>> {
+        let set: sm4c_host::driver::AtMostOnceResources = self
+            .asl_at_most_once
+            .iter()
+            .filter(|r| !self.mocks.contains_key(*r))
+            .cloned()
+            .collect();
+        (!set.is_empty()).then(|| Arc::new(set))
     }
 }

@@ -581,6 +581,7 @@ impl KafkaHost {
                 ..sm4c_host::driver::Limits::default()
             },
             task_lists: host.task_lists(),
+            at_most_once: host.at_most_once(),
             ..sm4c_host::driver::Driver::durable()
         };
         let static_name = config.static_name();

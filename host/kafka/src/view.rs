@@ -839,6 +839,7 @@ pub(crate) mod tests {
             function_type: "worker".into(),
             arguments: serde_json::Value::Null,
             wait: true,
+            delivery: Default::default(),
         };
         (op.into(), effect)
     }

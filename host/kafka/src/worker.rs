@@ -1463,7 +1463,8 @@ impl Worker {
     }
 
     /// Takes in the restores that have ended: the partition is owned from now on, read on from its
-    /// committed offset, and its calls in flight are made again. A failed restore is tried again
+    /// committed offset, and its calls in flight are made again (an `atMostOnce` one fails with
+    /// `stepInterrupted` instead, [`sm4c_host::driver::interrupted`]). A failed restore is tried again
     /// [`RESTORE_RETRY`] later, the partition paused meanwhile.
     fn finish_restores(&mut self) {
         let commands = self.shared.topics.commands.clone();
@@ -1504,7 +1505,18 @@ impl Worker {
                         self.pause(&commands, p);
                     }
                     for (id, work) in calls {
-                        self.perform(&mut t, &id, work);
+                        // An atMostOnce call may have reached its function: it fails instead, by
+                        // a result command like any call's (kept and proposed again until taken).
+                        match sm4c_host::driver::interrupted(&work) {
+                            Some(sm4c_runtime::Input::Failed { op, error }) => {
+                                let c = t.answered(&id, &op, Outcome::Err(error), now_ms());
+                                let p = partition_of(&id, self.shared.partitions);
+                                if let Err(e) = produce(&self.shared.plain, &command(&self.shared, p, Some(&id), &c)) {
+                                    tracing::warn!(error = %e, "cannot hand back an interrupted call; proposed again");
+                                }
+                            }
+                            _ => self.perform(&mut t, &id, work),
+                        }
                     }
                     let known = std::mem::take(&mut t.known);
                     if let Some((store, from)) = &t.journal {

@@ -808,6 +808,7 @@ fn prepare(cx: &mut Cx, run: &mut Run, st: &State) -> Result<(), AslError> {
                         function_type: function_type.into(),
                         arguments: eff.clone(),
                         wait: true,
+                        delivery: Default::default(),
                     });
                 }
             }

@@ -179,6 +179,11 @@ impl AslError {
                 error: Some(names::TIMEOUT.into()),
                 cause,
             },
+            // One name on both sides: `Retry`/`Catch` name it as SM4C error handlers do.
+            ErrorKind::StepInterrupted => AslError {
+                error: Some(e.kind.as_str().into()),
+                cause,
+            },
             ErrorKind::Other(name) if !name.is_empty() => AslError {
                 error: Some(name.clone()),
                 cause,

@@ -207,12 +207,14 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
             args,
             timeout_ms,
             wait,
+            delivery,
         } => {
             let args = match args.resolve(input) {
                 Ok(a) => a,
                 Err(e) => return Step::Fail(expr_err(e)),
             };
             let f = &m.functions[*function];
+            let delivery = delivery.unwrap_or(f.delivery);
             match &f.kind {
                 FunctionKind::Worker(t) if *wait => {
                     let op = op_of();
@@ -223,6 +225,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                         function_type: f.kind.as_str().into(),
                         arguments: from_val(&args),
                         wait: true,
+                        delivery,
                     });
                     let timer = action_timer(cx, &op, *timeout_ms);
                     pending(task::scheduled(cx, op, t, timer))
@@ -247,6 +250,7 @@ fn start_raw(cx: &mut Cx, id: ActionId, input: &Val, path: &str, attempt: u32) -
                         function_type: kind.as_str().into(),
                         arguments: from_val(&args),
                         wait: *wait,
+                        delivery,
                     });
                     match waiting(cx, op, *timeout_ms, *wait) {
                         Some(node) => pending(node),

@@ -79,6 +79,7 @@ fn scheduling_starts_the_schedule_timers_and_taking_the_task_the_others() {
                 function_type: "worker".into(),
                 arguments: json!({"n": 7}),
                 wait: true,
+                delivery: Default::default(),
             },
             start_timer("1.enter:scheduleToStart", 10_000),
             start_timer("1.enter:scheduleToClose", 120_000),

@@ -161,6 +161,11 @@ pub enum Effect {
         arguments: Value,
         /// True when the instance waits for the result (deliver `Completed`/`Failed` with `op`).
         wait: bool,
+        /// `atMostOnce`: a host commits this effect before it makes the call, and after a crash
+        /// fails the call with [`ErrorKind::StepInterrupted`] instead of making it again. The
+        /// default, `atLeastOnce`, is not written, so journals without it read as they always did.
+        #[serde(default, skip_serializing_if = "crate::model::Delivery::is_at_least_once")]
+        delivery: crate::model::Delivery,
     },
     /// Start a child instance of definition `definition`.
     #[serde(rename_all = "camelCase")]
@@ -280,12 +285,14 @@ pub enum ErrorKind {
     InternalError,
     /// The host could not do what the instance asked.
     HostError,
+    /// An `atMostOnce` call was in flight when the host stopped: it is not made again.
+    StepInterrupted,
     /// Any other kind, as written.
     Other(String),
 }
 
 impl ErrorKind {
-    const NAMED: [(ErrorKind, &'static str); 13] = [
+    const NAMED: [(ErrorKind, &'static str); 14] = [
         (ErrorKind::FunctionError, "functionError"),
         (ErrorKind::ExpressionError, "expressionError"),
         (ErrorKind::SubflowError, "subflowError"),
@@ -299,6 +306,7 @@ impl ErrorKind {
         (ErrorKind::CorruptRecord, "corruptRecord"),
         (ErrorKind::InternalError, "internalError"),
         (ErrorKind::HostError, "hostError"),
+        (ErrorKind::StepInterrupted, "stepInterrupted"),
     ];
 
     /// The kind as instances see it.

@@ -247,6 +247,33 @@ fn propagate(work: &mut [Work], traceparent: &str) {
     }
 }
 
+/// After a crash, what an open call of an instance comes to: `None` for a call that is made again
+/// (`atLeastOnce`, and any other work), or, for an `atMostOnce` call ([`FunctionCall::delivery`]),
+/// the input that fails it with [`ErrorKind::StepInterrupted`] instead. Its start was committed
+/// before it was made, so it may have reached the function: it is never made again. The host
+/// journals the input like any other, so a replay sees the same failure, and the action's error
+/// handlers and retry policies see it like any other error (a retry is a new call).
+pub fn interrupted(work: &Work) -> Option<Input> {
+    let Work::Call { call, .. } = work else {
+        return None;
+    };
+    if call.delivery != sm4c_runtime::Delivery::AtMostOnce {
+        return None;
+    }
+    let error = ErrorInfo::new(
+        ErrorKind::StepInterrupted,
+        format!(
+            "the call of function {:?} (operation {}) was in flight when the host stopped; its delivery is atMostOnce, so it is not made again",
+            call.function, call.op
+        ),
+    )
+    .with_details(json!({"function": call.function, "op": call.op, "delivery": "atMostOnce"}));
+    Some(Input::Failed {
+        op: call.op.clone(),
+        error,
+    })
+}
+
 /// Whether an effect asks for a worker task (a call of a `worker` function).
 pub fn is_task(effect: &Effect) -> bool {
     matches!(effect, Effect::InvokeFunction { function_type, .. } if function_type == "worker")
@@ -376,7 +403,13 @@ pub struct Driver {
     /// ASL Task Resources the host configuration binds to worker task lists (Resource → task
     /// list; [`crate::Functions::task_lists`]): their Tasks become worker tasks on that list.
     pub task_lists: Option<Arc<TaskListBindings>>,
+    /// ASL Task Resources host configuration makes `atMostOnce` ([`crate::Functions::at_most_once`]):
+    /// ASL has no field for it, so their calls get it here.
+    pub at_most_once: Option<Arc<AtMostOnceResources>>,
 }
+
+/// ASL Task Resources whose calls are `atMostOnce`, from host configuration.
+pub type AtMostOnceResources = std::collections::BTreeSet<String>;
 
 /// ASL Task Resources bound to worker task lists, from host configuration.
 pub type TaskListBindings = std::collections::BTreeMap<String, String>;
@@ -398,6 +431,7 @@ impl Driver {
             },
             limits: Limits::default(),
             task_lists: None,
+            at_most_once: None,
         }
     }
 
@@ -626,25 +660,45 @@ impl Driver {
     /// ([`Driver::task_lists`]) becomes a worker task on that list; every other effect is left as
     /// it is. Bound before the call is kept open, so the worker's answer finds a task.
     pub fn bind(&self, machine: &Machine, effect: Effect) -> Effect {
-        let (Some(bindings), Some(_)) = (&self.task_lists, &machine.asl) else {
+        if machine.asl.is_none() || (self.task_lists.is_none() && self.at_most_once.is_none()) {
             return effect;
-        };
+        }
         match effect {
             Effect::InvokeFunction {
                 op,
                 function,
-                operation: _,
+                operation,
                 function_type,
                 arguments,
                 wait,
-            } if matches!(function_type.as_str(), "asl" | "worker") && bindings.contains_key(&function) => {
-                Effect::InvokeFunction {
-                    op,
-                    operation: bindings[&function].clone(),
-                    function,
-                    function_type: "worker".into(),
-                    arguments,
-                    wait,
+                delivery,
+            } if matches!(function_type.as_str(), "asl" | "worker") => {
+                let bound = self.task_lists.as_ref().and_then(|b| b.get(&function));
+                let delivery = match &self.at_most_once {
+                    Some(r) if function_type == "asl" && bound.is_none() && r.contains(&function) => {
+                        sm4c_runtime::Delivery::AtMostOnce
+                    }
+                    _ => delivery,
+                };
+                match bound {
+                    Some(list) => Effect::InvokeFunction {
+                        op,
+                        operation: list.clone(),
+                        function,
+                        function_type: "worker".into(),
+                        arguments,
+                        wait,
+                        delivery,
+                    },
+                    None => Effect::InvokeFunction {
+                        op,
+                        function,
+                        operation,
+                        function_type,
+                        arguments,
+                        wait,
+                        delivery,
+                    },
                 }
             }
             other => other,
@@ -662,6 +716,7 @@ impl Driver {
                 function_type,
                 arguments,
                 wait,
+                delivery,
             } => {
                 let call = FunctionCall {
                     instance: id.to_string(),
@@ -671,6 +726,7 @@ impl Driver {
                     function_type,
                     arguments,
                     traceparent: None,
+                    delivery,
                 };
                 if call.function_type == "worker" {
                     Work::Task {

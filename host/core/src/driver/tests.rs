@@ -630,3 +630,33 @@ fn a_function_result_nested_deeper_than_the_limit_fails_the_call_and_enters_noth
         .expect("the instance waits");
     assert!(matches!(input, Input::Completed { .. }), "{input:?}");
 }
+
+#[test]
+fn an_open_at_most_once_call_is_failed_after_a_crash_and_any_other_is_made_again() {
+    let d = Driver::durable();
+    let amo = machine(json!({"id": "amo", "name": "amo", "version": "1",
+        "functions": [{"name": "f", "operation": "a#b", "delivery": "atMostOnce"}],
+        "states": [{"name": "A", "start": true,
+            "enterAction": {"type": "invokeFunction", "functionName": "f", "waitForCompletion": true}}]}));
+    let mut h = d.create(amo.clone(), "i");
+    let step = start(&d, &mut h, json!({}));
+    // What a host finds open after a crash, turned into work as on recovery.
+    let work = d.work("i", &amo, 0, h.open[0].clone());
+    assert!(matches!(&step.work[..], [Work::Call { call, .. }] if call.delivery == sm4c_runtime::Delivery::AtMostOnce));
+    let Some(Input::Failed { op, error }) = interrupted(&work) else {
+        panic!("{work:?}")
+    };
+    assert_eq!(op, "1.enter");
+    assert_eq!(error.kind, ErrorKind::StepInterrupted);
+    // Journaled and stepped like any failure: the call is closed and the instance fails with it.
+    let step = d.step(&mut h, at(T0 + 1, Input::Failed { op, error }));
+    assert!(step.finished && h.open.is_empty());
+    assert_eq!(h.inst.error().map(|e| e.kind.clone()), Some(ErrorKind::StepInterrupted));
+    // atLeastOnce calls and worker tasks are made again as before.
+    let mut h = d.create(caller("rest", true), "j");
+    start(&d, &mut h, json!({"n": 1}));
+    assert!(interrupted(&d.work("j", &caller("rest", true), 0, h.open[0].clone())).is_none());
+    let mut h = d.create(caller("worker", true), "k");
+    start(&d, &mut h, json!({"n": 1}));
+    assert!(interrupted(&d.work("k", &caller("worker", true), 0, h.open[0].clone())).is_none());
+}

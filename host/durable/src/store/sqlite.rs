@@ -19,6 +19,12 @@ use std::sync::Mutex;
 const FORMAT: &str = "sm4c-store-2";
 /// The format this version upgrades on open.
 const FORMAT_1: &str = "sm4c-store-1";
+/// `sm4c-store-3` is `sm4c-store-2` whose journal or open calls may hold an `atMostOnce` call
+/// (an `invokeFunction` effect with `"delivery": "atMostOnce"`). A version that reads only format 2
+/// would take that call for one to make again after a crash, so a file is stamped format 3 in the
+/// commit that first stores such a call, and such versions refuse it. A file that never holds one
+/// stays format 2, byte for byte as before.
+const FORMAT_3: &str = "sm4c-store-3";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sm4c_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,6 +64,8 @@ CREATE TABLE IF NOT EXISTS schedules (
 /// Instance state, journals and timers in one SQLite file (WAL mode).
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    /// The file is stamped [`FORMAT_3`].
+    format_3: std::sync::atomic::AtomicBool,
 }
 
 impl SqliteStore {
@@ -89,6 +97,7 @@ impl SqliteStore {
             .map_err(not_ours)?;
         // Whether the file is new or of format 1, to be written as this version's format.
         let mut stamp = tables.is_empty();
+        let mut format_3 = false;
         if !tables.is_empty() {
             let format: Option<String> = if tables.iter().any(|t| t == "sm4c_meta") {
                 conn.query_row("SELECT value FROM sm4c_meta WHERE key = 'format'", [], |r| r.get(0))
@@ -99,10 +108,11 @@ impl SqliteStore {
             };
             match format.as_deref() {
                 Some(FORMAT) => {}
+                Some(FORMAT_3) => format_3 = true,
                 Some(FORMAT_1) => stamp = true,
                 Some(other) => {
                     return Err(StoreError::Foreign(format!(
-                        "{name} is an sm4c store of format {other:?}; this version reads {FORMAT:?}"
+                        "{name} is an sm4c store of format {other:?}; this version reads {FORMAT:?} and {FORMAT_3:?}"
                     )))
                 }
                 None => {
@@ -157,12 +167,26 @@ impl SqliteStore {
             ))
             .map_err(damaged)?;
         }
-        Ok(SqliteStore { conn: Mutex::new(conn) })
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+            format_3: format_3.into(),
+        })
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Whether an open call is `atMostOnce` (what makes a file [`FORMAT_3`]).
+fn at_most_once(effect: &Effect) -> bool {
+    matches!(
+        effect,
+        Effect::InvokeFunction {
+            delivery: sm4c_runtime::Delivery::AtMostOnce,
+            ..
+        }
+    )
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
@@ -389,7 +413,19 @@ impl Store for SqliteStore {
                 };
             }
         }
+        let stamp_3 = !self.format_3.load(std::sync::atomic::Ordering::Relaxed)
+            && batch.instances.iter().flat_map(|w| &w.calls).any(at_most_once);
+        if stamp_3 {
+            tx.execute(
+                "INSERT INTO sm4c_meta (key, value) VALUES ('format', ?1)
+                   ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [FORMAT_3],
+            )?;
+        }
         tx.commit()?;
+        if stamp_3 {
+            self.format_3.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -875,14 +911,14 @@ mod tests {
         let path = dir.path().join("new.db");
         drop(SqliteStore::open(&path).expect("open"));
         Connection::open(&path)
-            .and_then(|c| c.execute("UPDATE sm4c_meta SET value = 'sm4c-store-3' WHERE key = 'format'", []))
+            .and_then(|c| c.execute("UPDATE sm4c_meta SET value = 'sm4c-store-4' WHERE key = 'format'", []))
             .expect("stamp a later format");
         let err = SqliteStore::open(&path).err().expect("refused").to_string();
-        assert!(err.contains("\"sm4c-store-3\"") && err.contains(FORMAT), "{err}");
+        assert!(err.contains("\"sm4c-store-4\"") && err.contains(FORMAT), "{err}");
         let format: String = Connection::open(&path)
             .and_then(|c| c.query_row("SELECT value FROM sm4c_meta WHERE key = 'format'", [], |r| r.get(0)))
             .expect("format");
-        assert_eq!(format, "sm4c-store-3");
+        assert_eq!(format, "sm4c-store-4");
     }
 
     #[test]
