@@ -20,7 +20,7 @@ pub struct BatchArgs {
 #[derive(clap::Args)]
 struct Target {
     /// The instances to act on: KEY=VALUE pairs, comma-separated or repeated; keys: definition,
-    /// version, status, state, startedAfter, startedBefore (RFC 3339). `--where` alone is every
+    /// version, status, state, startedAfter, startedBefore (RFC 3339). `--where all` is every
     /// instance.
     #[arg(long = "where", value_name = "KEY=VALUE,...", required = true)]
     filter: Vec<String>,
@@ -251,7 +251,7 @@ fn filter(pairs: &[String], jq: Option<&str>) -> Result<Map<String, Value>, Fail
         .iter()
         .flat_map(|p| p.split(','))
         .map(str::trim)
-        .filter(|p| !p.is_empty())
+        .filter(|p| !p.is_empty() && *p != "all")
     {
         let (k, v) = pair
             .split_once('=')
