@@ -12,9 +12,10 @@
 //!
 //! No instance gets the operation twice: a group is marked started before it is applied, and an
 //! instance of a started group whose outcome is not recorded when the server stops is checked
-//! before the operation is applied again ([`Operation`] says how each is checked): a cancel, a redrive or a migration whose effect is
-//! already there is recorded as done without being applied again, and a sent event is looked for
-//! in the instance's journal by its id (the batch id and the instance id), so it is not sent twice.
+//! before the operation is applied again ([`Operation`] says how each is checked): a cancel, a
+//! redrive or a migration whose effect is already there is recorded as done without being applied
+//! again, and a sent event is looked for in the instance's journal by its id (the batch id and the
+//! instance id), so it is not sent twice.
 
 use crate::service::{Backend, HostError, Summary};
 use serde_json::{json, Map, Value};
@@ -818,8 +819,9 @@ pub fn event_id(batch: &str, instance: &str) -> String {
 }
 
 /// Applies `op` to `instance`; with `check` (its group was started before a restart, and its
-/// outcome not recorded), first looks whether it was applied already. An error of the store (or a stopped host) is `Err`: the batch stops there and resumes
-/// at the next start; every other error is the instance's failed outcome.
+/// outcome not recorded), first looks whether it was applied already. An error of the store (or a
+/// stopped host) is `Err`: the batch stops there and resumes at the next start; every other error
+/// is the instance's failed outcome.
 async fn apply(
     b: &dyn Backend,
     batch: &str,
