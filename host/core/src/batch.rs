@@ -28,6 +28,8 @@ use std::time::Duration;
 pub const GROUP: usize = 64;
 /// How many instances a matching page lists.
 const PAGE: usize = 500;
+/// How many instances matching lists a second, per instance a second the batch applies to.
+const LISTING: f64 = 4.0;
 /// The most instances a dry run lists (it counts them all).
 pub const DRY_RUN_LIST: usize = 1000;
 /// The most failed instances `GET /batches/{id}` lists (it counts them all).
@@ -724,19 +726,26 @@ impl Batches {
         };
         let mut phase = b.phase;
         let mut cursor = b.cursor;
+        let rate = spec.rate.map_or(self.rate, |r| r.min(self.rate)).max(1);
+        // Matching is paced too, at LISTING times the rate in instances listed: without it, listing
+        // 100,000 instances flat out is a burst of store reads and writes that live requests wait
+        // behind (bench/batch), and it is short next to applying at the rate anyway.
+        let begun = tokio::time::Instant::now();
+        let mut listed: u64 = 0;
         while phase == Phase::Matching {
-            if stop.load(SeqCst) {
+            let due = begun + Duration::from_secs_f64(listed as f64 / (f64::from(rate) * LISTING));
+            if !pace(due, stop).await {
                 return Ok(());
             }
             let (page, next, last) = self.match_page(&spec.filter, cursor, b.created).await?;
             let ids: Vec<String> = page.into_iter().map(|s| s.id).collect();
             self.store.add_matched(id, &ids, next, last)?;
+            listed += PAGE as u64;
             cursor = next;
             if last {
                 phase = Phase::Applying;
             }
         }
-        let rate = spec.rate.map_or(self.rate, |r| r.min(self.rate)).max(1);
         let begun = tokio::time::Instant::now();
         let mut applied: u64 = 0;
         loop {
