@@ -216,6 +216,8 @@ pub fn needs(method: &Method, path: &str) -> Option<Role> {
         (&Method::GET | &Method::HEAD, p) if crate::ui::is_asset(p) => None,
         (&Method::GET | &Method::HEAD, _) => Some(Role::Read),
         (&Method::POST, "/definitions") => Some(Role::Admin),
+        // A batch acts on many instances at once (a dry run too is a POST /batches).
+        (&Method::POST, p) if p == "/batches" || p.starts_with("/batches/") => Some(Role::Admin),
         // Which version takes traffic is the same decision as registering one.
         (&Method::PUT | &Method::DELETE, p) if p.starts_with("/definitions/") && p.ends_with("/default-version") => {
             Some(Role::Admin)
@@ -472,6 +474,9 @@ mod tests {
         );
         assert_eq!(needs(&Method::POST, "/tasks/t/complete"), Some(Role::Operate));
         assert_eq!(needs(&Method::POST, "/definitions"), Some(Role::Admin));
+        assert_eq!(needs(&Method::POST, "/batches"), Some(Role::Admin));
+        assert_eq!(needs(&Method::POST, "/batches/b/cancel"), Some(Role::Admin));
+        assert_eq!(needs(&Method::GET, "/batches/b"), Some(Role::Read));
         assert_eq!(needs(&Method::DELETE, "/definitions"), Some(Role::Operate));
     }
 

@@ -164,6 +164,8 @@ errors! {
     NotPaused(String) => CONFLICT, "notPaused", |s| format!("instance {:?} is not paused", s.0);
     /// A breakpoint that does not fit its definition, or is not a breakpoint (what is wrong).
     InvalidBreakpoint(String) => BAD_REQUEST, "invalidBreakpoint", |s| s.0.clone();
+    /// No batch with this id.
+    UnknownBatch(String) => NOT_FOUND, "unknownBatch", |s| format!("no batch {:?}", s.0);
     /// No schedule with this id.
     UnknownSchedule(String) => NOT_FOUND, "unknownSchedule", |s| format!("no schedule {:?}", s.0);
     /// A schedule of this id exists already.
@@ -187,21 +189,36 @@ pub struct InvalidSchedule(pub Vec<(String, String)>);
 
 impl From<InvalidSchedule> for ApiError {
     fn from(e: InvalidSchedule) -> ApiError {
-        let details: Vec<Value> =
-            e.0.iter()
-                .map(|(p, m)| json!({"pointer": if p.is_empty() { "/" } else { p }, "message": m}))
-                .collect();
-        let message =
-            e.0.iter()
-                .map(|(p, m)| format!("{p}: {m}"))
-                .collect::<Vec<_>>()
-                .join("; ");
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalidSchedule",
-            message,
-            details: Some(Value::Array(details)),
-        }
+        pointed(e.0, "invalidSchedule")
+    }
+}
+
+/// An invalid batch request: every error with its JSON pointer, in `details`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidBatch(pub Vec<(String, String)>);
+
+impl From<InvalidBatch> for ApiError {
+    fn from(e: InvalidBatch) -> ApiError {
+        pointed(e.0, "invalidBatch")
+    }
+}
+
+/// A 400 with `code` whose details are the errors with their JSON pointers.
+fn pointed(errs: Vec<(String, String)>, code: &'static str) -> ApiError {
+    let details: Vec<Value> = errs
+        .iter()
+        .map(|(p, m)| json!({"pointer": if p.is_empty() { "/" } else { p }, "message": m}))
+        .collect();
+    let message = errs
+        .iter()
+        .map(|(p, m)| format!("{p}: {m}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code,
+        message,
+        details: Some(Value::Array(details)),
     }
 }
 
@@ -272,6 +289,8 @@ impl From<HostError> for ApiError {
             HostError::Appended(m) => Accepted(m).into(),
             HostError::InvalidSchedule(errs) => InvalidSchedule(errs).into(),
             HostError::UnknownSchedule(id) => UnknownSchedule(id).into(),
+            HostError::InvalidBatch(errs) => InvalidBatch(errs).into(),
+            HostError::UnknownBatch(id) => UnknownBatch(id).into(),
             HostError::ScheduleExists(id) => ScheduleExists(id).into(),
             other @ (HostError::Store(_) | HostError::Stopped | HostError::Failed(_)) => {
                 Internal(other.to_string()).into()

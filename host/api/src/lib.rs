@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod auth;
+mod batches;
 pub mod cluster;
 pub mod door;
 pub mod errors;
@@ -161,6 +162,7 @@ fn routes(host: Api) -> Router {
         .route("/healthz", get(|State(h): State<Api>| async move { Json(h.health()) }))
         .route("/members", get(members))
         .merge(schedules::routes())
+        .merge(batches::routes())
         .fallback(|| async { NoSuchEndpoint })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(host.clone())
@@ -870,6 +872,7 @@ mod tests {
         let mut served = routes_in(include_str!("lib.rs").split("#[cfg(test)]").next().unwrap_or_default());
         served.extend(routes_in(include_str!("metrics.rs")));
         served.extend(routes_in(include_str!("schedules.rs")));
+        served.extend(routes_in(include_str!("batches.rs")));
         // The inspector's routes beyond its assets (pages, not operations: not documented).
         served.extend(routes_in(include_str!("ui/mod.rs")));
         assert!(served.remove(&("/instances/{*rest}".into(), "get".into())));

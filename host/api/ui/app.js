@@ -1,7 +1,8 @@
 // The sm4c inspector: one page, no build step, no library. It reads the HTTP API of `sm4c serve`
 // (and /ui/api/*, /ui/events) with the bearer token kept in sessionStorage, and routes on the hash:
 // #/instances?status=&definition=&state=, #/instance/ID, #/definitions, #/definition/ID[/VERSION],
-// #/schedules, #/schedule/ID, #/start[?definition=], #/send[?type=&source=&ext=].
+// #/schedules, #/schedule/ID, #/batches[?definition=&version=&status=&state=&startedAfter=&startedBefore=&jq=],
+// #/batch/ID, #/start[?definition=], #/send[?type=&source=&ext=].
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -93,7 +94,7 @@ async function route() {
   }
   stopTicking();
   const pages = { instances: instancesPage, instance: instancePage, definitions: definitionsPage, definition: definitionPage,
-    schedules: schedulesPage, schedule: schedulePage, start: startPage, send: sendPage };
+    schedules: schedulesPage, schedule: schedulePage, batches: batchesPage, batch: batchPage, start: startPage, send: sendPage };
   const page = pages[r.name] || notFoundPage;
   const seq = ++renderSeq;
   current = { name: r.name, seq };
@@ -144,7 +145,8 @@ async function instancesPage(r, seq) {
       <div><label for="f-startedAfter">Started from (UTC)</label><input id="f-startedAfter" type="datetime-local" value="${esc(local(f.startedAfter))}"></div>
       <div><label for="f-startedBefore">Started before (UTC)</label><input id="f-startedBefore" type="datetime-local" value="${esc(local(f.startedBefore))}"></div>
       <div><label for="f-condition">Data matches (jq condition)</label><input id="f-condition" size="26" class="mono" value="${esc(f.condition)}" placeholder='.orderId == "A1"'></div>
-      <div><button type="submit">Filter</button> <a href="#/instances">clear</a></div>
+      <div><button type="submit">Filter</button> <a href="#/instances">clear</a>
+        <a id="act-on-these" href="#/batches?${esc(batchQuery(f))}" title="Cancel, redrive, migrate or send an event to every instance these filters match">Act on all that match…</a></div>
     </form>
     <section><div id="rows"><p class="muted">Loading…</p></div></section>`;
   const apply = () => {
@@ -635,6 +637,164 @@ async function breakpointsPanel(d, seq) {
     r.addEventListener("click", () => save(set.filter(x => key(x) !== key(JSON.parse(r.dataset.remove)))));
   }
   $("#bp-clear").addEventListener("click", () => save([]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches: GET /batches and /batches/{id}, POST /batches (with a dry run first) and its cancel.
+
+const WHERE = ["definition", "version", "status", "state", "startedAfter", "startedBefore", "jq"];
+
+/** The instances page's filters as the batches page's query (its jq condition is `where.jq`). */
+function batchQuery(f) {
+  const p = new URLSearchParams();
+  for (const k of WHERE) { const v = k === "jq" ? f.condition : f[k]; if (v) p.set(k, v); }
+  return p.toString();
+}
+
+function noBatches(e) {
+  view.innerHTML = `<h1>Batches</h1><section><div class="empty" id="no-batches"><strong>This server runs no batches.</strong><br>${esc(e.message)}</div></section>`;
+}
+
+function batchCounts(b) {
+  return `${esc(b.done)} done · ${esc(b.failedCount)} failed · ${esc(b.matched)} matched`;
+}
+
+/** The request the form describes, or throws naming what is missing. */
+function batchRequest() {
+  const op = $("#b-operation").value;
+  const where = {};
+  for (const k of WHERE) {
+    let v = $(`#b-${k}`).value.trim();
+    if (v && k.startsWith("started")) v = new Date(v + "Z").toISOString();
+    if (v) where[k] = v;
+  }
+  const body = { operation: op, where };
+  const rate = $("#b-rate").value.trim();
+  if (rate) body.rate = Number(rate);
+  if (op === "redrive" && $("#b-update").value.trim()) body.update = $("#b-update").value.trim();
+  if (op === "migrate") body.version = $("#b-target").value.trim();
+  if (op === "send") {
+    try { body.event = JSON.parse($("#b-event").value); } catch (e) { throw new Error("The event is not JSON: " + e.message); }
+  }
+  return body;
+}
+
+async function batchesPage(r, seq) {
+  const f = Object.fromEntries(WHERE.map(k => [k, r.params.get(k) || ""]));
+  const local = t => t ? new Date(t).toISOString().slice(0, 16) : "";
+  let list;
+  try { list = (await api("/batches")).batches; } catch (e) {
+    if (e.status !== 501) throw e;
+    if (seq === renderSeq) noBatches(e);
+    return;
+  }
+  if (seq !== renderSeq) return;
+  view.innerHTML = `<h1>Batches</h1>
+    <section><h2>New batch</h2>
+      <form class="filters" id="batch-form">
+        <div><label for="b-operation">Operation</label><select id="b-operation">
+          ${["cancel", "redrive", "migrate", "send"].map(o => `<option>${o}</option>`).join("")}</select></div>
+        <div><label for="b-definition">Definition</label><input id="b-definition" size="12" value="${esc(f.definition)}"></div>
+        <div><label for="b-version">Version</label><input id="b-version" size="6" value="${esc(f.version)}"></div>
+        <div><label for="b-status">Status</label><select id="b-status"><option value="">any</option>
+          ${STATUSES.map(s => `<option ${s === f.status ? "selected" : ""}>${s}</option>`).join("")}</select></div>
+        <div><label for="b-state">State</label><input id="b-state" size="12" value="${esc(f.state)}"></div>
+        <div><label for="b-startedAfter">Started after (UTC)</label><input id="b-startedAfter" type="datetime-local" value="${esc(local(f.startedAfter))}"></div>
+        <div><label for="b-startedBefore">Started before (UTC)</label><input id="b-startedBefore" type="datetime-local" value="${esc(local(f.startedBefore))}"></div>
+        <div><label for="b-jq">Data matches (jq)</label><input id="b-jq" size="22" class="mono" value="${esc(f.jq)}"></div>
+        <div><label for="b-rate">Per second</label><input id="b-rate" size="6" placeholder="server's"></div>
+        <div data-op="redrive" hidden><label for="b-update">Update (jq)</label><input id="b-update" size="22" class="mono"></div>
+        <div data-op="migrate" hidden><label for="b-target">To version</label><input id="b-target" size="6"></div>
+        <div data-op="send" hidden><label for="b-event">Event (JSON)</label><textarea id="b-event" rows="3" cols="40" class="mono">{"type": "", "source": "inspector", "data": {}}</textarea></div>
+        <div><button type="button" id="b-dry">Dry run</button> <button type="submit" id="b-start" class="primary" disabled>Start</button></div>
+      </form>
+      <div id="b-preview" class="muted">A dry run lists what the batch would touch; then Start runs it.</div>
+    </section>
+    <section><h2>Batches</h2>${list.length ? `<table id="batches"><thead><tr><th>Batch</th><th>Operation</th><th>Phase</th><th>Progress</th><th>Posted</th></tr></thead><tbody>
+      ${list.map(b => `<tr data-id="${esc(b.id)}"><td><a href="#/batch/${encodeURIComponent(b.id)}">${esc(b.id)}</a></td><td>${esc(b.operation)}</td>
+        <td>${badge(b.phase)}</td><td>${batchCounts(b)}</td><td>${when(b.createdAt)}</td></tr>`).join("")}
+      </tbody></table>` : `<div class="empty" id="batches-none">No batch yet.</div>`}</section>`;
+  const showFields = () => {
+    for (const d of view.querySelectorAll("[data-op]")) d.hidden = d.dataset.op !== $("#b-operation").value;
+    $("#b-start").disabled = true;
+  };
+  $("#b-operation").addEventListener("change", showFields);
+  for (const i of view.querySelectorAll("#batch-form input, #batch-form textarea, #batch-form select")) {
+    if (i.id !== "b-operation") i.addEventListener("input", () => { $("#b-start").disabled = true; });
+  }
+  showFields();
+  $("#b-dry").addEventListener("click", async () => {
+    banner(null);
+    try {
+      const v = await api("/batches", { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ ...batchRequest(), dryRun: true }) });
+      $("#b-preview").innerHTML = `<p id="b-matched"><strong>${esc(v.matched)}</strong> instance(s) would be touched by ${esc(v.operation)}${v.truncated ? " (the first 1000 listed)" : ""}.</p>
+        ${v.instances.length ? `<table id="b-instances"><thead><tr><th>Instance</th><th>Status</th><th>Definition</th><th>State</th></tr></thead><tbody>
+        ${v.instances.map(x => `<tr><td>${instLink(x.id)}</td><td>${badge(x.status)}</td><td>${esc(x.definition)} <span class="muted">v${esc(x.version)}</span></td><td>${esc(x.state || "")}</td></tr>`).join("")}</tbody></table>` : ""}`;
+      $("#b-start").disabled = v.matched === 0;
+    } catch (e) { banner(e instanceof ApiError ? refusal(e) : e.message); }
+  });
+  $("#batch-form").addEventListener("submit", async e => {
+    e.preventDefault();
+    banner(null);
+    try {
+      const v = await api("/batches", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(batchRequest()) });
+      location.hash = "#/batch/" + encodeURIComponent(v.id);
+    } catch (e) { banner(e instanceof ApiError ? refusal(e) : e.message); }
+  });
+  current.refresh = async () => {
+    // The form keeps what was typed: only the list is read again.
+    const fresh = (await api("/batches")).batches;
+    if (seq !== renderSeq) return;
+    for (const b of fresh) {
+      const row = view.querySelector(`#batches tr[data-id="${CSS.escape(b.id)}"]`);
+      if (row) { row.cells[2].innerHTML = badge(b.phase); row.cells[3].innerHTML = batchCounts(b); }
+    }
+  };
+}
+
+async function batchPage(r, seq) {
+  const id = r.rest;
+  const path = "/batches/" + encodeURIComponent(id);
+  let timer = null;
+  const render = async () => {
+    let b;
+    try { b = await api(path); } catch (e) {
+      if (e.status !== 501) throw e;
+      if (seq === renderSeq) noBatches(e);
+      return;
+    }
+    if (seq !== renderSeq) return;
+    const reached = b.done + b.failedCount;
+    view.innerHTML = `<h1>${esc(b.id)} ${badge(b.phase)}</h1>
+      <div class="actions">${b.running ? `<button type="button" id="batch-stop">Stop</button>` : ""} <a href="#/batches">All batches</a></div>
+      <section>
+        <progress id="batch-progress" max="${esc(Math.max(b.matched, 1))}" value="${esc(reached)}" aria-label="instances reached"></progress>
+        <dl class="kv">
+          <dt>Operation</dt><dd>${esc(b.operation)}</dd>
+          <dt>Where</dt><dd><code>${esc(JSON.stringify(b.where))}</code></dd>
+          <dt>Matched</dt><dd id="batch-matched">${esc(b.matched)}${b.matching ? " so far (still matching)" : ""}</dd>
+          <dt>Done</dt><dd id="batch-done">${esc(b.done)}</dd>
+          <dt>Failed</dt><dd id="batch-failed">${esc(b.failedCount)}</dd>
+          <dt>Not reached</dt><dd>${esc(b.pending)}</dd>
+          <dt>Posted</dt><dd>${whenUtc(b.createdAt)}</dd>
+          ${b.endedAt ? `<dt>Ended</dt><dd>${whenUtc(b.endedAt)}</dd>` : ""}
+          ${b.halted ? `<dt>Halted</dt><dd>${esc(b.halted)} (it resumes when the server starts again)</dd>` : ""}
+        </dl>
+        <details><summary>The request</summary><pre>${json(b.request)}</pre></details>
+      </section>
+      <section><h2>Failures</h2>${b.failed.length ? `<table id="batch-failures"><thead><tr><th>Instance</th><th>Why</th></tr></thead><tbody>
+        ${b.failed.map(x => `<tr><td>${instLink(x.instance)}</td><td>${esc(x.reason)}</td></tr>`).join("")}</tbody></table>` : `<p class="muted" id="batch-no-failures">None.</p>`}</section>`;
+    const stop = $("#batch-stop");
+    if (stop) stop.addEventListener("click", async () => {
+      try { await api(path + "/cancel", { method: "POST" }); await render(); } catch (e) { banner(refusal(e)); }
+    });
+    clearTimeout(timer);
+    // Followed every second while it runs.
+    if (b.running) timer = setTimeout(() => { if (seq === renderSeq) render().catch(e => banner(explainError(e))); }, 1000);
+  };
+  await render();
+  current.refresh = () => render();
 }
 
 // ---------------------------------------------------------------------------------------------

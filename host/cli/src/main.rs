@@ -1,5 +1,6 @@
 //! The `sm4c` command: glue between the command line and the host crates.
 
+mod batch_cmd;
 mod client;
 mod debug;
 mod files;
@@ -27,6 +28,10 @@ use std::sync::{Arc, Mutex};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `sm4c serve --batch-rate`'s default: instances per second a batch acts on (see
+/// bench/batch/README.md for what it costs live starts).
+const DEFAULT_BATCH_RATE: u32 = 500;
 
 const SCHEMA: &str = include_str!("../../../schemas/sm4c.schema.json");
 
@@ -80,6 +85,9 @@ enum Command {
     Schema,
     /// Schedules: `sm4c schedule next SPEC` prints a schedule's next times without a server.
     Schedule(schedule_cmd::ScheduleArgs),
+    /// Batch operations of a server: cancel, redrive, migrate or send to every instance a filter
+    /// matches, following the batch with a progress bar (`sm4c batch status|list|stop` too).
+    Batch(batch_cmd::BatchArgs),
     /// Serve durable instances over HTTP, stored in SQLite.
     Serve(Box<ServeArgs>),
     #[command(flatten)]
@@ -142,6 +150,10 @@ struct ServeArgs {
     /// a slot, at most `--work-budget`.
     #[arg(long, value_name = "N", default_value_t = 0)]
     work_slots: usize,
+    /// The most instances per second a batch operation (`POST /batches`) acts on, each batch; a
+    /// batch may ask for less with its `rate` field.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH_RATE, value_parser = clap::value_parser!(u32).range(1..))]
+    batch_rate: u32,
     /// Export OpenTelemetry traces (a span per instance step) over OTLP/HTTP to this URL, e.g. a
     /// collector's http://localhost:4318 (`/v1/traces` is added to a URL without a path). Off by
     /// default; the standard OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_* variables configure it too.
@@ -387,6 +399,7 @@ fn dispatch(cli: Cli) -> ExitCode {
         Command::Test(args) => test_cmd::run(args),
         Command::TestState(args) => test_cmd::state::run(args),
         Command::Schedule(args) => schedule_cmd::run(args),
+        Command::Batch(args) => batch_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
         Command::Schema => {
             print!("{SCHEMA}");
@@ -765,6 +778,7 @@ fn serve_on(
             max_redrives: args.max_redrives,
             ..HostLimits::default()
         };
+        let batch_store = store.clone();
         let durable = match DurableHost::start(store, host, limits) {
             Ok(d) => d,
             Err(e) => {
@@ -778,12 +792,27 @@ fn serve_on(
                 return Ok(ExitCode::from(2));
             }
         }
+        // Batches left unfinished by the last run resume now.
+        let batches = sm4c_host::batch::Batches::new(
+            Arc::new(durable.clone()),
+            batch_store,
+            args.batch_rate,
+            args.expression.limits(),
+        );
+        match batches.resume() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(batches = n, "resuming unfinished batches"),
+            Err(e) => {
+                eprintln!("sm4c: cannot read the batches: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        }
         let Some(listener) = listen(&args.listen).await else {
             return Ok(ExitCode::from(2));
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving");
         let door = door(&args, security.auth.is_on(), listener.local_addr()?, None)?;
-        let app = sm4c_api::door::layer(served_api(durable.clone(), metrics, security.auth), door);
+        let app = sm4c_api::door::layer(served_api(durable.clone(), metrics, security.auth, Some(batches)), door);
         let polls = durable.clone();
         let store_failure = Arc::new(std::sync::OnceLock::new());
         let failure = store_failure.clone();
@@ -859,8 +888,13 @@ fn served_api(
     backend: impl sm4c_host::service::Backend,
     metrics: Arc<sm4c_api::metrics::Metrics>,
     auth: sm4c_api::auth::Auth,
+    batches: Option<Arc<sm4c_host::batch::Batches>>,
 ) -> axum::Router {
-    sm4c_api::auth::layer(sm4c_api::router(backend).merge(sm4c_api::metrics::route(metrics)), auth)
+    let mut api = sm4c_api::router(backend);
+    if let Some(b) = batches {
+        api = api.layer(axum::Extension(b));
+    }
+    sm4c_api::auth::layer(api.merge(sm4c_api::metrics::route(metrics)), auth)
 }
 
 /// The metrics of `sm4c serve`, and the observer that feeds them and, when on, the traces.

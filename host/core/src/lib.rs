@@ -17,6 +17,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod asl_graph;
+pub mod batch;
 pub mod clock;
 pub mod driver;
 #[cfg(feature = "cloudevents")]

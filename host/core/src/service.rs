@@ -181,6 +181,12 @@ pub enum HostError {
     /// Unknown schedule.
     #[error("no schedule {0:?}")]
     UnknownSchedule(String),
+    /// A batch request is invalid: (JSON pointer, what is wrong) for each field.
+    #[error("invalid batch")]
+    InvalidBatch(Vec<(String, String)>),
+    /// Unknown batch.
+    #[error("no batch {0:?}")]
+    UnknownBatch(String),
     /// A schedule of this id exists already.
     #[error("schedule {0:?} exists already; change it with PUT /schedules/{0}")]
     ScheduleExists(String),

@@ -5,7 +5,8 @@
 //
 // Environment: SM4C_BIN (default target/debug/sm4c), SM4C_CHROMIUM (default /usr/bin/chromium),
 // SM4C_SCREENSHOT (where to write a PNG of an instance page; default target/inspector.png; the ASL
-// execution's page, the schedules and a schedule's page go beside it, as -asl.png, -schedules.png, -schedule.png).
+// execution's page, the schedules, a schedule's page and a batch's page go beside it, as -asl.png, -schedules.png,
+// -schedule.png, -batch.png).
 "use strict";
 
 const { chromium } = require("playwright-core");
@@ -251,6 +252,68 @@ async function scheduleChecks(page, s) {
   ok(refused.includes("unknownSchedule") && refused.includes('no schedule "gone"'), `a refusal is shown with its code and message (${refused})`);
   ok(!(await page.isDisabled("#sched-trigger")), "the button can be used again after a refusal");
   return true;
+}
+
+/**
+ * The Batches page. SQLite mode: "Act on all that match" carries the instances page's filters to a
+ * new batch; a dry run lists what it would touch and changes nothing; Start runs it and opens its
+ * page, which follows it to the end; a refusal names the field; Stop stops a running batch. Kafka
+ * mode (no batches) says so plainly.
+ */
+async function batchChecks(page, s) {
+  await page.goto(s.url + "/ui#/batches");
+  const answer = await fetch(s.url + "/batches");
+  if (answer.status === 501) {
+    await page.waitForSelector("#no-batches");
+    ok((await page.textContent("#no-batches")).includes("This server runs no batches"), "Kafka mode: the Batches page says this server runs no batches");
+    return;
+  }
+  await page.waitForSelector("#batches-none");
+  ok(true, "with no batch the page says so");
+  for (const n of [1, 2, 3]) await start(s, "order", `bulk-${n}`, { orderId: `BULK${n}` });
+  for (const n of [1, 2, 3]) await reach(s, `bulk-${n}`, "waiting");
+  const others = async () => (await call(s, "GET", "/instances?limit=1000")).instances
+    .filter(i => !i.id.startsWith("bulk-")).map(i => `${i.id}:${i.status}`).sort().join();
+  const before = await others();
+  // From the instances list, filtered, to a batch over the same instances.
+  await page.goto(s.url + "/ui#/instances?definition=order&condition=" + encodeURIComponent('.orderId | startswith("BULK")'));
+  await page.waitForFunction(() => document.querySelectorAll("#instances tbody tr").length === 3);
+  await page.click("#act-on-these");
+  await page.waitForSelector("#batch-form");
+  ok((await page.inputValue("#b-definition")) === "order" && (await page.inputValue("#b-jq")) === '.orderId | startswith("BULK")',
+    "Act on all that match opens a new batch with the list's filters");
+  ok(await page.isDisabled("#b-start"), "Start waits for a dry run");
+  await page.click("#b-dry");
+  await page.waitForSelector("#b-matched");
+  ok((await page.textContent("#b-matched")).includes("3 instance(s) would be touched by cancel")
+    && (await page.$$("#b-instances tbody tr")).length === 3, "the dry run lists the three instances");
+  ok((await call(s, "GET", "/instances/bulk-1")).status === "waiting", "a dry run changes nothing");
+  await page.click("#b-start");
+  await page.waitForSelector('h1 .badge[data-status="completed"]', { timeout: 20000 });
+  ok((await page.textContent("#batch-done")) === "3" && (await page.textContent("#batch-failed")) === "0"
+    && await page.isVisible("#batch-no-failures"), "Start runs the batch; its page follows it to the end: 3 done, none failed");
+  ok((await Promise.all([1, 2, 3].map(n => call(s, "GET", `/instances/bulk-${n}`)))).every(i => i.status === "cancelled"),
+    "the server cancelled the three");
+  ok((await others()) === before, "and nothing else changed");
+  await page.goto(s.url + "/ui#/batches");
+  await page.waitForSelector('#batches tbody tr .badge[data-status="completed"]');
+  ok(true, "the list shows the completed batch");
+  // A refusal names the field.
+  await page.fill("#b-jq", ".orderId ==");
+  await page.click("#b-dry");
+  await page.waitForSelector("#banner:not([hidden]):not(.info)");
+  const refused = await page.textContent("#banner");
+  ok(refused.includes("invalidBatch") && refused.includes("/where/jq"), `a refused batch shows the code and the field (${refused})`);
+  // Stop: a batch at one instance a second, stopped from its page.
+  for (const n of [4, 5, 6, 7]) await start(s, "order", `bulk-${n}`, { orderId: `BULK${n}` });
+  for (const n of [4, 5, 6, 7]) await reach(s, `bulk-${n}`, "waiting");
+  const slow = await post(s, "/batches", { operation: "cancel", where: { jq: '.orderId | startswith("BULK")', status: "waiting" }, rate: 1 });
+  await page.goto(s.url + "/ui#/batch/" + encodeURIComponent(slow.id));
+  await page.click("#batch-stop");
+  await page.waitForSelector('h1 .badge[data-status="cancelled"]');
+  const stopped = await call(s, "GET", "/batches/" + encodeURIComponent(slow.id));
+  ok(stopped.phase === "cancelled" && stopped.done < 4, `Stop stops the batch before it reaches every instance (${stopped.done} of 4 done)`);
+  await page.screenshot({ path: SHOT.replace(/\.png$/, "") + "-batch.png", fullPage: true });
 }
 
 async function main() {
@@ -560,6 +623,7 @@ async function main() {
     }
 
     const schedules = await scheduleChecks(page, s);
+    await batchChecks(page, s);
 
     // The server restarts: the page reconnects and is live again.
     await page.goto(s.url + "/ui#/instances");

@@ -5,6 +5,7 @@
 //! store commits atomically: that is the group commit. [`SqliteStore`] keeps everything in one
 //! SQLite file; [`MemoryStore`] serves tests.
 
+mod batches;
 mod memory;
 mod sqlite;
 

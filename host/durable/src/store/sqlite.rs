@@ -59,6 +59,14 @@ CREATE TABLE IF NOT EXISTS default_versions (
     definition TEXT PRIMARY KEY, version TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS schedules (
     id TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, spec TEXT NOT NULL, phase TEXT NOT NULL,
+    cursor INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL, ended INTEGER);
+CREATE TABLE IF NOT EXISTS batch_items (
+    seq INTEGER PRIMARY KEY, batch TEXT NOT NULL, instance TEXT NOT NULL,
+    started INTEGER NOT NULL DEFAULT 0, outcome TEXT, reason TEXT,
+    UNIQUE (batch, instance));
+CREATE INDEX IF NOT EXISTS batch_items_outcome ON batch_items (batch, outcome, seq);
 ";
 
 /// Instance state, journals and timers in one SQLite file (WAL mode).
@@ -173,7 +181,7 @@ impl SqliteStore {
         })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+    pub(super) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
