@@ -446,9 +446,8 @@ fn payment_api(outage: std::sync::Arc<std::sync::atomic::AtomicBool>, calls: Cal
 #[derive(Clone, Default)]
 struct Calls(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>);
 
-/// Needs `Backend::redrive` in the SQLite host (issue 38, item 1, built on another branch): until
-/// it is merged, the host answers every redrive `notSupported`, which the batch records as each
-/// instance's failure (that path is checked by `dry_runs_migrate_and_send_batches_refusals_and_a_stopped_batch`).
+/// A payment API down (503) fails every instance that calls it; once it is back, one batch
+/// redrives every instance that failed of it, and each completes, calling the API once more.
 #[test]
 fn a_batch_redrive_after_an_outage_completes_every_instance_that_failed_of_it() {
     let outage = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
