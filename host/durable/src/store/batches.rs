@@ -387,7 +387,7 @@ mod tests {
     async fn an_operation_the_host_refuses_is_the_instance_failed_outcome_with_why() {
         let f = fixture(3).await;
         f.host.cancel("w-2").await.unwrap();
-        // This host does not redrive (Backend::redrive's default); the batch records why, each.
+        // None of them failed, so the host refuses each redrive; the batch records why, each.
         let (_, v) = f
             .batches
             .submit(json!({"operation": "redrive", "where": {"definition": "w"}}))
@@ -405,7 +405,7 @@ mod tests {
             failed[0]["reason"]
                 .as_str()
                 .unwrap()
-                .contains("redriving instance \"w-0\""),
+                .contains("only a failed or timed-out instance can be redriven"),
             "{v}"
         );
         // A cancel batch over an instance that ended: failed, saying how it ended.
