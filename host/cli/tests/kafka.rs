@@ -2155,13 +2155,28 @@ fn the_kafka_host_runs_inside_an_application() {
 
 /// A REST service behind an OpenAPI document: `POST /reserve` answers `{"reserved": sku}`, the first
 /// call for each Idempotency-Key after 3 s (so a test can crash a worker mid-call).
+fn reserve_api() -> ReserveApi {
+    keyed_api(
+        "/reserve",
+        Duration::from_secs(3),
+        |body| json!({"reserved": body["sku"]}),
+    )
+}
+
+/// A service like [`reserve_api`] whose first answer to each key comes only after 30 s.
+fn slow_pay_api() -> ReserveApi {
+    keyed_api("/charge", Duration::from_secs(30), |body| json!({"charged": body}))
+}
+
+/// A service answering `POST route` with `answer` of the request's body, the first call for each
+/// Idempotency-Key only after `delay`; it records every key it was called with.
 struct ReserveApi {
     url: String,
     keys: Arc<std::sync::Mutex<Vec<String>>>,
     _rt: tokio::runtime::Runtime,
 }
 
-fn reserve_api() -> ReserveApi {
+fn keyed_api(route: &'static str, delay: Duration, answer: fn(&Value) -> Value) -> ReserveApi {
     use axum::http::HeaderMap;
     use axum::routing::post;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -2172,7 +2187,7 @@ fn reserve_api() -> ReserveApi {
     let keys: Arc<std::sync::Mutex<Vec<String>>> = Default::default();
     let k2 = keys.clone();
     let app = axum::Router::new().route(
-        "/reserve",
+        route,
         post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
             let keys = k2.clone();
             async move {
@@ -2187,9 +2202,9 @@ fn reserve_api() -> ReserveApi {
                     k.iter().filter(|x| **x == key).count() == 1
                 };
                 if first {
-                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    tokio::time::sleep(delay).await;
                 }
-                axum::Json(json!({"reserved": body["sku"]}))
+                axum::Json(answer(&body))
             }
         }),
     );
@@ -2291,47 +2306,6 @@ fn calls_and_subflows_survive_a_worker_crash_mid_call_with_the_same_idempotency_
         },
         &[&w],
     );
-}
-
-/// A service like [`reserve_api`] whose first answer to each key comes only after 30 s.
-fn slow_pay_api() -> ReserveApi {
-    use axum::http::HeaderMap;
-    use axum::routing::post;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    let keys: Arc<std::sync::Mutex<Vec<String>>> = Default::default();
-    let k2 = keys.clone();
-    let app = axum::Router::new().route(
-        "/charge",
-        post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
-            let keys = k2.clone();
-            async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
-                let first = {
-                    let mut k = keys.lock().expect("lock");
-                    k.push(key.clone());
-                    k.iter().filter(|x| **x == key).count() == 1
-                };
-                if first {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                }
-                axum::Json(json!({"charged": body}))
-            }
-        }),
-    );
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    rt.spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    ReserveApi { url, keys, _rt: rt }
 }
 
 #[test]

@@ -680,25 +680,18 @@ impl Driver {
                     }
                     _ => delivery,
                 };
-                match bound {
-                    Some(list) => Effect::InvokeFunction {
-                        op,
-                        operation: list.clone(),
-                        function,
-                        function_type: "worker".into(),
-                        arguments,
-                        wait,
-                        delivery,
-                    },
-                    None => Effect::InvokeFunction {
-                        op,
-                        function,
-                        operation,
-                        function_type,
-                        arguments,
-                        wait,
-                        delivery,
-                    },
+                let (operation, function_type) = match bound {
+                    Some(list) => (list.clone(), "worker".into()),
+                    None => (operation, function_type),
+                };
+                Effect::InvokeFunction {
+                    op,
+                    function,
+                    operation,
+                    function_type,
+                    arguments,
+                    wait,
+                    delivery,
                 }
             }
             other => other,
