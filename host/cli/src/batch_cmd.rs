@@ -98,14 +98,10 @@ enum BatchCommand {
     },
 }
 
-const WHERE_KEYS: [&str; 6] = [
-    "definition",
-    "version",
-    "status",
-    "state",
-    "startedAfter",
-    "startedBefore",
-];
+/// The keys `--where` takes: those of a batch's `where`, but `jq` (given with `--jq`).
+fn where_keys() -> impl Iterator<Item = &'static str> {
+    sm4c_host::batch::WHERE_FIELDS.into_iter().filter(|k| *k != "jq")
+}
 
 /// Runs `sm4c batch`: exit 0 when every instance was done, 1 when one failed, the batch was
 /// stopped, or the server refused the request, 2 for usage or connection errors.
@@ -262,10 +258,13 @@ fn filter(pairs: &[String], jq: Option<&str>) -> Result<Map<String, Value>, Fail
                 "--where: give the jq filter with --jq EXPR (it may hold commas)".into(),
             ));
         }
-        if !WHERE_KEYS.contains(&k) {
+        if !where_keys().any(|key| key == k) {
             return Err((
                 2,
-                format!("--where: unknown key {k:?}; keys: {}", WHERE_KEYS.join(", ")),
+                format!(
+                    "--where: unknown key {k:?}; keys: {}",
+                    where_keys().collect::<Vec<_>>().join(", ")
+                ),
             ));
         }
         w.insert(k.to_string(), json!(v));

@@ -168,7 +168,7 @@ const FIELDS: [&str; 8] = [
     "event",
 ];
 /// The fields of `where`.
-const WHERE_FIELDS: [&str; 7] = [
+pub const WHERE_FIELDS: [&str; 7] = [
     "definition",
     "version",
     "status",

@@ -830,6 +830,22 @@ impl KafkaHost {
 
     /// [`KafkaHost::record`] on a blocking thread: the view may read the partition's local store
     /// (SQLite), which must not hold up the tokio threads that make function calls.
+    /// An instance's record ([`KafkaHost::record_off`]) and the version of its definition it runs:
+    /// what a migration or a redrive checks before it is sent to the owner.
+    async fn record_and_machine(&self, id: &str) -> Result<(wire::InstanceRecord, Arc<Machine>), HostError> {
+        let Some(r) = self.record_off(id).await? else {
+            return Err(HostError::UnknownInstance(id.to_string()));
+        };
+        let definition = &r.snapshot.definition;
+        let Some(m) = self.shared.machine(definition, &r.snapshot.version) else {
+            return Err(HostError::UnknownDefinition(format!(
+                "{definition} version {}",
+                r.snapshot.version
+            )));
+        };
+        Ok((r, m))
+    }
+
     async fn record_off(&self, id: &str) -> Result<Option<wire::InstanceRecord>, HostError> {
         let (me, id) = (self.clone(), id.to_string());
         tokio::task::spawn_blocking(move || me.record(&id))
@@ -1376,16 +1392,8 @@ impl Backend for KafkaHost {
     ) -> BoxFuture<'_, Result<sm4c_runtime::engine::migrate::MigrationPlan, HostError>> {
         Box::pin(async move {
             let p = partition_of(&id, self.shared.partitions);
-            let Some(r) = self.record_off(&id).await? else {
-                return Err(HostError::UnknownInstance(id));
-            };
+            let (r, from) = self.record_and_machine(&id).await?;
             let definition = r.snapshot.definition.clone();
-            let Some(from) = self.shared.machine(&definition, &r.snapshot.version) else {
-                return Err(HostError::UnknownDefinition(format!(
-                    "{definition} version {}",
-                    r.snapshot.version
-                )));
-            };
             let Some(to) = self.shared.machine(&definition, &version) else {
                 return Err(HostError::UnknownDefinition(format!("{definition} version {version}")));
             };
@@ -1418,16 +1426,7 @@ impl Backend for KafkaHost {
     fn redrive(&self, id: String, update: Option<String>, dry_run: bool) -> BoxFuture<'_, Result<Value, HostError>> {
         Box::pin(async move {
             let p = partition_of(&id, self.shared.partitions);
-            let Some(r) = self.record_off(&id).await? else {
-                return Err(HostError::UnknownInstance(id));
-            };
-            let definition = r.snapshot.definition.clone();
-            let Some(m) = self.shared.machine(&definition, &r.snapshot.version) else {
-                return Err(HostError::UnknownDefinition(format!(
-                    "{definition} version {}",
-                    r.snapshot.version
-                )));
-            };
+            let (r, m) = self.record_and_machine(&id).await?;
             // Checked here against the instance as this worker holds it, so that a refusal says
             // why (and a dry run previews the data); the owner redrives it in its own turn,
             // checking again and running the update again on the same data.
