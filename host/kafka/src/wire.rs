@@ -124,6 +124,21 @@ pub enum Command {
         /// Instance id.
         id: String,
     },
+    /// The key's partition took a new subscription of instance `id` to correlation key `key`:
+    /// sent back to the instance's partition, whose owner answers with an [`Command::Unsubscribe`]
+    /// when the instance does not take the key's events. On a broker that shows the records of
+    /// aborted transactions (tansu), a `Subscribe` of a transaction that was aborted is taken
+    /// all the same, and the transaction that replaced it may never have subscribed (the
+    /// instance ended in it): without this the subscription stayed for good. The answer comes
+    /// after every input of the aborted transaction was decided again (it is later in the
+    /// instance partition's log), and the instance's owner sends its subscription changes in
+    /// the order it commits them, so the key's partition ends with what the owner holds.
+    Subscribed {
+        /// The correlation key.
+        key: String,
+        /// Instance id.
+        id: String,
+    },
     /// A call or subflow the instance started has a result.
     Result {
         /// Instance id.

@@ -582,7 +582,15 @@ impl Decision<'_> {
                 }
             }
             Command::Subscribe { key, id } => {
-                self.t.parking.subscribe(&key, &id);
+                if self.t.parking.subscribe(&key, &id) {
+                    // The instance's owner confirms it ([`Command::Subscribed`]).
+                    let c = Command::Subscribed {
+                        key: key.clone(),
+                        id: id.clone(),
+                    };
+                    self.outs
+                        .push(command(self.shared, partition_of(&id, n), Some(&id), &c));
+                }
                 // What waited here for the key goes to the new subscriber's partition, which
                 // reports it back if none of its instances takes it.
                 let waiting = self.t.parking.parked_for_key(&key);
@@ -607,6 +615,15 @@ impl Decision<'_> {
                 }
             }
             Command::Unsubscribe { key, id } => self.t.parking.unsubscribe(&key, &id),
+            Command::Subscribed { key, id } => {
+                // The instance as this partition's committed decisions left it: unknown or
+                // ended instances are not in the index, and take no key's events.
+                if !self.t.corr.routed(&id).contains(&key) {
+                    let c = Command::Unsubscribe { key: key.clone(), id };
+                    self.outs
+                        .push(command(self.shared, partition_of(&key, n), Some(&key), &c));
+                }
+            }
             Command::Result { id, op, outcome } => {
                 let driver = self.shared.driver.clone();
                 if self.t.slot(self.shared, &id).is_none() {
@@ -1577,8 +1594,31 @@ pub(super) mod tests {
             key: key.clone(),
             id: id.to_string(),
         };
-        let (out, _) = run(&shared, &mut t, &[sub(&ids[0])], 2_000);
-        assert_eq!(out.len(), 1, "{out:?}");
+        // And the subscriber's partition is asked to confirm the new subscription.
+        let (mut out, _) = run(&shared, &mut t, &[sub(&ids[0])], 2_000);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let (q, c) = out.remove(0);
+        assert_eq!(q, partition_of(&ids[0], n));
+        assert_eq!(
+            (c["kind"].as_str(), c["id"].as_str()),
+            (Some("subscribed"), Some(ids[0].as_str()))
+        );
+        // Asked to confirm the subscription of an instance it does not hold (one whose Subscribe
+        // came from an aborted transaction a broker showed), a partition takes it back.
+        let confirm = Command::Subscribed {
+            key: key.clone(),
+            id: "nobody".into(),
+        };
+        let (back, _) = run(&shared, &mut t, &[confirm], 2_000);
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(back[0].0, partition_of(&key, n));
+        assert_eq!(
+            (back[0].1["kind"].as_str(), back[0].1["id"].as_str()),
+            (Some("unsubscribe"), Some("nobody"))
+        );
+        // A subscription it holds already is not confirmed again.
+        let (again, _) = run(&shared, &mut t, &[sub(&ids[0])], 2_000);
+        assert!(again.is_empty(), "{again:?}");
         let (q, c) = &out[0];
         assert_eq!(*q, partition_of(&ids[0], n));
         assert_eq!(
@@ -1589,6 +1629,7 @@ pub(super) mod tests {
         assert!(t.parking.parked.is_empty() && t.parking.by_key.is_empty());
         // With two subscribers on two partitions, an event goes to both, each expected to report.
         let (out, _) = run(&shared, &mut t, &[sub(&ids[1]), keyed("e2", 2)], 3_000);
+        let out: Vec<_> = out.into_iter().filter(|(_, c)| c["kind"] != "subscribed").collect();
         let mut to: Vec<i32> = out.iter().map(|(q, _)| *q).collect();
         to.sort();
         let mut want: Vec<i32> = ids.iter().map(|id| partition_of(id, n)).collect();

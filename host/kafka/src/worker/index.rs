@@ -570,13 +570,16 @@ impl Parking {
         parked.chain(tally).filter(|at| *at <= now).max()
     }
 
-    /// Instance `id` takes the events of correlation key `key` from now on.
-    pub(super) fn subscribe(&mut self, key: &str, id: &str) {
+    /// Instance `id` takes the events of correlation key `key` from now on; whether it did not
+    /// before.
+    pub(super) fn subscribe(&mut self, key: &str, id: &str) -> bool {
         let k = subscription_key(key, id);
-        if self.subs.get(&k).is_none() {
-            self.subs.put(k.clone(), Some(Vec::new()));
-            self.changed.insert(k);
+        if self.subs.get(&k).is_some() {
+            return false;
         }
+        self.subs.put(k.clone(), Some(Vec::new()));
+        self.changed.insert(k);
+        true
     }
 
     /// Instance `id` no longer takes the events of correlation key `key`.

@@ -38,8 +38,9 @@
 //!   first run to its end exactly once (its catch-up window spans the whole run), knows it did,
 //!   and heard that each run ended.
 //!
-//! `SM4C_SIM_SEEDS=N` runs more seeds than CI does; `SM4C_SIM_SEED=S` replays seed `S` and prints
-//! its schedule. A failure names its seed and how to replay it.
+//! `SM4C_SIM_SEEDS=N` runs more seeds than CI does (from seed `SM4C_SIM_FROM`, 0 by default, to
+//! split a long run over processes); `SM4C_SIM_SEED=S` replays seed `S` and prints its schedule. A
+//! failure names its seed and how to replay it.
 
 use super::decision;
 use super::restore::Latest;
@@ -2891,8 +2892,13 @@ fn the_workers_decisions_stay_exactly_once_under_seeded_crashes_rebalances_and_a
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
+    // Where the range starts, to split a long run over processes.
+    let from: u64 = std::env::var("SM4C_SIM_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let (mut by_key, mut eager, mut held, mut unstuck, mut repairs, mut panicked, mut retained) = (0, 0, 0, 0, 0, 0, 0);
-    for seed in 0..seeds {
+    for seed in from..from + seeds {
         match run(&shared, seed, false) {
             Ok(seen) => {
                 by_key += seen.by_key;
@@ -2986,6 +2992,22 @@ fn seeds_that_caught_a_panic_failing_its_instance_in_place_pass() {
         if let Err((e, _)) = run(&shared, seed, false) {
             panic!("seed {seed} ({panicky:?}) fails: {e}");
         }
+    }
+}
+
+/// Seed 425, on a broker that shows aborted records: an instance's partition sent a `Subscribe` in
+/// a transaction that was aborted (the events group's generation was stale), the key's partition
+/// took it all the same, and the transaction that replaced it started and ended the instance in
+/// one batch, so never unsubscribed it: the subscription stayed for good. It passes since the key's
+/// partition asks the instance's to confirm each new subscription (`Command::Subscribed`).
+#[test]
+fn a_seed_whose_aborted_transaction_subscribed_an_instance_passes() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    if let Err((e, _)) = run(&shared, 425, false) {
+        panic!("seed 425 fails: {e}");
     }
 }
 
