@@ -112,6 +112,9 @@ impl Server {
             if i["status"] == want {
                 return i;
             }
+            // An instance that ended otherwise will not get there: no need to wait.
+            let ended = ["completed", "failed", "cancelled", "timedOut"].contains(&i["status"].as_str().unwrap_or(""));
+            assert!(!ended, "{id} ended, not {want}: {i}; log:\n{}", self.log());
             assert!(
                 Instant::now() < deadline,
                 "{id} is not {want}: {i}; log:\n{}",

@@ -137,6 +137,12 @@ fn every_stored_snapshot_reads_back_byte_for_byte_and_its_journal_replays_to_it(
         let versions = |v: &str| machines.get(&(snapshot.definition.clone(), v.to_string())).cloned();
         let replayed = Instance::replay_versions(machine.clone(), id, &journal, Options::default(), &versions)
             .unwrap_or_else(|e| panic!("the journal of {id} no longer replays: {e}"));
+        let diffs = sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), &snapshot);
+        assert!(
+            diffs.is_empty(),
+            "replaying the journal of {id} does not give its stored snapshot: {}",
+            diffs.join("; ")
+        );
         assert_eq!(
             serde_json::to_value(replayed.snapshot()).expect("serialize"),
             serde_json::from_str::<Value>(text).expect("json"),

@@ -430,8 +430,8 @@ fn the_golden_records_decode_encode_to_the_same_bytes_restore_and_replay() {
                 let rec: StateRecord = sm4c_runtime::json::read_stored(bytes)
                     .unwrap_or_else(|e| panic!("state record {n} ({key:?}) does not decode: {e}"));
                 assert_eq!(
-                    &serde_json::to_vec(&rec).expect("encode"),
-                    bytes,
+                    String::from_utf8_lossy(&serde_json::to_vec(&rec).expect("encode")),
+                    String::from_utf8_lossy(bytes),
                     "state record {n} ({key:?}) does not encode back to its bytes"
                 );
                 positions += usize::from(key == crate::wire::POSITION_KEY);
@@ -444,8 +444,8 @@ fn the_golden_records_decode_encode_to_the_same_bytes_restore_and_replay() {
                 let rec: JournalRecord = sm4c_runtime::json::read_stored(bytes)
                     .unwrap_or_else(|e| panic!("journal record {n} ({key:?}) does not decode: {e}"));
                 assert_eq!(
-                    &serde_json::to_vec(&rec).expect("encode"),
-                    bytes,
+                    String::from_utf8_lossy(&serde_json::to_vec(&rec).expect("encode")),
+                    String::from_utf8_lossy(bytes),
                     "journal record {n} ({key:?}) does not encode back to its bytes"
                 );
                 // Keyed by the instance, as its state record is (and on the same partition).
@@ -483,6 +483,12 @@ fn the_golden_records_decode_encode_to_the_same_bytes_restore_and_replay() {
         let versions = |v: &str| machines.get(&(s.definition.clone(), v.to_string())).cloned();
         let replayed = Instance::replay_versions(machine.clone(), id, &entries, Options::default(), &versions)
             .unwrap_or_else(|e| panic!("the journal of {id} no longer replays: {e}"));
+        let diffs = sm4c_runtime::engine::snapshot_differences(replayed.snapshot(), s);
+        assert!(
+            diffs.is_empty(),
+            "replaying the journal of {id} does not give its stored snapshot: {}",
+            diffs.join("; ")
+        );
         assert_eq!(
             serde_json::to_value(replayed.snapshot()).expect("json"),
             serde_json::to_value(s).expect("json"),
@@ -509,8 +515,8 @@ fn the_golden_records_decode_encode_to_the_same_bytes_restore_and_replay() {
             let rec = latest.get(id).and_then(|r| r.instance.as_ref());
             let rec = rec.unwrap_or_else(|| panic!("partition {p} restored {id}, which has no state record"));
             assert_eq!(
-                serde_json::to_vec(&slot.record()).expect("encode"),
-                serde_json::to_vec(rec).expect("encode"),
+                serde_json::to_string(&slot.record()).expect("encode"),
+                serde_json::to_string(rec).expect("encode"),
                 "partition {p} restored {id} other than its record"
             );
             assert!(!ENDED.contains(&id.as_str()), "{id} ended");
