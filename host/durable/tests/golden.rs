@@ -190,7 +190,7 @@ fn the_stored_shapes_are_those_the_fixture_is_for() {
     assert_eq!(
         calls("sm4c-parallel"),
         2,
-        "one call answered, a foreach call and its next out"
+        "the parallel's own call answered, the foreach's two (maxParallel 2) open"
     );
     assert_eq!(calls("sm4c-parent"), 1, "the subflow start");
     assert_eq!(calls("sm4c-parent/1.enter"), 1, "the child's call to a worker");
