@@ -8,6 +8,8 @@ use super::wire::{corr_key, partition_of, start_id, Command, InstanceRecord, Ori
 use super::{Delivery, Shared};
 mod consumers;
 mod decision;
+#[cfg(test)]
+mod golden;
 mod index;
 pub(crate) mod journal;
 pub(crate) mod keeper;
