@@ -144,6 +144,17 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
             left(),
         ));
     }
+    if clock == 0 && state.fresh() {
+        if let Some(producer) = txn.as_ref() {
+            commit_offsets(shared, offsets, producer, p, committed, 1, left())
+                .map_err(|e| format!("the partition's first transaction (its clock to 1) failed: {e}"))?;
+            tracing::info!(
+                partition = p,
+                "a new partition's first transaction committed its clock as 1"
+            );
+            state.genesis();
+        }
+    }
     let streamed = state.streaming();
     let kept = store.and_then(|(s, _)| Some((state.save(s.as_ref(), p, from, end)?, s)));
     if streamed && kept.is_none() {
@@ -229,7 +240,6 @@ fn repair_offsets(
     timeout: std::time::Duration,
 ) -> String {
     use rdkafka::consumer::Consumer;
-    use rdkafka::producer::Producer;
     use rdkafka::{Offset, TopicPartitionList};
     let started = Instant::now();
     let mut position: Option<(i64, i64)> = None;
@@ -285,16 +295,7 @@ fn repair_offsets(
     }
     let deadline = timeout.saturating_sub(started.elapsed());
     let committed = match txn {
-        Some(producer) => offsets
-            .group_metadata()
-            .ok_or_else(|| "no consumer group metadata".to_string())
-            .and_then(|meta| {
-                producer.begin_transaction().map_err(|e| e.to_string())?;
-                producer
-                    .send_offsets_to_transaction(&tpl, &meta, deadline)
-                    .and_then(|()| producer.commit_transaction(deadline))
-                    .map_err(|e| e.to_string())
-            }),
+        Some(producer) => in_transaction(offsets, producer, &tpl, deadline),
         None => offsets
             .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
             .map_err(|e| e.to_string()),
@@ -311,6 +312,49 @@ fn repair_offsets(
                            "repaired": commands, "repairedClock": clock, "at": sm4c_runtime::engine::rfc3339(now_ms())}),
     );
     format!("the group's committed offsets of partition {p} were lost; repaired to commands offset {commands} and clock {clock}, the partition is restored again")
+}
+
+/// Commits offsets `tpl` of the commands group in a transaction of `producer` that writes nothing.
+fn in_transaction(
+    offsets: &BaseConsumer<Quiet>,
+    producer: &rdkafka::producer::ThreadedProducer<Quiet>,
+    tpl: &rdkafka::TopicPartitionList,
+    deadline: std::time::Duration,
+) -> Result<(), String> {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::producer::Producer;
+    let meta = offsets
+        .group_metadata()
+        .ok_or_else(|| "no consumer group metadata".to_string())?;
+    producer.begin_transaction().map_err(|e| e.to_string())?;
+    producer
+        .send_offsets_to_transaction(tpl, &meta, deadline)
+        .and_then(|()| producer.commit_transaction(deadline))
+        .map_err(|e| e.to_string())
+}
+
+/// A partition that never committed a transaction ([`Latest::fresh`]) commits one that decides
+/// nothing before its owner decides anything: its commands offset as it is, its clock 1. So no
+/// decision is ever numbered 0, and every position record of a decision is numbered above the
+/// clock the group reads once its offsets are lost (none, 0): lost offsets are told from a
+/// partition that never committed ([`Latest::offsets_lost`]). Without it, offsets lost after a
+/// partition's first transaction went unnoticed, and its commands were decided again (simulation
+/// seed 667: an instance's journal began again at entry 1).
+fn commit_offsets(
+    shared: &Shared,
+    offsets: &BaseConsumer<Quiet>,
+    producer: &rdkafka::producer::ThreadedProducer<Quiet>,
+    p: i32,
+    commands: i64,
+    clock: i64,
+    deadline: std::time::Duration,
+) -> Result<(), String> {
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&shared.topics.commands, p, Offset::Offset(commands))
+        .and_then(|()| tpl.add_partition_offset(&shared.topics.clock, p, Offset::Offset(clock)))
+        .map_err(|e| e.to_string())?;
+    in_transaction(offsets, producer, &tpl, deadline)
 }
 
 /// For the tests only: `SM4C_KAFKA_TEST_RESTORE_DELAY=P:MS` makes reading partition P's state take
@@ -574,6 +618,18 @@ impl Latest {
             }
             _ => false,
         }
+    }
+
+    /// Whether the partition never committed a transaction, by what was read: nothing (its
+    /// committed clock is 0, and neither its log nor a local store holds a record). Then
+    /// [`commit_offsets`] commits its first transaction, which decides nothing.
+    pub(super) fn fresh(&self) -> bool {
+        self.clock == 0 && self.read == 0 && self.latest.is_empty() && self.stored.is_empty() && self.position.is_none()
+    }
+
+    /// The partition's first transaction committed its clock as 1 ([`commit_offsets`]).
+    pub(super) fn genesis(&mut self) {
+        self.clock = 1;
     }
 
     /// Whether the group's committed offsets of the partition are behind what its position
@@ -1148,6 +1204,33 @@ mod tests {
     use super::*;
     use crate::wire::{Origin, Parked};
     use serde_json::{json, Value};
+
+    /// A decision's position record numbered 0 cannot tell lost offsets from none (the group
+    /// reads clock 0 either way); numbered from 1, as it is after a new partition's first
+    /// transaction ([`commit_offsets`]), it can.
+    #[test]
+    fn lost_offsets_are_seen_once_no_decision_is_numbered_0() {
+        let position = |through, clock| {
+            serde_json::to_vec(&StateRecord {
+                through,
+                clock: Some(clock),
+                ..StateRecord::default()
+            })
+            .expect("json")
+        };
+        assert!(Latest::new(0, 0).fresh(), "nothing read: a new partition");
+        assert!(!Latest::new(3, 1).fresh(), "a clock: it committed");
+        let mut zero = Latest::new(0, 0);
+        zero.record(Some(POSITION_KEY.into()), Some(&position(4, 0)), None);
+        assert!(!zero.fresh());
+        assert_eq!(zero.offsets_lost(), None, "numbered 0, the loss does not show");
+        let mut one = Latest::new(0, 0);
+        one.record(Some(POSITION_KEY.into()), Some(&position(4, 1)), None);
+        assert_eq!(one.offsets_lost(), Some(0), "numbered 1, it does");
+        let mut genesis = Latest::new(0, 0);
+        genesis.genesis();
+        assert!(!genesis.fresh(), "its first transaction committed");
+    }
 
     fn parked_record(event: Value) -> Vec<u8> {
         let record = StateRecord {

@@ -1156,6 +1156,23 @@ impl<'a> World<'a> {
             }
             return;
         }
+        // As the worker does: a partition that never committed commits a first transaction
+        // that decides nothing, its clock 1 (`restore::commit_offsets`).
+        if clock == 0 && state.fresh() {
+            let offsets = [
+                (shared.topics.commands.clone(), p, committed),
+                (shared.topics.clock.clone(), p, 1),
+            ];
+            let what = format!("w{w} p{p} first transaction");
+            let tid = self.tid(p);
+            if self
+                .transact(w, &tid, epoch, &[], &offsets, &mut None, &mut Fault::None, &what, None)
+                .is_err()
+            {
+                return;
+            }
+            state.genesis();
+        }
         let kept = store.and_then(|s| Some((state.save(s.as_ref(), p, from, end)?, s)));
         if kept.is_some() {
             state.cache(self.cache);
@@ -2991,6 +3008,26 @@ fn seeds_that_caught_a_panic_failing_its_instance_in_place_pass() {
         );
         if let Err((e, _)) = run(&shared, seed, false) {
             panic!("seed {seed} ({panicky:?}) fails: {e}");
+        }
+    }
+}
+
+/// Seeds 667 and 2130 lose a partition's offsets right after its first transaction that decided
+/// something. When that transaction was numbered 0, its position record was no higher than the
+/// clock the group read once the offsets were lost (0): the loss went unnoticed and the commands
+/// were decided again (an instance's journal began again at entry 1). Since a new partition's
+/// first transaction decides nothing and numbers the clock 1 (`restore::commit_offsets`), the loss
+/// is seen and repaired.
+#[test]
+fn seeds_that_lose_offsets_after_a_partitions_first_decisions_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in [667, 2130] {
+        match run(&shared, seed, false) {
+            Ok(seen) => assert!(seen.repairs > 0, "seed {seed} no longer repairs lost offsets"),
+            Err((e, _)) => panic!("seed {seed} fails: {e}"),
         }
     }
 }
