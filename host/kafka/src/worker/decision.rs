@@ -871,6 +871,7 @@ impl Decision<'_> {
     }
 
     fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
+        self.unpark_older(id, origin, at);
         let pair = (
             attribute_text(&event, "source").unwrap_or_default(),
             attribute_text(&event, "id").unwrap_or_default(),
@@ -897,6 +898,35 @@ impl Decision<'_> {
             *mark = (*mark).max(origin.offset);
         }
         self.handle(id, Input::Event { event }, at);
+    }
+
+    /// Before an event from an events partition is delivered to instance `id`, the events of the
+    /// same events partition parked here for it by name go to it first, oldest first, those it
+    /// takes: an instance sees each events partition's events in order. Parked events are
+    /// otherwise delivered once the batch is decided ([`Decision::unpark`]), after the commands:
+    /// simulation seed 6189 caught an instance started in a batch that took an event routed to
+    /// it as a command before the older one parked for it until it started.
+    fn unpark_older(&mut self, id: &str, origin: &Origin, at: i64) {
+        let Some(keys) = self.t.parking.by_target.get(id) else {
+            return;
+        };
+        let mut older: Vec<(usize, String, Parked)> = keys
+            .iter()
+            .filter_map(|k| {
+                let (pos, _, p) = self.t.parking.parked.get_full(k)?;
+                let before = p.origin.topic == origin.topic
+                    && p.origin.partition == origin.partition
+                    && p.origin.offset < origin.offset;
+                before.then(|| (pos, k.clone(), p.clone()))
+            })
+            .collect();
+        older.sort_by_key(|(pos, _, _)| *pos);
+        for (_, key, p) in older {
+            if self.accepts(id, &p.event) {
+                self.t.parking.remove_all(std::slice::from_ref(&key));
+                self.deliver(id, p.event, &p.origin, at);
+            }
+        }
     }
 
     /// Parked events for instances that now wait for them.

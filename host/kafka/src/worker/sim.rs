@@ -3032,6 +3032,23 @@ fn seeds_that_lose_offsets_after_a_partitions_first_decisions_pass() {
     }
 }
 
+/// Seed 6189: an event for an instance not started yet was parked, the next event of the same
+/// events partition for it came as a command (its partition's owner had dropped it and another
+/// partition's transaction routed the event), and the batch that started the instance applied the
+/// command before the end of the batch delivered the parked, older event: the instance took its
+/// steps out of order. An event delivered to an instance now first takes the older parked events
+/// of its events partition named for it (`Decision::unpark_older`).
+#[test]
+fn a_seed_whose_instance_took_a_newer_event_before_the_parked_older_one_passes() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    if let Err((e, _)) = run(&shared, 6189, false) {
+        panic!("seed 6189 fails: {e}");
+    }
+}
+
 /// Seed 425, on a broker that shows aborted records: an instance's partition sent a `Subscribe` in
 /// a transaction that was aborted (the events group's generation was stale), the key's partition
 /// took it all the same, and the transaction that replaced it started and ended the instance in
