@@ -1379,6 +1379,77 @@ fn sigterm_stops_the_server_with_exit_0() {
     assert_eq!(status.code(), Some(0), "exit status {status}; stderr:\n{}", s.stderr());
 }
 
+#[test]
+fn port_0_takes_a_port_the_system_picks_and_says_which_on_stdout() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("server.log");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--db")
+        .arg(dir.path().join("sm4c.db"))
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("sm4c serve starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    // Read on a thread, so that a server that never says where it listens fails the test instead
+    // of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = stdout.read_line(&mut first);
+        let _ = tx.send(first);
+        let mut rest = String::new();
+        let _ = stdout.read_to_string(&mut rest);
+        rest
+    });
+    let first = rx.recv_timeout(DEADLINE).unwrap_or_else(|_| {
+        let _ = child.kill();
+        panic!(
+            "no line on stdout within {DEADLINE:?}; log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    let url = first
+        .trim_end()
+        .strip_prefix("sm4c: listening on ")
+        .unwrap_or_else(|| panic!("first line on stdout: {first:?}"))
+        .to_string();
+    let port: u16 = url
+        .strip_prefix("http://127.0.0.1:")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("not http://127.0.0.1:PORT: {url:?}"));
+    assert_ne!(port, 0, "the bound port, not the one asked for");
+    let (code, body) = answer(client().get(format!("{url}/healthz")));
+    assert_eq!((code, body), (200, json!({"status": "ok"})), "the server is at {url}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("sm4c serving") && l.contains(&format!("127.0.0.1:{port}"))),
+        "the log line names the same address:\n{logged}"
+    );
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(ok.success());
+    let rest = reader.join().expect("the reader thread");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "exit status {status}");
+    assert_eq!(rest, "", "nothing else on stdout");
+}
+
+#[test]
+fn serve_help_says_how_it_reports_where_it_listens() {
+    let (code, out, err) = sm4c(&["serve", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("sm4c: listening on URL"), "{out}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // CLI client
 // ---------------------------------------------------------------------------------------------
