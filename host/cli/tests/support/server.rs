@@ -48,6 +48,8 @@ pub struct Serve {
     no_db: bool,
     /// The timeout of the client's requests.
     timeout: Option<Duration>,
+    /// Whether the client opens a connection per request (keeps none idle).
+    fresh_connections: bool,
     /// Folders the server uses (definitions, configuration), removed with it.
     keep: Vec<TempDir>,
 }
@@ -125,6 +127,13 @@ impl Serve {
         self
     }
 
+    /// The client keeps no idle connection: each request opens its own (so that none holds a slot
+    /// of a connection cap).
+    pub fn fresh_connections(mut self) -> Serve {
+        self.fresh_connections = true;
+        self
+    }
+
     /// Keeps `dir` (e.g. the definitions or configuration the arguments name) until the server is
     /// dropped.
     pub fn keep(mut self, dir: TempDir) -> Serve {
@@ -138,7 +147,11 @@ impl Serve {
         let dir = tempfile::tempdir().expect("a temporary folder for sm4c serve");
         let db = self.db.clone().unwrap_or_else(|| dir.path().join("sm4c.db"));
         let log = self.log.clone().unwrap_or_else(|| dir.path().join("server.log"));
-        let client = client(self.ca.as_deref(), self.timeout.unwrap_or(Duration::from_secs(30)));
+        let client = client(
+            self.ca.as_deref(),
+            self.timeout.unwrap_or(Duration::from_secs(30)),
+            self.fresh_connections,
+        );
         let mut server = Server {
             child: None,
             url: String::new(),
@@ -154,9 +167,13 @@ impl Serve {
     }
 }
 
-/// The blocking HTTP client of the tests, trusting `ca` when given.
-fn client(ca: Option<&Path>, timeout: Duration) -> Client {
+/// The blocking HTTP client of the tests, trusting `ca` when given, keeping no idle connection when
+/// `fresh`.
+fn client(ca: Option<&Path>, timeout: Duration, fresh: bool) -> Client {
     let mut builder = Client::builder().timeout(timeout);
+    if fresh {
+        builder = builder.pool_max_idle_per_host(0);
+    }
     if let Some(ca) = ca {
         let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
         builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a PEM certificate"));
@@ -217,6 +234,23 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// What matters of the log when something went wrong: the first lines of the first panic,
+    /// then the last 4,000 bytes.
+    pub fn log_tail(&self) -> String {
+        let text = self.log();
+        let panic = text
+            .find("panicked at")
+            .map(|i| {
+                let from = text[..i].rfind('\n').map_or(0, |n| n + 1);
+                let lines: Vec<&str> = text[from..].lines().take(4).collect();
+                format!("[first panic]\n{}\n[...]\n", lines.join("\n"))
+            })
+            .unwrap_or_default();
+        let start = text.len().saturating_sub(4000);
+        let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+        format!("{panic}{}", &text[start..])
+    }
+
     /// The process id of the running server.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("the server is running").id()
@@ -269,7 +303,7 @@ impl Server {
             assert!(
                 started.elapsed() < deadline,
                 "sm4c serve did not end within {deadline:?}; log:\n{}",
-                self.log()
+                self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -333,13 +367,13 @@ impl Server {
             if let Some(status) = self.try_wait() {
                 panic!(
                     "sm4c serve exited with {status} before saying where it listens; log:\n{}",
-                    self.log()
+                    self.log_tail()
                 );
             }
             assert!(
                 started.elapsed() < START_DEADLINE,
                 "sm4c serve did not say where it listens ({LISTENING}URL) within {START_DEADLINE:?}; log:\n{}",
-                self.log()
+                self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -361,13 +395,13 @@ impl Server {
             if let Some(exit) = self.try_wait() {
                 panic!(
                     "sm4c serve exited with {exit} before answering /healthz; log:\n{}",
-                    self.log()
+                    self.log_tail()
                 );
             }
             assert!(
                 started.elapsed() < START_DEADLINE,
                 "sm4c serve did not answer /healthz with 200 within {START_DEADLINE:?} (last: {status:?}); log:\n{}",
-                self.log()
+                self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
