@@ -27,7 +27,7 @@ pub const LISTENING: &str = "sm4c: listening on ";
 
 /// How long a server may take to say where it listens and to answer `/healthz` (a bound, not a
 /// speed check: the machine may be busy building).
-const START_DEADLINE: Duration = Duration::from_secs(30);
+const START_DEADLINE: Duration = Duration::from_secs(60);
 
 /// How long a server may take to stop after SIGTERM.
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
