@@ -15,8 +15,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<String>>>);
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 
 /// `sm4c serve` of the definitions in `defs` on the store `db`, once it answers `/healthz`.

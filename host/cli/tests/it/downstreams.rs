@@ -15,8 +15,7 @@
 //! `cargo test` runs bursts of 500 hung calls; `SM4C_DOWNSTREAMS_FULL=1` runs bursts of 5,000 (the
 //! figures of both are in docs/src/testing.md).
 
-#[path = "support/proc.rs"]
-mod proc;
+use crate::support::proc;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -25,8 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 /// The bad document's configured bound and timeout.
 const CONCURRENCY: usize = 4;

@@ -3,8 +3,7 @@
 //! (a real `sm4c serve`, answered through the task API and the AWS-shaped SendTask* endpoints),
 //! and the HTTP Task (`arn:aws:states:::http:invoke`) against a real axum server.
 
-#[path = "support/inventory.rs"]
-mod inventory;
+use crate::support::inventory;
 
 use axum::extract::{Path as UrlPath, Query};
 use axum::http::{HeaderMap, StatusCode};
@@ -16,8 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/asl_tasks");
 const CHARGE: &str = "arn:aws:lambda:us-east-1:123456789012:function:charge";

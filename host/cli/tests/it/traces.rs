@@ -5,8 +5,7 @@
 //! server and the sent event carry a step's trace context; the origin survives a restart; and with
 //! no OTLP configured nothing is exported and no trace context goes out.
 
-#[path = "support/otlp.rs"]
-mod otlp;
+use crate::support::otlp;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -22,8 +21,7 @@ use std::time::{Duration, Instant};
 const ORIGIN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const ORIGIN_SPAN: &str = "00f067aa0ba902b7";
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 
 /// A REST server whose `GET /work` records the `traceparent` header it got (or "").

@@ -13,8 +13,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 
 /// `sm4c serve` of the definitions in `defs` on the store `db` (with the configuration file

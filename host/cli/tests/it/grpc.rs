@@ -5,13 +5,10 @@
 //! deadlines, unreachable and missing targets, `.proto` problems found by `sm4c validate`, the
 //! configuration file, and `sm4c serve`.
 
-#[path = "support/inventory.rs"]
-mod inventory;
+use crate::support::inventory;
 
-#[path = "support/proc.rs"]
-mod proc;
-#[path = "support/server.rs"]
-mod server;
+use crate::support::proc;
+use crate::support::server;
 use inventory::{server, Seen};
 use serde_json::{json, Value};
 use server::{Serve, Server};

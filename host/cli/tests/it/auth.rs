@@ -6,8 +6,7 @@
 //! a client certificate `CN=sm4c test client`, both signed by it) and `tests/data/auth/stranger.*`,
 //! a self-signed certificate with the same names, which nothing trusts.
 
-#[path = "support/ansi.rs"]
-mod ansi;
+use crate::support::ansi;
 use ansi::strip_ansi;
 use reqwest::blocking::{Client, RequestBuilder};
 use serde_json::{json, Value};
@@ -16,8 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 const DEADLINE: Duration = Duration::from_secs(20);
 

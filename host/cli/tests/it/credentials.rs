@@ -14,8 +14,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, BIN};
 const CONN: &str = "arn:aws:events:us-east-1:123456789012:connection/api/1";
 const SECRET: &str = "Bearer conn-s3cret";

@@ -9,8 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 const DEADLINE: Duration = Duration::from_secs(20);
 const READ: &str = "read-token-0123456789";
@@ -18,7 +17,7 @@ const OPERATE: &str = "operate-token-0123456789";
 
 /// Waits for `paid` (correlated on `.orderId`) for an hour, then ships.
 fn order() -> Value {
-    serde_json::from_str(include_str!("../../api/ui/test/order.json")).expect("order.json")
+    serde_json::from_str(include_str!("../../../api/ui/test/order.json")).expect("order.json")
 }
 
 /// `sm4c serve` on a fresh store; with `config` as its configuration file when given.

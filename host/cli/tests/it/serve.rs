@@ -10,8 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 
 /// Longest a server may take to answer `/healthz`, an instance to reach a status, or a command to end.

@@ -20,8 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 /// Longest the server may take to recover once space returns, or an instance to complete.
 const DEADLINE: Duration = Duration::from_secs(60);

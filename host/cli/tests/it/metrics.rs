@@ -6,8 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 const DEADLINE: Duration = Duration::from_secs(20);
 

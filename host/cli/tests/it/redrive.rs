@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 
 /// Longest an instance may take to reach a status (generous: debug builds on busy machines).

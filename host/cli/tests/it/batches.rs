@@ -8,8 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 
 /// `sm4c serve --db DB ARGS` (appending to `log`), once it answers `/healthz`.

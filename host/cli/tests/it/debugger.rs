@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server, BIN};
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Waits for `paid` (correlated on `.orderId`) for an hour, then ships.
 fn order() -> Value {
-    serde_json::from_str(include_str!("../../api/ui/test/order.json")).expect("order.json")
+    serde_json::from_str(include_str!("../../../api/ui/test/order.json")).expect("order.json")
 }
 
 /// `sm4c serve` on the store `db` (created when new).

@@ -14,11 +14,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-#[path = "support/run.rs"]
-mod run;
+use crate::support::run;
 
-#[path = "support/server.rs"]
-mod server;
+use crate::support::server;
 use server::{Serve, Server};
 
 /// Longest an instance may take to reach a position or end (generous: debug builds on busy machines).
