@@ -925,7 +925,7 @@ fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
     );
 }
 
-/// The REST campaign's memory check (tests/downstreams.rs), for gRPC: bursts of calls to a hung
+/// The REST campaign's memory check (tests/it/downstreams.rs), for gRPC: bursts of calls to a hung
 /// service, far more than its bound, each waiting for a turn or its deadline, do not grow the
 /// server's memory beyond a generous bound, and the healthy service on the same connection answers
 /// meanwhile. `cargo test` runs two bursts of 500; `SM4C_DOWNSTREAMS_FULL=1` two of 5,000.
