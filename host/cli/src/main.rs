@@ -99,7 +99,8 @@ struct ServeArgs {
     /// The SQLite store file.
     #[arg(long, default_value = "./sm4c.db")]
     db: PathBuf,
-    /// Address to listen on.
+    /// Address to listen on; port 0 takes one the system picks. Once bound, `sm4c serve` prints
+    /// `sm4c: listening on URL` (http:// or https://, the bound address) on stdout.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
     /// Folder of definitions to register at start (all must be valid).
@@ -811,6 +812,7 @@ fn serve_on(
             return Ok(ExitCode::from(2));
         };
         tracing::info!(listen = %listener.local_addr()?, db = %args.db.display(), https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving");
+        report_listening(listener.local_addr()?, security.tls.is_some());
         let door = door(&args, security.auth.is_on(), listener.local_addr()?, None)?;
         let app = sm4c_api::door::layer(served_api(durable.clone(), metrics, security.auth, Some(batches)), door);
         let polls = durable.clone();
@@ -870,6 +872,23 @@ fn served_functions(
         }),
         metrics: metrics.clone(),
     })
+}
+
+/// The line `sm4c serve` prints on stdout once it is bound, for a program that started it (with
+/// `--listen 127.0.0.1:0`, a port the system picks) to read where it listens: the bound address, not
+/// the one asked for. Nothing else of `sm4c serve` goes to stdout.
+fn listening_line(addr: std::net::SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    format!("sm4c: listening on {scheme}://{addr}")
+}
+
+/// Prints [`listening_line`] and flushes it (stdout is block-buffered when it is not a terminal).
+fn report_listening(addr: std::net::SocketAddr, tls: bool) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    // A closed stdout must not stop the server: the log line says the same.
+    let _ = writeln!(out, "{}", listening_line(addr, tls));
+    let _ = out.flush();
 }
 
 /// Binds the API's address; says why on stderr when it cannot.
@@ -981,6 +1000,7 @@ fn serve_kafka(
         };
         kafka.advertise(url.clone());
         tracing::info!(listen = %listener.local_addr()?, advertise = %url, kafka = bootstrap, group = %args.kafka.group, https = security.tls.is_some(), auth = security.auth.is_on(), "sm4c serving on Kafka");
+        report_listening(listener.local_addr()?, security.tls.is_some());
         let peers = match forward::Peers::new(security.tls_roots.as_deref()) {
             Ok(p) => Arc::new(p),
             Err(e) => {
@@ -1239,7 +1259,16 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::kafka_settings;
+    use super::{kafka_settings, listening_line};
+
+    #[test]
+    fn the_listening_line_names_the_bound_address_and_the_scheme() {
+        let v4: std::net::SocketAddr = "127.0.0.1:40213".parse().unwrap();
+        assert_eq!(listening_line(v4, false), "sm4c: listening on http://127.0.0.1:40213");
+        assert_eq!(listening_line(v4, true), "sm4c: listening on https://127.0.0.1:40213");
+        let v6: std::net::SocketAddr = "[::1]:8443".parse().unwrap();
+        assert_eq!(listening_line(v6, true), "sm4c: listening on https://[::1]:8443");
+    }
 
     #[test]
     fn kafka_settings_come_from_the_flags_and_the_environment() {

@@ -5,7 +5,7 @@
 //! this is not part of `cargo test`: `scripts/test.sh` runs it as its own step (`cargo test -p sm4c
 //! --test reference`) when `../shared` is there, and says plainly that it skipped it when not.
 
-#[path = "support/run.rs"]
+#[path = "it/support/run.rs"]
 mod run;
 
 use run::{parse, sm4c, tmp, write, write_events};

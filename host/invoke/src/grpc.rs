@@ -144,7 +144,7 @@ pub struct GrpcInvoker {
 /// when the frame arrives, and ends the call's handler on a task of its own after that: without a
 /// delay, the next call's HEADERS can follow the reset on the same connection (often in the same
 /// read) and its handler start before the abandoned one is dropped, so that the server sees one
-/// call more than the bound. Measured by tests/grpc.rs, which counts handlers at the server: with
+/// call more than the bound. Measured by tests/it/grpc.rs, which counts handlers at the server: with
 /// no delay, a hung service with a bound of 2 saw 3 and 4 calls at once; with 250 ms, never more
 /// than 2. This is the same race as REST's closing connection, and gets the same answer and the
 /// same 250 ms ([`crate::rest`]'s `LINGER`). A call that got an answer, even an error status, is

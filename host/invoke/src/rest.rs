@@ -89,7 +89,7 @@ pub const DEFAULT_CONCURRENCY: usize = 64;
 /// before the next call opens one, so that the service never sees more connections than the bound.
 /// The connection is closed by the HTTP client's own task, which a busy runtime may run late: with
 /// 100 ms, a burst of 10,000 calls to a hung service on 2 cores let it see 8 connections at once
-/// (tests/downstreams.rs, `SM4C_DOWNSTREAMS_FULL=1`); with 250 ms, never more than the bound.
+/// (tests/it/downstreams.rs, `SM4C_DOWNSTREAMS_FULL=1`); with 250 ms, never more than the bound.
 const LINGER: Duration = Duration::from_millis(250);
 
 /// Calls REST functions; connections to the same host are reused.

@@ -1,7 +1,8 @@
 //! The `shop.v1.Inventory` server of `tests/data/grpc/shop.proto`, shared by the test binaries that
-//! call it (`tests/grpc.rs`, `tests/kafka.rs`): a real tonic server with hand-written prost messages
+//! call it (`tests/it/grpc.rs`, `tests/kafka.rs`): a real tonic server with hand-written prost messages
 //! (an encoding independent of the host's dynamic one), recording what it saw in a [`Seen`].
-//! Include it with `#[path = "support/inventory.rs"] mod inventory;`.
+//! `tests/kafka.rs` includes it with `#[path = "support/inventory.rs"] mod inventory;`, `tests/it` as
+//! `support::inventory`.
 
 // Each test binary uses a different part of it.
 #![allow(dead_code)]

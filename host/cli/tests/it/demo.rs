@@ -37,7 +37,10 @@ fn tool(var: &str) -> String {
     }
 }
 
-/// `n` distinct ports free at the time of asking.
+/// `n` distinct ports free at the time of asking. The one place the tests pick ports themselves:
+/// scripts/demo.sh takes the broker's and the workers' ports as its input (as a user runs it), and
+/// the tansu broker cannot report a port it picked. The script refuses ports already in use, so a
+/// port taken meanwhile fails the test with that message rather than talking to another server.
 fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("an ephemeral port"))

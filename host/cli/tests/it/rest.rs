@@ -15,42 +15,12 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<String>>>);
 
-/// A child process killed (SIGKILL) and reaped when dropped, also when a test fails.
-struct Kill(std::process::Child);
+use crate::support::server;
+use server::{Serve, Server};
 
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `sm4c serve` of the definitions in `defs` on the store `db`, once it answers on `port`.
-fn serve(defs: &std::path::Path, db: &std::path::Path, port: u16) -> Kill {
-    let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
-        .arg(defs)
-        .arg("--db")
-        .arg(db)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Kill(child);
-    let client = reqwest::blocking::Client::new();
-    let up = (0..400).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        client.get(format!("http://127.0.0.1:{port}/healthz")).send().is_ok()
-    });
-    assert!(up, "sm4c serve did not start");
-    server
+/// `sm4c serve` of the definitions in `defs` on the store `db`, once it answers `/healthz`.
+fn serve(defs: &std::path::Path, db: &std::path::Path) -> Server {
+    Serve::new().db(db).arg("--definitions").arg(defs).start()
 }
 
 /// Starts the test API on a free port in a background thread; returns its base URL.
@@ -293,9 +263,8 @@ fn rest_functions_work_through_sm4c_serve() {
         "enterResultHandler": "${ .item = $value }"}),
     );
     std::fs::write(defs.join("def.json"), def.to_string()).unwrap();
-    let port = free_port();
-    let _server = serve(&defs, &dir.path().join("s.db"), port);
-    let base = format!("http://127.0.0.1:{port}");
+    let server = serve(&defs, &dir.path().join("s.db"));
+    let base = server.url().to_string();
     let client = reqwest::blocking::Client::new();
     let r = client
         .post(format!("{base}/instances"))
@@ -379,8 +348,6 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
         {"name": "Done"}
     ]});
     std::fs::write(defs.join("reserve.json"), def.to_string()).unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::new();
     let db = dir.path().join("s.db");
     let wait = |what: &str, f: &dyn Fn() -> bool| {
@@ -390,7 +357,8 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
     };
-    let first = serve(&defs, &db, port);
+    let mut server = serve(&defs, &db);
+    let base = server.url().to_string();
     for i in 0..5 {
         let r = client
             .post(format!("{base}/instances"))
@@ -401,8 +369,10 @@ fn a_call_in_flight_when_sm4c_serve_is_killed_is_made_again_with_the_same_idempo
     }
     // Every call has reached the service, none has been answered: kill -9 now.
     wait("five calls in flight", &|| keys.lock().unwrap().len() == 5);
-    drop(first);
-    let _second = serve(&defs, &db, port);
+    server.kill();
+    // The restart listens on a new port.
+    server.restart();
+    let base = server.url().to_string();
     let state = |i: usize| -> Value {
         client
             .get(format!("{base}/instances/o{i}"))

@@ -15,20 +15,17 @@
 //! `cargo test` runs bursts of 500 hung calls; `SM4C_DOWNSTREAMS_FULL=1` runs bursts of 5,000 (the
 //! figures of both are in docs/src/testing.md).
 
-#[path = "support/proc.rs"]
-mod proc;
+use crate::support::proc;
 use axum::routing::post;
 use axum::{Json, Router};
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server};
 /// The bad document's configured bound and timeout.
 const CONCURRENCY: usize = 4;
 const TIMEOUT: &str = "1s";
@@ -173,23 +170,13 @@ fn definition(id: &str, doc: &str) -> Value {
     })
 }
 
-struct Serve {
-    child: Child,
-    url: String,
-    client: Client,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+/// `sm4c serve` with the two documents, killed when dropped.
+struct Serving {
+    server: Server,
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn start(good: &str, bad: &str) -> Serve {
+impl Serving {
+    fn start(good: &str, bad: &str) -> Serving {
         let dir = tempfile::tempdir().expect("tempdir");
         let defs = dir.path().join("defs");
         std::fs::create_dir(&defs).expect("defs");
@@ -212,56 +199,27 @@ impl Serve {
             format!("[rest.\"file://bad.openapi\"]\ntimeout = \"{TIMEOUT}\"\nconcurrency = {CONCURRENCY}\n"),
         )
         .expect("write");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("port")
-            .port();
-        let log = dir.path().join("server.log");
-        let child = Command::new(BIN)
-            .arg("serve")
-            .arg("--db")
-            .arg(dir.path().join("sm4c.db"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+        let server = Serve::new()
+            .db(dir.path().join("sm4c.db"))
+            .log(dir.path().join("server.log"))
             .arg("--definitions")
             .arg(&defs)
             .arg("--config")
             .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("sm4c serve starts");
-        let s = Serve {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("client"),
-            log,
-            _dir: dir,
-        };
-        let started = Instant::now();
-        while !s
-            .client
-            .get(format!("{}/healthz", s.url))
-            .send()
-            .is_ok_and(|r| r.status() == 200)
-        {
-            assert!(started.elapsed() < Duration::from_secs(60), "no /healthz:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        s
+            .keep(dir)
+            .start();
+        Serving { server }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.server.log()
     }
 
     fn start_instance(&self, definition: &str, id: &str, n: usize) {
         let r = self
-            .client
-            .post(format!("{}/instances", self.url))
+            .server
+            .client()
+            .post(format!("{}/instances", self.server.url()))
             .json(&json!({"definition": definition, "id": id, "input": {"n": n}}))
             .send()
             .expect("start answered");
@@ -270,8 +228,9 @@ impl Serve {
     }
 
     fn instance(&self, id: &str) -> Value {
-        self.client
-            .get(format!("{}/instances/{id}", self.url))
+        self.server
+            .client()
+            .get(format!("{}/instances/{id}", self.server.url()))
             .send()
             .and_then(|r| r.json())
             .expect("instance")
@@ -301,12 +260,12 @@ impl Serve {
 
     /// The server's resident set (kB), from /proc.
     fn rss_kb(&self) -> u64 {
-        proc::rss_kb(self.child.id())
+        proc::rss_kb(self.server.pid())
     }
 }
 
 /// Starts `bad` instances of the bad definition and `good` of the healthy one, interleaved.
-fn burst(s: &Serve, tag: &str, bad: usize, good: usize) -> (Vec<String>, Vec<String>) {
+fn burst(s: &Serving, tag: &str, bad: usize, good: usize) -> (Vec<String>, Vec<String>) {
     let (mut b, mut g) = (Vec::new(), Vec::new());
     for i in 0..bad.max(good) {
         if i < bad {
@@ -323,7 +282,7 @@ fn burst(s: &Serve, tag: &str, bad: usize, good: usize) -> (Vec<String>, Vec<Str
     (b, g)
 }
 
-fn assert_good(s: &Serve, ids: &[String], what: &str) -> Duration {
+fn assert_good(s: &Serving, ids: &[String], what: &str) -> Duration {
     let started = Instant::now();
     for v in s.ended(ids, GOOD_WITHIN, what) {
         assert_eq!(v["status"], "completed", "{what}: {v}");
@@ -335,7 +294,7 @@ fn assert_good(s: &Serve, ids: &[String], what: &str) -> Duration {
 /// Every instance failed with a `functionError`; `check` holds for each error, except calls that
 /// timed out waiting for a turn (a burst larger than the bound, faster than the service fails),
 /// and for at least one.
-fn assert_bad(s: &Serve, ids: &[String], what: &str, check: impl Fn(&Value) -> bool) {
+fn assert_bad(s: &Serving, ids: &[String], what: &str, check: impl Fn(&Value) -> bool) {
     let mut checked = 0;
     for v in s.ended(ids, BAD_WITHIN, what) {
         assert_eq!(v["status"], "failed", "{what}: {v}");
@@ -357,7 +316,7 @@ fn a_hung_reset_or_failing_service_does_not_stall_others_and_stays_bounded() {
     let hung = if full { 5000 } else { 500 };
     let bad = Arc::new(Bad::default());
     let (good_url, bad_url) = services(bad.clone());
-    let s = Serve::start(&good_url, &bad_url);
+    let s = Serving::start(&good_url, &bad_url);
     // Warm up both paths, so that the first RSS reading is not of an idle process.
     let (b, g) = burst(&s, "warm", 2, 20);
     bad.mode.store(FAIL, Ordering::SeqCst);

@@ -3,21 +3,20 @@
 //! (a real `sm4c serve`, answered through the task API and the AWS-shaped SendTask* endpoints),
 //! and the HTTP Task (`arn:aws:states:::http:invoke`) against a real axum server.
 
-#[path = "support/inventory.rs"]
-mod inventory;
+use crate::support::inventory;
 
 use axum::extract::{Path as UrlPath, Query};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/asl_tasks");
 const CHARGE: &str = "arn:aws:lambda:us-east-1:123456789012:function:charge";
 
@@ -65,7 +64,12 @@ fn api() -> String {
 
 /// `sm4c ARGS`: (exit code, stdout, stderr).
 fn sm4c(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
+    sm4c_env(args, &[])
+}
+
+/// [`sm4c`] with `env` added to its environment.
+fn sm4c_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).envs(env.iter().copied()).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -256,7 +260,6 @@ fn the_http_task_calls_the_endpoint_with_the_connection_credentials() {
     let url = api();
     let dir = tempfile::tempdir().unwrap();
     let conn = "arn:aws:events:us-east-1:123456789012:connection/items/1";
-    std::env::set_var("SM4C_ASL_TASKS_CONN", "Bearer conn-s3cret");
     let config = format!(
         "[asl.connections.\"{conn}\"]\nheaders = {{ authorization = \"env:SM4C_ASL_TASKS_CONN\" }}\nendpoints = [\"{url}/items/\"]\n"
     );
@@ -295,7 +298,12 @@ fn the_http_task_calls_the_endpoint_with_the_connection_credentials() {
     });
     let (def, cfg) = setup(dir.path(), "http", &definition, &config);
     let input = write_input(dir.path(), json!({"base": url, "id": "sku-9"}));
-    let (code, out, err) = sm4c(&["run", &def, "--config", &cfg, "--input", &input]);
+    // The secret reaches the child only: setting it in this process would race the other tests'
+    // threads reading the environment (they share one process).
+    let (code, out, err) = sm4c_env(
+        &["run", &def, "--config", &cfg, "--input", &input],
+        &[("SM4C_ASL_TASKS_CONN", "Bearer conn-s3cret")],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let out: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -325,55 +333,31 @@ fn the_http_task_calls_the_endpoint_with_the_connection_credentials() {
 // Workers, through a real `sm4c serve`
 // ---------------------------------------------------------------------------------------------
 
-/// A child process killed and reaped when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    client: Client,
+/// `sm4c serve` on `db` with the definitions in `defs` and the configuration file `config`.
+fn start(defs: &Path, config: &Path, db: &Path) -> Server {
+    Serve::new()
+        .db(db)
+        .arg("--definitions")
+        .arg(defs)
+        .arg("--config")
+        .arg(config)
+        .client_timeout(Duration::from_secs(60))
+        .start()
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// What these tests ask of a server.
+trait Api {
+    fn post(&self, path: &str, body: Value) -> (u16, Value);
+    fn poll(&self, list: &str) -> Value;
+    fn start_instance(&self, id: &str, input: Value);
+    fn ended(&self, id: &str) -> Value;
 }
 
-impl Server {
-    fn start(defs: &Path, config: &Path, db: &Path) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
-            .arg(defs)
-            .arg("--config")
-            .arg(config)
-            .arg("--db")
-            .arg(db)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let s = Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            client: Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
-        };
-        let up = (0..600).any(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            s.client.get(format!("{}/healthz", s.url)).send().is_ok()
-        });
-        assert!(up, "sm4c serve did not start");
-        s
-    }
-
+impl Api for Server {
     fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let r = self
-            .client
-            .post(format!("{}{path}", self.url))
+            .client()
+            .post(format!("{}{path}", self.url()))
             .json(&body)
             .send()
             .unwrap();
@@ -383,8 +367,8 @@ impl Server {
 
     fn poll(&self, list: &str) -> Value {
         let r = self
-            .client
-            .post(format!("{}/tasklists/{list}/poll?wait=20s", self.url))
+            .client()
+            .post(format!("{}/tasklists/{list}/poll?wait=20s", self.url()))
             .header("x-sm4c-request", "1")
             .send()
             .unwrap();
@@ -401,8 +385,8 @@ impl Server {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
             let v: Value = self
-                .client
-                .get(format!("{}/instances/{id}", self.url))
+                .client()
+                .get(format!("{}/instances/{id}", self.url()))
                 .send()
                 .unwrap()
                 .json()
@@ -446,7 +430,7 @@ fn serve_order(dir: &Path) -> Server {
         format!("[asl.resources.\"{PACK}\"]\nworker = \"packing\"\n\n[asl.resources.\"{APPROVE}\"]\nworker = \"approvals\"\n"),
     )
     .unwrap();
-    Server::start(&defs, &config, &dir.join("sm4c.db"))
+    start(&defs, &config, &dir.join("sm4c.db"))
 }
 
 #[test]
@@ -497,8 +481,8 @@ fn bound_workers_and_wait_for_task_token_answered_the_aws_way() {
     assert_eq!(status, 404);
     // The AWS SDKs' content type is accepted too.
     let r = s
-        .client
-        .post(format!("{}/tasks/send-task-success", s.url))
+        .client()
+        .post(format!("{}/tasks/send-task-success", s.url()))
         .header("content-type", "application/x-amz-json-1.0")
         .body(json!({"taskToken": token, "output": "{\"approved\": true}"}).to_string())
         .send()

@@ -5,8 +5,7 @@
 //! server and the sent event carry a step's trace context; the origin survives a restart; and with
 //! no OTLP configured nothing is exported and no trace context goes out.
 
-#[path = "support/otlp.rs"]
-mod otlp;
+use crate::support::otlp;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -16,30 +15,14 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use otlp::{attr, hex, receiver, spawn, Received};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const ORIGIN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const ORIGIN_SPAN: &str = "00f067aa0ba902b7";
 
-/// A child process killed and reaped when dropped, also when a test fails.
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::server;
+use server::{Serve, Server};
 
 /// A REST server whose `GET /work` records the `traceparent` header it got (or "").
 fn rest_server() -> (String, Arc<Mutex<Vec<String>>>) {
@@ -96,28 +79,22 @@ fn definitions(dir: &Path, rest: &str) {
 }
 
 /// `sm4c serve` of the definitions in `dir`, exporting to `otlp` when given, once it answers.
-fn serve(dir: &Path, otlp: Option<&str>, port: u16) -> Kill {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sm4c"));
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
-        .arg(dir.join("defs"))
-        .arg("--db")
-        .arg(dir.join("sm4c.db"))
-        .stderr(Stdio::null());
+fn serve(dir: &Path, otlp: Option<&str>) -> Server {
+    let mut serve = Serve::new()
+        .db(dir.join("sm4c.db"))
+        .arg("--definitions")
+        .arg(dir.join("defs"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
-        cmd.env_remove(k);
+        serve = serve.env_remove(k);
     }
     if let Some(o) = otlp {
         // Export every 100 ms rather than every 5 s.
-        cmd.arg("--otlp-endpoint").arg(o).env("OTEL_BSP_SCHEDULE_DELAY", "100");
+        serve = serve
+            .arg("--otlp-endpoint")
+            .arg(o)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100");
     }
-    let server = Kill(cmd.spawn().unwrap());
-    let client = reqwest::blocking::Client::new();
-    let up = (0..400).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        client.get(format!("http://127.0.0.1:{port}/healthz")).send().is_ok()
-    });
-    assert!(up, "sm4c serve did not start");
-    server
+    serve.start()
 }
 
 fn start(port: u16, definition: &str, id: &str, traceparent: Option<&str>) {
@@ -186,8 +163,8 @@ fn steps_are_spans_linked_to_the_starting_trace_and_context_goes_out() {
     let (rest, seen) = rest_server();
     std::fs::create_dir(dir.path().join("defs")).unwrap();
     definitions(&dir.path().join("defs"), &rest);
-    let port = free_port();
-    let server = serve(dir.path(), Some(&otlp), port);
+    let server = serve(dir.path(), Some(&otlp));
+    let port = server.port();
     let origin = format!("00-{ORIGIN_TRACE}-{ORIGIN_SPAN}-01");
     start(port, "traced", "t-1", Some(&origin));
     wait_completed(port, "t-1");
@@ -236,7 +213,8 @@ fn steps_are_spans_linked_to_the_starting_trace_and_context_goes_out() {
     // The origin is stored with the instance: a step after a restart still links to it.
     start(port, "slow", "s-1", Some(&origin));
     drop(server);
-    let server = serve(dir.path(), Some(&otlp), port);
+    let server = serve(dir.path(), Some(&otlp));
+    let port = server.port();
     wait_completed(port, "s-1");
     let spans = wait_spans(&got, "s-1");
     assert!(spans
@@ -263,10 +241,10 @@ fn without_otlp_nothing_is_exported_and_no_context_goes_out() {
     let (rest, seen) = rest_server();
     std::fs::create_dir(dir.path().join("defs")).unwrap();
     definitions(&dir.path().join("defs"), &rest);
-    let port = free_port();
     // The receiver runs, but nothing points the server at it.
     let _ = otlp;
-    let _server = serve(dir.path(), None, port);
+    let server = serve(dir.path(), None);
+    let port = server.port();
     start(
         port,
         "traced",

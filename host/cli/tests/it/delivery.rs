@@ -13,49 +13,17 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A child process killed (SIGKILL) and reaped when dropped, also when a test fails.
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::server;
+use server::{Serve, Server};
 
 /// `sm4c serve` of the definitions in `defs` on the store `db` (with the configuration file
-/// `config`), once it answers on `port`.
-fn serve(defs: &Path, db: &Path, config: Option<&Path>, port: u16, log: &Path) -> Kill {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sm4c"));
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
-        .arg(defs)
-        .arg("--db")
-        .arg(db);
+/// `config`, appending to `log`), once it answers `/healthz`.
+fn serve(defs: &Path, db: &Path, config: Option<&Path>, log: &Path) -> Server {
+    let mut serve = Serve::new().db(db).log(log).arg("--definitions").arg(defs);
     if let Some(c) = config {
-        cmd.arg("--config").arg(c);
+        serve = serve.arg("--config").arg(c);
     }
-    let child = cmd.stdout(out.try_clone().unwrap()).stderr(out).spawn().unwrap();
-    let server = Kill(child);
-    let client = reqwest::blocking::Client::new();
-    let up = (0..400).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        client.get(format!("http://127.0.0.1:{port}/healthz")).send().is_ok()
-    });
-    assert!(
-        up,
-        "sm4c serve did not start: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
-    server
+    serve.start()
 }
 
 /// A payment service that records the Idempotency-Key of every `POST /charge` and answers the
@@ -126,9 +94,9 @@ struct Api {
 }
 
 impl Api {
-    fn new(port: u16) -> Api {
+    fn new(url: &str) -> Api {
         Api {
-            base: format!("http://127.0.0.1:{port}"),
+            base: url.to_string(),
             client: reqwest::blocking::Client::new(),
         }
     }
@@ -215,18 +183,18 @@ fn an_at_most_once_call_in_flight_at_a_sigkill_is_not_made_again_and_fails_with_
     for d in sm4c_definitions() {
         std::fs::write(defs.join(format!("{}.json", d["id"].as_str().unwrap())), d.to_string()).unwrap();
     }
-    let port = free_port();
-    let api = Api::new(port);
     let db = dir.path().join("s.db");
     let log = dir.path().join("serve.log");
-    let first = serve(&defs, &db, None, port, &log);
+    let mut serving = serve(&defs, &db, None, &log);
+    let api = Api::new(serving.url());
     for (def, id) in [("amo", "i-amo"), ("amo-handled", "i-handled"), ("alo", "i-alo")] {
         api.start(def, id);
     }
     // Every call has reached the service, none has been answered: kill -9 now.
     wait("three calls in flight", &|| keys.lock().unwrap().len() == 3);
-    drop(first);
-    let _second = serve(&defs, &db, None, port, &log);
+    // The restart listens on a new port.
+    serving.restart();
+    let api = Api::new(serving.url());
     wait("the three instances to end", &|| {
         ["i-amo", "i-handled", "i-alo"].iter().all(|id| api.ended(id))
     });
@@ -274,11 +242,10 @@ fn a_store_without_at_most_once_calls_keeps_its_format() {
     std::fs::write(defs.join("pay.openapi"), openapi(&server).to_string()).unwrap();
     let alo = sm4c_definitions().pop().unwrap();
     std::fs::write(defs.join("alo.json"), alo.to_string()).unwrap();
-    let port = free_port();
-    let api = Api::new(port);
     let db = dir.path().join("s.db");
     let log = dir.path().join("serve.log");
-    let _server = serve(&defs, &db, None, port, &log);
+    let serving = serve(&defs, &db, None, &log);
+    let api = Api::new(serving.url());
     api.start("alo", "i-1");
     wait("the call", &|| keys.lock().unwrap().len() == 1);
     let conn = rusqlite::Connection::open(&db).unwrap();
@@ -336,16 +303,16 @@ fn an_asl_resource_the_configuration_makes_at_most_once_is_not_called_again_afte
         ),
     )
     .unwrap();
-    let port = free_port();
-    let api = Api::new(port);
     let db = dir.path().join("s.db");
     let log = dir.path().join("serve.log");
-    let first = serve(&defs, &db, Some(&config), port, &log);
+    let mut serving = serve(&defs, &db, Some(&config), &log);
+    let api = Api::new(serving.url());
     api.start("once", "e-once");
     api.start("again", "e-again");
     wait("two calls in flight", &|| keys.lock().unwrap().len() == 2);
-    drop(first);
-    let _second = serve(&defs, &db, Some(&config), port, &log);
+    // The restart listens on a new port.
+    serving.restart();
+    let api = Api::new(serving.url());
     wait("both executions to end", &|| {
         api.ended("e-once") && api.ended("e-again")
     });

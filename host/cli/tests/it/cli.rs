@@ -2,8 +2,7 @@
 //! `graph` and `schema`, run against the real binary. (The definitions of the SM4C reference
 //! implementation, in ../shared, are run by the `reference` test.)
 
-#[path = "support/run.rs"]
-mod run;
+use crate::support::run;
 
 use run::{parse, sm4c, tmp, write, write_events, write_raw};
 use serde_json::{json, Value};

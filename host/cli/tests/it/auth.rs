@@ -6,18 +6,17 @@
 //! a client certificate `CN=sm4c test client`, both signed by it) and `tests/data/auth/stranger.*`,
 //! a self-signed certificate with the same names, which nothing trusts.
 
-#[path = "support/ansi.rs"]
-mod ansi;
+use crate::support::ansi;
 use ansi::strip_ansi;
 use reqwest::blocking::{Client, RequestBuilder};
 use serde_json::{json, Value};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 const DEADLINE: Duration = Duration::from_secs(20);
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -30,30 +29,6 @@ fn tls_data() -> PathBuf {
 
 fn stranger() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/auth")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
-}
-
-/// A running `sm4c serve`, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    client: Client,
-    log: PathBuf,
-    dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// How a test starts the server.
@@ -79,61 +54,25 @@ fn config_dir(config: Option<&str>) -> TempDir {
     dir
 }
 
-fn https_client() -> Client {
-    let ca = std::fs::read(tls_data().join("ca.pem")).unwrap();
-    Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
 fn serve(setup: Setup) -> Server {
     let dir = config_dir(setup.config);
-    let port = free_port();
-    let log = dir.path().join("server.log");
-    let mut cmd = Command::new(BIN);
-    cmd.arg("serve")
-        .arg("--db")
-        .arg(dir.path().join("sm4c.db"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+    let mut serve = Serve::new()
+        .db(dir.path().join("sm4c.db"))
+        .log(dir.path().join("server.log"))
         .args(&setup.args)
         .env_remove("SM4C_TOKEN_ADMIN")
         .env_remove("SM4C_TOKEN_OPERATE")
-        .env_remove("SM4C_TOKEN_READ")
-        .envs(setup.env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
+        .env_remove("SM4C_TOKEN_READ");
+    for (k, v) in &setup.env {
+        serve = serve.env(k, v);
+    }
     if setup.config.is_some() {
-        cmd.arg("--config").arg(dir.path().join("sm4c.toml"));
+        serve = serve.arg("--config").arg(dir.path().join("sm4c.toml"));
     }
-    let child = cmd.spawn().expect("sm4c serve starts");
-    let scheme = if setup.https { "https" } else { "http" };
-    let client = if setup.https {
-        https_client()
-    } else {
-        Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
-    };
-    let mut server = Server {
-        child,
-        url: format!("{scheme}://127.0.0.1:{port}"),
-        client,
-        log,
-        dir,
-    };
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = server.client.get(format!("{}/healthz", server.url)).send() {
-            assert_eq!(r.status(), 200, "/healthz is open");
-            return server;
-        }
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!("sm4c serve exited with {status} before answering:\n{}", server.stderr());
-        }
-        assert!(started.elapsed() < DEADLINE, "no /healthz:\n{}", server.stderr());
-        std::thread::sleep(Duration::from_millis(50));
+    if setup.https {
+        serve = serve.https(tls_data().join("ca.pem"));
     }
+    serve.keep(dir).start()
 }
 
 /// Tokens of the three roles from the configuration file (one of them through `env:`).
@@ -154,16 +93,22 @@ fn with_tokens() -> Server {
     })
 }
 
-impl Server {
+/// What these tests ask of a server.
+trait Api {
+    fn stderr(&self) -> String;
+    fn request(&self, method: &str, path: &str, token: Option<&str>) -> RequestBuilder;
+}
+
+impl Api for Server {
     fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.log()
     }
 
     fn request(&self, method: &str, path: &str, token: Option<&str>) -> RequestBuilder {
-        let url = format!("{}{path}", self.url);
+        let url = format!("{}{path}", self.url());
         let r = match method {
-            "GET" => self.client.get(url),
-            _ => self.client.post(url),
+            "GET" => self.client().get(url),
+            _ => self.client().post(url),
         };
         match token {
             Some(t) => r.bearer_auth(t),
@@ -586,7 +531,7 @@ fn https_with_a_trusted_and_an_untrusted_certificate() {
     // A client that does not trust the test CA refuses the server.
     let plain = Client::builder().build().unwrap();
     let e = plain
-        .get(format!("{}/healthz", s.url))
+        .get(format!("{}/healthz", s.url()))
         .send()
         .expect_err("untrusted certificate");
     assert!(format!("{e:?}").contains("UnknownIssuer"), "{e:?}");
@@ -597,9 +542,9 @@ fn https_with_a_trusted_and_an_untrusted_certificate() {
         .add_root_certificate(reqwest::Certificate::from_pem(&other).unwrap())
         .build()
         .unwrap();
-    assert!(c.get(format!("{}/healthz", s.url)).send().is_err());
+    assert!(c.get(format!("{}/healthz", s.url())).send().is_err());
     // Plain HTTP to the HTTPS port gets no answer.
-    let http = s.url.replace("https://", "http://");
+    let http = s.url().replace("https://", "http://");
     assert!(Client::new().get(format!("{http}/healthz")).send().is_err());
 }
 
@@ -637,16 +582,16 @@ fn mutual_tls_maps_a_client_certificate_to_its_role() {
     };
     let client = with_cert(&tls_data().join("client.pem"), &tls_data().join("client.key"));
     // The certificate's role: operate.
-    let (status, body, _) = answer(client.post(format!("{}/tasklists/x/poll?wait=0s", s.url)));
+    let (status, body, _) = answer(client.post(format!("{}/tasklists/x/poll?wait=0s", s.url())));
     assert_eq!(status, 204, "{body}");
-    let (status, body, _) = answer(client.get(format!("{}/instances", s.url)));
+    let (status, body, _) = answer(client.get(format!("{}/instances", s.url())));
     assert_eq!(status, 200, "{body}");
-    let (status, body, headers) = answer(client.post(format!("{}/definitions", s.url)).json(&waiter()));
+    let (status, body, headers) = answer(client.post(format!("{}/definitions", s.url())).json(&waiter()));
     assert_refused(status, &body, &headers, 403, "operate registering a definition");
     // A bearer token, when sent, decides instead of the certificate.
     let (status, body, headers) = answer(
         client
-            .post(format!("{}/tasklists/x/poll?wait=0s", s.url))
+            .post(format!("{}/tasklists/x/poll?wait=0s", s.url()))
             .bearer_auth(READ),
     );
     assert_refused(
@@ -663,7 +608,7 @@ fn mutual_tls_maps_a_client_certificate_to_its_role() {
     assert_eq!(status, 200, "{body}");
     // A certificate with the same name that the client CA did not sign: the handshake fails.
     let stranger = with_cert(&stranger().join("stranger.pem"), &stranger().join("stranger.key"));
-    assert!(stranger.get(format!("{}/instances", s.url)).send().is_err());
+    assert!(stranger.get(format!("{}/instances", s.url())).send().is_err());
     // The CLI client with --cert and --key.
     let (ca, cert, key) = (
         tls_data().join("ca.pem"),
@@ -672,16 +617,16 @@ fn mutual_tls_maps_a_client_certificate_to_its_role() {
     );
     let (ca, cert, key) = (ca.to_str().unwrap(), cert.to_str().unwrap(), key.to_str().unwrap());
     let out = sm4c(
-        &["tasks", "--server", &s.url, "--ca", ca, "--cert", cert, "--key", key],
+        &["tasks", "--server", s.url(), "--ca", ca, "--cert", cert, "--key", key],
         &[],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = sm4c(&["tasks", "--server", &s.url, "--ca", ca], &[]);
+    let out = sm4c(&["tasks", "--server", s.url(), "--ca", ca], &[]);
     assert_eq!(out.status.code(), Some(1), "no certificate, no token");
-    let out = sm4c(&["tasks", "--server", &s.url, "--ca", ca, "--cert", cert], &[]);
+    let out = sm4c(&["tasks", "--server", s.url(), "--ca", ca, "--cert", cert], &[]);
     assert_eq!(out.status.code(), Some(2), "--cert needs --key");
     let out = sm4c(
-        &["tasks", "--server", &s.url, "--ca", ca, "--cert", ca, "--key", ca],
+        &["tasks", "--server", s.url(), "--ca", ca, "--cert", ca, "--key", ca],
         &[],
     );
     assert_eq!(out.status.code(), Some(2));
@@ -706,7 +651,7 @@ fn a_verified_client_certificate_without_a_role_is_401() {
         .identity(identity(&tls_data().join("client.pem"), &tls_data().join("client.key")))
         .build()
         .unwrap();
-    let (status, body, headers) = answer(client.get(format!("{}/instances", s.url)));
+    let (status, body, headers) = answer(client.get(format!("{}/instances", s.url())));
     assert_refused(status, &body, &headers, 401, "an unmapped certificate");
     assert!(
         body["message"].as_str().unwrap().contains("CN=sm4c test client"),
@@ -779,13 +724,22 @@ fn the_cli_client_with_a_token_and_a_ca() {
     assert_eq!(status, 201, "{body}");
     let ca = tls_data().join("ca.pem");
     let ca = ca.to_str().unwrap();
-    let token_file = s.dir.path().join("token");
+    let token_file = s.dir().join("token");
     std::fs::write(&token_file, format!("{OPERATE}\n")).unwrap();
     let token_file = token_file.to_str().unwrap();
 
     let out = sm4c(
         &[
-            "start", "waiter", "--id", "w1", "--server", &s.url, "--ca", ca, "--token", OPERATE,
+            "start",
+            "waiter",
+            "--id",
+            "w1",
+            "--server",
+            s.url(),
+            "--ca",
+            ca,
+            "--token",
+            OPERATE,
         ],
         &[],
     );
@@ -797,7 +751,7 @@ fn the_cli_client_with_a_token_and_a_ca() {
             "w1",
             "--json",
             "--server",
-            &s.url,
+            s.url(),
             "--ca",
             ca,
             "--token-file",
@@ -809,16 +763,16 @@ fn the_cli_client_with_a_token_and_a_ca() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["status"], "waiting", "{v}");
     let out = sm4c(
-        &["cancel", "w1", "--server", &s.url, "--ca", ca],
+        &["cancel", "w1", "--server", s.url(), "--ca", ca],
         &[("SM4C_TOKEN", OPERATE)],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // The read role lists but does not cancel.
-    let out = sm4c(&["list", "--server", &s.url, "--ca", ca], &[("SM4C_TOKEN", READ)]);
+    let out = sm4c(&["list", "--server", s.url(), "--ca", ca], &[("SM4C_TOKEN", READ)]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("w1"));
     let out = sm4c(
-        &["cancel", "w1", "--server", &s.url, "--ca", ca],
+        &["cancel", "w1", "--server", s.url(), "--ca", ca],
         &[("SM4C_TOKEN", READ)],
     );
     assert_eq!(out.status.code(), Some(1));
@@ -828,31 +782,31 @@ fn the_cli_client_with_a_token_and_a_ca() {
         "{err}"
     );
     // No token, a wrong one.
-    let out = sm4c(&["list", "--server", &s.url, "--ca", ca], &[]);
+    let out = sm4c(&["list", "--server", s.url(), "--ca", ca], &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("unauthorized (401)") && err.contains("--token-file"),
         "{err}"
     );
-    let out = sm4c(&["list", "--server", &s.url, "--ca", ca, "--token", "wrong"], &[]);
+    let out = sm4c(&["list", "--server", s.url(), "--ca", ca, "--token", "wrong"], &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unauthorized (401): the bearer token is not valid"));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("wrong"));
     // Without --ca the server's certificate is not trusted.
-    let out = sm4c(&["list", "--server", &s.url, "--token", READ], &[]);
+    let out = sm4c(&["list", "--server", s.url(), "--token", READ], &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach") && err.contains("certificate"), "{err}");
     // A --ca that is not PEM, a missing --token-file.
-    let out = sm4c(&["list", "--server", &s.url, "--ca", token_file], &[]);
+    let out = sm4c(&["list", "--server", s.url(), "--ca", token_file], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a PEM file of certificates"));
     let out = sm4c(
         &[
             "list",
             "--server",
-            &s.url,
+            s.url(),
             "--ca",
             ca,
             "--token-file",
@@ -891,7 +845,7 @@ fn the_python_sample_worker_sends_its_token_over_https() {
     let worker = |token: Option<&str>| {
         let mut cmd = Command::new("python3");
         cmd.arg(sample.join("worker.py"))
-            .args(["--server", &s.url, "--wait", "5", "--max-tasks", &tasks])
+            .args(["--server", s.url(), "--wait", "5", "--max-tasks", &tasks])
             .arg("--ca")
             .arg(&ca)
             .env_remove("SM4C_TOKEN");

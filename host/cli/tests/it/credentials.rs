@@ -10,11 +10,12 @@ use axum::Router;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, BIN};
 const CONN: &str = "arn:aws:events:us-east-1:123456789012:connection/api/1";
 const SECRET: &str = "Bearer conn-s3cret";
 
@@ -218,16 +219,11 @@ fn a_connection_without_endpoints_is_refused_at_start() {
     // sm4c serve refuses to start with it too.
     let defs = dir.path().join("defs");
     std::fs::create_dir_all(&defs).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let (code, _, err) = sm4c(
         &[
             "serve",
             "--listen",
-            &format!("127.0.0.1:{port}"),
+            "127.0.0.1:0",
             "--definitions",
             defs.to_str().unwrap(),
             "--db",
@@ -404,16 +400,6 @@ fn private_addresses_are_refused_unless_configured() {
     assert_eq!(a.requests().len(), 2);
 }
 
-/// A child process killed and reaped when dropped.
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn sm4c_serve_refuses_private_addresses_by_default() {
     let a = Recorder::start();
@@ -422,31 +408,15 @@ fn sm4c_serve_refuses_private_addresses_by_default() {
     std::fs::create_dir_all(&defs).unwrap();
     let start = |config: &str| {
         std::fs::write(dir.path().join("sm4c.toml"), config).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let db = dir.path().join(format!("db-{port}.sqlite"));
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+        // A fresh store each time, in the server's own folder.
+        let server = Serve::new()
+            .arg("--definitions")
             .arg(&defs)
-            .arg("--db")
-            .arg(&db)
             .arg("--config")
             .arg(dir.path().join("sm4c.toml"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = Kill(child);
-        let url = format!("http://127.0.0.1:{port}");
-        let client = reqwest::blocking::Client::new();
-        let up = (0..400).any(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            client.get(format!("{url}/healthz")).send().is_ok()
-        });
-        assert!(up, "sm4c serve did not start");
+            .start();
+        let url = server.url().to_string();
+        let client = server.client().clone();
         (server, url, client)
     };
     let run = |url: &str, client: &reqwest::blocking::Client, id: &str| -> Value {
@@ -562,28 +532,13 @@ fn definitions_registered_over_http_may_not_name_files_outside_the_folder() {
     std::fs::write(defs.join("apis/api.json"), doc.to_string()).unwrap();
     std::os::unix::fs::symlink(top.path().join("outside.json"), defs.join("apis/link.json")).unwrap();
     std::fs::write(top.path().join("s.proto"), "syntax = \"proto3\";\n").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(BIN)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+    let server = Serve::new()
+        .db(top.path().join("s.db"))
+        .arg("--definitions")
         .arg(&defs)
-        .arg("--db")
-        .arg(top.path().join("s.db"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _server = Kill(child);
-    let url = format!("http://127.0.0.1:{port}");
-    let client = reqwest::blocking::Client::new();
-    let up = (0..400).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        client.get(format!("{url}/healthz")).send().is_ok()
-    });
-    assert!(up, "sm4c serve did not start");
+        .start();
+    let url = server.url().to_string();
+    let client = server.client().clone();
     let define = |id: &str, function: Value| -> (u16, Value) {
         let def = json!({
             "id": id, "name": id, "version": "1",

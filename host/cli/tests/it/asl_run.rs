@@ -4,8 +4,7 @@
 //! time, and child executions started by `states:startExecution`. (The 193 cases recorded against
 //! AWS live in ../shared/conformance/asl and run in a separate step of scripts/test.sh.)
 
-#[path = "support/run.rs"]
-mod run;
+use crate::support::run;
 
 use run::{parse, sm4c, tmp, write};
 use serde_json::{json, Value};

@@ -6,81 +6,42 @@
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server};
 const DEADLINE: Duration = Duration::from_secs(20);
 const READ: &str = "read-token-0123456789";
 const OPERATE: &str = "operate-token-0123456789";
 
 /// Waits for `paid` (correlated on `.orderId`) for an hour, then ships.
 fn order() -> Value {
-    serde_json::from_str(include_str!("../../api/ui/test/order.json")).expect("order.json")
-}
-
-struct Server {
-    child: Child,
-    url: String,
-    client: Client,
-    dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    serde_json::from_str(include_str!("../../../api/ui/test/order.json")).expect("order.json")
 }
 
 /// `sm4c serve` on a fresh store; with `config` as its configuration file when given.
 fn serve(config: Option<&str>) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("a free port")
-        .local_addr()
-        .expect("address")
-        .port();
-    let mut cmd = Command::new(BIN);
-    cmd.arg("serve")
-        .arg("--db")
-        .arg(dir.path().join("sm4c.db"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("server.log")).expect("log"));
+    let mut serve = Serve::new()
+        .db(dir.path().join("sm4c.db"))
+        .log(dir.path().join("server.log"));
     if let Some(text) = config {
         std::fs::write(dir.path().join("sm4c.toml"), text).expect("config");
-        cmd.arg("--config").arg(dir.path().join("sm4c.toml"));
+        serve = serve.arg("--config").arg(dir.path().join("sm4c.toml"));
     }
-    let child = cmd.spawn().expect("sm4c serve starts");
-    let server = Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        client: Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("client"),
-        dir,
-    };
-    let started = Instant::now();
-    while !server
-        .client
-        .get(format!("{}/healthz", server.url))
-        .send()
-        .is_ok_and(|r| r.status() == 200)
-    {
-        let log = std::fs::read_to_string(server.dir.path().join("server.log")).unwrap_or_default();
-        assert!(started.elapsed() < DEADLINE, "no /healthz:\n{log}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
+    serve.keep(dir).start()
 }
 
-impl Server {
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder, token: Option<&str>) -> (u16, Value);
+    fn get(&self, path: &str, token: Option<&str>) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value, token: Option<&str>) -> (u16, Value);
+    fn events(&self, token: Option<&str>) -> mpsc::Receiver<(String, String)>;
+}
+
+impl Api for Server {
     fn send(&self, req: reqwest::blocking::RequestBuilder, token: Option<&str>) -> (u16, Value) {
         let req = match token {
             Some(t) => req.bearer_auth(t),
@@ -95,11 +56,11 @@ impl Server {
     }
 
     fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
-        self.send(self.client.get(format!("{}{path}", self.url)), token)
+        self.send(self.client().get(format!("{}{path}", self.url())), token)
     }
 
     fn post(&self, path: &str, body: &Value, token: Option<&str>) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.url)).json(body), token)
+        self.send(self.client().post(format!("{}{path}", self.url())).json(body), token)
     }
 
     /// Reads `/ui/events` on a thread: each SSE event as (name, data), in order.
@@ -107,7 +68,7 @@ impl Server {
         let mut req = Client::builder()
             .build()
             .expect("client")
-            .get(format!("{}/ui/events", self.url));
+            .get(format!("{}/ui/events", self.url()));
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
@@ -162,7 +123,7 @@ fn the_assets_are_built_in_and_name_each_other() {
         ("/ui/app.js", "text/javascript", "/ui/events"),
         ("/ui/app.css", "text/css", "svg.diagram"),
     ] {
-        let r = s.client.get(format!("{}{path}", s.url)).send().expect("answered");
+        let r = s.client().get(format!("{}{path}", s.url())).send().expect("answered");
         assert_eq!(r.status(), 200, "{path}");
         assert!(
             r.headers()["content-type"].to_str().unwrap_or("").starts_with(ty),
@@ -243,8 +204,8 @@ fn the_event_stream_says_hello_then_names_what_changed() {
     let event = json!({"specversion": "1.0", "id": "e-1", "type": "com.example.paid", "source": "shop",
                        "orderid": "B2", "data": {"amount": 3}});
     let (code, body) = s.send(
-        s.client
-            .post(format!("{}/events", s.url))
+        s.client()
+            .post(format!("{}/events", s.url()))
             .header("content-type", "application/cloudevents+json")
             .body(event.to_string()),
         None,
@@ -263,7 +224,7 @@ fn with_tokens_the_page_is_open_and_its_data_is_not() {
     let s = serve(Some(&format!(
         "[server]\ntokens = [\n  {{ role = \"read\", token = \"{READ}\" }},\n  {{ role = \"operate\", token = \"{OPERATE}\" }},\n]\n"
     )));
-    let page = s.client.get(format!("{}/ui", s.url)).send().expect("answered");
+    let page = s.client().get(format!("{}/ui", s.url())).send().expect("answered");
     assert_eq!(page.status(), 200);
     for path in ["/ui/api/instance?id=x", "/ui/api/definition?id=x", "/ui/events"] {
         let (code, body) = s.get(path, None);

@@ -5,13 +5,13 @@ use reqwest::blocking::{Client, RequestBuilder};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::io::Read;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 
 /// Longest a server may take to answer `/healthz`, an instance to reach a status, or a command to end.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -114,30 +114,6 @@ fn expiring() -> Value {
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
-}
-
-/// A running `sm4c serve`, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    client: Client,
-    log: PathBuf,
-    _dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn client() -> Client {
     Client::builder()
         .timeout(Duration::from_secs(30))
@@ -147,48 +123,17 @@ fn client() -> Client {
 
 /// Starts `sm4c serve` on a fresh store with `extra` flags and waits until `/healthz` answers.
 fn serve(extra: &[&str]) -> Server {
-    serve_in(tempfile::tempdir().expect("tempdir"), extra)
+    Serve::new().args(extra).start()
 }
 
+/// [`serve`] with the store in `dir` (which holds the files `extra` names).
 fn serve_in(dir: TempDir, extra: &[&str]) -> Server {
-    let port = free_port();
-    let db = dir.path().join("sm4c.db");
-    let log = dir.path().join("server.log");
-    let child = Command::new(BIN)
-        .arg("serve")
-        .arg("--db")
-        .arg(&db)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+    Serve::new()
+        .db(dir.path().join("sm4c.db"))
+        .log(dir.path().join("server.log"))
         .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("sm4c serve starts");
-    let mut server = Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        client: client(),
-        log,
-        _dir: dir,
-    };
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = server.client.get(format!("{}/healthz", server.url)).send() {
-            if r.status() == 200 {
-                return server;
-            }
-        }
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!("sm4c serve exited with {status} before answering:\n{}", server.stderr());
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "sm4c serve did not answer /healthz within {DEADLINE:?}:\n{}",
-            server.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        .keep(dir)
+        .start()
 }
 
 /// Sends a request and returns (status, JSON body or Null).
@@ -199,17 +144,30 @@ fn answer(req: RequestBuilder) -> (u16, Value) {
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-impl Server {
+/// What these tests ask of a server.
+trait Api {
+    fn stderr(&self) -> String;
+    fn get(&self, path: &str) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn define(&self, doc: &Value);
+    fn start(&self, definition: &str, id: &str, input: Value) -> String;
+    fn instance(&self, id: &str) -> Value;
+    fn wait_status(&self, id: &str, status: &str) -> Value;
+    fn send_structured(&self, event: &Value) -> (u16, Value);
+    fn list_all(&self, query: &str, limit: usize) -> Vec<Value>;
+}
+
+impl Api for Server {
     fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.log()
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        answer(self.client.get(format!("{}{path}", self.url)))
+        answer(self.client().get(format!("{}{path}", self.url())))
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        answer(self.client.post(format!("{}{path}", self.url)).json(body))
+        answer(self.client().post(format!("{}{path}", self.url())).json(body))
     }
 
     fn define(&self, doc: &Value) {
@@ -253,8 +211,8 @@ impl Server {
     /// Posts a CloudEvent in structured mode.
     fn send_structured(&self, event: &Value) -> (u16, Value) {
         answer(
-            self.client
-                .post(format!("{}/events", self.url))
+            self.client()
+                .post(format!("{}/events", self.url()))
                 .header("content-type", "application/cloudevents+json")
                 .body(event.to_string()),
         )
@@ -346,7 +304,11 @@ fn healthz_openapi_and_unknown_routes() {
     let s = serve(&[]);
     assert_eq!(s.get("/healthz"), (200, json!({"status": "ok"})));
 
-    let resp = s.client.get(format!("{}/openapi.json", s.url)).send().expect("openapi");
+    let resp = s
+        .client()
+        .get(format!("{}/openapi.json", s.url()))
+        .send()
+        .expect("openapi");
     assert_eq!(resp.status().as_u16(), 200);
     let ctype = resp.headers()["content-type"].to_str().unwrap_or_default().to_string();
     assert!(ctype.starts_with("application/json"), "content-type {ctype}");
@@ -470,15 +432,15 @@ fn definitions_register_conflict_invalid_list_and_get() {
 fn definitions_post_rejects_bad_bodies() {
     let s = serve(&[]);
     let (code, body) = answer(
-        s.client
-            .post(format!("{}/definitions", s.url))
+        s.client()
+            .post(format!("{}/definitions", s.url()))
             .header("content-type", "application/json")
             .body("{not json"),
     );
     assert_error(code, &body, 400, "malformedJson");
     let (code, body) = answer(
-        s.client
-            .post(format!("{}/definitions", s.url))
+        s.client()
+            .post(format!("{}/definitions", s.url()))
             .body(waiter().to_string()),
     );
     assert_error(code, &body, 415, "unsupportedMediaType");
@@ -542,15 +504,15 @@ fn start_instance_errors() {
     let (code, body) = s.post("/instances", &json!({"input": {}}));
     assert_error(code, &body, 400, "malformedJson");
     let (code, body) = answer(
-        s.client
-            .post(format!("{}/instances", s.url))
+        s.client()
+            .post(format!("{}/instances", s.url()))
             .header("content-type", "application/json")
             .body(r#"{"definition": "waiter""#),
     );
     assert_error(code, &body, 400, "malformedJson");
     let (code, body) = answer(
-        s.client
-            .post(format!("{}/instances", s.url))
+        s.client()
+            .post(format!("{}/instances", s.url()))
             .body(json!({"definition": "waiter"}).to_string()),
     );
     assert_error(code, &body, 415, "unsupportedMediaType");
@@ -714,7 +676,7 @@ fn bad_query_parameters_get_json_errors() {
         "/instances/w/history?limit=-1",
         "/events/sent?limit=many",
     ] {
-        let resp = s.client.get(format!("{}{path}", s.url)).send().expect("answered");
+        let resp = s.client().get(format!("{}{path}", s.url())).send().expect("answered");
         let code = resp.status().as_u16();
         let ctype = resp
             .headers()
@@ -743,7 +705,7 @@ fn ids_with_reserved_characters() {
     assert_eq!(body["id"], json!("order 1/a?b#c"));
     let (code, body) = s.get("/instances/order%201%2Fa%3Fb%23c/history");
     assert_eq!(code, 200, "{body}");
-    let url = s.url.as_str();
+    let url = s.url();
     let (code, out, err) = sm4c(&["show", "order 1/a?b#c", "--server", url, "--json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(parse(&out)["id"], json!("order 1/a?b#c"));
@@ -852,7 +814,7 @@ fn a_condition_that_is_not_a_boolean_does_not_fire_and_is_in_the_history() {
         "{body}"
     );
 
-    let (code, out, err) = sm4c(&["history", "c", "--server", &s.url]);
+    let (code, out, err) = sm4c(&["history", "c", "--server", s.url()]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("condition /states/0/transitions/0/condition ${ .status } yielded \"yes\", not a boolean"),
@@ -897,8 +859,8 @@ fn event_binary_mode_reaches_correlated_instance() {
     s.start("waiter", "w1", json!({"customerId": "c1"}));
     s.start("waiter", "w2", json!({"customerId": "c2"}));
     let (code, body) = answer(
-        s.client
-            .post(format!("{}/events", s.url))
+        s.client()
+            .post(format!("{}/events", s.url()))
             .header("ce-specversion", "1.0")
             .header("ce-id", "evt-1")
             .header("ce-source", "shop")
@@ -963,8 +925,8 @@ fn event_with_sm4cinstanceid_goes_to_that_instance_only() {
 
     // Binary mode: the extension is a ce- header.
     let (code, body) = answer(
-        s.client
-            .post(format!("{}/events", s.url))
+        s.client()
+            .post(format!("{}/events", s.url()))
             .header("ce-specversion", "1.0")
             .header("ce-id", "e2")
             .header("ce-source", "shop")
@@ -1024,7 +986,7 @@ fn parked_event_expires_after_the_event_window() {
 #[test]
 fn events_that_are_not_cloudevents_are_refused() {
     let s = serve(&[]);
-    let post = || s.client.post(format!("{}/events", s.url));
+    let post = || s.client().post(format!("{}/events", s.url()));
     // Plain JSON with no ce- headers.
     let (code, body) = answer(post().header("content-type", "application/json").body(r#"{"a": 1}"#));
     assert_error(code, &body, 400, "invalidCloudEvent");
@@ -1120,8 +1082,8 @@ fn bodies_over_one_mebibyte_are_refused() {
     assert_eq!(code, 404, "a refused start created an instance");
 
     let (code, resp) = answer(
-        s.client
-            .post(format!("{}/events", s.url))
+        s.client()
+            .post(format!("{}/events", s.url()))
             .header("ce-specversion", "1.0")
             .header("ce-id", "big")
             .header("ce-source", "shop")
@@ -1319,13 +1281,12 @@ fn invalid_definition_in_folder_exits_2() {
                 "states": [{"name": "A", "start": true, "transitions": [{"nextState": "Nowhere"}]}]}),
     );
     let db = dir.path().join("sm4c.db");
-    let port = free_port().to_string();
     let (code, _, err) = sm4c(&[
         "serve",
         "--db",
         db.to_str().expect("path"),
         "--listen",
-        &format!("127.0.0.1:{port}"),
+        "127.0.0.1:0",
         "--definitions",
         defs.to_str().expect("path"),
     ]);
@@ -1345,14 +1306,7 @@ fn foreign_db_file_exits_2() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     std::fs::write(&db, bytes).expect("write");
-    let port = free_port().to_string();
-    let (code, _, err) = sm4c(&[
-        "serve",
-        "--db",
-        db.to_str().expect("path"),
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-    ]);
+    let (code, _, err) = sm4c(&["serve", "--db", db.to_str().expect("path"), "--listen", "127.0.0.1:0"]);
     assert_eq!(code, 2, "stderr: {err}");
     assert!(err.contains("not an sm4c store"), "stderr: {err}");
 }
@@ -1362,21 +1316,79 @@ fn sigterm_stops_the_server_with_exit_0() {
     let mut s = serve(&[]);
     s.define(&waiter());
     s.start("waiter", "w", json!({"customerId": "c1"}));
-    let pid = s.child.id().to_string();
-    let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
-    assert!(ok.success());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(st) = s.child.try_wait().expect("wait") {
-            break st;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "server still running {DEADLINE:?} after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = s.terminate();
     assert_eq!(status.code(), Some(0), "exit status {status}; stderr:\n{}", s.stderr());
+}
+
+#[test]
+fn port_0_takes_a_port_the_system_picks_and_says_which_on_stdout() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("server.log");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--db")
+        .arg(dir.path().join("sm4c.db"))
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("sm4c serve starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    // Read on a thread, so that a server that never says where it listens fails the test instead
+    // of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = stdout.read_line(&mut first);
+        let _ = tx.send(first);
+        let mut rest = String::new();
+        let _ = stdout.read_to_string(&mut rest);
+        rest
+    });
+    let first = rx.recv_timeout(DEADLINE).unwrap_or_else(|_| {
+        let _ = child.kill();
+        panic!(
+            "no line on stdout within {DEADLINE:?}; log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    let url = first
+        .trim_end()
+        .strip_prefix("sm4c: listening on ")
+        .unwrap_or_else(|| panic!("first line on stdout: {first:?}"))
+        .to_string();
+    let port: u16 = url
+        .strip_prefix("http://127.0.0.1:")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("not http://127.0.0.1:PORT: {url:?}"));
+    assert_ne!(port, 0, "the bound port, not the one asked for");
+    let (code, body) = answer(client().get(format!("{url}/healthz")));
+    assert_eq!((code, body), (200, json!({"status": "ok"})), "the server is at {url}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("sm4c serving") && l.contains(&format!("127.0.0.1:{port}"))),
+        "the log line names the same address:\n{logged}"
+    );
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(ok.success());
+    let rest = reader.join().expect("the reader thread");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "exit status {status}");
+    assert_eq!(rest, "", "nothing else on stdout");
+}
+
+#[test]
+fn serve_help_says_how_it_reports_where_it_listens() {
+    let (code, out, err) = sm4c(&["serve", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("sm4c: listening on URL"), "{out}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1389,7 +1401,7 @@ fn cli_client_commands_with_json() {
     s.define(&waiter());
     let dir = tempfile::tempdir().expect("tempdir");
     let input = write(dir.path(), "in.json", &json!({"customerId": "c1"}));
-    let url = s.url.as_str();
+    let url = s.url();
 
     let (code, out, err) = sm4c(&[
         "start", "waiter", "--input", &input, "--id", "w1", "--server", url, "--json",
@@ -1462,7 +1474,7 @@ fn cli_client_tables() {
     let s = serve(&[]);
     s.define(&waiter());
     s.start("waiter", "w1", json!({"customerId": "c1"}));
-    let url = s.url.as_str();
+    let url = s.url();
 
     let (code, out, err) = sm4c(&["list", "--server", url]);
     assert_eq!(code, 0, "{err}");
@@ -1507,7 +1519,7 @@ fn cli_client_tables() {
 #[test]
 fn cli_client_errors() {
     let s = serve(&[]);
-    let url = s.url.as_str();
+    let url = s.url();
     for args in [
         vec!["show", "nope", "--server", url],
         vec!["show", "nope", "--server", url, "--json"],
@@ -1531,7 +1543,8 @@ fn cli_client_errors() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("invalidCloudEvent"), "{err}");
 
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    // Port 1 (tcpmux): nothing listens there on a test machine, and no test binds it.
+    let dead = "http://127.0.0.1:1".to_string();
     for args in [
         vec!["list", "--server", dead.as_str()],
         vec!["show", "x", "--server", dead.as_str(), "--json"],
@@ -1552,8 +1565,8 @@ fn explain_event_names_the_reached_instances_and_why_the_others_turn_it_away() {
     let event =
         json!({"specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid", "customerid": "alice"});
     let (code, v) = answer(
-        s.client
-            .post(format!("{}/events/explain", s.url))
+        s.client()
+            .post(format!("{}/events/explain", s.url()))
             .header("content-type", "application/cloudevents+json")
             .body(event.to_string()),
     );
@@ -1584,7 +1597,7 @@ fn explain_event_names_the_reached_instances_and_why_the_others_turn_it_away() {
         "e.json",
         &json!({"specversion": "1.0", "id": "e2", "source": "elsewhere", "type": "com.example.paid", "customerid": "bob"}),
     );
-    let (code, out, err) = sm4c(&["explain-event", &file, "--server", &s.url]);
+    let (code, out, err) = sm4c(&["explain-event", &file, "--server", s.url()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("reaches no instance"), "{out}");
     assert!(out.contains("source \"elsewhere\" is not \"shop\""), "{out}");
@@ -1620,8 +1633,8 @@ fn schemathesis_post_to_an_instance_says_allow_get() {
     let s = serve(&[]);
     // With the header a body-less POST needs on a server without tokens, so that the route answers.
     let r = s
-        .client
-        .post(format!("{}/instances/x", s.url))
+        .client()
+        .post(format!("{}/instances/x", s.url()))
         .header("x-sm4c-request", "1")
         .send()
         .expect("request");
@@ -1635,8 +1648,8 @@ fn schemathesis_post_to_an_instance_says_allow_get() {
 fn every_documented_operation_is_served() {
     let s = serve(&[]);
     let doc: Value = s
-        .client
-        .get(format!("{}/openapi.json", s.url))
+        .client()
+        .get(format!("{}/openapi.json", s.url()))
         .send()
         .expect("doc")
         .json()
@@ -1650,12 +1663,12 @@ fn every_documented_operation_is_served() {
         for method in ops.as_object().expect("operations").keys() {
             // A short wait so a poll of an empty task list ends at once.
             let wait = if path.ends_with("/poll") { "?wait=0s" } else { "" };
-            let url = format!("{}{concrete}{wait}", s.url);
+            let url = format!("{}{concrete}{wait}", s.url());
             let r = match method.as_str() {
-                "get" => s.client.get(&url),
-                "post" => s.client.post(&url),
-                "put" => s.client.put(&url),
-                "delete" => s.client.delete(&url),
+                "get" => s.client().get(&url),
+                "post" => s.client().post(&url),
+                "put" => s.client().put(&url),
+                "delete" => s.client().delete(&url),
                 other => panic!("{other} {path}: a method the test does not know"),
             };
             let r = r.header("x-sm4c-request", "1").send().expect("request");
@@ -1709,7 +1722,7 @@ fn a_servers_history_replays_through_its_definition_and_a_changed_copy() {
     assert_eq!(code, 202);
     s.wait_status("r1", "completed");
 
-    let url = s.url.as_str();
+    let url = s.url();
     let (code, out, err) = sm4c(&["history", "r1", "--server", url, "--json"]);
     assert_eq!(code, 0, "{err}");
     let cli_history = write(files.path(), "cli.json", &parse(&out));

@@ -4,98 +4,46 @@
 //! connection cap), the request timeout that spares long polls, the bounded jq search, and the
 //! start-up refusals that keep secrets secret.
 
-use reqwest::blocking::{Client, RequestBuilder};
+use reqwest::blocking::RequestBuilder;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::Command;
 use std::time::{Duration, Instant};
-use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 const DEADLINE: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
-}
-
-/// A running `sm4c serve`, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    port: u16,
-    client: Client,
-    dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Starts `sm4c serve` on loopback with `extra` flags and `env`, and waits for `/healthz`.
 fn serve(extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let child = Command::new(BIN)
-        .arg("serve")
-        .arg("--db")
-        .arg(dir.path().join("sm4c.db"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+    let mut serve = Serve::new()
         .args(extra)
         .env_remove("SM4C_TOKEN_ADMIN")
         .env_remove("SM4C_TOKEN_OPERATE")
         .env_remove("SM4C_TOKEN_READ")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("server.log")).expect("log"))
-        .spawn()
-        .expect("sm4c serve starts");
-    let mut s = Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        port,
         // No idle connections kept: each request opens its own, so none holds a slot of the cap.
-        client: Client::builder()
-            .timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(0)
-            .build()
-            .expect("client"),
-        dir,
-    };
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = s.client.get(format!("{}/healthz", s.url)).send() {
-            if r.status() == 200 {
-                return s;
-            }
-        }
-        if let Ok(Some(status)) = s.child.try_wait() {
-            panic!("sm4c serve exited with {status}:\n{}", s.log());
-        }
-        assert!(started.elapsed() < DEADLINE, "no /healthz:\n{}", s.log());
-        std::thread::sleep(Duration::from_millis(50));
+        .fresh_connections();
+    for (k, v) in env {
+        serve = serve.env(k, v);
     }
+    serve.start()
 }
 
-impl Server {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
+/// What these tests ask of a server.
+trait Api {
+    fn post(&self, path: &str) -> RequestBuilder;
+    fn get(&self, path: &str) -> RequestBuilder;
+    fn waiting(&self, n: usize);
+}
 
+impl Api for Server {
     fn post(&self, path: &str) -> RequestBuilder {
-        self.client.post(format!("{}{path}", self.url))
+        self.client().post(format!("{}{path}", self.url()))
     }
 
     fn get(&self, path: &str) -> RequestBuilder {
-        self.client.get(format!("{}{path}", self.url))
+        self.client().get(format!("{}{path}", self.url()))
     }
 
     /// Registers `waiter` and starts instances `w-1`..`w-{n}` that wait for an event.
@@ -142,7 +90,7 @@ fn a_page_that_rebinds_its_name_to_the_server_is_refused() {
     );
     // With the port, as browsers send it; and the names that look loopback but are not.
     for foreign in [
-        format!("attacker.example:{}", s.port),
+        format!("attacker.example:{}", s.port()),
         "127.0.0.1.nip.io".into(),
         "localhost.attacker.example".into(),
     ] {
@@ -154,10 +102,10 @@ fn a_page_that_rebinds_its_name_to_the_server_is_refused() {
         assert_eq!((st, body["error"].as_str()), (403, Some("foreignHost")), "{foreign}");
     }
     for loopback in [
-        format!("127.0.0.1:{}", s.port),
-        format!("localhost:{}", s.port),
+        format!("127.0.0.1:{}", s.port()),
+        format!("localhost:{}", s.port()),
         "localhost".into(),
-        format!("[::1]:{}", s.port),
+        format!("[::1]:{}", s.port()),
     ] {
         let (st, body) = answer(s.get("/instances").header("host", &loopback));
         assert_eq!(st, 200, "{loopback}: {body}");
@@ -282,7 +230,7 @@ fn a_post_without_a_json_body_needs_the_header_without_authentication() {
     assert_eq!(st, 204);
     // The CLI client sends it.
     let out = Command::new(BIN)
-        .args(["cancel", "w-1", "--server", &s.url])
+        .args(["cancel", "w-1", "--server", s.url()])
         .output()
         .expect("sm4c cancel");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -335,7 +283,7 @@ fn every_answer_says_nosniff_and_the_inspector_its_policy() {
 #[test]
 fn a_client_that_sends_its_headers_a_byte_a_second_is_cut_off() {
     let s = serve(&["--header-timeout", "2s"], &[]);
-    let mut slow = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    let mut slow = TcpStream::connect(("127.0.0.1", s.port())).expect("connect");
     slow.set_read_timeout(Some(Duration::from_millis(100)))
         .expect("timeout");
     let started = Instant::now();
@@ -389,7 +337,7 @@ fn a_client_that_sends_its_headers_a_byte_a_second_is_cut_off() {
 #[test]
 fn a_connection_in_use_outlives_the_header_timeout() {
     let s = serve(&["--header-timeout", "2s"], &[]);
-    let mut c = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    let mut c = TcpStream::connect(("127.0.0.1", s.port())).expect("connect");
     c.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     // One keep-alive connection, a request every half second for three times the timeout: each is
     // answered on it (the first-request deadline is for connections that never ask).
@@ -431,7 +379,7 @@ fn a_connection_in_use_outlives_the_header_timeout() {
 #[test]
 fn an_http2_client_that_never_sends_a_request_is_cut_off() {
     let s = serve(&["--header-timeout", "2s"], &[]);
-    let mut idle = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    let mut idle = TcpStream::connect(("127.0.0.1", s.port())).expect("connect");
     idle.set_read_timeout(Some(Duration::from_millis(200)))
         .expect("timeout");
     // HTTP/2 with prior knowledge: the preface and an empty SETTINGS frame, then nothing.
@@ -477,9 +425,9 @@ fn connections_beyond_the_cap_are_answered_503_and_the_server_serves_on() {
     let mut held = Vec::new();
     let started = Instant::now();
     loop {
-        held.push(TcpStream::connect(("127.0.0.1", s.port)).expect("connect"));
-        held.push(TcpStream::connect(("127.0.0.1", s.port)).expect("connect"));
-        let mut third = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+        held.push(TcpStream::connect(("127.0.0.1", s.port())).expect("connect"));
+        held.push(TcpStream::connect(("127.0.0.1", s.port())).expect("connect"));
+        let mut third = TcpStream::connect(("127.0.0.1", s.port())).expect("connect");
         third
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             .expect("send");
@@ -503,8 +451,8 @@ fn connections_beyond_the_cap_are_answered_503_and_the_server_serves_on() {
     let started = Instant::now();
     loop {
         match s
-            .client
-            .get(format!("{}/healthz", s.url))
+            .client()
+            .get(format!("{}/healthz", s.url()))
             .send()
             .map(|r| r.status().as_u16())
         {

@@ -14,15 +14,14 @@
 //! It needs to mount a tmpfs, which root may do (CI and the development machines run tests as root).
 //! Where mounting is not permitted the test fails and says so: it never skips silently.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 /// Longest the server may take to recover once space returns, or an instance to complete.
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -65,91 +64,25 @@ impl Drop for Tmpfs {
 
 /// `sm4c serve` on the tmpfs; killed when dropped, before the tmpfs is unmounted.
 struct Campaign {
-    child: Child,
-    port: u16,
-    url: String,
-    client: Client,
-    log: PathBuf,
+    server: Server,
     db: PathBuf,
     // Dropped last: the server goes first.
     fs: Tmpfs,
 }
 
-impl Drop for Campaign {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 impl Campaign {
     fn start(size: &str) -> Campaign {
         let fs = Tmpfs::mount(size);
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
         let db = fs.path().join("sm4c.db");
-        // The log is kept off the small file system: it must not be what fills it.
-        let log = std::env::temp_dir().join(format!("sm4c-disk-full-{port}.log"));
-        let child = Campaign::spawn(&db, port, &log);
-        let c = Campaign {
-            child,
-            port,
-            url: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("client"),
-            log,
-            db,
-            fs,
-        };
-        c.wait_ready();
-        c
-    }
-
-    fn spawn(db: &Path, port: u16, log: &Path) -> Child {
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("log file");
-        Command::new(BIN)
-            .arg("serve")
-            .arg("--db")
-            .arg(db)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("sm4c serve starts")
-    }
-
-    fn wait_ready(&self) {
-        let started = Instant::now();
-        while !self
-            .client
-            .get(format!("{}/healthz", self.url))
-            .send()
-            .is_ok_and(|r| r.status() == 200)
-        {
-            self.assert_alive();
-            assert!(
-                started.elapsed() < DEADLINE,
-                "sm4c serve did not answer /healthz:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // The log stays in the server's own folder, off the small file system: it must not be
+        // what fills it.
+        let server = Serve::new().db(&db).start();
+        Campaign { server, db, fs }
     }
 
     /// Stops the server with SIGTERM (it closes the store cleanly) and waits for it.
     fn stop(&mut self) {
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
-        let status = self.child.wait().expect("wait for sm4c serve");
+        let status = self.server.terminate();
         assert!(
             status.success(),
             "sm4c serve stopped with {status}; log:\n{}",
@@ -157,10 +90,9 @@ impl Campaign {
         );
     }
 
-    /// Starts the server again on the same store and port.
+    /// Starts the server again on the same store (on a new port).
     fn restart(&mut self) {
-        self.child = Campaign::spawn(&self.db, self.port, &self.log);
-        self.wait_ready();
+        self.server.restart();
     }
 
     /// The files on the small file system and their sizes.
@@ -174,13 +106,13 @@ impl Campaign {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.server.log()
     }
 
     fn assert_alive(&self) {
         let mut child = std::process::Command::new("kill");
         let alive = child
-            .args(["-0", &self.child.id().to_string()])
+            .args(["-0", &self.server.pid().to_string()])
             .status()
             .is_ok_and(|s| s.success());
         assert!(alive, "sm4c serve is gone; log:\n{}", self.log());
@@ -196,11 +128,16 @@ impl Campaign {
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.request(self.client.post(format!("{}{path}", self.url)).json(body))
+        self.request(
+            self.server
+                .client()
+                .post(format!("{}{path}", self.server.url()))
+                .json(body),
+        )
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        self.request(self.client.get(format!("{}{path}", self.url)))
+        self.request(self.server.client().get(format!("{}{path}", self.server.url())))
     }
 
     fn start_instance(&self, id: &str, n: usize) -> (u16, Value) {
@@ -305,8 +242,9 @@ fn a_full_disk_refuses_writes_loses_nothing_and_passes_when_space_returns() {
         let event = json!({"specversion": "1.0", "id": "e-1", "source": "test", "type": "com.example.nobody",
                        "data": {"pad": "x".repeat(200_000)}});
         let (code, body) = c.request(
-            c.client
-                .post(format!("{}/events", c.url))
+            c.server
+                .client()
+                .post(format!("{}/events", c.server.url()))
                 .header("content-type", "application/cloudevents+json")
                 .body(event.to_string()),
         );
@@ -373,8 +311,7 @@ fn a_full_disk_refuses_writes_loses_nothing_and_passes_when_space_returns() {
 
     // The file is sound, and holds every acknowledged instance.
     let db = c.db.clone();
-    let _ = c.child.kill();
-    let _ = c.child.wait();
+    c.server.kill();
     let conn = rusqlite::Connection::open(&db).expect("open the store");
     let check: String = conn
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
@@ -406,7 +343,7 @@ fn a_store_on_a_full_disk_is_not_opened_and_the_message_says_why() {
         .arg("serve")
         .arg("--db")
         .arg(&c.db)
-        .args(["--listen", &format!("127.0.0.1:{}", c.port)])
+        .args(["--listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .output()
         .expect("sm4c serve runs");

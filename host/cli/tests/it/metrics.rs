@@ -1,16 +1,13 @@
 //! `GET /metrics` of `sm4c serve`: the real binary runs instances that complete, fail, are cancelled
 //! and time out, calls a mocked function, and the exposition it answers is parsed and checked.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server};
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Calls `double`, which fails for a negative `.n`, and stores its result.
@@ -53,74 +50,29 @@ fn waiter(id: &str, timeout: Option<&str>) -> Value {
     d
 }
 
-struct Server {
-    child: Child,
-    url: String,
-    client: Client,
-    log: PathBuf,
-    _dir: TempDir,
+fn start(dir: TempDir, extra: &[&str]) -> Server {
+    Serve::new()
+        .db(dir.path().join("sm4c.db"))
+        .log(dir.path().join("server.log"))
+        .args(extra)
+        .keep(dir)
+        .start()
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// What these tests ask of a server.
+trait Api {
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn define(&self, doc: &Value);
+    fn run(&self, definition: &str, id: &str, input: Value);
+    fn wait_status(&self, id: &str, status: &str);
+    fn metrics(&self) -> Exposition;
 }
 
-impl Server {
-    fn start(dir: TempDir, extra: &[&str]) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let log = dir.path().join("server.log");
-        let child = Command::new(BIN)
-            .arg("serve")
-            .arg("--db")
-            .arg(dir.path().join("sm4c.db"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("sm4c serve starts");
-        let mut s = Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("client"),
-            log,
-            _dir: dir,
-        };
-        let t0 = Instant::now();
-        loop {
-            if s.client
-                .get(format!("{}/healthz", s.url))
-                .send()
-                .is_ok_and(|r| r.status() == 200)
-            {
-                return s;
-            }
-            if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("sm4c serve exited with {status}:\n{}", s.stderr());
-            }
-            assert!(t0.elapsed() < DEADLINE, "sm4c serve did not answer:\n{}", s.stderr());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
+impl Api for Server {
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let r = self
-            .client
-            .post(format!("{}{path}", self.url))
+            .client()
+            .post(format!("{}{path}", self.url()))
             .json(body)
             .send()
             .expect("answered");
@@ -145,8 +97,8 @@ impl Server {
         let t0 = Instant::now();
         loop {
             let v: Value = self
-                .client
-                .get(format!("{}/instances/{id}", self.url))
+                .client()
+                .get(format!("{}/instances/{id}", self.url()))
                 .send()
                 .and_then(|r| r.json())
                 .expect("instance");
@@ -160,8 +112,8 @@ impl Server {
 
     fn metrics(&self) -> Exposition {
         let r = self
-            .client
-            .get(format!("{}/metrics", self.url))
+            .client()
+            .get(format!("{}/metrics", self.url()))
             .send()
             .expect("GET /metrics");
         assert_eq!(r.status(), 200);
@@ -247,7 +199,7 @@ fn metrics_count_instances_transitions_and_function_calls() {
     let mock = dir.path().join("mocks.json");
     let mocks = json!({"double": "if .n < 0 then error(\"negative\") else .n * 2 end"});
     std::fs::write(&mock, mocks.to_string()).expect("mocks");
-    let s = Server::start(dir, &["--mock", mock.to_str().expect("path")]);
+    let s = start(dir, &["--mock", mock.to_str().expect("path")]);
 
     // Before anything ran, the families are declared with their types and hold no series.
     let m = s.metrics();

@@ -8,95 +8,43 @@
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 
 /// Longest an instance may take to reach a status (generous: debug builds on busy machines).
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+/// `sm4c serve --db DB --definitions DEFS ARGS` (appending to `log`), once it answers `/healthz`.
+fn start(db: &Path, defs: &Path, log: &Path, args: &[&str]) -> Server {
+    Serve::new()
+        .db(db)
+        .log(log)
+        .arg("--definitions")
+        .arg(defs)
+        .args(args)
+        .start()
 }
 
-/// A running `sm4c serve`, killed with SIGKILL when dropped.
-struct Server {
-    child: Option<Child>,
-    base: String,
-    client: Client,
-    log: PathBuf,
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn redrive(&self, id: &str, body: &Value) -> (u16, Value);
+    fn start_instance(&self, definition: &str, id: &str, input: Value);
+    fn instance(&self, id: &str) -> Value;
+    fn history(&self, id: &str) -> Vec<Value>;
+    fn wait_status(&self, id: &str, statuses: &[&str]) -> Value;
+    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String);
 }
 
-impl Server {
-    fn start(db: &Path, defs: &Path, log: &Path, args: &[&str]) -> Server {
-        let port = free_port();
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("open the server log");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .arg("--db")
-            .arg(db)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--definitions")
-            .arg(defs)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log handle"))
-            .stderr(out);
-        let mut s = Server {
-            child: Some(cmd.spawn().expect("spawn sm4c serve")),
-            base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("http client"),
-            log: log.to_path_buf(),
-        };
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("sm4c serve exited with {status}; log:\n{}", s.log());
-            }
-            let ok = s
-                .client
-                .get(format!("{}/healthz", s.base))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .is_ok_and(|r| r.status().is_success());
-            if ok {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "sm4c serve did not start; log:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
+impl Api for Server {
     fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value) {
         let r = req
             .send()
@@ -107,7 +55,7 @@ impl Server {
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.base)).json(body))
+        self.send(self.client().post(format!("{}{path}", self.url())).json(body))
     }
 
     fn redrive(&self, id: &str, body: &Value) -> (u16, Value) {
@@ -123,15 +71,15 @@ impl Server {
     }
 
     fn instance(&self, id: &str) -> Value {
-        let (st, body) = self.send(self.client.get(format!("{}/instances/{id}", self.base)));
+        let (st, body) = self.send(self.client().get(format!("{}/instances/{id}", self.url())));
         assert_eq!(st, 200, "GET /instances/{id}: {body}");
         body
     }
 
     fn history(&self, id: &str) -> Vec<Value> {
         let (st, body) = self.send(
-            self.client
-                .get(format!("{}/instances/{id}/history?limit=1000", self.base)),
+            self.client()
+                .get(format!("{}/instances/{id}/history?limit=1000", self.url())),
         );
         assert_eq!(st, 200, "history: {body}");
         body["entries"].as_array().cloned().unwrap_or_default()
@@ -159,7 +107,7 @@ impl Server {
     fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
         let out = Command::new(BIN)
             .args(args)
-            .args(["--server", &self.base])
+            .args(["--server", self.url()])
             .output()
             .expect("sm4c runs");
         (
@@ -167,12 +115,6 @@ impl Server {
             String::from_utf8_lossy(&out.stdout).to_string(),
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -275,7 +217,7 @@ fn a_call_that_failed_on_its_data_succeeds_after_a_redrive_with_an_update_also_a
     let dir = tempfile::tempdir().expect("tempdir");
     let defs = definitions(dir.path(), &server);
     let (db, log) = (dir.path().join("s.db"), dir.path().join("log"));
-    let mut s = Server::start(&db, &defs, &log, &[]);
+    let mut s = start(&db, &defs, &log, &[]);
 
     s.start_instance("pay", "p1", json!({"amount": 5}));
     let failed = s.wait_status("p1", &["failed", "completed"]);
@@ -305,9 +247,9 @@ fn a_call_that_failed_on_its_data_succeeds_after_a_redrive_with_an_update_also_a
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("goes on from state \"Charge\""), "{out}");
     assert!(out.contains("add /card: \"4242\""), "{out}");
-    s.kill9();
+    s.kill();
 
-    let s = Server::start(&db, &defs, &log, &[]);
+    let s = start(&db, &defs, &log, &[]);
     let done = s.wait_status("p1", &["completed", "failed"]);
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["id"], "p1");
@@ -365,7 +307,7 @@ fn a_redrive_without_update_once_the_server_is_fixed_completes_and_refusals_name
     let server = payments(calls.clone(), fixed.clone());
     let dir = tempfile::tempdir().expect("tempdir");
     let defs = definitions(dir.path(), &server);
-    let s = Server::start(&dir.path().join("s.db"), &defs, &dir.path().join("log"), &[]);
+    let s = start(&dir.path().join("s.db"), &defs, &dir.path().join("log"), &[]);
 
     // Capped at one redrive: the second is refused with limitReached.
     s.start_instance("pay-capped", "c1", json!({"amount": 1}));
@@ -402,8 +344,8 @@ fn a_redrive_without_update_once_the_server_is_fixed_completes_and_refusals_name
     assert_eq!(s.wait_status("p2", &["failed"])["status"], "failed");
     fixed.store(true, Ordering::SeqCst);
     let r = s
-        .client
-        .post(format!("{}/instances/p2/redrive", s.base))
+        .client()
+        .post(format!("{}/instances/p2/redrive", s.url()))
         .header("x-sm4c-request", "1")
         .send()
         .expect("redrive");
@@ -436,7 +378,7 @@ fn an_asl_execution_is_redriven_from_its_failed_task_with_its_retry_counters_res
     )
     .expect("write");
     let mocks = mocks.to_string_lossy().to_string();
-    let s = Server::start(
+    let s = start(
         &dir.path().join("s.db"),
         &defs,
         &dir.path().join("log"),

@@ -5,13 +5,13 @@
 //! deadlines, unreachable and missing targets, `.proto` problems found by `sm4c validate`, the
 //! configuration file, and `sm4c serve`.
 
-#[path = "support/inventory.rs"]
-mod inventory;
+use crate::support::inventory;
 
-#[path = "support/proc.rs"]
-mod proc;
+use crate::support::proc;
+use crate::support::server;
 use inventory::{server, Seen};
 use serde_json::{json, Value};
+use server::{Serve, Server};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -212,12 +212,8 @@ fn deadlines_are_function_errors_and_action_timeouts_give_null() {
 #[test]
 fn an_unreachable_target_is_a_function_error_and_a_missing_one_names_the_flag() {
     let dir = folder();
-    // Bind then drop a listener: nothing listens on that port any more.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Port 1 (tcpmux): nothing listens there on a test machine, and no test binds it.
+    let port = 1;
     let def =
         definition(json!({"name": "A", "start": true, "enterAction": call("i", "GetItem", json!({"id": "sku-1"}))}));
     let (code, out, _) = run(
@@ -436,36 +432,15 @@ fn grpc_functions_work_through_sm4c_serve() {
     let seen = Seen::default();
     let url = server(seen.clone());
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     // tests/data/grpc holds one definition and its .proto (not read as a definition).
-    let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+    let server = Serve::new()
+        .db(dir.path().join("s.db"))
+        .arg("--definitions")
         .arg(data())
-        .arg("--db")
-        .arg(dir.path().join("s.db"))
         .args(["--grpc-target", &target(&url)])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _guard = Kill(child);
-    let base = format!("http://127.0.0.1:{port}");
+        .start();
+    let base = server.url().to_string();
     let client = reqwest::blocking::Client::new();
-    let up = (0..200).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        client.get(format!("{base}/healthz")).send().is_ok()
-    });
-    assert!(up, "server did not start");
     for (id, sku) in [("g1", "sku-1"), ("g2", "sku-2")] {
         let r = client
             .post(format!("{base}/instances"))
@@ -744,57 +719,27 @@ fn hung_and_healthy_server(hung: std::sync::Arc<Hung>) -> String {
 }
 
 /// `sm4c serve`, killed when dropped.
-struct Serve {
-    child: std::process::Child,
-    url: String,
-    client: reqwest::blocking::Client,
+struct Serving {
+    server: Server,
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn start(definitions: &Path, config: &Path, db: &Path) -> Serve {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_sm4c"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--definitions"])
+impl Serving {
+    fn start(definitions: &Path, config: &Path, db: &Path) -> Serving {
+        let server = Serve::new()
+            .db(db)
+            .arg("--definitions")
             .arg(definitions)
-            .arg("--db")
-            .arg(db)
             .arg("--config")
             .arg(config)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let s = Serve {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            client: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        };
-        let up = (0..600).any(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            s.client.get(format!("{}/healthz", s.url)).send().is_ok()
-        });
-        assert!(up, "sm4c serve did not start");
-        s
+            .start();
+        Serving { server }
     }
 
     fn start_instance(&self, definition: &str, id: &str) {
         let r = self
-            .client
-            .post(format!("{}/instances", self.url))
+            .server
+            .client()
+            .post(format!("{}/instances", self.server.url()))
             .json(&json!({"definition": definition, "id": id, "input": {"sku": format!("sku-{id}")}}))
             .send()
             .unwrap();
@@ -802,8 +747,9 @@ impl Serve {
     }
 
     fn instance(&self, id: &str) -> Value {
-        self.client
-            .get(format!("{}/instances/{id}", self.url))
+        self.server
+            .client()
+            .get(format!("{}/instances/{id}", self.server.url()))
             .send()
             .unwrap()
             .json()
@@ -812,7 +758,7 @@ impl Serve {
 
     /// The server's resident set (kB), from /proc.
     fn rss_kb(&self) -> u64 {
-        proc::rss_kb(self.child.id())
+        proc::rss_kb(self.server.pid())
     }
 
     fn ended(v: &Value) -> bool {
@@ -825,7 +771,7 @@ impl Serve {
         ids.iter()
             .map(|id| loop {
                 let v = self.instance(id);
-                if Serve::ended(&v) {
+                if Serving::ended(&v) {
                     break v;
                 }
                 assert!(started.elapsed() < within, "{id} has not ended after {within:?}: {v}");
@@ -880,7 +826,7 @@ fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
     let url = hung_and_healthy_server(hung.clone());
     let dir = tempfile::tempdir().unwrap();
     let (defs, config) = bound_definitions(dir.path(), &url, BOUND, DEADLINE);
-    let s = Serve::start(&defs, &config, &dir.path().join("s.db"));
+    let s = Serving::start(&defs, &config, &dir.path().join("s.db"));
     let ids = |prefix: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{prefix}-{i:02}")).collect() };
 
     // A burst of calls to the hung service; then, while they hang or wait, calls to the healthy
@@ -904,7 +850,7 @@ fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
     let still: Vec<Value> = wave1.iter().map(|id| s.instance(id)).collect();
     if first.elapsed() < DEADLINE {
         for v in &still {
-            assert!(!Serve::ended(v), "ended before its deadline: {v}");
+            assert!(!Serving::ended(v), "ended before its deadline: {v}");
         }
     }
     assert!(
@@ -979,7 +925,7 @@ fn a_hung_service_gets_at_most_its_bound_and_does_not_stall_another() {
     );
 }
 
-/// The REST campaign's memory check (tests/downstreams.rs), for gRPC: bursts of calls to a hung
+/// The REST campaign's memory check (tests/it/downstreams.rs), for gRPC: bursts of calls to a hung
 /// service, far more than its bound, each waiting for a turn or its deadline, do not grow the
 /// server's memory beyond a generous bound, and the healthy service on the same connection answers
 /// meanwhile. `cargo test` runs two bursts of 500; `SM4C_DOWNSTREAMS_FULL=1` two of 5,000.
@@ -995,7 +941,7 @@ fn a_large_burst_of_hung_grpc_calls_leaves_memory_bounded() {
     let url = hung_and_healthy_server(hung.clone());
     let dir = tempfile::tempdir().unwrap();
     let (defs, config) = bound_definitions(dir.path(), &url, BOUND, DEADLINE);
-    let s = Serve::start(&defs, &config, &dir.path().join("s.db"));
+    let s = Serving::start(&defs, &config, &dir.path().join("s.db"));
     let ids = |prefix: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{prefix}-{i:05}")).collect() };
     let start = |definition: &str, ids: &[String]| {
         for id in ids {

@@ -4,14 +4,12 @@
 
 use reqwest::blocking::{Client, RequestBuilder};
 use serde_json::{json, Value};
-use std::fs::OpenOptions;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
-use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 
 /// Longest anything may take to happen (the machine is slow and tests run in parallel).
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -53,99 +51,38 @@ fn retried(function: Value) -> Value {
 // Harness
 // ---------------------------------------------------------------------------------------------
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
+/// A server on a fresh store with `extra` flags.
+fn fresh(extra: &[&str]) -> Server {
+    Serve::new().args(extra).client_timeout(Duration::from_secs(90)).start()
 }
 
-/// A running `sm4c serve` on its own store, killed with SIGKILL when dropped.
-struct Server {
-    child: Option<Child>,
-    url: String,
-    client: Client,
-    dir: PathBuf,
-    _temp: Option<TempDir>,
+/// A server on the store in `dir` (the store survives the server).
+fn on(dir: &Path, extra: &[&str]) -> Server {
+    Serve::new()
+        .db(dir.join("sm4c.db"))
+        .log(dir.join("server.log"))
+        .args(extra)
+        .client_timeout(Duration::from_secs(90))
+        .start()
 }
 
-impl Server {
-    /// A server on a fresh store with `extra` flags.
-    fn start(extra: &[&str]) -> Server {
-        let temp = tempfile::tempdir().expect("tempdir");
-        let mut s = Server::on(temp.path(), extra);
-        s._temp = Some(temp);
-        s
-    }
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: RequestBuilder) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn post_empty(&self, path: &str) -> (u16, Value);
+    fn get(&self, path: &str) -> (u16, Value);
+    fn define(&self, doc: &Value);
+    fn start_instance(&self, definition: &str, id: &str, input: Value);
+    fn poll(&self, list: &str, wait: &str) -> Option<Value>;
+    fn take(&self, list: &str) -> Value;
+    fn answer(&self, token: &str, what: &str, body: Option<&Value>) -> (u16, Value);
+    fn instance(&self, id: &str) -> Value;
+    fn ended(&self, id: &str) -> Value;
+    fn task_list(&self, name: &str) -> Value;
+}
 
-    /// A server on the store in `dir` (the store survives the server).
-    fn on(dir: &Path, extra: &[&str]) -> Server {
-        let port = free_port();
-        let log_start = std::fs::metadata(dir.join("server.log")).map_or(0, |m| m.len() as usize);
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("server.log"))
-            .expect("log file");
-        let child = Command::new(BIN)
-            .arg("serve")
-            .arg("--db")
-            .arg(dir.join("sm4c.db"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .spawn()
-            .expect("sm4c serve starts");
-        let mut s = Server {
-            child: Some(child),
-            url: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(90))
-                .build()
-                .expect("http client"),
-            dir: dir.to_path_buf(),
-            _temp: None,
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(r) = s.client.get(format!("{}/healthz", s.url)).send() {
-                // Another process may have taken the port between `free_port` and the bind: then
-                // the answer came from its server, and ours has exited. Try another port.
-                let exited = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()).is_some();
-                if exited && s.log().get(log_start..).unwrap_or("").contains("cannot listen") {
-                    s.kill9();
-                    return Server::on(dir, extra);
-                }
-                if r.status() == 200 && !exited {
-                    return s;
-                }
-            }
-            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                if s.log().get(log_start..).unwrap_or("").contains("cannot listen") {
-                    return Server::on(dir, extra);
-                }
-                panic!("sm4c serve exited with {status}:\n{}", s.log());
-            }
-            assert!(started.elapsed() < DEADLINE, "sm4c serve did not start:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-    }
-
-    /// kill -9, and reap the process.
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
+impl Api for Server {
     fn send(&self, req: RequestBuilder) -> (u16, Value) {
         let resp = req
             .send()
@@ -156,19 +93,19 @@ impl Server {
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.url)).json(body))
+        self.send(self.client().post(format!("{}{path}", self.url())).json(body))
     }
 
     fn post_empty(&self, path: &str) -> (u16, Value) {
         self.send(
-            self.client
-                .post(format!("{}{path}", self.url))
+            self.client()
+                .post(format!("{}{path}", self.url()))
                 .header("x-sm4c-request", "1"),
         )
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.client.get(format!("{}{path}", self.url)))
+        self.send(self.client().get(format!("{}{path}", self.url())))
     }
 
     fn define(&self, doc: &Value) {
@@ -246,12 +183,6 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 fn token_of(task: &Value) -> String {
     task["token"].as_str().expect("a token").to_string()
 }
@@ -276,7 +207,7 @@ fn expected_token(instance: &str, op: &str) -> String {
 
 #[test]
 fn a_worker_polls_heartbeats_and_completes_and_the_instance_gets_the_result() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs(
         "thumbs",
         json!({"heartbeatTimeout": "PT30S", "startToCloseTimeout": "PT5M"}),
@@ -336,7 +267,7 @@ fn a_worker_polls_heartbeats_and_completes_and_the_instance_gets_the_result() {
     let cli = |args: &[&str]| {
         let out = Command::new(BIN)
             .args(args)
-            .args(["--server", &s.url])
+            .args(["--server", s.url()])
             .output()
             .unwrap();
         assert!(
@@ -363,7 +294,7 @@ fn a_worker_polls_heartbeats_and_completes_and_the_instance_gets_the_result() {
 
 #[test]
 fn a_worker_failure_reaches_the_error_handler_with_its_code_and_details() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     s.start_instance("thumbs", "f1", json!({"url": "missing.png"}));
     let token = token_of(&s.take("images"));
@@ -385,7 +316,7 @@ fn a_worker_failure_reaches_the_error_handler_with_its_code_and_details() {
 
 #[test]
 fn schedule_to_start_timeout_fails_the_call_when_no_worker_comes() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({"scheduleToStartTimeout": "0.5s"})));
     s.start_instance("thumbs", "s1", json!({"url": "a.png"}));
     assert_eq!(s.task_list("images")["queued"], 1);
@@ -407,7 +338,7 @@ fn schedule_to_start_timeout_fails_the_call_when_no_worker_comes() {
 
 #[test]
 fn a_heartbeat_timeout_is_retried_as_a_new_task_that_a_second_poll_completes() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&retried(json!({"heartbeatTimeout": "1s"})));
     s.start_instance("retried", "h1", json!({"url": "b.png"}));
     let first = s.take("images");
@@ -450,7 +381,7 @@ fn a_heartbeat_timeout_is_retried_as_a_new_task_that_a_second_poll_completes() {
 
 #[test]
 fn start_to_close_timeout_fails_a_task_the_worker_keeps_too_long() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({"startToCloseTimeout": "1s"})));
     s.start_instance("thumbs", "c1", json!({"url": "c.png"}));
     let token = token_of(&s.take("images"));
@@ -469,7 +400,7 @@ fn start_to_close_timeout_fails_a_task_the_worker_keeps_too_long() {
 
 #[test]
 fn cloudevents_complete_fail_and_heartbeat_tasks_by_token() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     s.start_instance("thumbs", "e1", json!({"url": "e1.png"}));
     s.start_instance("thumbs", "e2", json!({"url": "e2.png"}));
@@ -481,8 +412,8 @@ fn cloudevents_complete_fail_and_heartbeat_tasks_by_token() {
     // Binary mode: the token is the ce-sm4ctasktoken header.
     let binary = |ty: &str, token: &str, body: &str| {
         s.send(
-            s.client
-                .post(format!("{}/events", s.url))
+            s.client()
+                .post(format!("{}/events", s.url()))
                 .header("ce-specversion", "1.0")
                 .header("ce-id", format!("{ty}-{token}"))
                 .header("ce-source", "workers/py")
@@ -505,8 +436,8 @@ fn cloudevents_complete_fail_and_heartbeat_tasks_by_token() {
     // Structured mode: the token is an attribute of the event.
     let structured = |event: Value| {
         s.send(
-            s.client
-                .post(format!("{}/events", s.url))
+            s.client()
+                .post(format!("{}/events", s.url()))
                 .header("content-type", "application/cloudevents+json")
                 .body(event.to_string()),
         )
@@ -531,7 +462,7 @@ fn cloudevents_complete_fail_and_heartbeat_tasks_by_token() {
 
 #[test]
 fn bad_and_unknown_tokens_and_requests_get_clear_errors() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     for token in ["not-a-token", "Zm9v", &expected_token("ghost", "1.enter")] {
         for what in ["complete", "fail", "heartbeat"] {
@@ -551,15 +482,15 @@ fn bad_and_unknown_tokens_and_requests_get_clear_errors() {
     let (st, body) = s.answer(&token, "fail", Some(&json!({"reason": "x"})));
     assert_eq!((st, body["error"].clone()), (400, json!("invalidFailure")), "{body}");
     let (st, body) = s.send(
-        s.client
-            .post(format!("{}/tasks/{token}/complete", s.url))
+        s.client()
+            .post(format!("{}/tasks/{token}/complete", s.url()))
             .header("content-type", "text/plain")
             .body("done"),
     );
     assert_eq!((st, body["error"].clone()), (415, json!("unsupportedMediaType")));
     let (st, body) = s.send(
-        s.client
-            .post(format!("{}/tasks/{token}/complete", s.url))
+        s.client()
+            .post(format!("{}/tasks/{token}/complete", s.url()))
             .header("content-type", "application/json")
             .body("{oops"),
     );
@@ -582,7 +513,7 @@ fn bad_and_unknown_tokens_and_requests_get_clear_errors() {
 
 #[test]
 fn a_long_poll_waits_for_its_bound_or_for_a_task_scheduled_meanwhile() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     let started = Instant::now();
     assert_eq!(s.poll("images", "700ms"), None);
@@ -614,7 +545,7 @@ fn a_long_poll_waits_for_its_bound_or_for_a_task_scheduled_meanwhile() {
 
 #[test]
 fn cancelling_removes_queued_tasks_and_tells_working_workers_to_stop() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     s.start_instance("thumbs", "k1", json!({"url": "k1.png"}));
     let (st, _) = s.post_empty("/instances/k1/cancel");
@@ -640,12 +571,12 @@ fn cancelling_removes_queued_tasks_and_tells_working_workers_to_stop() {
 #[test]
 fn after_a_crash_a_queued_task_is_queued_again_with_the_same_token() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = Server::on(dir.path(), &[]);
+    let mut s = on(dir.path(), &[]);
     s.define(&thumbs("thumbs", json!({"scheduleToStartTimeout": "PT10M"})));
     s.start_instance("thumbs", "q1", json!({"url": "q.png"}));
     assert_eq!(s.task_list("images")["queued"], 1);
-    s.kill9();
-    let s = Server::on(dir.path(), &[]);
+    s.kill();
+    let s = on(dir.path(), &[]);
     assert_eq!(s.task_list("images")["queued"], 1, "{}", s.log());
     let task = s.take("images");
     assert_eq!(token_of(&task), expected_token("q1", "1.enter"));
@@ -661,14 +592,14 @@ fn after_a_crash_a_queued_task_is_queued_again_with_the_same_token() {
 #[test]
 fn after_a_crash_a_taken_task_stays_with_its_worker_whose_token_still_works() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = Server::on(dir.path(), &[]);
+    let mut s = on(dir.path(), &[]);
     s.define(&thumbs("thumbs", json!({"heartbeatTimeout": "PT1M"})));
     s.start_instance("thumbs", "w1", json!({"url": "w.png"}));
     let token = token_of(&s.take("images"));
     let (st, _) = s.answer(&token, "heartbeat", Some(&json!({"done": 1})));
     assert_eq!(st, 200);
-    s.kill9();
-    let s = Server::on(dir.path(), &[]);
+    s.kill();
+    let s = on(dir.path(), &[]);
     assert_eq!(s.poll("images", "500ms"), None, "not handed to a second worker");
     let (st, body) = s.answer(&token, "heartbeat", Some(&json!({"done": 2})));
     assert_eq!((st, body), (200, json!({"cancelRequested": false})));
@@ -680,13 +611,13 @@ fn after_a_crash_a_taken_task_stays_with_its_worker_whose_token_still_works() {
 #[test]
 fn task_timeouts_survive_a_crash() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = Server::on(dir.path(), &[]);
+    let mut s = on(dir.path(), &[]);
     s.define(&thumbs("thumbs", json!({"heartbeatTimeout": "2s"})));
     s.start_instance("thumbs", "d1", json!({"url": "d.png"}));
     let _ = s.take("images");
-    s.kill9();
+    s.kill();
     // The worker is gone too: nobody heartbeats, and the restarted server times the task out.
-    let s = Server::on(dir.path(), &[]);
+    let s = on(dir.path(), &[]);
     let inst = s.ended("d1");
     assert_eq!(inst["data"]["failed"]["details"]["timeoutType"], "heartbeat", "{inst}");
 }
@@ -700,7 +631,7 @@ fn the_python_sample_worker_does_the_tasks_of_the_word_count_sample() {
         definitions.path().join("definition.json"),
     )
     .unwrap();
-    let s = Server::start(&["--definitions", definitions.path().to_str().unwrap()]);
+    let s = fresh(&["--definitions", definitions.path().to_str().unwrap()]);
     let input: Value = serde_json::from_str(&std::fs::read_to_string(sample.join("input.json")).unwrap()).unwrap();
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(sample.join("expected.json")).unwrap()).unwrap();
@@ -708,7 +639,7 @@ fn the_python_sample_worker_does_the_tasks_of_the_word_count_sample() {
     s.start_instance("word-count", "wc1", input);
     let out = Command::new("python3")
         .arg(sample.join("worker.py"))
-        .args(["--server", &s.url, "--wait", "5", "--max-tasks", &tasks.to_string()])
+        .args(["--server", s.url(), "--wait", "5", "--max-tasks", &tasks.to_string()])
         .output()
         .expect("python3 runs (it is needed for this test)");
     assert!(
@@ -783,7 +714,7 @@ fn sm4c_validate_names_bad_worker_definitions_by_pointer() {
 
 #[test]
 fn the_openapi_document_describes_the_task_list_endpoints() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     let (st, doc) = s.get("/openapi.json");
     assert_eq!(st, 200);
     for (path, method) in [
@@ -812,12 +743,12 @@ fn the_openapi_document_describes_the_task_list_endpoints() {
 
 #[test]
 fn a_worker_that_left_its_poll_is_not_given_a_task() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     // A worker gives up on its poll (its connection closes) long before the poll's bound.
     let impatient = Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
     let gone = impatient
-        .post(format!("{}/tasklists/images/poll?wait=30s&worker=impatient", s.url))
+        .post(format!("{}/tasklists/images/poll?wait=30s&worker=impatient", s.url()))
         .header("x-sm4c-request", "1")
         .send();
     assert!(gone.is_err(), "the client timed out");
@@ -841,7 +772,7 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
     let dir = tempfile::tempdir().unwrap();
     let mocks = dir.path().join("mocks.json");
     std::fs::write(&mocks, r#"{"resize": "\"mocked\""}"#).unwrap();
-    let mut s = Server::start(&["--mock", mocks.to_str().unwrap()]);
+    let mut s = fresh(&["--mock", mocks.to_str().unwrap()]);
     s.define(&thumbs("thumbs", json!({})));
     s.start_instance("thumbs", "m1", json!({"url": "m.png"}));
     let task = s.take("images");
@@ -850,8 +781,8 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
         let poll = scope.spawn(|| {
             let started = Instant::now();
             let r = s
-                .client
-                .post(format!("{}/tasklists/images/poll?wait=60s", s.url))
+                .client()
+                .post(format!("{}/tasklists/images/poll?wait=60s", s.url()))
                 .header("x-sm4c-request", "1")
                 .send()
                 .map(|r| r.status().as_u16());
@@ -862,7 +793,7 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
             assert!(Instant::now() < deadline, "the poll never waited");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let pid = s.child.as_ref().unwrap().id().to_string();
+        let pid = s.pid().to_string();
         assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
         let (status, waited) = poll.join().unwrap();
         assert_eq!(status.ok(), Some(204));
@@ -870,7 +801,7 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
     });
     let deadline = Instant::now() + DEADLINE;
     let code = loop {
-        if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
+        if let Some(st) = s.try_wait() {
             break st.code();
         }
         assert!(Instant::now() < deadline, "the server did not stop");
@@ -882,7 +813,7 @@ fn mocks_do_not_answer_worker_tasks_and_stopping_the_server_ends_long_polls() {
 /// `GET /metrics` times tasks per task list: scheduled to taken, and taken to answered by outcome.
 #[test]
 fn task_metrics_time_schedule_to_start_and_start_to_close_per_task_list() {
-    let s = Server::start(&[]);
+    let s = fresh(&[]);
     s.define(&thumbs("thumbs", json!({})));
     s.start_instance("thumbs", "m-ok", json!({"url": "a.png"}));
     s.start_instance("thumbs", "m-bad", json!({"url": "b.png"}));
@@ -903,8 +834,8 @@ fn task_metrics_time_schedule_to_start_and_start_to_close_per_task_list() {
     s.ended("m-ok");
     s.ended("m-bad");
     let text = s
-        .client
-        .get(format!("{}/metrics", s.url))
+        .client()
+        .get(format!("{}/metrics", s.url()))
         .send()
         .and_then(|r| r.text())
         .expect("GET /metrics");

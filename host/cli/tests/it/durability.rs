@@ -9,28 +9,18 @@
 //! `replayMismatch`; cancelling is durable; a crashed store opens cleanly while a foreign or corrupt
 //! file is refused with exit code 2 and left untouched.
 
-#[path = "support/ansi.rs"]
-mod ansi;
-use ansi::strip_ansi;
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::fs::OpenOptions;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
-}
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -39,117 +29,40 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn read_log(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    // A panic's first lines, then the end of the log, are what matter when something goes wrong.
-    let panic = text
-        .find("panicked at")
-        .map(|i| {
-            let from = text[..i].rfind('\n').map_or(0, |n| n + 1);
-            let lines: Vec<&str> = text[from..].lines().take(4).collect();
-            format!("[first panic]\n{}\n[...]\n", lines.join("\n"))
-        })
-        .unwrap_or_default();
-    let start = text.len().saturating_sub(4000);
-    let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    format!("{panic}{}", &text[start..])
+/// Starts `sm4c serve --db DB [--mock MOCK]` (appending to `log`) and waits until `/healthz` answers.
+fn start(db: &Path, mock: Option<&Path>, log: &Path) -> Server {
+    start_with(db, mock, log, &[])
 }
 
-/// A running `sm4c serve`, killed with SIGKILL when dropped.
-struct Server {
-    child: Option<Child>,
-    base: String,
-    client: Client,
-    log: PathBuf,
+/// [`start`] with more arguments to `sm4c serve`.
+fn start_with(db: &Path, mock: Option<&Path>, log: &Path, args: &[&str]) -> Server {
+    let mut serve = Serve::new().db(db).log(log);
+    if let Some(m) = mock {
+        serve = serve.arg("--mock").arg(m);
+    }
+    serve.args(args).start()
 }
 
-impl Server {
-    /// Starts `sm4c serve --db DB [--mock MOCK]` on a free port and waits until `/healthz` answers.
-    fn start(db: &Path, mock: Option<&Path>, log: &Path) -> Server {
-        Server::start_with(db, mock, log, &[])
-    }
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder, what: &str) -> (u16, Value);
+    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String);
+    fn get(&self, path: &str) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn define(&self, doc: &Value);
+    fn start_instance(&self, definition: &str, id: &str, input: Value);
+    fn instance(&self, id: &str) -> Value;
+    fn history(&self, id: &str) -> Vec<Value>;
+    fn sent(&self) -> Vec<Value>;
+    fn post_event(&self, event: &Value) -> (u16, Value);
+    fn wait_instance(&self, id: &str, timeout: Duration, what: &str, done: impl Fn(&Value) -> bool) -> Value;
+}
 
-    /// [`Server::start`] with more arguments to `sm4c serve`.
-    fn start_with(db: &Path, mock: Option<&Path>, log: &Path, args: &[&str]) -> Server {
-        // The server binds a port the system picks and says which in its log: a port picked here
-        // and bound by the server later could be taken meanwhile by a server of a test running
-        // beside this one, whose /healthz would then answer for this one (two tests failed so,
-        // each talking to the other's store).
-        let logged_before = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("open the server log");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve").arg("--db").arg(db).arg("--listen").arg("127.0.0.1:0");
-        if let Some(m) = mock {
-            cmd.arg("--mock").arg(m);
-        }
-        cmd.args(args);
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log handle"))
-            .stderr(out);
-        let mut child = cmd.spawn().expect("spawn sm4c serve");
-        let addr = bound_address(&mut child, log, logged_before);
-        let mut s = Server {
-            child: Some(child),
-            base: format!("http://{addr}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("http client"),
-            log: log.to_path_buf(),
-        };
-        s.wait_healthy();
-        s
-    }
-
-    fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!(
-                    "sm4c serve exited with {status} before answering /healthz; log:\n{}",
-                    read_log(&self.log)
-                );
-            }
-            if let Ok(r) = self
-                .client
-                .get(format!("{}/healthz", self.base))
-                .timeout(Duration::from_secs(2))
-                .send()
-            {
-                if r.status().is_success() {
-                    return;
-                }
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "sm4c serve did not answer /healthz within 20 s; log:\n{}",
-                    read_log(&self.log)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// kill -9, and reap the process.
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        read_log(&self.log)
-    }
-
+impl Api for Server {
     fn send(&self, req: reqwest::blocking::RequestBuilder, what: &str) -> (u16, Value) {
         let r = req
             .send()
-            .unwrap_or_else(|e| panic!("{what}: request failed: {e}; server log:\n{}", self.log()));
+            .unwrap_or_else(|e| panic!("{what}: request failed: {e}; server log:\n{}", self.log_tail()));
         let status = r.status().as_u16();
         let text = r.text().unwrap_or_default();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -160,7 +73,7 @@ impl Server {
     fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
         let out = Command::new(BIN)
             .args(args)
-            .args(["--server", &self.base])
+            .args(["--server", self.url()])
             .output()
             .expect("sm4c runs");
         (
@@ -171,12 +84,15 @@ impl Server {
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.client.get(format!("{}{path}", self.base)), &format!("GET {path}"))
+        self.send(
+            self.client().get(format!("{}{path}", self.url())),
+            &format!("GET {path}"),
+        )
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.send(
-            self.client.post(format!("{}{path}", self.base)).json(body),
+            self.client().post(format!("{}{path}", self.url())).json(body),
             &format!("POST {path}"),
         )
     }
@@ -240,8 +156,8 @@ impl Server {
     /// Posts a CloudEvent in structured mode.
     fn post_event(&self, event: &Value) -> (u16, Value) {
         self.send(
-            self.client
-                .post(format!("{}/events", self.base))
+            self.client()
+                .post(format!("{}/events", self.url()))
                 .header("content-type", "application/cloudevents+json")
                 .body(event.to_string()),
             "POST /events",
@@ -260,17 +176,11 @@ impl Server {
                 panic!(
                     "instance {id} did not become {what} within {timeout:?}: {v}\nhistory: {}\nserver log:\n{}",
                     Value::Array(self.history(id)),
-                    self.log()
+                    self.log_tail()
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -287,35 +197,6 @@ fn entries<'a>(history: &'a [Value], entry: &str, tag_field: &str, tag: &str) ->
 }
 
 /// Copies a (possibly crashed) store with its WAL so it can be inspected without recovering the original.
-/// The address a server started with `--listen 127.0.0.1:0` bound: from the `sm4c serving` line it
-/// writes to its log after `from` (the log's length when it was started).
-fn bound_address(child: &mut Child, log: &Path, from: u64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = std::fs::read(log).unwrap_or_default();
-        let new = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
-        // The log may be coloured: drop the escape sequences before reading `listen=ADDR`.
-        let plain = strip_ansi(&new);
-        if let Some(line) = plain.lines().find(|l| l.contains("sm4c serving")) {
-            if let Some(addr) = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")) {
-                return addr.to_string();
-            }
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "sm4c serve exited with {status} before listening; log:\n{}",
-                read_log(log)
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sm4c serve did not say where it listens within 20 s; log:\n{}",
-            read_log(log)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn snapshot_store(db: &Path, dir: &Path) -> PathBuf {
     let copy = dir.join("inspect.db");
     for suffix in ["", "-wal", "-shm"] {
@@ -331,13 +212,12 @@ fn snapshot_store(db: &Path, dir: &Path) -> PathBuf {
 
 /// Runs `sm4c serve` on a file that must be refused: returns (exit code, stderr).
 fn serve_refused(db: &Path) -> (Option<i32>, String) {
-    let port = free_port();
     let mut child = Command::new(BIN)
         .arg("serve")
         .arg("--db")
         .arg(db)
         .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
+        .arg("127.0.0.1:0")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -615,7 +495,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
     let log = dir.path().join("server.log");
     write_json(&mock, &crash_mocks());
 
-    let mut s = Server::start(&db, Some(&mock), &log);
+    let mut s = start(&db, Some(&mock), &log);
     s.define(&crash_definition());
 
     // Groups A, B and C: 180 instances started from 6 threads.
@@ -655,7 +535,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
     for i in 180..190 {
         s.start_instance("crash", &crash_id(i), crash_input(i));
     }
-    s.kill9();
+    s.kill();
     let killed_at = now_ms();
 
     // What the crashed store says (inspected on a copy, so the restart still recovers the original).
@@ -679,7 +559,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
     let restarted_at = now_ms();
     let s = {
         drop(s);
-        Server::start(&db, Some(&mock), &log)
+        start(&db, Some(&mock), &log)
     };
     for i in 0..190 {
         let v = s.instance(&crash_id(i));
@@ -737,7 +617,7 @@ fn kill_dash_nine_mid_flight_every_instance_resumes_from_its_journal() {
                 .collect();
             panic!(
                 "only {done} of 200 instances completed within 60 s of the restart; e.g. {stuck:?}\nserver log:\n{}",
-                s.log()
+                s.log_tail()
             );
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -822,7 +702,7 @@ fn a_timer_that_came_due_while_down_fires_at_once_after_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("nap.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&json!({
         "id": "nap", "name": "Nap", "version": "1.0",
         "states": [
@@ -833,13 +713,13 @@ fn a_timer_that_came_due_while_down_fires_at_once_after_restart() {
         ]
     }));
     s.start_instance("nap", "nap-1", json!({}));
-    s.kill9();
+    s.kill();
     std::thread::sleep(Duration::from_secs(2));
 
     let restarted = now_ms();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let v = s.wait_instance(
         "nap-1",
@@ -886,7 +766,7 @@ fn a_journal_that_no_longer_matches_its_definition_fails_the_instance_naming_the
     let log = dir.path().join("server.log");
     let mock = dir.path().join("mocks.json");
     write_json(&mock, &json!({"notify": "{sent: .who}"}));
-    let mut s = Server::start(&db, Some(&mock), &log);
+    let mut s = start(&db, Some(&mock), &log);
     s.define(&json!({
         "id": "drift", "name": "Drift", "version": "1.0",
         "events": [{"name": "reply", "type": "com.example.reply", "source": "test"}],
@@ -904,7 +784,7 @@ fn a_journal_that_no_longer_matches_its_definition_fails_the_instance_naming_the
         v["status"] == "waiting"
     });
     let before = s.history("drift-1");
-    s.kill9();
+    s.kill();
 
     // The definition changes under the running instance: the call's argument differs.
     {
@@ -922,7 +802,7 @@ fn a_journal_that_no_longer_matches_its_definition_fails_the_instance_naming_the
 
     let s = {
         drop(s);
-        Server::start(&db, Some(&mock), &log)
+        start(&db, Some(&mock), &log)
     };
     let v = s.wait_instance("drift-1", Duration::from_secs(10), "failed", |v| {
         v["status"] == "failed"
@@ -975,7 +855,7 @@ fn cancelling_is_recorded_stops_the_instance_and_its_timers_across_a_crash() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("cancel.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&json!({
         "id": "snooze", "name": "Snooze", "version": "1.0",
         "states": [
@@ -1009,10 +889,10 @@ fn cancelling_is_recorded_stops_the_instance_and_its_timers_across_a_crash() {
     assert_eq!(cancelled[0]["timer"], started[0]["timer"]);
     let due = started[0]["due"].as_i64().expect("due");
 
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     assert_eq!(s.instance("snooze-1")["status"], "cancelled");
     // Past the timer's due time, nothing fires.
@@ -1126,7 +1006,7 @@ fn a_sent_event_has_a_deterministic_id_and_is_not_sent_twice_after_a_crash() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sent.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&json!({
         "id": "notifier", "name": "Notifier", "version": "1.0",
         "events": [
@@ -1163,10 +1043,10 @@ fn a_sent_event_has_a_deterministic_id_and_is_not_sent_twice_after_a_crash() {
         "the journal records the event that was sent"
     );
 
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let (st, body) = s.post_event(&json!({
         "specversion": "1.0", "id": "ack-1", "source": "test", "type": "com.example.ack", "orderid": "o-1"
@@ -1220,7 +1100,7 @@ fn repeated_kill_nine_under_load_repeats_no_completed_step() {
     const N: usize = 60;
     let id = |i: usize| format!("storm-{i:02}");
 
-    let mut s = Server::start(&db, Some(&mock), &log);
+    let mut s = start(&db, Some(&mock), &log);
     s.define(&definition);
     std::thread::scope(|scope| {
         for t in 0..4 {
@@ -1236,7 +1116,7 @@ fn repeated_kill_nine_under_load_repeats_no_completed_step() {
     let mut in_flight_seen = 0;
     for round in 0..6 {
         std::thread::sleep(Duration::from_millis(400 + 150 * (round % 3)));
-        s.kill9();
+        s.kill();
         kills += 1;
         let copy = snapshot_store(&db, dir.path());
         let calls: i64 = rusqlite::Connection::open(&copy)
@@ -1244,7 +1124,7 @@ fn repeated_kill_nine_under_load_repeats_no_completed_step() {
             .expect("count calls in the crashed store");
         in_flight_seen += calls;
         drop(s);
-        s = Server::start(&db, Some(&mock), &log);
+        s = start(&db, Some(&mock), &log);
     }
 
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -1298,7 +1178,7 @@ fn a_subflow_recorded_but_not_started_at_the_crash_is_started_after_restart() {
         &mock,
         &json!({"slow": "(reduce range(0; 100000) as $i (0; . + 1)) as $x | {ok: .n}"}),
     );
-    let mut s = Server::start(&db, Some(&mock), &log);
+    let mut s = start(&db, Some(&mock), &log);
     s.define(&json!({
         "id": "child", "name": "Child", "version": "1.0",
         "states": [{"name": "C", "start": true,
@@ -1329,7 +1209,7 @@ fn a_subflow_recorded_but_not_started_at_the_crash_is_started_after_restart() {
     // Kill -9 right after the start is acknowledged: both effects are committed, the slow call is
     // being made and the child is not created yet.
     s.start_instance("parent", "p-1", json!({}));
-    s.kill9();
+    s.kill();
     let copy = snapshot_store(&db, dir.path());
     let journal: Vec<String> = rusqlite::Connection::open(&copy)
         .and_then(|c| {
@@ -1345,7 +1225,7 @@ fn a_subflow_recorded_but_not_started_at_the_crash_is_started_after_restart() {
 
     let s = {
         drop(s);
-        Server::start(&db, Some(&mock), &log)
+        start(&db, Some(&mock), &log)
     };
     let v = s.wait_instance("p-1", Duration::from_secs(10), "completed after the restart", |v| {
         v["status"] == "completed"
@@ -1367,7 +1247,7 @@ fn acknowledged_events_survive_kill_nine_delivered_or_parked() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("events.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&json!({
         "id": "waiter", "name": "Waiter", "version": "1.0",
         "events": [{"name": "go", "type": "com.example.go", "source": "test",
@@ -1389,10 +1269,10 @@ fn acknowledged_events_survive_kill_nine_delivered_or_parked() {
     let (st, body) = s.post_event(&go("A"));
     assert_eq!(st, 202, "{body}");
     assert_eq!(body["reached"], json!(["w-1"]));
-    s.kill9();
+    s.kill();
     s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let v = s.wait_instance("w-1", Duration::from_secs(5), "completed", |v| {
         v["status"] == "completed"
@@ -1403,10 +1283,10 @@ fn acknowledged_events_survive_kill_nine_delivered_or_parked() {
     let (st, body) = s.post_event(&go("B"));
     assert_eq!(st, 202, "{body}");
     assert_eq!(body["parked"], true, "{body}");
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     s.start_instance("waiter", "w-2", json!({"order": "B"}));
     let v = s.wait_instance("w-2", Duration::from_secs(5), "completed by the parked event", |v| {
@@ -1429,7 +1309,7 @@ fn a_damaged_sm4c_store_is_refused_naming_the_file() {
     let db = dir.path().join("damaged.db");
     let log = dir.path().join("server.log");
     {
-        let s = Server::start(&db, None, &log);
+        let s = start(&db, None, &log);
         for i in 0..20 {
             s.define(&json!({
                 "id": format!("d{i}"), "name": "D", "version": "1.0",
@@ -1480,13 +1360,13 @@ fn a_damaged_sm4c_store_is_refused_naming_the_file() {
 fn change_definition_under(dir: &Path, def: Value, id: &str, change: impl FnOnce(&mut Value)) -> (Server, Vec<Value>) {
     let db = dir.join("drift.db");
     let log = dir.join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&def);
     let def_id = def["id"].as_str().unwrap().to_string();
     s.start_instance(&def_id, id, json!({"n": 4}));
     s.wait_instance(id, Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
     let before = s.history(id);
-    s.kill9();
+    s.kill();
     {
         let conn = rusqlite::Connection::open(&db).expect("open store");
         let text: String = conn
@@ -1501,7 +1381,7 @@ fn change_definition_under(dir: &Path, def: Value, id: &str, change: impl FnOnce
         .expect("update definition");
     }
     drop(s);
-    (Server::start(&db, None, &log), before)
+    (start(&db, None, &log), before)
 }
 
 fn waiting_definition() -> Value {
@@ -1559,7 +1439,7 @@ fn an_instance_whose_state_was_removed_from_its_definition_fails_and_the_server_
         &json!({"specversion": "1.0", "id": "r-1", "source": "test", "type": "com.example.reply",
                                           "sm4cinstanceid": "drift2-1"}),
     );
-    assert_eq!(st, 202, "POST /events: {body}\nserver log:\n{}", s.log());
+    assert_eq!(st, 202, "POST /events: {body}\nserver log:\n{}", s.log_tail());
     // The server still works.
     s.define(&json!({"id": "other", "name": "Other", "version": "1.0",
                      "states": [{"name": "A", "start": true, "enterAction": {"type": "injectData", "expression": "${ 1 }"},
@@ -1607,7 +1487,7 @@ fn an_input_nested_deeper_than_the_limit_is_refused_and_one_at_the_limit_reads_b
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("deep.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&waiter_definition());
     for levels in [126, 65, 300] {
         let (st, body) = s.post(
@@ -1643,10 +1523,10 @@ fn an_input_nested_deeper_than_the_limit_is_refused_and_one_at_the_limit_reads_b
     s.wait_instance("at-limit", Duration::from_secs(10), "waiting", |v| {
         v["status"] == "waiting"
     });
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let v = s.instance("at-limit");
     assert_eq!(v["status"], "waiting", "{v}");
@@ -1662,11 +1542,11 @@ fn a_row_deeper_than_the_json_readers_default_limit_reads_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("old.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&waiter_definition());
     s.start_instance("waiter", "deep", json!({"n": 1}));
     s.wait_instance("deep", Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
-    s.kill9();
+    s.kill();
     // What the door let in before: the data and the start entry, 126 levels deep.
     {
         let conn = rusqlite::Connection::open(&db).expect("open store");
@@ -1695,7 +1575,7 @@ fn a_row_deeper_than_the_json_readers_default_limit_reads_back() {
     }
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let v = s.instance("deep");
     assert_eq!(v["status"], "waiting", "{v}");
@@ -1726,13 +1606,13 @@ fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() 
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("bad.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&waiter_definition());
     for id in ["bad-journal", "bad-snapshot", "good"] {
         s.start_instance("waiter", id, json!({"who": id}));
         s.wait_instance(id, Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
     }
-    s.kill9();
+    s.kill();
     {
         let conn = rusqlite::Connection::open(&db).expect("open store");
         let n = conn
@@ -1752,7 +1632,7 @@ fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() 
     }
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     for (id, record) in [("bad-journal", "journal"), ("bad-snapshot", "snapshot")] {
         let v = s.wait_instance(id, Duration::from_secs(10), "failed", |v| v["status"] != "waiting");
@@ -1778,8 +1658,8 @@ fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() 
     assert_eq!(v["data"], json!({"who": "good"}));
     // Counted, by kind of record, and logged.
     let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
+        .client()
+        .get(format!("{}/metrics", s.url()))
         .send()
         .and_then(|r| r.text())
         .expect("GET /metrics");
@@ -1787,7 +1667,7 @@ fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() 
         let line = format!("sm4c_corrupt_records_total{{record=\"{record}\"}} 1");
         assert!(text.contains(&line), "{line} in:\n{text}");
     }
-    let logged = s.log();
+    let logged = s.log_tail();
     assert!(
         logged.contains("corruptRecord") && logged.contains("bad-journal"),
         "{logged}"
@@ -1795,7 +1675,7 @@ fn a_store_row_corrupted_by_hand_fails_its_instance_and_the_others_are_served() 
     // And a second restart keeps them failed and starts as well.
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     assert_eq!(s.instance("bad-snapshot")["error"]["type"], "corruptRecord");
     assert_eq!(s.instance("good")["status"], "completed");
@@ -1827,7 +1707,7 @@ fn parked_events_past_the_limits_are_refused_with_429_and_the_parked_ones_are_ke
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("parked.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start_with(&db, None, &log, &["--max-parked", "2"]);
+    let mut s = start_with(&db, None, &log, &["--max-parked", "2"]);
     s.define(&correlated_waiter());
     for order in ["A", "B"] {
         let (st, body) = s.post_event(&go_event(order));
@@ -1839,17 +1719,17 @@ fn parked_events_past_the_limits_are_refused_with_429_and_the_parked_ones_are_ke
     let message = body["message"].as_str().unwrap_or_default();
     assert!(message.contains("--max-parked") && message.contains('2'), "{message}");
     // The limit holds across a restart: it counts what the file holds.
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start_with(&db, None, &log, &["--max-parked", "2"])
+        start_with(&db, None, &log, &["--max-parked", "2"])
     };
     let (st, body) = s.post_event(&go_event("C"));
     assert_eq!((st, body["error"].as_str()), (429, Some("parkedLimit")), "{body}");
     // Counted, by reason (this process refused one).
     let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
+        .client()
+        .get(format!("{}/metrics", s.url()))
         .send()
         .and_then(|r| r.text())
         .expect("GET /metrics");
@@ -1870,7 +1750,7 @@ fn parked_events_past_the_limits_are_refused_with_429_and_the_parked_ones_are_ke
 
     // The bytes limit: smaller than one event.
     let db = dir.path().join("bytes.db");
-    let s = Server::start_with(&db, None, &log, &["--max-parked-bytes", "100"]);
+    let s = start_with(&db, None, &log, &["--max-parked-bytes", "100"]);
     s.define(&correlated_waiter());
     let (st, body) = s.post_event(&go_event("A"));
     assert_eq!((st, body["error"].as_str()), (429, Some("parkedLimit")), "{body}");
@@ -1897,11 +1777,11 @@ fn parked_events_of_a_store_without_the_type_column_are_kept_and_delivered() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("old.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&correlated_waiter());
     let (st, body) = s.post_event(&go_event("A"));
     assert_eq!((st, &body["parked"]), (202, &json!(true)), "{body}");
-    s.kill9();
+    s.kill();
     {
         // Back to the schema of the versions before the column.
         let conn = rusqlite::Connection::open(&db).expect("open store");
@@ -1918,7 +1798,7 @@ fn parked_events_of_a_store_without_the_type_column_are_kept_and_delivered() {
     }
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     s.start_instance("waiter", "w-A", json!({"order": "A"}));
     let v = s.wait_instance(
@@ -1947,7 +1827,7 @@ fn a_parent_is_told_when_recovery_fails_its_subflow_for_a_corrupt_definition() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("bad.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&waiter_definition());
     s.define(&json!({
         "id": "parent", "name": "Parent", "version": "1.0",
@@ -1971,7 +1851,7 @@ fn a_parent_is_told_when_recovery_fails_its_subflow_for_a_corrupt_definition() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(s.instance("p-1")["status"], "running");
-    s.kill9();
+    s.kill();
     {
         let conn = rusqlite::Connection::open(&db).expect("open store");
         let child: String = conn
@@ -1985,7 +1865,7 @@ fn a_parent_is_told_when_recovery_fails_its_subflow_for_a_corrupt_definition() {
     }
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let v = s.wait_instance("p-1", Duration::from_secs(10), "told", |v| v["status"] != "waiting");
     assert_eq!(v["status"], "failed", "{v}");
@@ -2004,7 +1884,7 @@ fn a_parent_is_told_when_recovery_fails_its_subflow_for_a_corrupt_definition() {
     // A second restart keeps both as they are.
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     assert_eq!(s.instance("p-1")["error"]["type"], "subflowError");
     assert_eq!(s.instance(&child)["status"], "failed");
@@ -2019,7 +1899,7 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("bad.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&json!({
         "id": "notifier", "name": "Notifier", "version": "1.0",
         "events": [
@@ -2042,7 +1922,7 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
     s.start_instance("waiter", "w-1", json!({"who": "w-1"}));
     s.wait_instance("w-1", Duration::from_secs(10), "waiting", |v| v["status"] == "waiting");
     assert_eq!(s.sent().len(), 3);
-    s.kill9();
+    s.kill();
     {
         let conn = rusqlite::Connection::open(&db).expect("open store");
         let n = conn
@@ -2056,7 +1936,7 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
     }
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     // The instance of the unreadable definition is failed, naming the record and the definition.
     let v = s.wait_instance("w-1", Duration::from_secs(10), "failed", |v| v["status"] != "waiting");
@@ -2097,8 +1977,8 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
     });
     // Counted, by kind of record, and logged.
     let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
+        .client()
+        .get(format!("{}/metrics", s.url()))
         .send()
         .and_then(|r| r.text())
         .expect("GET /metrics");
@@ -2107,7 +1987,7 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
         "{text}"
     );
     assert!(text.contains("sm4c_corrupt_records_total{record=\"outbox\"}"), "{text}");
-    let logged = s.log();
+    let logged = s.log_tail();
     assert!(
         logged.contains("a stored definition cannot be read back") && logged.contains("waiter"),
         "{logged}"
@@ -2115,7 +1995,7 @@ fn a_corrupt_definition_or_outbox_row_is_reported_and_the_rest_is_served() {
     // A second restart starts as well, and keeps the instance failed.
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     assert_eq!(s.instance("w-1")["error"]["type"], "corruptRecord");
     assert_eq!(s.instance("n-3")["status"], "waiting");
@@ -2162,7 +2042,7 @@ fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sched.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&quick_definition());
     let (st, v) = s.post(
         "/schedules",
@@ -2173,15 +2053,15 @@ fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
     assert_eq!(v["nextTimes"].as_array().map(Vec::len), Some(10), "{v}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while schedule_runs(&s, "sec", "quick").len() < 3 {
-        assert!(Instant::now() < deadline, "three runs did not start: {}", s.log());
+        assert!(Instant::now() < deadline, "three runs did not start: {}", s.log_tail());
         std::thread::sleep(Duration::from_millis(100));
     }
     let first = schedule_runs(&s, "sec", "quick")[0];
-    s.kill9();
+    s.kill();
     std::thread::sleep(Duration::from_secs(3));
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     // Runs on for a little after the restart, then every second from the first is there once.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -2196,7 +2076,7 @@ fn a_schedule_starts_every_second_once_and_catches_up_after_a_sigkill() {
         assert!(
             Instant::now() < deadline,
             "the schedule did not go on after the restart: {runs:?}\n{}",
-            s.log()
+            s.log_tail()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -2247,7 +2127,7 @@ fn a_schedules_overlap_policy_decides_what_a_time_does_while_its_last_run_runs()
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sched.db");
     let log = dir.path().join("server.log");
-    let s = Server::start(&db, None, &log);
+    let s = start(&db, None, &log);
     s.define(&waiter_definition());
     for (id, overlap) in [("skipper", "skip"), ("canceller", "cancelOther")] {
         let (st, v) = s.post(
@@ -2273,8 +2153,8 @@ fn a_schedules_overlap_policy_decides_what_a_time_does_while_its_last_run_runs()
     }
     // The metrics count the runs and the skipped times.
     let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
+        .client()
+        .get(format!("{}/metrics", s.url()))
         .send()
         .expect("GET /metrics")
         .text()
@@ -2306,7 +2186,7 @@ fn buffered_overlaps_end_at_and_a_cron_with_seconds_run_on_the_real_clock() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sched.db");
     let log = dir.path().join("server.log");
-    let s = Server::start(&db, None, &log);
+    let s = start(&db, None, &log);
     s.define(&waiter_definition());
     s.define(&quick_definition());
     for (id, overlap) in [("one", "bufferOne"), ("all", "bufferAll"), ("any", "allowAll")] {
@@ -2387,7 +2267,7 @@ fn a_paused_schedule_skips_its_times_and_runs_again_once_resumed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sched.db");
     let log = dir.path().join("server.log");
-    let s = Server::start(&db, None, &log);
+    let s = start(&db, None, &log);
     s.define(&quick_definition());
     let (st, v) = s.post(
         "/schedules",
@@ -2428,7 +2308,7 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sched.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&quick_definition());
     let (st, v) = s.post(
         "/schedules",
@@ -2509,17 +2389,17 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
     assert_eq!((st, v["details"][0]["pointer"].as_str()), (400, Some("/from")), "{v}");
     // Changed (every hour), resumed by the change; the record is kept across a restart.
     let (st, v) = s.send(
-        s.client
-            .put(format!("{}/schedules/nightly", s.base))
+        s.client()
+            .put(format!("{}/schedules/nightly", s.url()))
             .json(&json!({"definition": "quick", "every": "PT1H"})),
         "PUT",
     );
     assert_eq!((st, v["state"].as_str()), (200, Some("active")), "{v}");
     assert_eq!(v["spec"]["every"], "PT1H", "{v}");
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let (st, v) = s.get("/schedules");
     assert_eq!(st, 200);
@@ -2529,7 +2409,7 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
     let cli = |args: &[&str]| {
         let out = Command::new(BIN)
             .args(args)
-            .args(["--server", &s.base])
+            .args(["--server", s.url()])
             .output()
             .expect("sm4c runs");
         let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -2567,7 +2447,7 @@ fn schedules_are_paused_triggered_backfilled_changed_and_deleted_over_http() {
     assert_eq!(ids, ["hourly", "nightly"]);
     let (code, _, err) = cli(&["schedule", "delete", "hourly"]);
     assert_eq!(code, Some(0), "{err}");
-    let (st, _) = s.send(s.client.delete(format!("{}/schedules/nightly", s.base)), "DELETE");
+    let (st, _) = s.send(s.client().delete(format!("{}/schedules/nightly", s.url())), "DELETE");
     assert_eq!(st, 204);
     let (st, v) = s.get("/schedules/nightly");
     assert_eq!((st, v["error"].as_str()), (404, Some("unknownSchedule")), "{v}");
@@ -2593,7 +2473,7 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("versions.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&greeter("1", "Hello"));
     let (code, out, err) = s.cli(&["default-version", "greeter", "1"]);
     assert_eq!(code, Some(0), "{err}");
@@ -2637,8 +2517,8 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
     let (code, _, err) = s.cli(&["default-version", "nobody", "1"]);
     assert_eq!(code, Some(1), "{err}");
     let (st, b) = s.send(
-        s.client
-            .put(format!("{}/definitions/greeter/default-version", s.base))
+        s.client()
+            .put(format!("{}/definitions/greeter/default-version", s.url()))
             .header("content-type", "application/json")
             .body("{\"version\": 2, \"extra\": true}"),
         "a bad body",
@@ -2646,10 +2526,10 @@ fn a_default_version_takes_the_starts_while_newer_ones_wait_and_survives_a_crash
     assert_eq!((st, b["error"].as_str()), (400, Some("malformedJson")), "{b}");
     assert_eq!(s.get("/definitions/greeter").1["startsTake"], "1");
 
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let (_, v) = s.get("/definitions/greeter");
     assert_eq!(
@@ -2705,7 +2585,7 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("migrate.db");
     let log = dir.path().join("server.log");
-    let mut s = Server::start(&db, None, &log);
+    let mut s = start(&db, None, &log);
     s.define(&order_version("1", "Wait", "Done"));
     s.define(&order_version("2", "AwaitPayment", "Ship"));
     let (st, b) = s.post(
@@ -2781,10 +2661,10 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     let (st, b) = s.post("/instances/o1/migrate", &json!({"version": "2"}));
     assert_eq!((st, b["details"]["reason"].as_str()), (409, Some("sameVersion")), "{b}");
 
-    s.kill9();
+    s.kill();
     let s = {
         drop(s);
-        Server::start(&db, None, &log)
+        start(&db, None, &log)
     };
     let v = s.instance("o1");
     assert_eq!(
@@ -2815,7 +2695,7 @@ fn a_waiting_instance_migrates_to_a_new_version_and_finishes_there_after_a_sigki
     assert_eq!(st, 202, "{b}");
     let done = s.wait_instance("o1", Duration::from_secs(10), "o1 ends", |v| v["status"] == "completed");
     assert_eq!(done["data"]["path"], "Ship on 2", "{done}");
-    assert!(!s.log().contains("replayMismatch"), "{}", s.log());
+    assert!(!s.log_tail().contains("replayMismatch"), "{}", s.log_tail());
 }
 
 /// Version `v` of a router: an order with `.slow` goes to `Work` (a worker task nobody takes),
@@ -2844,7 +2724,7 @@ fn the_upgrade_report_counts_what_could_move_what_needs_a_map_and_what_cannot() 
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("upgrade.db");
     let log = dir.path().join("server.log");
-    let s = Server::start(&db, None, &log);
+    let s = start(&db, None, &log);
     s.define(&router("1", "Wait"));
     for i in 0..3 {
         s.start_instance("router", &format!("w{i}"), json!({}));
@@ -2862,7 +2742,7 @@ fn the_upgrade_report_counts_what_could_move_what_needs_a_map_and_what_cannot() 
             "upgrade-check".to_string(),
             file.display().to_string(),
             "--server".into(),
-            s.base.clone(),
+            s.url().to_string(),
         ];
         if json {
             args.push("--json".into());

@@ -3,93 +3,51 @@
 //! resumes, and every instance is cancelled once), dry runs, migrate and send batches, refusals,
 //! and stopping a batch.
 
-#[path = "support/ansi.rs"]
-mod ansi;
-use ansi::strip_ansi;
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 
-/// A running `sm4c serve`, killed with SIGKILL when dropped.
-struct Server {
-    child: Option<Child>,
-    base: String,
-    client: Client,
-    log: PathBuf,
+/// `sm4c serve --db DB ARGS` (appending to `log`), once it answers `/healthz`.
+fn start(db: &Path, log: &Path, args: &[&str]) -> Server {
+    Serve::new()
+        .db(db)
+        .log(log)
+        .args(args)
+        .client_timeout(Duration::from_secs(60))
+        .start()
 }
 
-impl Server {
-    /// `sm4c serve --db DB --listen 127.0.0.1:0 ARGS`, once it answers `/healthz`.
-    fn start(db: &Path, log: &Path, args: &[&str]) -> Server {
-        let from = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
-        let out = OpenOptions::new().create(true).append(true).open(log).expect("log");
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(db)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("log"))
-            .stderr(out)
-            .spawn()
-            .expect("spawn sm4c serve");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = loop {
-            let text = std::fs::read(log).unwrap_or_default();
-            let new = strip_ansi(&String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default()));
-            if let Some(a) = new
-                .lines()
-                .filter(|l| l.contains("sm4c serving"))
-                .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("listen=")))
-            {
-                break a.to_string();
-            }
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("sm4c serve exited with {st}; log:\n{}", read(log));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sm4c serve did not listen; log:\n{}",
-                read(log)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        Server {
-            child: Some(child),
-            base: format!("http://{addr}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .expect("client"),
-            log: log.to_path_buf(),
-        }
-    }
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value);
+    fn get(&self, path: &str) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn define(&self, doc: &Value);
+    fn start_many(&self, definition: &str, prefix: &str, n: usize);
+    fn wait_batch(&self, id: &str, timeout: Duration) -> Value;
+    fn inputs(&self, id: &str, kind: &str) -> usize;
+    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String);
+}
 
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
+impl Api for Server {
     fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value) {
         let r = req
             .send()
-            .unwrap_or_else(|e| panic!("request failed: {e}; log:\n{}", read(&self.log)));
+            .unwrap_or_else(|e| panic!("request failed: {e}; log:\n{}", self.log()));
         let st = r.status().as_u16();
         (st, r.json().unwrap_or(Value::Null))
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.client.get(format!("{}{path}", self.base)))
+        self.send(self.client().get(format!("{}{path}", self.url())))
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.base)).json(body))
+        self.send(self.client().post(format!("{}{path}", self.url())).json(body))
     }
 
     fn define(&self, doc: &Value) {
@@ -148,7 +106,7 @@ impl Server {
     fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
         let out = Command::new(BIN)
             .args(args)
-            .args(["--server", &self.base])
+            .args(["--server", self.url()])
             .output()
             .expect("sm4c runs");
         (
@@ -156,12 +114,6 @@ impl Server {
             String::from_utf8_lossy(&out.stdout).to_string(),
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -188,7 +140,7 @@ fn a_batch_cancel_over_10000_instances_survives_kill_9_and_cancels_each_instance
     let dir = tempfile::tempdir().expect("tempdir");
     let (db, log) = (dir.path().join("b.db"), dir.path().join("server.log"));
     // 1000 a second: the batch takes about 10 s, and is killed in the middle.
-    let mut s = Server::start(&db, &log, &["--batch-rate", "1000"]);
+    let mut s = start(&db, &log, &["--batch-rate", "1000"]);
     s.define(&waiter("1"));
     let t = Instant::now();
     s.start_many("waiter", "w", N);
@@ -211,10 +163,10 @@ fn a_batch_cancel_over_10000_instances_survives_kill_9_and_cancels_each_instance
         assert!(Instant::now() < deadline, "the batch does not progress: {v}");
         std::thread::sleep(Duration::from_millis(50));
     };
-    s.kill9();
+    s.kill();
     drop(s);
     let t = Instant::now();
-    let s = Server::start(&db, &log, &["--batch-rate", "1000"]);
+    let s = start(&db, &log, &["--batch-rate", "1000"]);
     let v = s.wait_batch(&id, Duration::from_secs(180));
     let resumed_in = t.elapsed();
     assert!(read(&log).contains("resuming unfinished batches"), "{}", read(&log));
@@ -261,7 +213,7 @@ fn a_batch_cancel_over_10000_instances_survives_kill_9_and_cancels_each_instance
 fn dry_runs_migrate_and_send_batches_refusals_and_a_stopped_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (db, log) = (dir.path().join("b.db"), dir.path().join("server.log"));
-    let s = Server::start(&db, &log, &[]);
+    let s = start(&db, &log, &[]);
     s.define(&waiter("1"));
     s.start_many("waiter", "w", 40);
 
@@ -476,7 +428,7 @@ fn a_batch_redrive_after_an_outage_completes_every_instance_that_failed_of_it() 
     .expect("write");
     let log = dir.path().join("server.log");
     let defs_arg = defs.to_str().expect("path").to_string();
-    let s = Server::start(&dir.path().join("b.db"), &log, &["--definitions", &defs_arg]);
+    let s = start(&dir.path().join("b.db"), &log, &["--definitions", &defs_arg]);
     const N: usize = 50;
     for i in 0..N {
         let (st, b) = s.post(

@@ -30,14 +30,13 @@ use axum::{Json, Router};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server};
 const TASK_LIST: &str = "campaign-pack";
 
 // ---------------------------------------------------------------------------------------------
@@ -208,105 +207,39 @@ fn service(log: ServiceLog) -> String {
 // sm4c serve, killed and started again
 // ---------------------------------------------------------------------------------------------
 
-struct Serve {
-    child: Option<Child>,
-    port: u16,
-    db: PathBuf,
-    defs: PathBuf,
-    log: PathBuf,
-    service: String,
+/// `sm4c serve` on the campaign's store, with the workload's definitions and the service.
+fn serve(db: &Path, defs: &Path, log: &Path, service: &str) -> Server {
+    Serve::new()
+        .db(db)
+        .log(log)
+        .arg("--definitions")
+        .arg(defs)
+        .arg("--rest-server")
+        .arg(format!("file://service.openapi={service}"))
+        .start()
 }
 
-impl Serve {
-    fn start(&mut self) {
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("open the server log");
-        let child = Command::new(BIN)
-            .arg("serve")
-            .arg("--db")
-            .arg(&self.db)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.port))
-            .arg("--definitions")
-            .arg(&self.defs)
-            .arg("--rest-server")
-            .arg(format!("file://service.openapi={}", self.service))
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log handle"))
-            .stderr(out)
-            .spawn()
-            .expect("spawn sm4c serve");
-        self.child = Some(child);
-        let client = Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("sm4c serve exited with {status} at start; log:\n{}", self.log_tail());
-            }
-            let up = client
-                .get(format!("http://127.0.0.1:{}/healthz", self.port))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .is_ok_and(|r| r.status().is_success());
-            if up {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sm4c serve did not answer /healthz within 30 s; log:\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+/// The calls in flight in the crashed store `db`, as the Idempotency-Keys they are made with.
+fn calls_in_flight(db: &Path, scratch: &Path) -> BTreeSet<String> {
+    let copy = scratch.join("inspect.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let from = PathBuf::from(format!("{}{suffix}", db.display()));
+        let to = PathBuf::from(format!("{}{suffix}", copy.display()));
+        let _ = std::fs::remove_file(&to);
+        if from.exists() {
+            std::fs::copy(&from, &to).expect("copy the store");
         }
     }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let mut start = text.len().saturating_sub(4000);
-        while !text.is_char_boundary(start) {
-            start += 1;
-        }
-        text[start..].to_string()
-    }
-
-    /// The calls in flight in the crashed store, as the Idempotency-Keys they are made with.
-    fn calls_in_flight(&self, scratch: &Path) -> BTreeSet<String> {
-        let copy = scratch.join("inspect.db");
-        for suffix in ["", "-wal", "-shm"] {
-            let from = PathBuf::from(format!("{}{suffix}", self.db.display()));
-            let to = PathBuf::from(format!("{}{suffix}", copy.display()));
-            let _ = std::fs::remove_file(&to);
-            if from.exists() {
-                std::fs::copy(&from, &to).expect("copy the store");
-            }
-        }
-        let conn = rusqlite::Connection::open(&copy).expect("open the crashed store");
-        let mut stmt = conn.prepare("SELECT instance, op FROM calls").expect("query calls");
-        let keys = stmt
-            .query_map([], |r| {
-                Ok(format!("{}/{}", r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })
-            .expect("read calls")
-            .collect::<Result<BTreeSet<_>, _>>()
-            .expect("read calls");
-        keys
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        self.kill9();
-    }
+    let conn = rusqlite::Connection::open(&copy).expect("open the crashed store");
+    let mut stmt = conn.prepare("SELECT instance, op FROM calls").expect("query calls");
+    let keys = stmt
+        .query_map([], |r| {
+            Ok(format!("{}/{}", r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })
+        .expect("read calls")
+        .collect::<Result<BTreeSet<_>, _>>()
+        .expect("read calls");
+    keys
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,7 +249,8 @@ impl Drop for Serve {
 /// What the driver was told, shared by its threads.
 #[derive(Default)]
 struct Driver {
-    base: String,
+    /// The server's URL: a restart listens on a new port (the harness's, never one picked here).
+    base: std::sync::RwLock<String>,
     stop: AtomicBool,
     /// Instances whose start was answered 201 or 200.
     started: Mutex<BTreeSet<String>>,
@@ -338,6 +272,11 @@ struct Driver {
 }
 
 impl Driver {
+    /// The server's URL now.
+    fn base(&self) -> String {
+        self.base.read().unwrap().clone()
+    }
+
     /// Sends a request until the server answers it (it may be down between a kill and a restart).
     fn until_answered(&self, what: &str, req: impl Fn() -> reqwest::blocking::RequestBuilder) -> (u16, Value) {
         self.until_answered_again(what, req).0
@@ -379,7 +318,7 @@ impl Driver {
             let id = instance_id(i);
             let body = json!({"definition": "campaign", "id": id, "input": input(i)});
             let (st, answer) = self.until_answered("POST /instances", || {
-                client.post(format!("{}/instances", self.base)).json(&body)
+                client.post(format!("{}/instances", self.base())).json(&body)
             });
             if (st == 201 || st == 200) && answer["id"] == id.as_str() {
                 self.started.lock().unwrap().insert(id);
@@ -396,7 +335,7 @@ impl Driver {
         let mut after = String::new();
         while !self.stop.load(Ordering::Relaxed) {
             let (st, page) = self.until_answered("GET /events/sent", || {
-                client.get(format!("{}/events/sent?limit=500&after={after}", self.base))
+                client.get(format!("{}/events/sent?limit=500&after={after}", self.base()))
             });
             if st != 200 {
                 self.problem(format!("GET /events/sent: {st} {page}"));
@@ -443,7 +382,7 @@ impl Driver {
         });
         let (st, answer) = self.until_answered("POST /events", || {
             client
-                .post(format!("{}/events", self.base))
+                .post(format!("{}/events", self.base()))
                 .header("content-type", "application/cloudevents+json")
                 .body(reply.to_string())
         });
@@ -461,7 +400,7 @@ impl Driver {
             let poll = client
                 .post(format!(
                     "{}/tasklists/{TASK_LIST}/poll?wait=1s&worker={name}",
-                    self.base
+                    self.base()
                 ))
                 .header("x-sm4c-request", "1")
                 .send();
@@ -498,7 +437,7 @@ impl Driver {
             });
             let ((st, answer), again) = self.until_answered_again("POST /tasks/{token}/complete", || {
                 client
-                    .post(format!("{}/tasks/{token}/complete", self.base))
+                    .post(format!("{}/tasks/{token}/complete", self.base()))
                     .json(&result)
             });
             match st {
@@ -573,22 +512,11 @@ fn kill_campaign_loses_and_repeats_nothing() {
         std::fs::copy(data.join(f), defs.join(f)).expect("copy the workload");
     }
     let calls = ServiceLog::default();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut serve = Serve {
-        child: None,
-        port,
-        db: dir.path().join("campaign.db"),
-        defs,
-        log: dir.path().join("server.log"),
-        service: service(calls.clone()),
-    };
-    serve.start();
+    let db = dir.path().join("campaign.db");
+    let log = dir.path().join("server.log");
+    let mut serve = serve(&db, &defs, &log, &service(calls.clone()));
     let driver = Driver {
-        base: format!("http://127.0.0.1:{port}"),
+        base: std::sync::RwLock::new(serve.url().to_string()),
         ..Driver::default()
     };
     let mut rng = Rng::new(p.seed);
@@ -624,18 +552,19 @@ fn kill_campaign_loses_and_repeats_nothing() {
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::thread::sleep(Duration::from_millis(rng.range(0, 400)));
-            serve.kill9();
+            serve.kill();
             let down = Instant::now();
-            kills.push(serve.calls_in_flight(dir.path()));
+            kills.push(calls_in_flight(&db, dir.path()));
             std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
-            serve.start();
+            serve.restart();
+            *d.base.write().unwrap() = serve.url().to_string();
             downtime += down.elapsed();
         }
         starter.join().expect("the starter");
         // Let the instances finish.
         let deadline = Instant::now() + p.finish_within;
         loop {
-            let parents = list(&client, &d.base, "campaign");
+            let parents = list(&client, &d.base(), "campaign");
             let done = parents.iter().filter(|v| ended(v)).count();
             if parents.len() == p.instances && done == p.instances {
                 break;
@@ -653,7 +582,7 @@ fn kill_campaign_loses_and_repeats_nothing() {
     let elapsed = t0.elapsed();
 
     // ---- The checker ----
-    let base = &driver.base;
+    let base = &driver.base();
     let mut failures: Vec<String> = driver.problems.lock().unwrap().clone();
     let started = driver.started.lock().unwrap().clone();
     let replies = driver.replies.lock().unwrap().clone();

@@ -3,84 +3,38 @@
 //! a SIGKILL and a restart of `sm4c serve` on the same SQLite file, and goes on with `step` and
 //! `resume`; errors for what cannot be done (400, 404, 409).
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server, BIN};
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Waits for `paid` (correlated on `.orderId`) for an hour, then ships.
 fn order() -> Value {
-    serde_json::from_str(include_str!("../../api/ui/test/order.json")).expect("order.json")
-}
-
-struct Server {
-    child: Child,
-    url: String,
-    client: Client,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    serde_json::from_str(include_str!("../../../api/ui/test/order.json")).expect("order.json")
 }
 
 /// `sm4c serve` on the store `db` (created when new).
 fn serve(db: &Path) -> Server {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("a free port")
-        .local_addr()
-        .expect("address")
-        .port();
-    let log = db.with_extension("log");
-    let child = Command::new(BIN)
-        .arg("serve")
-        .arg("--db")
-        .arg(db)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .expect("log"),
-        )
-        .spawn()
-        .expect("sm4c serve starts");
-    let server = Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        client: Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("client"),
-    };
-    let started = Instant::now();
-    while !server
-        .client
-        .get(format!("{}/healthz", server.url))
-        .send()
-        .is_ok_and(|r| r.status() == 200)
-    {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "no /healthz:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
+    Serve::new().db(db).log(db.with_extension("log")).start()
 }
 
-impl Server {
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value);
+    fn get(&self, path: &str) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn put(&self, path: &str, body: &Value) -> (u16, Value);
+    fn start(&self, id: &str, order_id: &str);
+    fn pay(&self, order_id: &str);
+    fn settled(&self, id: &str, status: &str) -> Value;
+    fn debug(&self, args: &[&str]) -> (i32, String, String);
+}
+
+impl Api for Server {
     fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value) {
         let resp = req.send().expect("answered");
         let status = resp.status().as_u16();
@@ -91,15 +45,15 @@ impl Server {
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.client.get(format!("{}{path}", self.url)))
+        self.send(self.client().get(format!("{}{path}", self.url())))
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.url)).json(body))
+        self.send(self.client().post(format!("{}{path}", self.url())).json(body))
     }
 
     fn put(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.client.put(format!("{}{path}", self.url)).json(body))
+        self.send(self.client().put(format!("{}{path}", self.url())).json(body))
     }
 
     fn start(&self, id: &str, order_id: &str) {
@@ -114,8 +68,8 @@ impl Server {
         let event = json!({"specversion": "1.0", "id": format!("pay-{order_id}"), "source": "shop",
                            "type": "com.example.paid", "orderid": order_id, "data": {"amount": 3}});
         let (code, v) = self.send(
-            self.client
-                .post(format!("{}/events", self.url))
+            self.client()
+                .post(format!("{}/events", self.url()))
                 .header("content-type", "application/cloudevents+json")
                 .body(event.to_string()),
         );
@@ -140,7 +94,7 @@ impl Server {
         let out = Command::new(BIN)
             .arg("debug")
             .args(args)
-            .args(["--server", &self.url])
+            .args(["--server", self.url()])
             .output()
             .expect("sm4c runs");
         (
@@ -240,8 +194,7 @@ fn a_paused_instance_survives_sigkill_and_goes_on_with_step_and_resume() {
     assert_eq!(out.lines().count(), 2, "{out}");
 
     // SIGKILL: it is still paused after the restart.
-    s.child.kill().expect("SIGKILL");
-    s.child.wait().expect("ended");
+    s.kill();
     drop(s);
     s = serve(&db);
     let v = s.settled("o-1", "paused");
@@ -328,7 +281,7 @@ fn an_event_for_a_paused_instance_waits_for_the_resume() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(s.settled("o-9", "paused")["state"], Value::Null);
     let out = Command::new(BIN)
-        .args(["show", "o-9", "--server", &s.url])
+        .args(["show", "o-9", "--server", s.url()])
         .output()
         .expect("sm4c runs");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -337,7 +290,7 @@ fn an_event_for_a_paused_instance_waits_for_the_resume() {
             .any(|l| l.starts_with("paused:") && l.ends_with(" entering Received")),
         "{text}"
     );
-    let (code, v) = s.send(s.client.delete(format!("{}/definitions/order/breakpoints", s.url)));
+    let (code, v) = s.send(s.client().delete(format!("{}/definitions/order/breakpoints", s.url())));
     assert_eq!((code, v["breakpoints"].clone()), (200, json!([])));
     let (code, v) = s.post("/instances/o-9/resume", &json!({}));
     assert_eq!(code, 200, "{v}");

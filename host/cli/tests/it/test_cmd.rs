@@ -3,8 +3,7 @@
 //! a timeout; an ASL check with Retry, Catch, Choice rules and Default; a parent with a subflow)
 //! and on test files each test writes into a temporary folder.
 
-#[path = "support/run.rs"]
-mod run;
+use crate::support::run;
 
 use run::{parse, sm4c, tmp, write, write_raw};
 use serde_json::{json, Value};

@@ -9,19 +9,15 @@
 //! effect and one result) and in the restarted process's own `/metrics`, which count the calls that
 //! process made per Resource.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::fs::OpenOptions;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/run.rs"]
-mod run;
+use crate::support::run;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server;
+use server::{Serve, Server};
 
 /// Longest an instance may take to reach a position or end (generous: debug builds on busy machines).
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -30,106 +26,48 @@ fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/asl").join(name)
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
+/// `sm4c serve --db DB --mock MOCKS [--definitions DIR]` (appending to `log`), once it answers
+/// `/healthz`.
+fn start(db: &Path, definitions: Option<&Path>, log: &Path) -> Server {
+    let mut serve = Serve::new().db(db).log(log).arg("--mock").arg(data("mocks.json"));
+    if let Some(d) = definitions {
+        serve = serve.arg("--definitions").arg(d);
+    }
+    serve.start()
 }
 
-/// A running `sm4c serve --db DB --definitions DIR --mock MOCKS`, killed with SIGKILL when dropped.
-struct Server {
-    child: Option<Child>,
-    base: String,
-    client: Client,
-    log: PathBuf,
+/// What these tests ask of a server.
+trait Api {
+    fn send(&self, req: reqwest::blocking::RequestBuilder, what: &str) -> (u16, Value);
+    fn get(&self, path: &str) -> (u16, Value);
+    fn post(&self, path: &str, body: &Value) -> (u16, Value);
+    fn start_instance(&self, definition: &str, id: &str, input: Value);
+    fn instance(&self, id: &str) -> Value;
+    fn history(&self, id: &str) -> Vec<Value>;
+    fn wait_for(&self, id: &str, what: &str, done: impl Fn(&Value, &[Value]) -> bool) -> (Value, Vec<Value>);
+    fn calls(&self) -> HashMap<String, u64>;
 }
 
-impl Server {
-    fn start(db: &Path, definitions: Option<&Path>, log: &Path) -> Server {
-        let port = free_port();
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("open the server log");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .arg("--db")
-            .arg(db)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--mock")
-            .arg(data("mocks.json"));
-        if let Some(d) = definitions {
-            cmd.arg("--definitions").arg(d);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log handle"))
-            .stderr(out);
-        let mut s = Server {
-            child: Some(cmd.spawn().expect("spawn sm4c serve")),
-            base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("http client"),
-            log: log.to_path_buf(),
-        };
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!(
-                    "sm4c serve exited with {status} before answering /healthz; log:\n{}",
-                    s.log()
-                );
-            }
-            let ok = s
-                .client
-                .get(format!("{}/healthz", s.base))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .is_ok_and(|r| r.status().is_success());
-            if ok {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sm4c serve did not answer /healthz within {DEADLINE:?}; log:\n{}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let start = text.len().saturating_sub(4000);
-        let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-        text[start..].to_string()
-    }
-
+impl Api for Server {
     fn send(&self, req: reqwest::blocking::RequestBuilder, what: &str) -> (u16, Value) {
         let r = req
             .send()
-            .unwrap_or_else(|e| panic!("{what}: request failed: {e}; server log:\n{}", self.log()));
+            .unwrap_or_else(|e| panic!("{what}: request failed: {e}; server log:\n{}", self.log_tail()));
         let status = r.status().as_u16();
         let text = r.text().unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.client.get(format!("{}{path}", self.base)), &format!("GET {path}"))
+        self.send(
+            self.client().get(format!("{}{path}", self.url())),
+            &format!("GET {path}"),
+        )
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.send(
-            self.client.post(format!("{}{path}", self.base)).json(body),
+            self.client().post(format!("{}{path}", self.url())).json(body),
             &format!("POST {path}"),
         )
     }
@@ -167,7 +105,7 @@ impl Server {
                 Instant::now() < deadline,
                 "instance {id} did not become {what} within {DEADLINE:?}: {v}\nhistory: {}\nserver log:\n{}",
                 Value::Array(h),
-                self.log()
+                self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -176,8 +114,8 @@ impl Server {
     /// Function calls this process made, per Resource (`sm4c_function_call_duration_seconds_count`).
     fn calls(&self) -> HashMap<String, u64> {
         let r = self
-            .client
-            .get(format!("{}/metrics", self.base))
+            .client()
+            .get(format!("{}/metrics", self.url()))
             .send()
             .expect("GET /metrics");
         assert!(r.status().is_success(), "GET /metrics: {}", r.status());
@@ -196,12 +134,6 @@ impl Server {
             *out.entry(function).or_default() += n.trim().parse::<u64>().expect("a count");
         }
         out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -279,7 +211,7 @@ fn asl_definitions_register_from_the_folder_by_file_name_and_over_http_by_name()
     let defs = dir.path().join("defs");
     std::fs::create_dir(&defs).expect("mkdir");
     std::fs::copy(data("wait.asl.json"), defs.join("wait.asl.json")).expect("copy");
-    let s = Server::start(&dir.path().join("s.db"), Some(&defs), &dir.path().join("log"));
+    let s = start(&dir.path().join("s.db"), Some(&defs), &dir.path().join("log"));
 
     // --definitions: the file's name is the definition's id, kept in `sm4c:id`.
     let (st, body) = s.get("/definitions/wait");
@@ -360,13 +292,13 @@ fn asl_definitions_register_from_the_folder_by_file_name_and_over_http_by_name()
     // `sm4c define FILE` names an ASL file after the file.
     let map_file = dir.path().join("packing.asl.json");
     std::fs::copy(data("map.asl.json"), &map_file).expect("copy");
-    let (code, out, err) = run::sm4c(&["define", map_file.to_str().unwrap(), "--server", &s.base]);
+    let (code, out, err) = run::sm4c(&["define", map_file.to_str().unwrap(), "--server", s.url()]);
     assert_eq!(code, 0, "sm4c define: {out}{err}");
     assert!(out.contains("registered packing version"), "{out}");
     let (st, body) = s.get("/definitions/packing");
     assert_eq!(st, 200, "{body}");
     let bad_file = run::write(dir.path(), "bad.asl.json", &bad);
-    let (code, out, err) = run::sm4c(&["define", &bad_file, "--server", &s.base]);
+    let (code, out, err) = run::sm4c(&["define", &bad_file, "--server", s.url()]);
     assert_eq!(code, 1, "an invalid definition is refused: {out}{err}");
     assert!(err.contains("invalidDefinition") && err.contains("/States/B"), "{err}");
 }
@@ -374,7 +306,7 @@ fn asl_definitions_register_from_the_folder_by_file_name_and_over_http_by_name()
 #[test]
 fn a_runaway_jsonata_expression_fails_its_instance_and_the_server_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = Server::start(&dir.path().join("s.db"), None, &dir.path().join("log"));
+    let s = start(&dir.path().join("s.db"), None, &dir.path().join("log"));
     let spin = json!({
         "QueryLanguage": "JSONata",
         "StartAt": "Spin",
@@ -414,8 +346,8 @@ fn asl_instances_start_show_list_history_cancel_and_explain() {
     for f in ["wait.asl.json", "flow.asl.json"] {
         std::fs::copy(data(f), defs.join(f)).expect("copy");
     }
-    let s = Server::start(&dir.path().join("s.db"), Some(&defs), &dir.path().join("log"));
-    let url = s.base.as_str();
+    let s = start(&dir.path().join("s.db"), Some(&defs), &dir.path().join("log"));
+    let url = s.url();
 
     // start (CLI), then show while it waits: the current state and its input.
     let input = run::write(dir.path(), "in.json", &json!({"item": "book", "to": "Oslo"}));
@@ -506,7 +438,7 @@ fn asl_instances_start_show_list_history_cancel_and_explain() {
     // explain: ASL instances declare no events, so an event reaches none of them; it still answers.
     let event = json!({"specversion": "1.0", "id": "e1", "source": "shop", "type": "com.example.paid"});
     let (st, body) = s.send(
-        s.client
+        s.client()
             .post(format!("{url}/events/explain"))
             .header("content-type", "application/cloudevents+json")
             .body(event.to_string()),
@@ -598,7 +530,7 @@ fn crash_server(dir: &Path) -> (Server, PathBuf, PathBuf) {
         std::fs::copy(data(f), defs.join(f)).expect("copy");
     }
     let db = dir.join("crash.db");
-    let s = Server::start(&db, Some(&defs), &dir.join("log"));
+    let s = start(&db, Some(&defs), &dir.join("log"));
     (s, db, defs)
 }
 
@@ -612,9 +544,9 @@ fn an_asl_execution_killed_in_a_wait_state_resumes_and_does_not_call_finished_ta
     });
     assert_eq!(before["status"], "waiting", "{before}");
     assert_eq!(calls_of(&h, "arn:sm4c:reserve").len(), 1, "{h:?}");
-    s.kill9();
+    s.kill();
 
-    let s = Server::start(&db, Some(&defs), &dir.path().join("log"));
+    let s = start(&db, Some(&defs), &dir.path().join("log"));
     let (v, h) = s.wait_for("w", "completed after the restart", |v, _| {
         v["status"].as_str() != Some("waiting")
     });
@@ -650,9 +582,9 @@ fn an_asl_execution_killed_in_a_retry_interval_resumes_with_its_attempt_count() 
         .filter(|e| e["entry"] == "input" && e["input"] == "failed")
         .count();
     assert_eq!(answered_before, 1, "one failed attempt before the kill: {h:?}");
-    s.kill9();
+    s.kill();
 
-    let s = Server::start(&db, Some(&defs), &dir.path().join("log"));
+    let s = start(&db, Some(&defs), &dir.path().join("log"));
     let (v, h) = s.wait_for("r", "ended after the restart", |v, _| {
         !matches!(v["status"].as_str(), Some("waiting" | "running"))
     });
@@ -706,9 +638,9 @@ fn an_asl_map_killed_with_an_iteration_waiting_resumes_without_repeating_done_it
         "items 1-3 packed, one at a time, before the kill: {h:?}"
     );
     assert_eq!(results(&h).len(), 4, "reserve and three packs answered: {h:?}");
-    s.kill9();
+    s.kill();
 
-    let s = Server::start(&db, Some(&defs), &dir.path().join("log"));
+    let s = start(&db, Some(&defs), &dir.path().join("log"));
     let (v, h) = s.wait_for("m", "ended after the restart", |v, _| {
         !matches!(v["status"].as_str(), Some("waiting" | "running"))
     });
@@ -750,8 +682,8 @@ fn an_asl_execution_waiting_in_a_wait_state_migrates_and_finishes_on_the_new_ver
     let (_, d) = s.get("/definitions/wait");
     let v1 = d["latest"].as_str().expect("the folder's version").to_string();
     let (st, b) = s.send(
-        s.client
-            .post(format!("{}/definitions?name=wait", s.base))
+        s.client()
+            .post(format!("{}/definitions?name=wait", s.url()))
             .header("content-type", "application/json")
             .body(v2.to_string()),
         "register version 2",
@@ -781,9 +713,9 @@ fn an_asl_execution_waiting_in_a_wait_state_migrates_and_finishes_on_the_new_ver
     assert_eq!(st, 200, "{b}");
     assert_eq!((&b["state"], &b["version"]), (&json!("Rest"), &json!(version)), "{b}");
     assert_eq!(b["migration"]["timers"][0]["change"], "kept", "{b}");
-    s.kill9();
+    s.kill();
 
-    let s = Server::start(&db, Some(&defs), &dir.path().join("log"));
+    let s = start(&db, Some(&defs), &dir.path().join("log"));
     let (v, h) = s.wait_for("w", "completed after the restart", |v, _| {
         v["status"].as_str() != Some("waiting")
     });
