@@ -45,9 +45,11 @@ use tokio::task::AbortHandle;
 /// An answer to a request, sent once its batch is committed, or with the error that kept it out.
 type Reply = Box<dyn FnOnce(Result<(), HostError>) + Send>;
 
-/// Limits the durable host enforces.
+/// Limits the durable host enforces: parking, journal length, batch size, redrives, and the
+/// expression limits of the definitions it loads. Named apart from `sm4c_runtime::Limits` (one
+/// expression's) and `sm4c_host::driver::Limits` (the driver's, set from these).
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct HostLimits {
     /// How long an event that reached no instance is kept for one that starts waiting (ms).
     pub park_ms: u64,
     /// Most events kept parked at once; one more that reaches no instance is refused
@@ -67,9 +69,9 @@ pub struct Limits {
     pub max_redrives: Option<u32>,
 }
 
-impl Default for Limits {
+impl Default for HostLimits {
     fn default() -> Self {
-        Limits {
+        HostLimits {
             park_ms: 5 * 60 * 1000,
             max_parked: 100_000,
             max_parked_bytes: 64 << 20,
@@ -85,9 +87,14 @@ fn now_ms() -> Millis {
     sm4c_host::clock::wall_ms()
 }
 
-struct Slot {
+/// An instance the current batch holds in memory (loaded from the store by [`Loop::in_batch`], or
+/// created in the batch), until the batch is committed.
+struct BatchInstance {
     h: Hosted,
+    /// Changed in this batch: written by the commit.
     dirty: bool,
+    /// It waited already when it was loaded (and no migration or redrive changed that since):
+    /// parked events are offered only to instances that start waiting in the batch.
     was_waiting: bool,
 }
 
@@ -98,10 +105,10 @@ struct Loop {
     failed: tokio::sync::watch::Sender<Option<String>>,
     registry: Arc<RwLock<Registry>>,
     breakpoints: Arc<driver::Breakpoints>,
-    limits: Limits,
+    limits: HostLimits,
     tx: mpsc::WeakUnboundedSender<Cmd>,
     /// Instances touched in the current batch only.
-    cache: HashMap<String, Slot>,
+    cache: HashMap<String, BatchInstance>,
     timers: BTreeSet<(Millis, String, String)>,
     queue: Vec<(String, Input)>,
     /// Calls in flight, until they return.

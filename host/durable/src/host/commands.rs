@@ -136,7 +136,7 @@ impl Loop {
                     let _ = reply.send(Err(e));
                 }
             },
-            Cmd::Cancel(id, reply) => match self.slot(&id).map(|s| s.h.inst.status()) {
+            Cmd::Cancel(id, reply) => match self.in_batch(&id).map(|s| s.h.inst.status()) {
                 None => {
                     let _ = reply.send(Err(HostError::UnknownInstance(id)));
                 }
@@ -155,7 +155,7 @@ impl Loop {
                     }));
                 }
             },
-            Cmd::Resume(id, step, reply) => match self.slot(&id).map(|s| s.h.inst.status()) {
+            Cmd::Resume(id, step, reply) => match self.in_batch(&id).map(|s| s.h.inst.status()) {
                 None => {
                     let _ = reply.send(Err(HostError::UnknownInstance(id)));
                 }
@@ -210,7 +210,7 @@ impl Loop {
                     self.results
                         .push((handle, instance.clone(), op.clone(), result.clone()));
                     let driver = self.driver.clone();
-                    if let Some(slot) = self.slot(&instance) {
+                    if let Some(slot) = self.in_batch(&instance) {
                         // The call is done, so it is no longer open, whether or not anyone waits.
                         slot.dirty = true;
                         if let Some(input) = driver.call_done(&mut slot.h, &op, result) {
@@ -297,14 +297,14 @@ impl Loop {
     ) -> Result<MigrationPlan, HostError> {
         let now = now_ms();
         let driver = self.driver.clone();
-        let definition = match self.slot(id) {
+        let definition = match self.in_batch(id) {
             Some(slot) => slot.h.inst.machine().id.clone(),
             None => return Err(HostError::UnknownInstance(id.to_string())),
         };
         let Some(to) = self.machine(&definition, version) else {
             return Err(HostError::UnknownDefinition(format!("{definition} version {version}")));
         };
-        let Some(slot) = self.slot(id) else {
+        let Some(slot) = self.in_batch(id) else {
             return Err(HostError::UnknownInstance(id.to_string()));
         };
         let plan = slot
@@ -330,7 +330,7 @@ impl Loop {
         let now = now_ms();
         let driver = self.driver.clone();
         let cap = self.limits.max_redrives;
-        let Some(slot) = self.slot(id) else {
+        let Some(slot) = self.in_batch(id) else {
             return Err(HostError::UnknownInstance(id.to_string()));
         };
         let answer = |plan: &RedrivePlan| json!({"id": id, "from": plan.from, "redrives": plan.redrives, "data": plan.data, "diff": plan.diff});

@@ -1,9 +1,9 @@
 //! The batch: due timers fire into the queue, [`Loop::step`] hands each queued input to its
-//! instance (loaded from the store into the batch by [`Loop::slot`], at most once per batch), what
+//! instance (loaded from the store into the batch by [`Loop::in_batch`], at most once per batch), what
 //! each step asks is collected, and [`Loop::commit`] writes the whole batch in one transaction;
 //! only then are replies sent, tasks handed to workers and effects performed.
 
-use super::{now_ms, Loop, Slot};
+use super::{now_ms, BatchInstance, Loop};
 use crate::store::{InstanceWrite, StoreError};
 use sm4c_host::driver::{Hosted, ParentLink, Work};
 use sm4c_runtime::{Input, Status, Timed};
@@ -39,7 +39,7 @@ impl Loop {
         self.commit(processed)
     }
 
-    pub(super) fn slot(&mut self, id: &str) -> Option<&mut Slot> {
+    pub(super) fn in_batch(&mut self, id: &str) -> Option<&mut BatchInstance> {
         if !self.cache.contains_key(id) {
             let stored = self.store.instance(id).ok()??;
             let m = self.machine(&stored.snapshot.definition, &stored.snapshot.version)?;
@@ -55,7 +55,7 @@ impl Loop {
             h.origin = self.store.origin(id).unwrap_or_default();
             self.cache.insert(
                 id.to_string(),
-                Slot {
+                BatchInstance {
                     h,
                     dirty: changed,
                     was_waiting,
@@ -92,7 +92,7 @@ impl Loop {
         let now = now_ms();
         let driver = self.driver.clone();
         let breakpoints = self.breakpoints.clone();
-        let Some(slot) = self.slot(id) else { return };
+        let Some(slot) = self.in_batch(id) else { return };
         if slot.h.inst.status().is_final() {
             return;
         }

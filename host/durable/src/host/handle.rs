@@ -4,7 +4,7 @@
 //! answered on a oneshot channel once the batch that decides it is committed. Reads (the store, the
 //! registry, the breakpoints) do not go through the task.
 
-use super::{Cmd, Limits, Loop};
+use super::{Cmd, HostLimits, Loop};
 use crate::store::{Batch, Store};
 use serde_json::Value;
 use sm4c_host::driver::{self, Driver};
@@ -36,7 +36,11 @@ impl DurableHost {
     /// A stored definition that cannot be read back (or no longer loads) does not stop the start:
     /// it is logged, counted (`corrupt_record("definition")`) and left out, and its unfinished
     /// instances are failed with `corruptRecord` naming it; the other definitions are served.
-    pub fn start(store: Arc<dyn Store>, host: Arc<dyn Functions>, limits: Limits) -> Result<DurableHost, HostError> {
+    pub fn start(
+        store: Arc<dyn Store>,
+        host: Arc<dyn Functions>,
+        limits: HostLimits,
+    ) -> Result<DurableHost, HostError> {
         let mut registry = Registry::default();
         let mut lost: Vec<(String, String, String)> = Vec::new();
         for row in store.definition_rows()? {

@@ -14,12 +14,13 @@ impl Loop {
     /// Sends an event to the instance it names, else to every unfinished instance with a matching
     /// event definition; parks it when it reaches none. `from` does not receive its own event.
     /// An event from outside that reaches none is refused when parking it would pass a limit
-    /// ([`Limits::max_parked`], [`Limits::max_parked_bytes`]); an event an instance sent is never
+    /// ([`HostLimits::max_parked`](super::HostLimits::max_parked),
+    /// [`HostLimits::max_parked_bytes`](super::HostLimits::max_parked_bytes)); an event an instance sent is never
     /// refused (it is in the instance's outbox) and never parked.
     pub(super) fn route(&mut self, event: Value, from: Option<&str>) -> Result<Delivery, HostError> {
         if from.is_none() {
             if let Some(target) = driver::target(&event) {
-                if self.slot(&target).is_some() {
+                if self.in_batch(&target).is_some() {
                     self.queue.push((target.clone(), Input::Event { event }));
                     return Ok(Delivery {
                         reached: vec![target],
@@ -132,7 +133,7 @@ impl Loop {
     }
 
     pub(super) fn accepts(&mut self, id: &str, event: &Value) -> bool {
-        self.slot(id).is_some_and(|s| driver::accepts(&s.h.inst, event))
+        self.in_batch(id).is_some_and(|s| driver::accepts(&s.h.inst, event))
     }
 
     /// Hands parked events to instances that now wait for them.

@@ -13,7 +13,7 @@ impl Functions for Echo {
     }
 }
 
-fn start(limits: Limits) -> (DurableHost, Arc<MemoryStore>) {
+fn start(limits: HostLimits) -> (DurableHost, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::default());
     let host = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts");
     (host, store)
@@ -46,9 +46,9 @@ fn go(order: &str) -> Value {
 async fn parked_events_stop_at_the_count_and_bytes_limits_and_a_refused_event_is_not_kept() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(crate::store::SqliteStore::open(&dir.path().join("s.db")).expect("open"));
-    let limits = Limits {
+    let limits = HostLimits {
         max_parked: 2,
-        ..Limits::default()
+        ..HostLimits::default()
     };
     let h = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts");
     h.define(waiter()).await.unwrap();
@@ -89,9 +89,9 @@ async fn parked_events_stop_at_the_count_and_bytes_limits_and_a_refused_event_is
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(crate::store::SqliteStore::open(&dir.path().join("s.db")).expect("open"));
     let size = crate::store::parked_size(&go("A"));
-    let limits = Limits {
+    let limits = HostLimits {
         max_parked_bytes: size + size / 2,
-        ..Limits::default()
+        ..HostLimits::default()
     };
     let h = DurableHost::start(store.clone(), Arc::new(Echo), limits).expect("starts");
     h.define(waiter()).await.unwrap();
@@ -110,7 +110,7 @@ async fn parked_events_stop_at_the_count_and_bytes_limits_and_a_refused_event_is
 
 #[tokio::test]
 async fn events_reach_correlated_instances_and_early_events_wait_in_the_window() {
-    let (h, _) = start(Limits::default());
+    let (h, _) = start(HostLimits::default());
     h.define(waiter()).await.unwrap();
     // Sent before any instance waits: parked.
     let d = h.deliver(go("B")).await.unwrap();
@@ -142,9 +142,9 @@ async fn events_reach_correlated_instances_and_early_events_wait_in_the_window()
 
 #[tokio::test]
 async fn journal_limit_fails_the_instance_with_a_clear_error() {
-    let (h, _) = start(Limits {
+    let (h, _) = start(HostLimits {
         max_journal: 20,
-        ..Limits::default()
+        ..HostLimits::default()
     });
     h.define(json!({"id": "loop", "name": "loop", "version": "1", "states": [{"name": "A", "start": true,
         "transitions": [{"condition": "${ .n < 100 }", "action": {"type": "delay", "timeout": "1ms"}, "resultHandler": "${ .n += 1 }"},
@@ -163,7 +163,7 @@ async fn journal_limit_fails_the_instance_with_a_clear_error() {
 
 #[tokio::test]
 async fn subflows_are_linked_in_both_journals_and_calls_carry_their_op() {
-    let (h, store) = start(Limits::default());
+    let (h, store) = start(HostLimits::default());
     h.define(json!({"id": "child", "name": "c", "version": "1",
         "functions": [{"name": "f", "operation": "x#f"}],
         "states": [{"name": "C", "start": true, "enterAction": {"type": "invokeFunction", "functionName": "f",
@@ -203,7 +203,7 @@ async fn subflows_are_linked_in_both_journals_and_calls_carry_their_op() {
 
 #[tokio::test]
 async fn definitions_are_versioned_and_conflicts_refused() {
-    let (h, _) = start(Limits::default());
+    let (h, _) = start(HostLimits::default());
     let mut d = waiter();
     assert!(h.define(d.clone()).await.unwrap().1);
     assert!(!h.define(d.clone()).await.unwrap().1, "same content again is not new");

@@ -3,7 +3,7 @@
 //! workers, whose answers come back here, subflows are started in the batch, events are sent,
 //! timers armed and cancelled.
 
-use super::{Cmd, Loop, Slot};
+use super::{BatchInstance, Cmd, Loop};
 use sm4c_host::driver::{Answering, Work};
 use sm4c_host::service::{Answered, HostError};
 use sm4c_host::tasks::{Answer, Poller, Task};
@@ -68,7 +68,7 @@ impl Loop {
                             child.origin = origin;
                             self.cache.insert(
                                 start.id.clone(),
-                                Slot {
+                                BatchInstance {
                                     h: child,
                                     dirty: true,
                                     was_waiting: false,
@@ -86,7 +86,7 @@ impl Loop {
                     }
                 }
                 // Started: a parent that does not wait no longer needs to remember to start it.
-                if let Some(slot) = self.slot(id) {
+                if let Some(slot) = self.in_batch(id) {
                     slot.h.child_started(&start.parent.op);
                     slot.dirty = true;
                 }
@@ -138,7 +138,7 @@ impl Loop {
         h.origin = origin;
         self.cache.insert(
             id.to_string(),
-            Slot {
+            BatchInstance {
                 h,
                 dirty: true,
                 was_waiting: false,
@@ -156,7 +156,7 @@ impl Loop {
         reply: oneshot::Sender<Result<Answered, HostError>>,
     ) {
         let driver = self.driver.clone();
-        let Some(slot) = self.slot(&instance) else {
+        let Some(slot) = self.in_batch(&instance) else {
             let _ = reply.send(Err(HostError::UnknownTask(format!(
                 "no task: the token names instance {instance:?}, which does not exist"
             ))));
