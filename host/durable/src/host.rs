@@ -25,6 +25,8 @@ use sm4c_runtime::{ErrorInfo, Input, Machine, Millis};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
 
 mod commands;
 mod commit;
@@ -39,8 +41,6 @@ mod work;
 
 use commands::Cmd;
 pub use handle::DurableHost;
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::AbortHandle;
 
 /// An answer to a request, sent once its batch is committed, or with the error that kept it out.
 type Reply = Box<dyn FnOnce(Result<(), HostError>) + Send>;
@@ -98,6 +98,8 @@ struct BatchInstance {
     was_waiting: bool,
 }
 
+/// The deciding task's state: what the current batch has decided and not yet written, and what
+/// lives across batches (timers, calls in flight, task lists, schedules, the parking count).
 struct Loop {
     store: Arc<dyn Store>,
     host: Arc<dyn Functions>,

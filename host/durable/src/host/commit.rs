@@ -1,7 +1,7 @@
 //! The batch: due timers fire into the queue, [`Loop::step`] hands each queued input to its
-//! instance (loaded from the store into the batch by [`Loop::in_batch`], at most once per batch), what
-//! each step asks is collected, and [`Loop::commit`] writes the whole batch in one transaction;
-//! only then are replies sent, tasks handed to workers and effects performed.
+//! instance (loaded from the store into the batch by [`Loop::in_batch`], at most once per batch),
+//! what each step asks is collected, and [`Loop::commit`] writes the whole batch in one
+//! transaction; only then are replies sent, tasks handed to workers and effects performed.
 
 use super::{now_ms, BatchInstance, Loop};
 use crate::store::{InstanceWrite, StoreError};

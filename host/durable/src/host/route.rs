@@ -15,8 +15,8 @@ impl Loop {
     /// event definition; parks it when it reaches none. `from` does not receive its own event.
     /// An event from outside that reaches none is refused when parking it would pass a limit
     /// ([`HostLimits::max_parked`](super::HostLimits::max_parked),
-    /// [`HostLimits::max_parked_bytes`](super::HostLimits::max_parked_bytes)); an event an instance sent is never
-    /// refused (it is in the instance's outbox) and never parked.
+    /// [`HostLimits::max_parked_bytes`](super::HostLimits::max_parked_bytes)); an event an
+    /// instance sent is never refused (it is in the instance's outbox) and never parked.
     pub(super) fn route(&mut self, event: Value, from: Option<&str>) -> Result<Delivery, HostError> {
         if from.is_none() {
             if let Some(target) = driver::target(&event) {
