@@ -27,7 +27,7 @@ mod store;
 use rusqlite::Connection;
 use serde_json::Value;
 use sm4c_durable::store::{SqliteStore, Store};
-use sm4c_durable::{DurableHost, Limits};
+use sm4c_durable::{DurableHost, HostLimits};
 use sm4c_host::{BoxFuture, FunctionCall, Functions};
 use sm4c_runtime::ErrorInfo;
 use std::path::PathBuf;
@@ -125,7 +125,7 @@ fuzz_target!(|data: &[u8]| {
         Err(_) => return,
     };
     f.rt.block_on(async {
-        match DurableHost::start(store.clone(), Arc::new(Echo), Limits::default()) {
+        match DurableHost::start(store.clone(), Arc::new(Echo), HostLimits::default()) {
             Ok(host) => {
                 read_all(&*store);
                 host.shutdown().await;

@@ -755,7 +755,7 @@ fn serve_on(
     traces: Option<Arc<traces::Traces>>,
 ) -> anyhow::Result<ExitCode> {
     use sm4c_durable::store::SqliteStore;
-    use sm4c_durable::{DurableHost, Limits as HostLimits};
+    use sm4c_durable::{DurableHost, HostLimits};
     if let Some(bootstrap) = &args.kafka.kafka {
         return serve_kafka(&args, bootstrap, docs, mocks, calls, park_ms, security, traces);
     }

@@ -12,4 +12,4 @@ mod host;
 pub mod local;
 pub mod store;
 
-pub use host::{DurableHost, Limits};
+pub use host::{DurableHost, HostLimits};

@@ -234,7 +234,7 @@ mod tests {
     async fn fixture(instances: usize) -> Fixture {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(SqliteStore::open(&dir.path().join("b.db")).expect("open"));
-        let host = DurableHost::start(store.clone(), Arc::new(NoCalls), crate::Limits::default()).expect("starts");
+        let host = DurableHost::start(store.clone(), Arc::new(NoCalls), crate::HostLimits::default()).expect("starts");
         host.define(waiter()).await.expect("defines");
         for i in 0..instances {
             host.start_instance("w", None, Some(format!("w-{i}")), json!({"n": i}))

@@ -1,6 +1,6 @@
 //! A store whose disk fills and empties on command, against the host's pause.
 
-use crate::host::{DurableHost, Limits};
+use crate::host::{DurableHost, HostLimits};
 use crate::store::{Batch, MemoryStore, Store, StoreError, Stored, Summary};
 use serde_json::{json, Value};
 use sm4c_host::service::HostError;
@@ -134,7 +134,7 @@ async fn completed(h: &DurableHost, id: &str) -> Value {
 async fn a_full_disk_refuses_requests_keeps_call_results_and_passes_when_space_returns() {
     let store = Arc::new(Filling::default());
     let gate = Arc::new(Gate::default());
-    let h = DurableHost::start(store.clone(), Arc::new(Gated(gate.clone())), Limits::default()).unwrap();
+    let h = DurableHost::start(store.clone(), Arc::new(Gated(gate.clone())), HostLimits::default()).unwrap();
     h.define(caller()).await.unwrap();
     let (id, created) = h
         .start_instance("c", None, Some("a".into()), json!({"n": 1}))
@@ -206,7 +206,7 @@ fn worker_task() -> Value {
 #[tokio::test]
 async fn a_worker_polling_during_the_pause_gets_its_task_once_space_returns_and_only_once() {
     let store = Arc::new(Filling::default());
-    let h = DurableHost::start(store.clone(), Arc::new(Gated(Arc::default())), Limits::default()).unwrap();
+    let h = DurableHost::start(store.clone(), Arc::new(Gated(Arc::default())), HostLimits::default()).unwrap();
     h.define(worker_task()).await.unwrap();
     h.start_instance("t", None, Some("t1".into()), json!({"n": 7}))
         .await
