@@ -26,6 +26,7 @@ mod disk_full;
 mod door;
 mod downstreams;
 mod durability;
+mod golden;
 mod grpc;
 mod metrics;
 mod redrive;

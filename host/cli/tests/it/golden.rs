@@ -5,83 +5,34 @@
 //! the failed instance is redriven from the point its snapshot keeps. The ended instances stay as
 //! they were. `host/durable/tests/golden.rs` checks the same file row by row.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sm4c");
+use crate::support::server::{Serve, Server};
 
 /// Longest an instance may take to reach a status (generous: debug builds on busy machines).
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// A running `sm4c serve`, killed when dropped.
-struct Server {
-    child: Child,
+/// What the golden test asks of the server.
+struct Golden {
+    server: Server,
     base: String,
-    client: Client,
-    log: PathBuf,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(db: &Path, log: &Path) -> Server {
-        let port = free_port();
-        let out = OpenOptions::new().create(true).append(true).open(log).expect("log");
-        let child = Command::new(BIN)
-            .args(["serve", "--db"])
-            .arg(db)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone"))
-            .stderr(out)
-            .spawn()
-            .expect("spawn sm4c serve");
-        let mut s = Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("client"),
-            log: log.to_path_buf(),
-        };
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("sm4c serve exited with {status}; log:\n{}", s.log());
-            }
-            let up = s
-                .client
-                .get(format!("{}/healthz", s.base))
-                .send()
-                .is_ok_and(|r| r.status().is_success());
-            if up {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "sm4c serve did not start; log:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+impl Golden {
+    fn start(db: &Path, log: &Path) -> Golden {
+        let server = Serve::new().db(db).log(log).start();
+        let base = server.url().to_string();
+        Golden { server, base }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.server.log()
+    }
+
+    fn client(&self) -> &reqwest::blocking::Client {
+        self.server.client()
     }
 
     fn send(&self, req: reqwest::blocking::RequestBuilder) -> (u16, Value) {
@@ -95,11 +46,11 @@ impl Server {
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.client.post(format!("{}{path}", self.base)).json(body))
+        self.send(self.client().post(format!("{}{path}", self.base)).json(body))
     }
 
     fn instance(&self, id: &str) -> Value {
-        let (status, body) = self.send(self.client.get(format!("{}/instances/{id}", self.base)));
+        let (status, body) = self.send(self.client().get(format!("{}/instances/{id}", self.base)));
         assert_eq!(status, 200, "GET /instances/{id}: {body}");
         body
     }
@@ -127,7 +78,7 @@ impl Server {
     /// Takes a task of `list` (waiting for one up to 10 s), which must be `instance`'s.
     fn poll(&self, list: &str, instance: &str) -> Value {
         let (status, task) = self.send(
-            self.client
+            self.client()
                 .post(format!("{}/tasklists/{list}/poll?wait=10s&worker=golden", self.base)),
         );
         assert_eq!(status, 200, "no task on {list} for {instance}: {task}");
@@ -170,7 +121,7 @@ fn sm4c_serve_on_the_golden_store_takes_every_waiting_instance_to_its_end() {
     let dir = tempfile::tempdir().expect("tmp");
     let db = dir.path().join("store.sqlite");
     std::fs::copy(&fixture, &db).unwrap_or_else(|e| panic!("cannot copy {}: {e}", fixture.display()));
-    let s = Server::start(&db, &dir.path().join("serve.log"));
+    let s = Golden::start(&db, &dir.path().join("serve.log"));
 
     // The ended ones are as they were.
     assert_eq!(s.instance("sm4c-completed")["status"], "completed");
@@ -189,7 +140,7 @@ fn sm4c_serve_on_the_golden_store_takes_every_waiting_instance_to_its_end() {
 
     // The event the instance waits for, correlated by its order.
     let (status, body) = s.send(
-        s.client
+        s.client()
             .post(format!("{}/events", s.base))
             .header("ce-specversion", "1.0")
             .header("ce-type", "golden.go")
