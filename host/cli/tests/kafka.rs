@@ -4370,32 +4370,3 @@ fn a_failed_instance_is_redriven_in_kafka_mode_through_any_worker() {
         assert_eq!((st, v["details"]["reason"].as_str()), (409, Some("completed")), "{v}");
     }
 }
-
-/// Batch operations are run by the SQLite server: a Kafka worker refuses `/batches` with 501
-/// `notSupported`, saying so, and `sm4c batch` exits 1 with the same words, rather than acting on
-/// some instances and not others.
-#[test]
-fn a_kafka_worker_refuses_batches_saying_where_they_run() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let broker = Broker::start(dir.path());
-    let w = Worker::start(dir.path(), "w1", &worker_args(&broker, "bt", 2, &[]));
-    wait_owned(&[&w], 2);
-    let (st, body) = w.post("/batches", json!({"operation": "cancel", "where": {}}));
-    assert_eq!((st, body["error"].as_str()), (501, Some("notSupported")), "{body}");
-    assert!(
-        body["message"].as_str().unwrap_or_default().contains("without --kafka"),
-        "{body}"
-    );
-    let r = http().get(format!("{}/batches/b1", w.base)).send().expect("GET");
-    assert_eq!(r.status().as_u16(), 501);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sm4c"))
-        .args(["batch", "cancel", "--where", "definition=x", "--server", &w.base])
-        .output()
-        .expect("sm4c runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("notSupported (501)") && err.contains("without --kafka"),
-        "{err}"
-    );
-}
