@@ -557,4 +557,81 @@ mod tests {
         // After a long pause, at most a second's worth (and at least a group) at once.
         assert_eq!(group_size(rate, 0, 3_600_000), 125.max(sm4c_host::batch::GROUP));
     }
+
+    #[test]
+    fn a_send_share_delivers_each_waiting_instance_its_event_once_with_the_batch_id_and_refuses_an_ended_one() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let mut shared = super::super::sim::shared(&rt);
+        shared.cfg.batch_rate = 1_000 * shared.partitions as u32;
+        let p = 1;
+        let (mut t, _) = Latest::new(0, 0).owner(&shared, p, None, None);
+        shared.view.take(p, Default::default(), None);
+        let ids: Vec<String> = (0..400)
+            .map(|i| format!("s{i}"))
+            .filter(|id| partition_of(id, shared.partitions) == p)
+            .take(5)
+            .collect();
+        let mut log = Vec::new();
+        let starts: Vec<(i64, Command)> = ids.iter().map(|id| (T0, start(id))).collect();
+        let b = batch(&shared, &mut t, &starts);
+        commit(&shared, &mut t, b, &mut log);
+        // One of them is cancelled first: the event cannot reach it.
+        let cancel = Command::Cancel {
+            id: ids[0].clone(),
+            reason: "test".into(),
+        };
+        let b = batch(&shared, &mut t, &[(T0 + 1, cancel)]);
+        commit(&shared, &mut t, b, &mut log);
+        let request = json!({"operation": "send", "where": {"definition": "sim-seq"},
+            "event": {"type": "sim.step", "source": "client", "order": "s1"}});
+        let b = batch(
+            &shared,
+            &mut t,
+            &[(
+                T0 + 10,
+                Command::Batch {
+                    id: "b".into(),
+                    spec: request,
+                    created: T0 + 10,
+                },
+            )],
+        );
+        commit(&shared, &mut t, b, &mut log);
+        let mut events: Vec<(String, String)> = Vec::new();
+        for k in 1..4 {
+            let b = batch(
+                &shared,
+                &mut t,
+                &[(T0 + 10 + 1_000 * k, Command::BatchTick { id: "b".into() })],
+            );
+            for o in b.outs.iter().filter(|o| o.topic == shared.topics.journal) {
+                let r: crate::wire::JournalRecord =
+                    serde_json::from_slice(o.payload.as_deref().expect("a journal record")).expect("json");
+                for e in r.entries {
+                    if let sm4c_runtime::Entry::Input(ti) = e {
+                        if let sm4c_runtime::Input::Event { event } = ti.input {
+                            let id = event["id"].as_str().unwrap_or_default().to_string();
+                            events.push((o.key.clone().unwrap_or_default(), id));
+                        }
+                    }
+                }
+            }
+            commit(&shared, &mut t, b, &mut log);
+        }
+        let s = share(&t, "b");
+        assert_eq!((s.phase.as_str(), s.done, s.failed), ("completed", 4, 1), "{s:?}");
+        assert_eq!(s.failures[0].0, ids[0]);
+        assert!(s.failures[0].1.contains("already ended (cancelled)"), "{s:?}");
+        let mut want: Vec<(String, String)> = ids[1..].iter().map(|i| (i.clone(), format!("b/{i}"))).collect();
+        want.sort();
+        events.sort();
+        assert_eq!(
+            events, want,
+            "each waiting instance took its event once, with the batch's id"
+        );
+        for id in &ids[1..] {
+            let r = shared.view.get(p, id).expect("the instance");
+            assert_eq!(r.snapshot.state_name.as_deref(), Some("Two"), "{id}");
+        }
+    }
 }
