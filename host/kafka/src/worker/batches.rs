@@ -634,4 +634,67 @@ mod tests {
             assert_eq!(r.snapshot.state_name.as_deref(), Some("Two"), "{id}");
         }
     }
+
+    #[test]
+    fn a_migrate_share_moves_each_instance_once_and_names_why_a_missing_version_does_not() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let mut shared = super::super::sim::shared(&rt);
+        shared.cfg.batch_rate = 1_000 * shared.partitions as u32;
+        let v2 = json!({"id": "sim-seq", "version": "2.0", "name": "Simulated sequence, 2",
+        "events": [{"name": "step", "type": "sim.step", "source": "client"}],
+        "states": [
+            {"name": "One", "start": true, "transitions": [{"nextState": "Done", "eventGroups": [{"events": ["step"]}]}]},
+            {"name": "Done", "final": true}
+        ]});
+        let p = 2;
+        let (mut t, _) = Latest::new(0, 0).owner(&shared, p, None, None);
+        shared.view.take(p, Default::default(), None);
+        let ids: Vec<String> = (0..400)
+            .map(|i| format!("m{i}"))
+            .filter(|id| partition_of(id, shared.partitions) == p)
+            .take(6)
+            .collect();
+        let mut log = Vec::new();
+        let starts: Vec<(i64, Command)> = ids.iter().map(|id| (T0, start(id))).collect();
+        let b = batch(&shared, &mut t, &starts);
+        commit(&shared, &mut t, b, &mut log);
+        // Registered once the instances run version 1.0.
+        let m = sm4c_runtime::load(&v2, &mut sm4c_runtime::no_files, sm4c_runtime::LoadOptions::default())
+            .expect("version 2 loads");
+        shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(std::sync::Arc::new(m));
+        let run = |t: &mut Owner, log: &mut Vec<(String, Vec<u8>)>, id: &str, version: &str, at: i64| {
+            let request = json!({"operation": "migrate", "where": {"definition": "sim-seq"}, "version": version});
+            let b = batch(
+                &shared,
+                t,
+                &[(
+                    at,
+                    Command::Batch {
+                        id: id.into(),
+                        spec: request,
+                        created: at,
+                    },
+                )],
+            );
+            commit(&shared, t, b, log);
+            for k in 1..4 {
+                let b = batch(&shared, t, &[(at + 1_000 * k, Command::BatchTick { id: id.into() })]);
+                commit(&shared, t, b, log);
+            }
+            share(t, id)
+        };
+        let s = run(&mut t, &mut log, "to2", "2.0", T0 + 10);
+        assert_eq!((s.phase.as_str(), s.done, s.failed), ("completed", 6, 0), "{s:?}");
+        for id in &ids {
+            let r = shared.view.get(p, id).expect("the instance");
+            assert_eq!(r.snapshot.version, "2.0", "{id}");
+        }
+        let s = run(&mut t, &mut log, "to9", "9.9", T0 + 10_000);
+        assert_eq!((s.phase.as_str(), s.done, s.failed), ("completed", 0, 6), "{s:?}");
+        assert!(s.failures.iter().all(|(_, why)| why.contains("9.9")), "{s:?}");
+    }
 }
