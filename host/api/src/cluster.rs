@@ -1012,11 +1012,19 @@ impl Backend for Clustered {
                     }
                     let v = self.inner.batches(BatchOp::Create(body)).await?;
                     let id = v["id"].as_str().unwrap_or_default().to_string();
-                    self.batch_when(&id, |v| {
-                        v["partitions"].as_array().map_or(0, Vec::len) as u64
-                            >= v["partitions"][0]["partitions"].as_u64().unwrap_or(u64::MAX)
-                    })
-                    .await
+                    let whole = self
+                        .batch_when(&id, |v| {
+                            v["partitions"].as_array().map_or(0, Vec::len) as u64
+                                >= v["partitions"][0]["partitions"].as_u64().unwrap_or(u64::MAX)
+                        })
+                        .await;
+                    // Sent to every partition already: a worker that does not answer (its
+                    // partitions move) does not make the request fail. The answer says what this
+                    // worker's partitions decided, with the id to follow the batch by.
+                    match whole {
+                        Ok(v) => Ok(v),
+                        Err(_) => self.inner.batches(BatchOp::Get(id)).await,
+                    }
                 }
                 BatchOp::Get(id) => self.batch(&id).await,
                 BatchOp::Cancel(id) => {

@@ -286,18 +286,40 @@ fn batch_requests_are_checked_dry_run_and_stopped_through_either_worker() {
         (Some("cancelled"), Some(done)),
         "{v}"
     );
-    // `sm4c batch` works against a Kafka worker as against the SQLite server.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sm4c"))
-        .args(["batch", "list", "--server", &w2.base])
-        .output()
-        .expect("sm4c runs");
-    let text = String::from_utf8_lossy(&out.stdout);
+    // `sm4c batch` works against a Kafka worker as against the SQLite server: it posts a batch,
+    // follows it to its end and reports it, and lists the batches.
+    let sm4c = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sm4c"))
+            .args(args)
+            .output()
+            .expect("sm4c runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            text,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, text, err) = sm4c(&[
+        "batch",
+        "cancel",
+        "--where",
+        "definition=waiter,status=waiting",
+        "--json",
+        "--server",
+        &w1.base,
+    ]);
+    assert_eq!(code, Some(0), "{text}{err}");
+    let v: Value = serde_json::from_str(&text).expect("--json prints the batch");
+    let rest = N as u64 - done;
     assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        (v["phase"].as_str(), v["matched"].as_u64(), v["done"].as_u64()),
+        (Some("completed"), Some(rest), Some(rest)),
+        "{v}"
     );
+    assert_eq!(cancelled(), N as u64);
+    let (code, text, err) = sm4c(&["batch", "list", "--server", &w2.base]);
+    assert_eq!(code, Some(0), "{text}{err}");
     assert!(text.contains(&id) && text.contains("cancelled"), "{text}");
 }
 
