@@ -360,9 +360,18 @@ impl View {
     /// The usable partitions' stores, and what `take` makes of their recent records (of partition,
     /// id and record): the records themselves are not copied.
     fn take_parts<T>(&self, take: impl Fn(i32, &str, &InstanceRecord) -> Option<T>) -> Vec<(i32, Taken<T>)> {
+        self.take_parts_of(None, take)
+    }
+
+    /// [`View::take_parts`] of partition `only`, or of every partition.
+    fn take_parts_of<T>(
+        &self,
+        only: Option<i32>,
+        take: impl Fn(i32, &str, &InstanceRecord) -> Option<T>,
+    ) -> Vec<(i32, Taken<T>)> {
         self.read()
             .iter()
-            .filter(|(p, part)| part.usable(**p))
+            .filter(|(p, part)| only.is_none_or(|o| o == **p) && part.usable(**p))
             .map(|(p, part)| {
                 let recent = part
                     .recent
@@ -698,10 +707,10 @@ impl View {
             s.seq > after && status.is_none_or(|x| s.status == x) && definition.is_none_or(|d| s.definition == d)
         };
         let mut page: Vec<Summary> = Vec::new();
-        let ours = |p: i32| only.is_none_or(|o| o == p);
         // A partition whose store broke is left out, as one being restored is.
-        let parts = self.take_parts(|p, id, r| ours(p).then(|| summary(id, r, seq(r, p))).filter(|s| wanted(s)));
-        for (_, mut t) in parts.into_iter().filter(|(p, _)| ours(*p)) {
+        // Only the partition asked for is taken: a batch's tick reads its own partition.
+        let parts = self.take_parts_of(only, |p, id, r| Some(summary(id, r, seq(r, p))).filter(|s| wanted(s)));
+        for (_, mut t) in parts {
             // Taken out, their ids left to hide the store's rows of the same instances.
             page.extend(t.recent.values_mut().filter_map(Option::take));
             let Some(store) = t.store else { continue };
