@@ -149,9 +149,10 @@ impl Decision<'_> {
             last: created,
         };
         match Spec::from_json(&request, self.shared.cfg.expression) {
-            Ok(spec) => {
-                // Counted now, so that the answer says what is left; the instances are taken
-                // as they come, and those that no longer match then are left out.
+            // Counted now, so that the answer says what is left (not when the view does not
+            // answer for the partition: then the count comes as the share ends); the instances
+            // are taken as they come, and those that no longer match then are left out.
+            Ok(spec) if self.shared.view.holds(p) => {
                 let mut cursor = i64::MIN;
                 loop {
                     let (page, next, last) = self.batch_page(&spec, cursor, share.bound, usize::MAX);
@@ -162,6 +163,7 @@ impl Decision<'_> {
                     }
                 }
             }
+            Ok(_) => {}
             Err(errs) => {
                 // Checked before it was sent: only another version or other limits refuse it.
                 let why: Vec<String> = errs.iter().map(|(p, m)| format!("{p}: {m}")).collect();
@@ -206,6 +208,12 @@ impl Decision<'_> {
         let Ok(spec) = Spec::from_json(&share.request, self.shared.cfg.expression) else {
             return;
         };
+        // The instances are listed from the view of what committed, which answers for the
+        // partition once the restore handed it over and until its local store breaks (then the
+        // partition is restored again): without it, an empty listing would end the share early.
+        if !self.shared.view.holds(self.t.partition) {
+            return;
+        }
         let rate = partition_rate(self.shared.cfg.batch_rate, spec.rate, self.shared.partitions);
         let n = group_size(rate, share.last, at);
         if n == 0 {
@@ -512,6 +520,12 @@ mod tests {
                 .expect("a state record");
         assert_eq!(restored.batch.as_ref().map(|s| s.done), Some(10));
         assert_eq!(share(&t, "b").done, 10);
+        // Until the view answers for the partition (the worker hands it the restored records
+        // before the owner decides), a tick waits: an empty listing must not end the share.
+        shared.view.release(p);
+        let b = batch(&shared, &mut t, &[(T0 + 505, tick())]);
+        assert!(b.batches.is_empty(), "a tick without the view changes nothing");
+        commit(&shared, &mut t, b, &mut log);
         shared.view.take(p, std::mem::take(&mut t.records), None);
         for k in 0..6 {
             let b = batch(&shared, &mut t, &[(T0 + 510 + 250 * k, tick())]);
