@@ -37,7 +37,9 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode,
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use sm4c_host::service::{writing, Answered, Backend, HostError, SentPage, Stored, Summary, Whereabouts, Write};
+use sm4c_host::service::{
+    writing, Answered, Backend, BatchOp, HostError, SentPage, Stored, Summary, Whereabouts, Write,
+};
 use sm4c_host::tasks::Answer;
 use sm4c_host::BoxFuture;
 use sm4c_runtime::{Breakpoint, Entry, Machine};
@@ -619,8 +621,12 @@ async fn ask(
     }
     let body = match body {
         Some(b) => {
-            // The only body sent is an event to explain, in the structured mode.
-            req = req.header(header::CONTENT_TYPE, "application/cloudevents+json");
+            // An event to explain, in the structured mode; or a batch's dry run.
+            let kind = match path_and_query.starts_with("/events/") {
+                true => "application/cloudevents+json",
+                false => "application/json",
+            };
+            req = req.header(header::CONTENT_TYPE, kind);
             Bytes::from(serde_json::to_vec(b).unwrap_or_default())
         }
         None => Bytes::new(),
@@ -688,6 +694,59 @@ impl Clustered {
         match caller().forwarded {
             true => Vec::new(),
             false => self.inner.peers().unwrap_or_default(),
+        }
+    }
+}
+
+/// How long a new batch's answer waits for every partition to decide it, and a stop's for every
+/// partition to stop.
+const BATCH_WAIT: Duration = Duration::from_secs(10);
+
+impl Clustered {
+    /// Asks every peer the same request, for its share.
+    async fn ask_peers(
+        &self,
+        method: Method,
+        path: &'static str,
+        body: Option<Value>,
+    ) -> Result<Vec<Value>, HostError> {
+        let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
+        ask_all(self.peers(), move |p| {
+            let (fwd, peering, method, body) = (fwd.clone(), peering.clone(), method.clone(), body.clone());
+            CALLER.scope(caller(), async move {
+                ask(&*fwd, &peering, &p, method, path, body.as_ref()).await
+            })
+        })
+        .await
+    }
+
+    /// Batch `id` from every worker's shares; 404 when none has a share of it.
+    async fn batch(&self, id: &str) -> Result<Value, HostError> {
+        let mut all = vec![self.inner.batches(BatchOp::Get(id.to_string())).await?];
+        let (fwd, peering) = (self.fwd.clone(), self.peering.clone());
+        let path = format!("/batches/{}", encode(id));
+        all.extend(
+            ask_all(self.peers(), move |p| {
+                let (fwd, peering, path) = (fwd.clone(), peering.clone(), path.clone());
+                CALLER.scope(caller(), async move {
+                    ask(&*fwd, &peering, &p, Method::GET, &path, None).await
+                })
+            })
+            .await?,
+        );
+        sm4c_host::batch::render(id, &sm4c_host::batch::shares_of(&all), true)
+            .ok_or_else(|| HostError::UnknownBatch(id.to_string()))
+    }
+
+    /// Batch `id` once `done` holds of it, or as it is after [`BATCH_WAIT`].
+    async fn batch_when(&self, id: &str, done: impl Fn(&Value) -> bool) -> Result<Value, HostError> {
+        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+        loop {
+            match self.batch(id).await {
+                Ok(v) if done(&v) || tokio::time::Instant::now() >= deadline => return Ok(v),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
     }
 }
@@ -932,6 +991,69 @@ impl Backend for Clustered {
             // A partition that moved between two answers is in both.
             all.dedup_by(|a, b| a["id"] == b["id"]);
             Ok(json!({"schedules": all}))
+        })
+    }
+    /// Each worker holds the shares of its partitions: a batch is answered from every worker's
+    /// shares ([`sm4c_host::batch::render`]), a dry run sums every worker's, a listing merges
+    /// them by batch. A new batch is broadcast to every partition by the worker that takes the
+    /// request, and answered once every partition has decided it (or [`BATCH_WAIT`] passed); a
+    /// stop, once no partition applies it any more (or [`BATCH_WAIT`] passed).
+    fn batches(&self, op: BatchOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            if caller().forwarded {
+                return self.inner.batches(op).await;
+            }
+            match op {
+                BatchOp::Create(body) => {
+                    if body["dryRun"] == json!(true) {
+                        let mut all = vec![self.inner.batches(BatchOp::Create(body.clone())).await?];
+                        all.extend(self.ask_peers(Method::POST, "/batches", Some(body)).await?);
+                        return Ok(sm4c_host::batch::merge_dry_runs(&all));
+                    }
+                    let v = self.inner.batches(BatchOp::Create(body)).await?;
+                    let id = v["id"].as_str().unwrap_or_default().to_string();
+                    let whole = self
+                        .batch_when(&id, |v| {
+                            v["partitions"].as_array().map_or(0, Vec::len) as u64
+                                >= v["partitions"][0]["partitions"].as_u64().unwrap_or(u64::MAX)
+                        })
+                        .await;
+                    // Sent to every partition already: a worker that does not answer (its
+                    // partitions move) does not make the request fail. The answer says what this
+                    // worker's partitions decided, with the id to follow the batch by.
+                    match whole {
+                        Ok(v) => Ok(v),
+                        Err(_) => self.inner.batches(BatchOp::Get(id)).await,
+                    }
+                }
+                BatchOp::Get(id) => self.batch(&id).await,
+                BatchOp::Cancel(id) => {
+                    // Unknown to every worker: 404, and nothing is broadcast.
+                    self.batch(&id).await?;
+                    self.inner.batches(BatchOp::Cancel(id.clone())).await?;
+                    self.batch_when(&id, |v| v["running"] == json!(false)).await
+                }
+                BatchOp::List => {
+                    let mut all = vec![self.inner.batches(BatchOp::List).await?];
+                    all.extend(self.ask_peers(Method::GET, "/batches", None).await?);
+                    let mut by: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+                    for b in all.iter().flat_map(|a| a["batches"].as_array().into_iter().flatten()) {
+                        let id = b["id"].as_str().unwrap_or_default().to_string();
+                        by.entry(id).or_default().push(b.clone());
+                    }
+                    let mut out: Vec<Value> = by
+                        .iter()
+                        .filter_map(|(id, answers)| {
+                            sm4c_host::batch::render(id, &sm4c_host::batch::shares_of(answers), false)
+                        })
+                        .collect();
+                    // Newest first, as the SQLite server lists them.
+                    out.sort_by(|a, b| {
+                        (b["createdAt"].as_str(), b["id"].as_str()).cmp(&(a["createdAt"].as_str(), a["id"].as_str()))
+                    });
+                    Ok(json!({"batches": out}))
+                }
+            }
         })
     }
     fn health(&self) -> Value {

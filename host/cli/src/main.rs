@@ -949,6 +949,7 @@ fn serve_kafka(
     config.max_redrives = args.max_redrives;
     config.cached_instances = args.kafka.cached_instances;
     config.group_instance_id = args.kafka.group_instance_id.clone();
+    config.batch_rate = args.batch_rate;
     config.retention_ms = match sm4c_runtime::timespan::parse(&args.kafka.retention) {
         Ok(ms) => ms as i64,
         Err(e) => {

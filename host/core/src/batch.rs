@@ -822,6 +822,146 @@ async fn pace(due: tokio::time::Instant, stop: &std::sync::atomic::AtomicBool) -
     }
 }
 
+/// One commands partition's share of a batch in Kafka mode, as the partition's owner keeps it
+/// (a record of the partition's own on the state topic) and as `GET /batches/{id}` lists it
+/// under `partitions`: each owner applies the batch to its own instances, and the answer sums
+/// the shares ([`render`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Share {
+    /// The commands partition.
+    pub partition: i32,
+    /// How many commands partitions there are (so many shares make the whole batch).
+    pub partitions: i32,
+    /// The request, as posted (without `dryRun`).
+    pub request: Value,
+    /// When it was posted (ms since the Unix epoch).
+    pub created: i64,
+    /// The partition's latest place in listings when the batch was decided there: the instances
+    /// started later are left out.
+    pub bound: i64,
+    /// The place in listings of the last instance looked at: the next group starts after it.
+    pub cursor: i64,
+    /// How many instances matched when the batch was decided there; once the share has ended,
+    /// how many it acted on (done and failed).
+    pub matched: u64,
+    /// Done.
+    pub done: u64,
+    /// Failed.
+    pub failed: u64,
+    /// The first [`FAILED_LIST`] failures: (instance, why).
+    #[serde(default)]
+    pub failures: Vec<(String, String)>,
+    /// `applying`, `completed` or `cancelled` ([`Phase`]).
+    pub phase: String,
+    /// When it completed or was cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<i64>,
+    /// When its last group was applied (the time of the tick that applied it): the next group is
+    /// as large as the rate allows since then.
+    pub last: i64,
+}
+
+impl Share {
+    /// Its phase (an unknown name reads as applying: it still has work).
+    pub fn phase(&self) -> Phase {
+        Phase::parse(&self.phase).unwrap_or(Phase::Applying)
+    }
+
+    /// Records one instance's outcome.
+    pub fn record(&mut self, instance: &str, outcome: &Outcome) {
+        match outcome {
+            Outcome::Done(_) => self.done += 1,
+            Outcome::Failed(why) => {
+                self.failed += 1;
+                if self.failures.len() < FAILED_LIST {
+                    self.failures.push((instance.to_string(), why.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Batch `id` as `GET /batches/{id}` answers it, from its partitions' shares (the first of a
+/// partition counts: one that moved between two answers may be in both); `None` when there are
+/// none. Running until every partition has its share and none is applying; the counts are the
+/// sums, the failures the first [`FAILED_LIST`] of them in partition order. `failures` false
+/// leaves them out (a listing).
+pub fn render(id: &str, shares: &[Share], failures: bool) -> Option<Value> {
+    let mut by: BTreeMap<i32, &Share> = BTreeMap::new();
+    for s in shares {
+        by.entry(s.partition).or_insert(s);
+    }
+    let first = by.values().next()?;
+    let all = by.len() as i32 >= first.partitions;
+    let running = !all || by.values().any(|s| s.phase().is_running());
+    let phase = if running {
+        Phase::Applying
+    } else if by.values().any(|s| s.phase() == Phase::Cancelled) {
+        Phase::Cancelled
+    } else {
+        Phase::Completed
+    };
+    let sum = |f: fn(&Share) -> u64| by.values().map(|s| f(s)).sum::<u64>();
+    let (matched, done, failed) = (sum(|s| s.matched), sum(|s| s.done), sum(|s| s.failed));
+    let created = by.values().map(|s| s.created).min().unwrap_or(first.created);
+    let ended = (!running).then(|| by.values().filter_map(|s| s.ended).max()).flatten();
+    let request = &first.request;
+    let mut v = json!({
+        "id": id,
+        "operation": request.get("operation"),
+        "where": request.get("where"),
+        "phase": phase.as_str(),
+        "running": running,
+        "createdAt": sm4c_runtime::engine::rfc3339(created),
+        "endedAt": ended.map(sm4c_runtime::engine::rfc3339),
+        "matched": matched,
+        "done": done,
+        "failedCount": failed,
+        "partitions": by.values().collect::<Vec<_>>(),
+    });
+    if failures {
+        let list: Vec<Value> = by
+            .values()
+            .flat_map(|s| s.failures.iter())
+            .take(FAILED_LIST)
+            .map(|(i, why)| json!({"instance": i, "reason": why}))
+            .collect();
+        v["request"] = request.clone();
+        v["matching"] = json!(false);
+        v["failed"] = json!(list);
+        v["pending"] = json!(matched.saturating_sub(done + failed));
+        v["halted"] = Value::Null;
+    }
+    Some(v)
+}
+
+/// The shares a rendered batch (or several answers for the same batch) lists under `partitions`.
+pub fn shares_of(answers: &[Value]) -> Vec<Share> {
+    answers
+        .iter()
+        .flat_map(|a| a["partitions"].as_array().into_iter().flatten())
+        .filter_map(|s| serde_json::from_value(s.clone()).ok())
+        .collect()
+}
+
+/// Dry runs of the same request over several workers' shares, as one: the counts summed, the
+/// instances listed in start order up to [`DRY_RUN_LIST`].
+pub fn merge_dry_runs(answers: &[Value]) -> Value {
+    let matched: u64 = answers.iter().filter_map(|a| a["matched"].as_u64()).sum();
+    let mut listed: Vec<(i64, Value)> = answers
+        .iter()
+        .flat_map(|a| a["instances"].as_array().into_iter().flatten())
+        .map(|i| (i["seq"].as_i64().unwrap_or(0), i.clone()))
+        .collect();
+    listed.sort_by_key(|(seq, _)| *seq);
+    listed.truncate(DRY_RUN_LIST);
+    let operation = answers.first().map_or(Value::Null, |a| a["operation"].clone());
+    let instances: Vec<Value> = listed.into_iter().map(|(_, i)| i).collect();
+    json!({"dryRun": true, "operation": operation, "matched": matched,
+           "truncated": matched as usize > instances.len(), "instances": instances})
+}
+
 /// The id of the event a send batch gives `instance`.
 pub fn event_id(batch: &str, instance: &str) -> String {
     format!("{batch}/{instance}")
@@ -976,6 +1116,92 @@ mod tests {
             pointers(json!({"operation": "cancel", "where": {"a/b": 1}})),
             ["/where/a~1b"]
         );
+    }
+
+    fn share(partition: i32, phase: Phase, done: u64, failures: &[(&str, &str)]) -> Share {
+        Share {
+            partition,
+            partitions: 3,
+            request: json!({"operation": "cancel", "where": {"definition": "d"}}),
+            created: 1_000 + i64::from(partition),
+            bound: 0,
+            cursor: 0,
+            matched: 10,
+            done,
+            failed: failures.len() as u64,
+            failures: failures.iter().map(|(i, w)| (i.to_string(), w.to_string())).collect(),
+            phase: phase.as_str().into(),
+            ended: (!phase.is_running()).then_some(5_000 + i64::from(partition)),
+            last: 0,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_the_sum_of_its_partitions_shares_and_runs_until_each_has_ended() {
+        let a = share(0, Phase::Completed, 9, &[("x", "it had already ended (completed)")]);
+        let b = share(1, Phase::Applying, 4, &[]);
+        // A partition's share that has not been decided yet: the batch still runs.
+        let v = render("b1", &[a.clone(), b.clone()], true).expect("a batch");
+        assert_eq!(
+            (v["running"].as_bool(), v["phase"].as_str()),
+            (Some(true), Some("applying"))
+        );
+        assert_eq!(v["endedAt"], Value::Null);
+        let c = share(2, Phase::Completed, 10, &[]);
+        let v = render("b1", &[a.clone(), b.clone(), c.clone()], true).expect("a batch");
+        assert_eq!(
+            (
+                v["matched"].as_u64(),
+                v["done"].as_u64(),
+                v["failedCount"].as_u64(),
+                v["pending"].as_u64()
+            ),
+            (Some(30), Some(23), Some(1), Some(6)),
+            "{v}"
+        );
+        assert_eq!(
+            v["failed"],
+            json!([{"instance": "x", "reason": "it had already ended (completed)"}])
+        );
+        assert_eq!(v["operation"], "cancel");
+        assert_eq!(v["createdAt"], sm4c_runtime::engine::rfc3339(1_000));
+        // Every share ended, one stopped: the batch is cancelled, ended when the last one did.
+        let stopped = share(1, Phase::Cancelled, 4, &[]);
+        let v = render("b1", &[a.clone(), stopped.clone(), c.clone()], true).expect("a batch");
+        assert_eq!(
+            (v["running"].as_bool(), v["phase"].as_str()),
+            (Some(false), Some("cancelled"))
+        );
+        assert_eq!(v["endedAt"], sm4c_runtime::engine::rfc3339(5_002));
+        // Two workers' answers that both list a partition (it moved between them) count it once,
+        // and the shares read back from the rendered answers.
+        let one = render("b1", &[a.clone(), c.clone()], true).expect("a batch");
+        let two = render("b1", &[c.clone(), share(1, Phase::Completed, 10, &[])], true).expect("a batch");
+        let merged = render("b1", &shares_of(&[one, two]), false).expect("a batch");
+        assert_eq!(
+            (merged["done"].as_u64(), merged["phase"].as_str()),
+            (Some(29), Some("completed"))
+        );
+        assert!(merged.get("failed").is_none(), "a listing leaves the failures out");
+        assert!(render("b1", &[], true).is_none());
+    }
+
+    #[test]
+    fn dry_runs_of_several_workers_sum_and_list_in_start_order() {
+        let one = json!({"dryRun": true, "operation": "cancel", "matched": 2, "truncated": false,
+            "instances": [{"id": "a", "seq": 1}, {"id": "c", "seq": 3}]});
+        let two = json!({"dryRun": true, "operation": "cancel", "matched": 1, "truncated": false,
+            "instances": [{"id": "b", "seq": 2}]});
+        let v = merge_dry_runs(&[one, two]);
+        assert_eq!(v["matched"], 3);
+        let ids: Vec<&str> = v["instances"]
+            .as_array()
+            .expect("instances")
+            .iter()
+            .filter_map(|i| i["id"].as_str())
+            .collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(v["truncated"], false);
     }
 
     fn summary(status: &str, state: &str, started: &str) -> Summary {

@@ -223,6 +223,21 @@ pub enum ScheduleOp {
     Delete(String),
 }
 
+/// What is asked of a host's batches (`/batches`) when the host runs them itself (Kafka mode:
+/// each partition's owner applies a batch to its own instances); the SQLite server's
+/// [`crate::batch::Batches`] answers them otherwise.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchOp {
+    /// A batch request (`POST /batches`'s body): a dry run, or a batch to start.
+    Create(Value),
+    /// One batch.
+    Get(String),
+    /// Every batch.
+    List,
+    /// Stops a batch.
+    Cancel(String),
+}
+
 /// What an instance id given by a client must be.
 pub const INSTANCE_ID_RULE: &str = "an instance id must have 1 to 200 characters, none of them a control character";
 
@@ -519,6 +534,14 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(async {
             Err(HostError::NotSupported(
                 "schedules are not offered by this host: run sm4c serve (with its SQLite store, or --kafka)".into(),
+            ))
+        })
+    }
+    /// Batches run by the host itself ([`BatchOp`]). Not offered by default.
+    fn batches(&self, _op: BatchOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async {
+            Err(HostError::NotSupported(
+                "batch operations are run by sm4c serve (with its SQLite store, or --kafka)".into(),
             ))
         })
     }

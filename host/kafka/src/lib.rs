@@ -82,7 +82,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{json, Value};
 use sm4c_host::service::Backend;
-use sm4c_host::service::{HostError, Registry, ScheduleOp};
+use sm4c_host::service::{BatchOp, HostError, Registry, ScheduleOp};
 use sm4c_host::service::{Stored, Summary};
 use sm4c_host::{BoxFuture, Functions};
 use sm4c_runtime::{load, Entry, LoadOptions, Machine};
@@ -158,6 +158,10 @@ pub struct KafkaConfig {
     /// under a name in use fences the first, which stops (its health says why). `None` (the
     /// default): a new member at each start.
     pub group_instance_id: Option<String>,
+    /// The most instances per second a batch operation acts on over the whole group (`sm4c serve
+    /// --batch-rate`, default 500): each commands partition's owner applies its share at this
+    /// rate divided by the number of partitions.
+    pub batch_rate: u32,
 }
 
 impl KafkaConfig {
@@ -182,6 +186,7 @@ impl KafkaConfig {
             cached_instances: 10_000,
             timer_horizon_ms: 10 * 60_000,
             group_instance_id: None,
+            batch_rate: 500,
         }
     }
 
@@ -874,6 +879,78 @@ impl KafkaHost {
         }
     }
 
+    /// Appends `c` (about batch `id`) to every commands partition.
+    async fn send_everywhere(&self, id: &str, c: &Command) -> Result<(), HostError> {
+        let payload = serde_json::to_vec(c).unwrap_or_default();
+        for p in 0..self.shared.partitions {
+            self.api
+                .send(
+                    FutureRecord::to(&self.shared.topics.commands)
+                        .partition(p)
+                        .key(id)
+                        .payload(&payload),
+                    API_WAIT,
+                )
+                .await
+                .map_err(|(e, _)| HostError::Unavailable(format!("cannot write to Kafka: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Batch `id` as the partitions held here know it: rendered with their shares only, which
+    /// may be none (`partitions` empty).
+    fn batch_share(&self, id: &str) -> Value {
+        let shares = self.shared.view.batch_shares().remove(id).unwrap_or_default();
+        sm4c_host::batch::render(id, &shares, true).unwrap_or_else(|| json!({"id": id, "partitions": []}))
+    }
+
+    /// What a batch would act on among the instances held here, started before `now`: how many,
+    /// and the first [`sm4c_host::batch::DRY_RUN_LIST`] in start order (each with its place in
+    /// listings, `seq`, so that the workers' lists merge in order).
+    fn dry_run(&self, spec: &sm4c_host::batch::Spec, now: i64) -> Value {
+        let w = &spec.filter;
+        let (mut cursor, mut count, mut listed) = (i64::MIN, 0u64, Vec::new());
+        loop {
+            let page = self
+                .shared
+                .view
+                .list(w.status.as_deref(), w.definition.as_deref(), cursor, 500);
+            let last = page.len() < 500;
+            for s in page {
+                cursor = s.seq;
+                let late = s
+                    .started_at
+                    .as_deref()
+                    .and_then(sm4c_host::batch::parse_time)
+                    .is_some_and(|t| t > now);
+                if late || !w.matches_summary(&s) {
+                    continue;
+                }
+                if w.jq.is_some() {
+                    let p = partition_of(&s.id, self.shared.partitions);
+                    let data = self
+                        .shared
+                        .view
+                        .get(p, &s.id)
+                        .map(|r| serde_json::to_value(&r.snapshot.data).unwrap_or(Value::Null));
+                    if !data.is_some_and(|d| w.matches_data(&d)) {
+                        continue;
+                    }
+                }
+                count += 1;
+                if listed.len() < sm4c_host::batch::DRY_RUN_LIST {
+                    listed.push(json!({"id": s.id, "definition": s.definition, "version": s.version,
+                        "status": s.status, "state": s.state, "seq": s.seq}));
+                }
+            }
+            if last {
+                break;
+            }
+        }
+        json!({"dryRun": true, "operation": spec.operation.name(), "matched": count,
+               "truncated": count as usize > listed.len(), "instances": listed})
+    }
+
     /// Appends schedule operation `op` of schedule `id` to the commands partition of the id, held
     /// here, and waits until its owner (this worker) has decided it: its answer.
     async fn schedule_write(&self, id: &str, op: wire::ScheduleCmd) -> Result<Value, HostError> {
@@ -1542,6 +1619,61 @@ impl Backend for KafkaHost {
     /// Schedules live on the commands partition their id hashes to: a read is answered by its
     /// owner (the API forwards it there), a change is a command on that partition decided by
     /// the owner; a listing is this worker's share (the API merges every worker's).
+    /// Batches run on every commands partition, each owner applying a batch to its own
+    /// instances (`worker/batches.rs`): a new batch and a stop are sent to every partition; what
+    /// is answered here is this worker's share (its partitions'), which the API merges with the
+    /// other workers' ([`sm4c_host::batch::render`]).
+    fn batches(&self, op: BatchOp) -> BoxFuture<'_, Result<Value, HostError>> {
+        Box::pin(async move {
+            match op {
+                BatchOp::Create(body) => {
+                    let spec = sm4c_host::batch::Spec::from_json(&body, self.shared.cfg.expression)
+                        .map_err(HostError::InvalidBatch)?;
+                    if let Some(d) = &spec.filter.definition {
+                        if self.latest(d).is_none() {
+                            return Err(HostError::InvalidBatch(vec![(
+                                "/where/definition".into(),
+                                format!("no definition {d:?} is registered"),
+                            )]));
+                        }
+                    }
+                    let now = sm4c_host::clock::wall_ms();
+                    if spec.dry_run {
+                        return Ok(self.dry_run(&spec, now));
+                    }
+                    let id = sm4c_host::service::new_id("batch");
+                    let mut request = body;
+                    if let Some(o) = request.as_object_mut() {
+                        o.remove("dryRun");
+                    }
+                    let c = Command::Batch {
+                        id: id.clone(),
+                        spec: request,
+                        created: now,
+                    };
+                    self.send_everywhere(&id, &c).await?;
+                    Ok(self.batch_share(&id))
+                }
+                BatchOp::Get(id) => Ok(self.batch_share(&id)),
+                BatchOp::List => {
+                    let all: Vec<Value> = self
+                        .shared
+                        .view
+                        .batch_shares()
+                        .iter()
+                        .filter_map(|(id, shares)| sm4c_host::batch::render(id, shares, false))
+                        .collect();
+                    Ok(json!({"batches": all}))
+                }
+                BatchOp::Cancel(id) => {
+                    self.send_everywhere(&id, &Command::BatchStop { id: id.clone() })
+                        .await?;
+                    Ok(self.batch_share(&id))
+                }
+            }
+        })
+    }
+
     fn schedules(&self, op: ScheduleOp) -> BoxFuture<'_, Result<Value, HostError>> {
         use wire::ScheduleCmd;
         Box::pin(async move {

@@ -56,7 +56,7 @@ pub(crate) fn parse_row_key(k: &str) -> Option<(i64, &str)> {
 }
 
 /// The listing of an instance, from its record.
-fn summary(id: &str, r: &InstanceRecord, seq: i64) -> Summary {
+pub(crate) fn summary(id: &str, r: &InstanceRecord, seq: i64) -> Summary {
     Summary {
         id: id.to_string(),
         definition: r.snapshot.definition.clone(),
@@ -131,6 +131,9 @@ pub struct View {
     /// The schedules of the partitions held here, by partition, as of their last committed
     /// transaction.
     schedules: RwLock<HashMap<i32, Schedules>>,
+    /// The shares of batch operations of the partitions held here, by partition, as of their
+    /// last committed transaction.
+    batches: RwLock<HashMap<i32, BTreeMap<String, sm4c_host::batch::Share>>>,
     /// What the owner decided for the schedule operations of API requests, by request token,
     /// with when it was kept: taken by the request that waits (the others are let go after
     /// [`ANSWER_KEPT`]).
@@ -357,9 +360,18 @@ impl View {
     /// The usable partitions' stores, and what `take` makes of their recent records (of partition,
     /// id and record): the records themselves are not copied.
     fn take_parts<T>(&self, take: impl Fn(i32, &str, &InstanceRecord) -> Option<T>) -> Vec<(i32, Taken<T>)> {
+        self.take_parts_of(None, take)
+    }
+
+    /// [`View::take_parts`] of partition `only`, or of every partition.
+    fn take_parts_of<T>(
+        &self,
+        only: Option<i32>,
+        take: impl Fn(i32, &str, &InstanceRecord) -> Option<T>,
+    ) -> Vec<(i32, Taken<T>)> {
         self.read()
             .iter()
-            .filter(|(p, part)| part.usable(**p))
+            .filter(|(p, part)| only.is_none_or(|o| o == **p) && part.usable(**p))
             .map(|(p, part)| {
                 let recent = part
                     .recent
@@ -501,6 +513,31 @@ impl View {
     pub(crate) fn release(&self, p: i32) {
         self.write().remove(&p);
         self.schedules.write().unwrap_or_else(|e| e.into_inner()).remove(&p);
+        self.batches.write().unwrap_or_else(|e| e.into_inner()).remove(&p);
+    }
+
+    /// The shares of batches of partition `p` as its restore read them, or as a committed
+    /// transaction changed them (`fresh`: the restore's, which replace what was held).
+    pub(crate) fn apply_batches(&self, p: i32, shares: Vec<(String, sm4c_host::batch::Share)>, fresh: bool) {
+        let mut all = self.batches.write().unwrap_or_else(|e| e.into_inner());
+        let part = all.entry(p).or_default();
+        if fresh {
+            part.clear();
+        }
+        part.extend(shares);
+    }
+
+    /// The shares of every batch of the partitions held here, by batch id.
+    pub(crate) fn batch_shares(&self) -> BTreeMap<String, Vec<sm4c_host::batch::Share>> {
+        let held = self.held();
+        let all = self.batches.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: BTreeMap<String, Vec<sm4c_host::batch::Share>> = BTreeMap::new();
+        for (_, part) in all.iter().filter(|(p, _)| held.contains(p)) {
+            for (id, s) in part {
+                out.entry(id.clone()).or_default().push(s.clone());
+            }
+        }
+        out
     }
 
     /// The schedules of partition `p` as its restore read them.
@@ -654,12 +691,26 @@ impl View {
 
     /// The instances held here in start order ([`seq`]), after cursor `after`.
     pub fn list(&self, status: Option<&str>, definition: Option<&str>, after: i64, limit: usize) -> Vec<Summary> {
+        self.list_in(None, status, definition, after, limit)
+    }
+
+    /// [`View::list`] of partition `only`, or of every partition held here.
+    pub(crate) fn list_in(
+        &self,
+        only: Option<i32>,
+        status: Option<&str>,
+        definition: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> Vec<Summary> {
         let wanted = |s: &Summary| {
             s.seq > after && status.is_none_or(|x| s.status == x) && definition.is_none_or(|d| s.definition == d)
         };
         let mut page: Vec<Summary> = Vec::new();
         // A partition whose store broke is left out, as one being restored is.
-        for (_, mut t) in self.take_parts(|p, id, r| Some(summary(id, r, seq(r, p))).filter(|s| wanted(s))) {
+        // Only the partition asked for is taken: a batch's tick reads its own partition.
+        let parts = self.take_parts_of(only, |p, id, r| Some(summary(id, r, seq(r, p))).filter(|s| wanted(s)));
+        for (_, mut t) in parts {
             // Taken out, their ids left to hide the store's rows of the same instances.
             page.extend(t.recent.values_mut().filter_map(Option::take));
             let Some(store) = t.store else { continue };

@@ -217,6 +217,29 @@ pub enum Command {
         /// Its final status (`completed`, `failed`, ..., `notStarted`).
         status: String,
     },
+    /// A batch operation (`POST /batches`), sent to every commands partition: each owner
+    /// applies it to its own instances, keeping its share as a record of the partition's own
+    /// ([`batch_key`]). A repeated one does nothing more.
+    Batch {
+        /// The batch's id.
+        id: String,
+        /// The request, as posted (checked before it was sent; without `dryRun`).
+        spec: Value,
+        /// When it was posted (ms since the Unix epoch).
+        created: i64,
+    },
+    /// Batch `id` has instances left on this partition: proposed by the partition's owner at
+    /// the batch's pace, decided at the command's timestamp, it applies the next group.
+    BatchTick {
+        /// The batch's id.
+        id: String,
+    },
+    /// `POST /batches/{id}/cancel`, sent to every commands partition: the partition's share
+    /// stops (the instances without an outcome are left as they are).
+    BatchStop {
+        /// The batch's id.
+        id: String,
+    },
     /// A broadcast event stayed unmatched on `partition` for its whole window.
     Unmatched {
         /// The event's key (`origin`).
@@ -336,6 +359,9 @@ pub struct StateRecord {
     /// A schedule whose id hashes to this partition, for a [`schedule_key`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleRecord>,
+    /// The partition's share of a batch, for a [`batch_key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<sm4c_host::batch::Share>,
 }
 
 /// A schedule as its partition keeps it: its specification and what it did and owes.
@@ -353,6 +379,14 @@ pub const SCHEDULE_PREFIX: &str = "\u{0}schedule/";
 /// The state topic key of schedule `id` (on partition `partition_of(id)`).
 pub fn schedule_key(id: &str) -> String {
     format!("{SCHEDULE_PREFIX}{id}")
+}
+
+/// See [`PARKED_PREFIX`].
+pub const BATCH_PREFIX: &str = "\u{0}batch/";
+
+/// The state topic key of a partition's share of batch `id` (on every partition).
+pub fn batch_key(id: &str) -> String {
+    format!("{BATCH_PREFIX}{id}")
 }
 
 /// An instance that may take the events of a correlation key: kept by the key's partition.

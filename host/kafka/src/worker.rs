@@ -6,6 +6,7 @@
 use super::wire::Quiet;
 use super::wire::{corr_key, partition_of, start_id, Command, InstanceRecord, Origin, Outcome};
 use super::{Delivery, Shared};
+mod batches;
 mod consumers;
 mod decision;
 #[cfg(test)]
@@ -593,6 +594,8 @@ struct Owner {
     parking: Parking,
     /// The schedules whose ids hash to this partition ([`schedules`]).
     scheds: schedules::Scheds,
+    /// The shares of batch operations of this partition ([`batches`]).
+    batches: batches::Batches,
     /// The armed timers due before `horizon`, by due time (the others are in the local store).
     timers: BTreeSet<(i64, String, String)>,
     /// Timers due at or after this (ms) are kept in the partition's local store, not in `timers`
@@ -1535,6 +1538,8 @@ impl Worker {
                     // The schedules first: once the view holds the partition, a request for one
                     // of them is answered here.
                     self.shared.view.take_schedules(p, t.scheds.all.clone());
+                    let shares = t.batches.all.iter().map(|(id, s)| (id.clone(), s.clone())).collect();
+                    self.shared.view.apply_batches(p, shares, true);
                     self.shared.view.take(p, std::mem::take(&mut t.records), backing);
                     self.owners.insert(p, t);
                 }
@@ -1963,6 +1968,9 @@ impl Worker {
             std::mem::take(&mut b.schedules),
             std::mem::take(&mut b.answers),
         );
+        self.shared
+            .view
+            .apply_batches(t.partition, std::mem::take(&mut b.batches), false);
         let (after, applied) = t.committed(b);
         // Committed: now act.
         for (id, work) in after {
@@ -2030,6 +2038,11 @@ impl Worker {
             for id in t.scheds.due(now) {
                 if let Err(e) = produce(&self.shared.plain, &schedules::tick_command(&shared, &id)) {
                     tracing::warn!(error = %e, schedule = id, "cannot propose a schedule's tick; trying again");
+                }
+            }
+            for id in t.batches.due(now) {
+                if let Err(e) = produce(&self.shared.plain, &batches::tick_command(&shared, t.partition, &id)) {
+                    tracing::warn!(error = %e, batch = id, "cannot propose a batch's tick; trying again");
                 }
             }
             for c in t.due(&shared, now) {

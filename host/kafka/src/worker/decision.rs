@@ -44,6 +44,9 @@ pub(super) struct Batch {
     pub(super) schedules: Vec<(String, Option<(sm4c_schedule::Spec, sm4c_schedule::State)>)>,
     /// The answers to the schedule operations of API requests the batch decided.
     pub(super) answers: Vec<(String, crate::view::ScheduleAnswer)>,
+    /// The new share of each batch operation the batch changed ([`super::batches`]): the API's
+    /// view takes them once the batch has committed.
+    pub(super) batches: Vec<(String, sm4c_host::batch::Share)>,
 }
 
 /// Decides one batch of a commands partition, with no IO: `records` are the partition's records
@@ -110,7 +113,11 @@ pub(super) fn decide<'a>(
         // they name. (A schedule's tick is decided at its own timestamp: see `schedule_tick`.)
         if !matches!(
             c,
-            Command::Timer { .. } | Command::Tick { .. } | Command::Barrier { .. } | Command::ScheduleTick { .. }
+            Command::Timer { .. }
+                | Command::Tick { .. }
+                | Command::Barrier { .. }
+                | Command::ScheduleTick { .. }
+                | Command::BatchTick { .. }
         ) {
             d.t.stream_ms = d.t.stream_ms.max(at);
         }
@@ -136,6 +143,7 @@ pub(super) fn decide<'a>(
     let (sched_outs, schedules, answers) =
         d.t.scheds
             .decided(shared, d.t.partition, through, d.t.clock, d.t.stream_ms);
+    let (batch_outs, batches) = d.t.batches.decided(shared, d.t.partition, through, d.t.clock);
     let (new, after) = (d.outs, d.after);
     if through >= 0 {
         t.next_command = through + 1;
@@ -239,6 +247,7 @@ pub(super) fn decide<'a>(
     }
     outs.extend(t.parking.records(shared, t.partition, through, t.clock));
     outs.extend(sched_outs);
+    outs.extend(batch_outs);
     let mut index = Vec::new();
     for (id, r) in &records {
         index.extend(crate::view::index_changes(t.partition, id, r.as_ref(), None));
@@ -280,6 +289,7 @@ pub(super) fn decide<'a>(
         at: t.stream_ms,
         schedules,
         answers,
+        batches,
     }
 }
 
@@ -462,8 +472,12 @@ impl Decision<'_> {
                     self.handle(&id, Input::Cancel { reason: Some(reason) }, at);
                 }
             }
-            Command::Migrate { id, version, states } => self.migrate(&id, &version, &states, at),
-            Command::Redrive { id, update } => self.redrive(&id, update.as_deref(), at),
+            Command::Migrate { id, version, states } => {
+                let _ = self.migrate(&id, &version, &states, at);
+            }
+            Command::Redrive { id, update } => {
+                let _ = self.redrive(&id, update.as_deref(), at);
+            }
             Command::Resume { id, step } => {
                 if self
                     .t
@@ -706,6 +720,9 @@ impl Decision<'_> {
                 instance,
                 status,
             } => self.schedule_ended(&schedule, &instance, &status),
+            Command::Batch { id, spec, created } => self.batch_new(&id, spec, created),
+            Command::BatchTick { id } => self.batch_tick(&id, at, offset),
+            Command::BatchStop { id } => self.batch_stop(&id),
             Command::Tick { at: due } => {
                 // Decided at the partition's stream time, moved on to the due time the tick was
                 // proposed for; never at the proposer's clock (the record's timestamp).
@@ -870,7 +887,7 @@ impl Decision<'_> {
         self.command_for(&id.clone(), Command::Result { id, op, outcome });
     }
 
-    fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
+    pub(super) fn deliver(&mut self, id: &str, event: Value, origin: &Origin, at: i64) {
         self.unpark_older(id, origin, at);
         let pair = (
             attribute_text(&event, "source").unwrap_or_default(),
@@ -983,7 +1000,7 @@ impl Decision<'_> {
         self.t.parking.remove_all(&delivered);
     }
 
-    fn handle(&mut self, id: &str, input: Input, at: i64) {
+    pub(super) fn handle(&mut self, id: &str, input: Input, at: i64) {
         let shared = self.shared;
         if self.t.slot(shared, id).is_none() {
             return;
@@ -1001,13 +1018,22 @@ impl Decision<'_> {
     }
 
     /// Moves instance `id` to `version` of its definition (what the API checked may no longer
-    /// hold: then nothing changes, and the API's wait for the move ends in its bound).
-    fn migrate(&mut self, id: &str, version: &str, states: &std::collections::BTreeMap<String, String>, at: i64) {
+    /// hold: then nothing changes, and the API's wait for the move ends in its bound). `Err`
+    /// says why it did not move.
+    pub(super) fn migrate(
+        &mut self,
+        id: &str,
+        version: &str,
+        states: &std::collections::BTreeMap<String, String>,
+        at: i64,
+    ) -> Result<(), String> {
         let shared = self.shared;
         if self.t.slot(shared, id).is_none() {
-            return;
+            return Err(format!("instance {id:?} has ended or does not exist"));
         }
-        let Some(slot) = self.t.slots.get_mut(id) else { return };
+        let Some(slot) = self.t.slots.get_mut(id) else {
+            return Err(format!("instance {id:?} has ended or does not exist"));
+        };
         let definition = slot.h.inst.machine().id.clone();
         let Some(to) = shared.machine_or_latest(&definition, Some(version)) else {
             tracing::warn!(
@@ -1016,28 +1042,42 @@ impl Decision<'_> {
                 version,
                 "a migration names a version this worker does not have"
             );
-            return;
+            return Err(format!(
+                "no version {version:?} of definition {definition:?} is registered"
+            ));
         };
         match shared.driver.migrate(&mut slot.h, to, states, at) {
-            Ok(step) => self.stepped(id, step, at),
-            Err(e) => tracing::info!(instance = id, version, reason = e.reason, "migration refused: {e}"),
+            Ok(step) => {
+                self.stepped(id, step, at);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::info!(instance = id, version, reason = e.reason, "migration refused: {e}");
+                Err(sm4c_host::service::HostError::NotMigratable(e).to_string())
+            }
         }
     }
 
     /// Redrives instance `id` (what the API checked may no longer hold: then nothing changes, and
-    /// the API's wait for the redrive ends in its bound).
-    fn redrive(&mut self, id: &str, update: Option<&str>, at: i64) {
+    /// the API's wait for the redrive ends in its bound). `Err` says why it was refused.
+    pub(super) fn redrive(&mut self, id: &str, update: Option<&str>, at: i64) -> Result<(), String> {
         let shared = self.shared;
         if self.t.revive(shared, id).is_none() {
-            return;
+            return Err(format!("no instance {id:?}"));
         }
-        let Some(slot) = self.t.slots.get_mut(id) else { return };
+        let Some(slot) = self.t.slots.get_mut(id) else {
+            return Err(format!("no instance {id:?}"));
+        };
         match shared.driver.redrive(&mut slot.h, update, shared.cfg.max_redrives, at) {
             Ok((_, step)) => {
                 self.t.revived(id);
-                self.stepped(id, step, at)
+                self.stepped(id, step, at);
+                Ok(())
             }
-            Err(e) => tracing::info!(instance = id, "redrive refused: {e}"),
+            Err(e) => {
+                tracing::info!(instance = id, "redrive refused: {e}");
+                Err(sm4c_host::service::redrive_error(e).to_string())
+            }
         }
     }
 

@@ -571,6 +571,7 @@ fn instance_key(k: &str) -> bool {
         TALLY_PREFIX,
         SUBSCRIPTION_PREFIX,
         crate::wire::SCHEDULE_PREFIX,
+        crate::wire::BATCH_PREFIX,
     ]
     .iter()
     .any(|prefix| k.starts_with(prefix))
@@ -962,6 +963,7 @@ impl Latest {
             look_at: i64::MIN,
             parking: Parking::default(),
             scheds: Default::default(),
+            batches: Default::default(),
             timers: BTreeSet::new(),
             horizon: i64::MAX,
             timers_stored: false,
@@ -1089,6 +1091,10 @@ impl Latest {
             (origin(x), a).cmp(&(origin(y), b))
         });
         for (k, mut r) in own {
+            if let (Some(id), Some(s)) = (k.strip_prefix(crate::wire::BATCH_PREFIX), r.batch.take()) {
+                t.batches.restore(id, s);
+                continue;
+            }
             match (k.strip_prefix(crate::wire::SCHEDULE_PREFIX), r.schedule.take()) {
                 (Some(id), Some(s)) => t.scheds.restore(id, s),
                 _ => t.parking.restore(&k, r),
