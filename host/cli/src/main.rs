@@ -1,4 +1,12 @@
 //! The `sm4c` command: glue between the command line and the host crates.
+//!
+//! This file is the module list, `main` (the command runs on a thread with a large stack), the
+//! dispatch of the subcommands, and the exit codes of what fails before a subcommand decides its
+//! own: 2 for an error of `sm4c run` or `sm4c serve` (bad input, a refused start), 3 when the
+//! command's thread cannot start or panics; `validate`, `graph` and `schema` are short enough to
+//! live here. The command line is in [`args`]; `sm4c run` in [`run_cmd`]; `sm4c serve` in
+//! [`serve`] (Kafka mode in `serve/kafka.rs`), with who may use it in [`security`]; the client
+//! subcommands in [`client`] and [`debug`]; the others in their `*_cmd` modules.
 
 mod args;
 mod batch_cmd;

@@ -169,7 +169,6 @@ fn serve_on(
     })
 }
 
-/// The metrics of `sm4c serve` (`GET /metrics`), fed by the driver of this process.
 /// The runtime `sm4c serve` runs on, in both modes (instances run on threads with a large stack).
 fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
