@@ -7,9 +7,8 @@ use crate::debug::resume;
 use crate::errors::*;
 use crate::events::traceparent;
 use crate::history::history;
-use crate::repair::{migrate, redrive, MigrateBody, RedriveBody};
-use crate::{cluster, cursor, Api, ApiError, Body, PageQuery, Params, MAX_BODY};
-use axum::extract::{FromRequest, Path, Request, State};
+use crate::{cluster, cursor, repair, Api, ApiError, Body, PageQuery, Params};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,7 +23,7 @@ pub(crate) fn routes() -> Router<Api> {
     Router::new()
         .route("/instances", post(post_instance).get(list_instances))
         // Subflow instance ids contain `/` (`parent/1.enter/0`), so the rest of the path is the id,
-        // with `/history`, `/cancel`, `/resume` and `/step` recognised at its end.
+        // with `/history`, `/cancel`, `/redrive`, `/migrate`, `/resume` and `/step` recognised at its end.
         .route("/instances/{*rest}", get(instance_get).post(instance_post))
 }
 
@@ -112,22 +111,10 @@ async fn instance_get(
 
 async fn instance_post(State(h): State<Api>, Path(rest): Path<String>, req: Request) -> Result<Response, ApiError> {
     if let Some(id) = rest.strip_suffix("/redrive") {
-        // The body is optional: none redrives without an update.
-        let (parts, body) = req.into_parts();
-        let bytes = axum::body::to_bytes(body, MAX_BODY)
-            .await
-            .map_err(|_| PayloadTooLarge(MAX_BODY))?;
-        let body = if bytes.iter().all(u8::is_ascii_whitespace) {
-            RedriveBody::default()
-        } else {
-            let req = Request::from_parts(parts, axum::body::Body::from(bytes));
-            Body::<RedriveBody>::from_request(req, &()).await?.0
-        };
-        return Ok(redrive(h, id.to_string(), body).await?.into_response());
+        return Ok(repair::post_redrive(h, id.to_string(), req).await?.into_response());
     }
     if let Some(id) = rest.strip_suffix("/migrate") {
-        let Body(body) = Body::<MigrateBody>::from_request(req, &()).await?;
-        return Ok(migrate(h, id.to_string(), body).await?.into_response());
+        return Ok(repair::post_migrate(h, id.to_string(), req).await?.into_response());
     }
     if let Some(id) = rest.strip_suffix("/resume") {
         return Ok(resume(h, id.to_string(), false).await?.into_response());
