@@ -78,3 +78,42 @@ async fn all_breakpoints(State(h): State<Api>) -> Result<Json<Value>, ApiError> 
         .collect();
     Ok(Json(json!({"definitions": all})))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::breakpoints_of;
+    use serde_json::json;
+    use sm4c_runtime::Breakpoint;
+
+    #[test]
+    fn breakpoints_are_read_one_by_one_and_a_wrong_one_is_named_by_its_place() {
+        let ok = breakpoints_of(&json!({"breakpoints": [
+            {"on": "enter", "state": "Pay"},
+            {"on": "transition", "state": "Pay"},
+        ]}))
+        .map_err(|e| e.message().to_string());
+        assert_eq!(
+            ok,
+            Ok(vec![
+                Breakpoint::Enter { state: "Pay".into() },
+                Breakpoint::Transition {
+                    state: "Pay".into(),
+                    transition: None
+                },
+            ])
+        );
+        let wrong = breakpoints_of(&json!({"breakpoints": [{"on": "enter", "state": "Pay"}, {"on": "nowhere"}]}))
+            .expect_err("an unknown kind of breakpoint is refused");
+        assert_eq!(wrong.code(), "invalidBreakpoint");
+        assert!(wrong.message().starts_with("breakpoint 1 ("), "{}", wrong.message());
+        for body in [json!({}), json!({"breakpoints": {}}), json!([])] {
+            let e = breakpoints_of(&body).expect_err("not a list of breakpoints");
+            assert_eq!(e.code(), "invalidBreakpoint", "{body}");
+            assert!(
+                e.message().contains("{\"breakpoints\": [...]}"),
+                "{body}: {}",
+                e.message()
+            );
+        }
+    }
+}

@@ -149,3 +149,53 @@ async fn delete_default_version(State(h): State<Api>, Path(id): Path<String>) ->
     h.set_default_version(id.clone(), None).await?;
     get_definition(State(h), Path(id)).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::named;
+    use serde_json::{json, Value};
+
+    fn asl() -> Value {
+        json!({"StartAt": "A", "States": {"A": {"Type": "Succeed"}}})
+    }
+
+    /// `?name=` and the body's own name, as a table: (document, name, the document registered or
+    /// the error's code).
+    #[test]
+    fn a_definition_is_named_by_the_query_or_its_body() {
+        let with = |mut doc: Value, k: &str, v: &str| {
+            doc[k] = json!(v);
+            doc
+        };
+        let cases: Vec<(Value, Option<&str>, Result<Value, &str>)> = vec![
+            // ASL carries no id: the name becomes its `sm4c:id`, and it needs one.
+            (asl(), Some("order"), Ok(with(asl(), "sm4c:id", "order"))),
+            (asl(), None, Err("unnamedDefinition")),
+            (
+                with(asl(), "sm4c:id", "order"),
+                None,
+                Ok(with(asl(), "sm4c:id", "order")),
+            ),
+            (
+                with(asl(), "sm4c:id", "order"),
+                Some("order"),
+                Ok(with(asl(), "sm4c:id", "order")),
+            ),
+            (
+                with(asl(), "sm4c:id", "order"),
+                Some("other"),
+                Err("definitionNameMismatch"),
+            ),
+            // SM4C names itself with `id`; one missing is validation's to report.
+            (json!({"id": "order"}), Some("order"), Ok(json!({"id": "order"}))),
+            (json!({"id": "order"}), Some("other"), Err("definitionNameMismatch")),
+            (json!({"states": {}}), Some("order"), Ok(json!({"states": {}}))),
+            (json!({"states": {}}), None, Ok(json!({"states": {}}))),
+            (json!({"id": "order"}), Some(""), Err("invalidQuery")),
+        ];
+        for (doc, name, want) in cases {
+            let got = named(doc.clone(), name.map(str::to_string)).map_err(|e| e.code());
+            assert_eq!(got, want, "{doc} named {name:?}");
+        }
+    }
+}
