@@ -111,8 +111,8 @@ async fn instances(State(h): State<Api>, Params(q): Params<ListQuery>) -> Result
         status: q.status.as_deref().filter(|s| !s.is_empty()),
         definition: q.definition.as_deref().filter(|s| !s.is_empty()),
     };
-    if let Some(s) = f.status.filter(|s| !crate::STATUSES.contains(s)) {
-        let all = crate::STATUSES.join(", ");
+    if let Some(s) = f.status.filter(|s| !crate::instances::STATUSES.contains(s)) {
+        let all = crate::instances::STATUSES.join(", ");
         return Err(InvalidQuery(format!("status: {s:?} is not one of {all}")).into());
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);

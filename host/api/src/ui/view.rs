@@ -25,7 +25,7 @@ pub const MAX_ENTRIES: usize = 5000;
 /// The page of instance `id`: `{instance, diagram, waiting, steps, children, truncated}`.
 /// The journal is replayed in `work` ([`crate::work`]), off the async runtime's threads.
 pub async fn instance(h: &Arc<dyn Backend>, id: &str, work: &crate::work::Work) -> Result<Value, crate::ApiError> {
-    let record = crate::instance_json(h, id)?;
+    let record = crate::instances::instance_json(h, id)?;
     let stored = h
         .instance(id)?
         .ok_or_else(|| HostError::UnknownInstance(id.to_string()))?;
