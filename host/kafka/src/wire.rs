@@ -362,6 +362,13 @@ pub struct StateRecord {
     /// The partition's share of a batch, for a [`batch_key`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<sm4c_host::batch::Share>,
+    /// The partition's stream time (ms) after the transaction, for the [`POSITION_KEY`]: a new
+    /// owner starts from it. Without it (records of earlier versions) the stream time started at
+    /// 0, and until an input with a timestamp moved it, the records the owner produced were
+    /// stamped 0: a partition that parked an event routed by one of them took its window to end
+    /// 5 minutes after 1970 and reported it unmatched at once (simulation seeds 1030 and 2929).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<i64>,
 }
 
 /// A schedule as its partition keeps it: its specification and what it did and owes.

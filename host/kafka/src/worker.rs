@@ -1082,6 +1082,11 @@ struct Carried {
     offsets: Vec<(String, i32, i64)>,
     /// Commands produced for other owned partitions: (events partition, partition, event offset).
     forwarded: Vec<((String, i32), i32, i64)>,
+    /// The latest timestamp of the events routed: the transaction's records are stamped no
+    /// earlier (a host partition whose stream time is behind, 0 after a restore, stamped the
+    /// commands it routed 0: their partition took a parked event's window to end in 1970, and
+    /// reported it unmatched at once; simulation seeds 1030 and 2929).
+    latest: Option<i64>,
 }
 
 /// Per events partition, the largest event offset that commands applied in a batch were made of.

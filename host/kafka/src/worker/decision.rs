@@ -153,6 +153,7 @@ pub(super) fn decide<'a>(
     let position = StateRecord {
         through: t.next_command - 1,
         clock: Some(t.clock),
+        stream: Some(t.stream_ms),
         ..StateRecord::default()
     };
     let mut outs = vec![Out {
@@ -165,6 +166,9 @@ pub(super) fn decide<'a>(
     outs.append(&mut t.repair);
     outs.extend(new);
     let clock = Some(t.clock);
+    // Stamped no earlier than the events routed in it: a command made of an event carries (at
+    // least) the event's time to the partition it goes to, which decides it at that time.
+    let stamp = t.stream_ms.max(hosted.latest.unwrap_or(i64::MIN));
     outs.extend(hosted.outs);
     // The new state of every instance touched, and their journals.
     let mut ended = Vec::new();
@@ -286,7 +290,7 @@ pub(super) fn decide<'a>(
         records,
         journal,
         index,
-        at: t.stream_ms,
+        at: stamp,
         schedules,
         answers,
         batches,

@@ -522,6 +522,9 @@ pub(super) struct Latest {
     /// clock, which is the last committed transaction's.
     position: Option<(i64, i64)>,
     last_committed: Option<i64>,
+    /// The stream time the last committed transaction's position record names (0 when none
+    /// does): where the owner's stream time starts.
+    stream: i64,
 }
 
 /// Of an instance record a streaming restore wrote to the local store, what the restore decides
@@ -597,6 +600,7 @@ impl Latest {
             stored: BTreeMap::new(),
             position: None,
             last_committed: None,
+            stream: 0,
         }
     }
 
@@ -607,6 +611,7 @@ impl Latest {
             Ok(StateRecord {
                 through,
                 clock: Some(clock),
+                stream,
                 ..
             }) => {
                 if self.position.is_none_or(|(_, c)| clock >= c) {
@@ -614,6 +619,7 @@ impl Latest {
                 }
                 if clock == self.clock - 1 {
                     self.last_committed = Some(through);
+                    self.stream = stream.unwrap_or(0);
                 }
                 true
             }
@@ -794,6 +800,7 @@ impl Latest {
             let r = StateRecord {
                 through,
                 clock: Some(self.clock - 1),
+                stream: (self.stream != 0).then_some(self.stream),
                 ..StateRecord::default()
             };
             bytes.push((
@@ -902,6 +909,7 @@ impl Latest {
             corrupt,
             spill,
             stored,
+            stream,
             ..
         } = self;
         if committed > 0 && clock == 0 && clocked > 0 {
@@ -946,7 +954,7 @@ impl Latest {
             .collect();
         let mut t = Owner {
             partition: p,
-            stream_ms: 0,
+            stream_ms: stream,
             repair,
             txn,
             slots: HashMap::new(),

@@ -189,6 +189,7 @@ pub(super) fn route_events(
             continue;
         };
         let h = r.hosted.entry(host).or_default();
+        h.latest = h.latest.max(plan.cmds.iter().filter_map(|c| c.3).max());
         for (q, key, c, at, offset) in plan.cmds {
             if q == host && eligible.contains(&q) {
                 h.inline.push((c, at, offset));

@@ -3032,6 +3032,25 @@ fn seeds_that_lose_offsets_after_a_partitions_first_decisions_pass() {
     }
 }
 
+/// Seeds 1030 and 2929: a partition whose stream time was behind (0, after a restore whose last
+/// transaction took no timestamped input) routed an event in its transaction and stamped the
+/// command with its own stream time; the key's partition parked the event with a window that
+/// ended in 1970 and reported it unmatched at once, while it was parked. A transaction's records
+/// are now stamped no earlier than the events routed in it, and a restored owner starts from the
+/// stream time its last committed position record names.
+#[test]
+fn seeds_whose_routed_commands_were_stamped_with_a_restored_partitions_stream_time_pass() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"));
+    let shared = shared(&rt);
+    for seed in [1030, 2929] {
+        if let Err((e, _)) = run(&shared, seed, false) {
+            panic!("seed {seed} fails: {e}");
+        }
+    }
+}
+
 /// Seed 6189: an event for an instance not started yet was parked, the next event of the same
 /// events partition for it came as a command (its partition's owner had dropped it and another
 /// partition's transaction routed the event), and the batch that started the instance applied the
