@@ -1214,6 +1214,15 @@ mod tests {
     }
 
     #[test]
+    fn asl_versions_are_pinned() {
+        // Taken from the build before the hash moved to the kernel: a stored ASL definition keeps
+        // its version.
+        let doc = json!({"StartAt": "A", "States": {"A": {"Type": "Pass", "End": true}}});
+        let machine = load(&doc, &mut no_files, LoadOptions::default()).unwrap();
+        assert_eq!(machine.version, "f3db07734f1365a4");
+    }
+
+    #[test]
     fn sibling_output_keys_must_differ() {
         let errs = errors(
             json!({"id": "x", "name": "x", "version": "1", "states": [{"name": "A", "start": true,

@@ -614,6 +614,26 @@ mod tests {
         assert_ne!(start_id("saga", "/shop", "e1"), start_id("saga", "/shop", "e2"));
         assert_ne!(start_id("saga", "/sho", "pe1"), start_id("saga", "/shop", "e1"));
     }
+
+    #[test]
+    fn partitions_and_start_ids_are_pinned() {
+        // Taken from the build before the hash moved to the kernel: a record already written is
+        // on the partition these give, and a start event redelivered names the same instance.
+        for (id, partitions, want) in [
+            ("", 12, 1),
+            ("a", 12, 4),
+            ("order-1", 12, 1),
+            ("order-1", 16, 13),
+            ("helloworld-1", 3, 1),
+            ("helloworld-1", 16, 15),
+            ("order-1", 1, 0),
+            ("order-1", 0, 0),
+        ] {
+            assert_eq!(partition_of(id, partitions), want, "{id:?} over {partitions}");
+        }
+        assert_eq!(start_id("d", "src", "e1"), "d-3b5ae054e8c1bea1");
+        assert_eq!(start_id("d", "", ""), "d-af63bd4c8601b7df");
+    }
 }
 
 /// librdkafka's client callbacks, routed to `tracing`: end-of-partition notices are not errors,

@@ -461,6 +461,15 @@ mod tests {
     }
 
     #[test]
+    fn jitter_hash_is_pinned() {
+        // Taken from the build before the hash moved to the kernel: a schedule's runs keep
+        // their times across versions.
+        assert_eq!(fnv1a(b"h", 0), 0xeea1_d8d9_5cc6_9cb7);
+        assert_eq!(fnv1a(b"nightly", 1_767_225_600_000), 0xd5e2_172d_24a3_49c6);
+        assert_eq!(fnv1a(b"h", -1), 0x0dda_0422_07ce_872f);
+    }
+
+    #[test]
     fn every_is_aligned_to_the_epoch_and_bounded_by_start_and_end() {
         let s = Spec::from_json(&json!({"id": "h", "definition": "d", "every": "PT1H",
             "startAt": "2026-11-28T03:00:00Z", "endAt": "2026-11-28T06:00:00Z"}))

@@ -1551,3 +1551,42 @@ pub fn describe(e: &Effect) -> String {
         Effect::CancelOperation { op } => format!("cancelling operation {op}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_are_pinned() {
+        // Taken from the build before the hash moved to the kernel: an instance's first random
+        // state is a function of its id only, the same in every version.
+        assert_eq!(seed(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(seed("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(seed("order-1"), 0xdee4_809f_34be_e86d);
+        assert_eq!(seed("helloworld-1"), 0x4b73_a172_0337_8fcf);
+    }
+
+    #[test]
+    fn random_units_are_pinned() {
+        // Taken from the build before the random source moved to the kernel.
+        let machine = Arc::new(
+            crate::load(
+                &serde_json::json!({"id": "r", "name": "r", "version": "1",
+                    "states": [{"name": "s", "start": true, "end": true}]}),
+                &mut crate::no_files,
+                crate::LoadOptions::default(),
+            )
+            .unwrap(),
+        );
+        let mut instance = Instance::new(machine, "order-1", Options::default());
+        assert_eq!(instance.s.rng, 0xdee4_809f_34be_e86d);
+        let mut out = Output::default();
+        let mut cx = instance.cx(&mut out);
+        assert_eq!(cx.random_unit(), 0.2934515912633091);
+        assert_eq!(
+            cx.random_unit(),
+            (0x313b_2716_b1f7_535e_u64 >> 11) as f64 / (1u64 << 53) as f64
+        );
+        assert_eq!(instance.s.rng, 0x1b53_7412_3353_e097);
+    }
+}
