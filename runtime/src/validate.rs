@@ -209,9 +209,7 @@ fn load_asl(doc: &Value) -> Result<Machine, Vec<ValidationError>> {
     // ASL has no version field of its own: the version is a digest of the text, so registering a
     // changed definition under the same name adds a version.
     let text = doc.to_string();
-    let digest = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    });
+    let digest = crate::kernel::hash::fnv1a64(text.as_bytes());
     Ok(Machine {
         id: id.clone(),
         name: id,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sm4c_runtime::kernel::hash::{fnv1a32, Fnv1a64};
 use sm4c_runtime::{Entry, ErrorInfo, Snapshot};
 use std::collections::HashMap;
 
@@ -541,22 +542,17 @@ pub const PARTITION_KEY: &str = "\u{0}partition";
 
 /// The partition of an instance id: FNV-1a, so every worker and tool computes the same.
 pub fn partition_of(id: &str, partitions: i32) -> i32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in id.as_bytes() {
-        h ^= *b as u32;
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    (h % partitions.max(1) as u32) as i32
+    (fnv1a32(id.as_bytes()) % partitions.max(1) as u32) as i32
 }
 
 /// The id of the instance a start event starts: derived from the event's `source` and `id`, so
 /// a redelivered event starts nothing new.
 pub fn start_id(definition: &str, source: &str, id: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in source.as_bytes().iter().chain(&[0]).chain(id.as_bytes()) {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = Fnv1a64::new()
+        .update(source.as_bytes())
+        .update(&[0])
+        .update(id.as_bytes())
+        .finish();
     format!("{definition}-{h:016x}")
 }
 

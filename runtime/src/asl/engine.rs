@@ -9,6 +9,7 @@
 use super::model::{AslMachine, Assign, Catcher, Dyn, Kind, Lang, ResultPath, State, Test, WaitFor};
 use super::{names, AslError, Env};
 use crate::engine::{rfc3339, Effect, Entry, Millis, Options, Output, Trace};
+use crate::kernel::Random;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -175,7 +176,7 @@ pub struct Cx<'a> {
     /// The time of the input.
     pub now: Millis,
     /// Deterministic random source.
-    pub rng: Cell<u64>,
+    pub rng: Cell<Random>,
     /// Active timers.
     pub timers: &'a mut BTreeMap<String, Millis>,
     /// What the input produced.
@@ -234,13 +235,10 @@ impl Cx<'_> {
     }
 
     fn unit(&self) -> f64 {
-        let env_rng = &self.rng;
-        let mut z = env_rng.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-        env_rng.set(z);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        let mut rng = self.rng.get();
+        let unit = rng.next_unit();
+        self.rng.set(rng);
+        unit
     }
 
     /// The context object for `st` in `run` (`item`: the Map item being selected).
@@ -506,7 +504,7 @@ fn read_path(
     input: &Value,
     context: &Value,
     vars: &Map<String, Value>,
-    rng: &Cell<u64>,
+    rng: &Cell<Random>,
 ) -> Result<Value, AslError> {
     p.read(&Env {
         input,

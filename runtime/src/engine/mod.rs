@@ -17,6 +17,7 @@ pub mod types;
 
 use crate::expr::EvalError;
 use crate::json::{from_val, to_val};
+use crate::kernel::Random;
 use crate::model::{Condition, Machine, StateId, Trigger, Verdict};
 use crate::timespan;
 use action::{cancel, deliver, start, Run, Signal, Step};
@@ -146,7 +147,7 @@ pub struct Snapshot {
     /// When it ended.
     pub ended_at: Option<Millis>,
     /// Deterministic random state (jitter).
-    pub rng: u64,
+    pub rng: Random,
     /// Correlation values bound by earlier events.
     pub bindings: BTreeMap<String, String>,
     /// Why the instance failed or timed out.
@@ -204,7 +205,7 @@ pub struct Cx<'a> {
     pub(crate) now: Millis,
     pub(crate) data: &'a mut Val,
     pub(crate) timers: &'a mut BTreeMap<String, Millis>,
-    rng: &'a mut u64,
+    rng: &'a mut Random,
     out: &'a mut Output,
     options: Options,
 }
@@ -252,12 +253,7 @@ impl Cx<'_> {
 
     /// A uniform number in `[0, 1)` from the instance's deterministic random source.
     pub(crate) fn random_unit(&mut self) -> f64 {
-        *self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.next_unit()
     }
 }
 
@@ -294,13 +290,6 @@ enum Next {
     Stop,
 }
 
-fn seed(id: &str) -> u64 {
-    // FNV-1a: stable across processes and versions, unlike the standard hasher.
-    id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// A replayed journal disagrees with its definition.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("journal entry {index}: {message}")]
@@ -331,7 +320,7 @@ impl Instance {
             now: 0,
             started_at: None,
             ended_at: None,
-            rng: seed(&id),
+            rng: Random::for_id(&id),
             bindings: BTreeMap::new(),
             error: None,
             asl: None,
@@ -1556,10 +1545,23 @@ pub fn describe(e: &Effect) -> String {
 mod tests {
     use super::*;
 
+    fn machine() -> Arc<Machine> {
+        Arc::new(
+            crate::load(
+                &serde_json::json!({"id": "r", "name": "r", "version": "1",
+                    "states": [{"name": "s", "start": true, "end": true}]}),
+                &mut crate::no_files,
+                crate::LoadOptions::default(),
+            )
+            .unwrap(),
+        )
+    }
+
     #[test]
     fn seeds_are_pinned() {
         // Taken from the build before the hash moved to the kernel: an instance's first random
         // state is a function of its id only, the same in every version.
+        let seed = |id: &str| Instance::new(machine(), id, Options::default()).s.rng.state();
         assert_eq!(seed(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(seed("a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(seed("order-1"), 0xdee4_809f_34be_e86d);
@@ -1569,17 +1571,8 @@ mod tests {
     #[test]
     fn random_units_are_pinned() {
         // Taken from the build before the random source moved to the kernel.
-        let machine = Arc::new(
-            crate::load(
-                &serde_json::json!({"id": "r", "name": "r", "version": "1",
-                    "states": [{"name": "s", "start": true, "end": true}]}),
-                &mut crate::no_files,
-                crate::LoadOptions::default(),
-            )
-            .unwrap(),
-        );
-        let mut instance = Instance::new(machine, "order-1", Options::default());
-        assert_eq!(instance.s.rng, 0xdee4_809f_34be_e86d);
+        let mut instance = Instance::new(machine(), "order-1", Options::default());
+        assert_eq!(instance.s.rng.state(), 0xdee4_809f_34be_e86d);
         let mut out = Output::default();
         let mut cx = instance.cx(&mut out);
         assert_eq!(cx.random_unit(), 0.2934515912633091);
@@ -1587,6 +1580,6 @@ mod tests {
             cx.random_unit(),
             (0x313b_2716_b1f7_535e_u64 >> 11) as f64 / (1u64 << 53) as f64
         );
-        assert_eq!(instance.s.rng, 0x1b53_7412_3353_e097);
+        assert_eq!(instance.s.rng.state(), 0x1b53_7412_3353_e097);
     }
 }
