@@ -148,13 +148,13 @@ pub enum Input {
         reason: Option<String>,
     },
     /// The breakpoints of the instance's definition changed (the host records this before the
-    /// next input it delivers; see [`super::debug`]).
+    /// next input it delivers; see [`crate::engine::debug`]).
     Debug {
         /// The breakpoints from now on (none: the instance no longer pauses at breakpoints).
         breakpoints: Vec<crate::engine::debug::Breakpoint>,
     },
     /// The instance moves to another version of its definition (see
-    /// [`Instance::migrate`](super::Instance::migrate)): from the state it waits in to its
+    /// [`Instance::migrate`](crate::Instance::migrate)): from the state it waits in to its
     /// counterpart there (the same name, unless `states` maps it).
     Migrate {
         /// The version it ran on before.
@@ -166,7 +166,7 @@ pub enum Input {
         states: BTreeMap<String, String>,
     },
     /// A failed or timed-out instance goes back to running from where it failed (see
-    /// [`Instance::redrive_plan`](super::Instance::redrive_plan)), after its data changed by `diff`.
+    /// [`Instance::redrive_plan`](crate::Instance::redrive_plan)), after its data changed by `diff`.
     Redrive {
         /// The update as the operator wrote it (a jq expression over the data), for the record.
         #[serde(default, skip_serializing_if = "Option::is_none")]
