@@ -8,7 +8,7 @@
 
 use super::model::{AslMachine, Assign, Catcher, Dyn, Kind, Lang, ResultPath, State, Test, WaitFor};
 use super::{names, AslError, Env};
-use crate::engine::{rfc3339, Effect, Entry, Millis, Options, Output, Trace};
+use crate::engine::{rfc3339, Effect, Millis, Options, Output, Trace};
 use crate::kernel::Random;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -191,26 +191,15 @@ pub struct Cx<'a> {
 
 impl Cx<'_> {
     fn effect(&mut self, e: Effect) {
-        if self.options.journal {
-            self.out.entries.push(Entry::Effect(e.clone()));
-        }
-        self.out.effects.push(e);
+        self.out.effect(&self.options, e);
     }
 
     fn start_timer(&mut self, timer: &str, due: Millis) {
-        self.timers.insert(timer.to_string(), due);
-        self.effect(Effect::StartTimer {
-            timer: timer.to_string(),
-            due,
-        });
+        self.out.start_timer(&self.options, self.timers, timer, due);
     }
 
     fn cancel_timer(&mut self, timer: &str) {
-        if self.timers.remove(timer).is_some() {
-            self.effect(Effect::CancelTimer {
-                timer: timer.to_string(),
-            });
-        }
+        self.out.cancel_timer(&self.options, self.timers, timer);
     }
 
     /// Cancels a timer (recording the effect) if it is armed.
@@ -219,19 +208,12 @@ impl Cx<'_> {
     }
 
     fn trace(&mut self, f: impl FnOnce() -> Trace) {
-        if self.options.trace {
-            let t = f();
-            self.out.entries.push(Entry::Trace(t));
-        }
+        self.out.trace(&self.options, f);
     }
 
     /// Records that the part of the definition at JSON pointer `pointer` was taken (coverage only).
     fn cover(&mut self, pointer: impl FnOnce() -> String) {
-        if self.options.coverage {
-            self.out
-                .entries
-                .push(Entry::Trace(Trace::Covered { pointer: pointer() }));
-        }
+        self.out.cover(&self.options, pointer);
     }
 
     fn unit(&self) -> f64 {

@@ -17,6 +17,7 @@ pub mod types;
 
 use crate::expr::EvalError;
 use crate::json::{from_val, to_val};
+pub use crate::kernel::output::{Options, Output};
 use crate::kernel::Random;
 use crate::model::{Condition, Machine, StateId, Trigger, Verdict};
 use crate::timespan;
@@ -31,47 +32,6 @@ pub use types::*;
 
 /// Id of the execution timeout timer.
 pub const EXEC_TIMER: &str = "exec:timeout";
-
-/// Engine settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Options {
-    /// Record inputs and effects as journal entries.
-    pub journal: bool,
-    /// Record readable [`Trace`] entries too.
-    pub trace: bool,
-    /// Transitions one input may cause before the instance fails as looping (default 10 million).
-    pub max_transitions: u64,
-    /// Events an instance keeps in its inbox; the oldest unmatched is dropped past this (default 10,000).
-    pub max_inbox: usize,
-    /// Record a [`Trace::Covered`] entry for every transition, error handler and action taken
-    /// (ASL: every `Next`, Choice rule, `Default` and `Catch`), as `sm4c test` measures coverage
-    /// with; off by default, and then nothing is recorded.
-    pub coverage: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            journal: true,
-            trace: false,
-            max_transitions: 10_000_000,
-            max_inbox: 10_000,
-            coverage: false,
-        }
-    }
-}
-
-/// What one input produced.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Output {
-    /// Entries to append to the journal, in order (empty when journaling is off).
-    pub entries: Vec<Entry>,
-    /// Effects for the host to perform, in order, after the entries are stored.
-    pub effects: Vec<Effect>,
-    /// Pointers of the conditions already traced as not boolean in this output (each is traced once
-    /// per input, however often it is evaluated).
-    noted: Vec<String>,
-}
 
 /// Where an instance is in the seed's algorithm.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -212,43 +172,25 @@ pub struct Cx<'a> {
 
 impl Cx<'_> {
     pub(crate) fn effect(&mut self, e: Effect) {
-        if self.options.journal {
-            self.out.entries.push(Entry::Effect(e.clone()));
-        }
-        self.out.effects.push(e);
+        self.out.effect(&self.options, e);
     }
 
     pub(crate) fn start_timer(&mut self, timer: &str, after_ms: u64) {
         let due = self.now.saturating_add(after_ms.min(i64::MAX as u64) as i64);
-        self.timers.insert(timer.to_string(), due);
-        self.effect(Effect::StartTimer {
-            timer: timer.to_string(),
-            due,
-        });
+        self.out.start_timer(&self.options, self.timers, timer, due);
     }
 
     pub(crate) fn cancel_timer(&mut self, timer: &str) {
-        if self.timers.remove(timer).is_some() {
-            self.effect(Effect::CancelTimer {
-                timer: timer.to_string(),
-            });
-        }
+        self.out.cancel_timer(&self.options, self.timers, timer);
     }
 
     pub(crate) fn trace(&mut self, f: impl FnOnce() -> Trace) {
-        if self.options.trace {
-            let t = f();
-            self.out.entries.push(Entry::Trace(t));
-        }
+        self.out.trace(&self.options, f);
     }
 
     /// Records that the part of the definition at JSON pointer `pointer` was taken (coverage only).
     pub(crate) fn cover(&mut self, pointer: impl FnOnce() -> String) {
-        if self.options.coverage {
-            self.out
-                .entries
-                .push(Entry::Trace(Trace::Covered { pointer: pointer() }));
-        }
+        self.out.cover(&self.options, pointer);
     }
 
     /// A uniform number in `[0, 1)` from the instance's deterministic random source.

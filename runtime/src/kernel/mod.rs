@@ -8,6 +8,7 @@
 //! language, the SM4C debugger's breakpoints, is named in that module's documentation.
 
 pub mod hash;
+pub mod output;
 pub mod random;
 pub mod types;
 
