@@ -14,6 +14,7 @@ use sm4c_runtime::asl::intrinsics::Call;
 use sm4c_runtime::asl::jsonata::Query;
 use sm4c_runtime::asl::path::Path;
 use sm4c_runtime::asl::Env;
+use sm4c_runtime::kernel::Random;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
@@ -55,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let f = fixture();
-    let rng = Cell::new(42);
+    let rng = Cell::new(Random::new(42));
     let env = Env {
         input: &f.input,
         context: &f.context,

@@ -31,6 +31,7 @@ pub mod engine;
 pub mod expr;
 mod fast;
 pub mod json;
+pub mod kernel;
 pub mod model;
 pub mod task_token;
 pub mod timespan;

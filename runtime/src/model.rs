@@ -193,42 +193,7 @@ pub struct Function {
     pub delivery: Delivery,
 }
 
-/// `delivery` of a function or an `invokeFunction` action: whether a call in flight when the host
-/// stopped is made again on recovery (`atLeastOnce`, the default) or fails the action with the
-/// error kind `stepInterrupted` (`atMostOnce`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Delivery {
-    /// Made again after a crash until its result is journaled (today's behaviour).
-    #[default]
-    AtLeastOnce,
-    /// Its start is journaled and committed before it is made; never made again after a crash.
-    AtMostOnce,
-}
-
-impl Delivery {
-    /// The value as definitions write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Delivery::AtLeastOnce => "atLeastOnce",
-            Delivery::AtMostOnce => "atMostOnce",
-        }
-    }
-
-    /// Reads `atLeastOnce` or `atMostOnce`.
-    pub fn parse(s: &str) -> Option<Delivery> {
-        match s {
-            "atLeastOnce" => Some(Delivery::AtLeastOnce),
-            "atMostOnce" => Some(Delivery::AtMostOnce),
-            _ => None,
-        }
-    }
-
-    /// True for the default, [`Delivery::AtLeastOnce`] (which effects do not write).
-    pub fn is_at_least_once(&self) -> bool {
-        *self == Delivery::AtLeastOnce
-    }
-}
+pub use crate::kernel::types::Delivery;
 
 /// Function `type`.
 #[derive(Debug)]

@@ -4,6 +4,7 @@
 use crate::cron::Cron;
 use chrono_tz::Tz;
 use serde_json::{json, Map, Value};
+use sm4c_runtime::kernel::hash::Fnv1a64;
 
 /// What happens when a nominal time comes while this schedule's previous instance still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -444,12 +445,7 @@ fn time(o: &Map<String, Value>, key: &str, err: &mut impl FnMut(&str, String)) -
 
 /// FNV-1a over the id and the time: a fixed, portable spread for the jitter.
 fn fnv1a(bytes: &[u8], n: i64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes.iter().chain(n.to_le_bytes().iter()) {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    Fnv1a64::new().update(bytes).update(&n.to_le_bytes()).finish()
 }
 
 #[cfg(test)]
@@ -458,6 +454,15 @@ mod tests {
 
     fn at(text: &str) -> i64 {
         parse_time(text).expect("a time")
+    }
+
+    #[test]
+    fn jitter_hash_is_pinned() {
+        // Taken from the build before the hash moved to the kernel: a schedule's runs keep
+        // their times across versions.
+        assert_eq!(fnv1a(b"h", 0), 0xeea1_d8d9_5cc6_9cb7);
+        assert_eq!(fnv1a(b"nightly", 1_767_225_600_000), 0xd5e2_172d_24a3_49c6);
+        assert_eq!(fnv1a(b"h", -1), 0x0dda_0422_07ce_872f);
     }
 
     #[test]

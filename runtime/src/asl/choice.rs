@@ -660,6 +660,7 @@ fn days_from_civil(y: i128, m: i128, d: i128) -> i128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::Random;
     use serde_json::{json, Map};
     use std::cell::Cell;
 
@@ -674,7 +675,7 @@ mod tests {
         };
         let context = json!({"Execution": {"Input": input.clone()}});
         let vars = Map::new();
-        let rng = Cell::new(0);
+        let rng = Cell::new(Random::new(0));
         let env = Env {
             input: &input,
             context: &context,
@@ -1178,7 +1179,7 @@ mod tests {
         vars.insert("guess".into(), json!("the_answer"));
         vars.insert("answer".into(), json!("the_answer"));
         let input = json!({});
-        let rng = Cell::new(0);
+        let rng = Cell::new(Random::new(0));
         let env = Env {
             input: &input,
             context: &input,

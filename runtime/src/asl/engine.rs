@@ -8,7 +8,8 @@
 
 use super::model::{AslMachine, Assign, Catcher, Dyn, Kind, Lang, ResultPath, State, Test, WaitFor};
 use super::{names, AslError, Env};
-use crate::engine::{rfc3339, Effect, Entry, Millis, Options, Output, Trace};
+use crate::engine::{rfc3339, Effect, Millis, Options, Output, Trace};
+use crate::kernel::Random;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -175,7 +176,7 @@ pub struct Cx<'a> {
     /// The time of the input.
     pub now: Millis,
     /// Deterministic random source.
-    pub rng: Cell<u64>,
+    pub rng: Cell<Random>,
     /// Active timers.
     pub timers: &'a mut BTreeMap<String, Millis>,
     /// What the input produced.
@@ -190,26 +191,15 @@ pub struct Cx<'a> {
 
 impl Cx<'_> {
     fn effect(&mut self, e: Effect) {
-        if self.options.journal {
-            self.out.entries.push(Entry::Effect(e.clone()));
-        }
-        self.out.effects.push(e);
+        self.out.effect(&self.options, e);
     }
 
     fn start_timer(&mut self, timer: &str, due: Millis) {
-        self.timers.insert(timer.to_string(), due);
-        self.effect(Effect::StartTimer {
-            timer: timer.to_string(),
-            due,
-        });
+        self.out.start_timer(&self.options, self.timers, timer, due);
     }
 
     fn cancel_timer(&mut self, timer: &str) {
-        if self.timers.remove(timer).is_some() {
-            self.effect(Effect::CancelTimer {
-                timer: timer.to_string(),
-            });
-        }
+        self.out.cancel_timer(&self.options, self.timers, timer);
     }
 
     /// Cancels a timer (recording the effect) if it is armed.
@@ -218,29 +208,19 @@ impl Cx<'_> {
     }
 
     fn trace(&mut self, f: impl FnOnce() -> Trace) {
-        if self.options.trace {
-            let t = f();
-            self.out.entries.push(Entry::Trace(t));
-        }
+        self.out.trace(&self.options, f);
     }
 
     /// Records that the part of the definition at JSON pointer `pointer` was taken (coverage only).
     fn cover(&mut self, pointer: impl FnOnce() -> String) {
-        if self.options.coverage {
-            self.out
-                .entries
-                .push(Entry::Trace(Trace::Covered { pointer: pointer() }));
-        }
+        self.out.cover(&self.options, pointer);
     }
 
     fn unit(&self) -> f64 {
-        let env_rng = &self.rng;
-        let mut z = env_rng.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-        env_rng.set(z);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        let mut rng = self.rng.get();
+        let unit = rng.next_unit();
+        self.rng.set(rng);
+        unit
     }
 
     /// The context object for `st` in `run` (`item`: the Map item being selected).
@@ -506,7 +486,7 @@ fn read_path(
     input: &Value,
     context: &Value,
     vars: &Map<String, Value>,
-    rng: &Cell<u64>,
+    rng: &Cell<Random>,
 ) -> Result<Value, AslError> {
     p.read(&Env {
         input,

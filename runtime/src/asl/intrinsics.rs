@@ -303,7 +303,7 @@ impl Call {
                 }
                 let bits = if a.len() > 2 {
                     // A seed makes the result a function of the seed, as in AWS.
-                    splitmix(self.integer(a, 2)? as u64)
+                    crate::kernel::random::splitmix64(self.integer(a, 2)? as u64)
                 } else {
                     env.random()
                 };
@@ -470,14 +470,6 @@ fn hash(data: &[u8], alg: &str) -> Option<String> {
         _ => return None,
     };
     Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// One splitmix64 step from `seed`.
-fn splitmix(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// A version 4 UUID from 128 random bits.
@@ -696,6 +688,7 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::Random;
     use serde_json::json;
     use std::cell::Cell;
 
@@ -704,7 +697,7 @@ mod tests {
         input: &Value,
         context: &Value,
         vars: &Map<String, Value>,
-        rng: &Cell<u64>,
+        rng: &Cell<Random>,
     ) -> Result<Value, AslError> {
         let env = Env {
             input,
@@ -716,7 +709,7 @@ mod tests {
     }
 
     fn run(text: &str, input: Value) -> Result<Value, AslError> {
-        run_full(text, &input, &json!({}), &Map::new(), &Cell::new(7))
+        run_full(text, &input, &json!({}), &Map::new(), &Cell::new(Random::new(7)))
     }
 
     fn ok(text: &str, input: Value) -> Value {
@@ -1124,7 +1117,7 @@ mod tests {
             &input,
             &json!({"Execution": {"Input": input.clone()}}),
             &Map::new(),
-            &Cell::new(0),
+            &Cell::new(Random::new(0)),
         )
         .unwrap();
         assert_eq!(
@@ -1220,7 +1213,7 @@ mod tests {
             &input,
             &json!({"Execution": {"Input": input.clone()}}),
             &Map::new(),
-            &Cell::new(0),
+            &Cell::new(Random::new(0)),
         )
         .unwrap();
         assert_eq!(
@@ -1282,7 +1275,16 @@ mod tests {
         ] {
             vars.insert(k.into(), v);
         }
-        let run_v = |t: &str| run_full(t, &json!({}), &json!({"State": {"Name": "S"}}), &vars, &Cell::new(1)).unwrap();
+        let run_v = |t: &str| {
+            run_full(
+                t,
+                &json!({}),
+                &json!({"State": {"Name": "S"}}),
+                &vars,
+                &Cell::new(Random::new(1)),
+            )
+            .unwrap()
+        };
         assert_eq!(run_v("States.Base64Encode($rawString)"), json!("SGVsbG8gV29ybGQ="));
         assert_eq!(
             run_v("States.JsonMerge($json1, $json2, false)"),
@@ -1302,9 +1304,40 @@ mod tests {
     }
 
     #[test]
+    fn random_draws_are_pinned() {
+        // Taken from the build before the random source moved to the kernel: a stored random
+        // state draws the same numbers after an upgrade.
+        let (doc, vars) = (json!(null), Map::new());
+        let rng = Cell::new(Random::new(0));
+        let env = Env {
+            input: &doc,
+            context: &doc,
+            vars: &vars,
+            rng: &rng,
+        };
+        assert_eq!(env.random(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(env.random(), 0x6e78_9e6a_a1b9_65f4);
+        assert_eq!(env.random(), 0x06c4_5d18_8009_454f);
+        assert_eq!(rng.get().state(), 0xdaa6_6d2c_7ddf_743f);
+        // A seed argument draws one splitmix64 step from the seed.
+        let with_seed = |seed: i64| {
+            run_full(
+                &format!("States.MathRandom(0, 1000000000, {seed})"),
+                &doc,
+                &doc,
+                &vars,
+                &rng,
+            )
+            .unwrap()
+        };
+        assert_eq!(with_seed(42), json!(0xbdd7_3226_2feb_6e95_u64 % 1_000_000_000));
+        assert_eq!(with_seed(-1), json!(0xe4d9_7177_1b65_2c20_u64 % 1_000_000_000));
+    }
+
+    #[test]
     fn uuid_and_random_are_deterministic() {
         // intrinsics/uuid-shape
-        let rng = Cell::new(42);
+        let rng = Cell::new(Random::new(42));
         let (input, ctx, vars) = (json!({}), json!({}), Map::new());
         let a = run_full("States.UUID()", &input, &ctx, &vars, &rng).unwrap();
         let b = run_full("States.UUID()", &input, &ctx, &vars, &rng).unwrap();
@@ -1323,7 +1356,7 @@ mod tests {
             assert!(parts[2].starts_with('4'), "{s}");
             assert!("89ab".contains(&parts[3][..1]), "{s}");
         }
-        let rng2 = Cell::new(42);
+        let rng2 = Cell::new(Random::new(42));
         assert_eq!(run_full("States.UUID()", &input, &ctx, &vars, &rng2).unwrap(), a);
         for _ in 0..100 {
             let n = run_full("States.MathRandom(1, 999)", &input, &ctx, &vars, &rng).unwrap();
@@ -1331,7 +1364,14 @@ mod tests {
             assert!((1..999).contains(&n), "{n}");
         }
         let s1 = run_full("States.MathRandom(0, 100, 7)", &input, &ctx, &vars, &rng).unwrap();
-        let s2 = run_full("States.MathRandom(0, 100, 7)", &input, &ctx, &vars, &Cell::new(9)).unwrap();
+        let s2 = run_full(
+            "States.MathRandom(0, 100, 7)",
+            &input,
+            &ctx,
+            &vars,
+            &Cell::new(Random::new(9)),
+        )
+        .unwrap();
         assert_eq!(s1, s2);
         assert_eq!(failure("States.MathRandom(5, 5)", json!({})), "States.IntrinsicFailure");
         assert_eq!(
@@ -1398,7 +1438,7 @@ mod tests {
             if let Ok(c) = Call::parse(&text) {
                 let doc = json!({"a": [1, "b", {"c": 2}], "s": "x,y", "n": 2.5});
                 let vars = Map::new();
-                let rng = Cell::new(1);
+                let rng = Cell::new(Random::new(1));
                 let env = Env { input: &doc, context: &doc, vars: &vars, rng: &rng };
                 let _ = c.eval(&env);
             }

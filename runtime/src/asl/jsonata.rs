@@ -17,6 +17,8 @@
 //!   crate is caught and reported as an evaluation error.
 
 use super::{jsonata_regex, AslError, Env};
+use crate::kernel::random::unit;
+use crate::kernel::Random;
 use bumpalo::Bump;
 use jsonata_rs::{ArrayFlags, Budget, Error as JError, FunctionContext, JsonAta, Value as JValue};
 use serde_json::{Map, Number, Value};
@@ -396,13 +398,13 @@ fn entered_time(context: &Value) -> Option<String> {
 thread_local! {
     /// The instance's random state while an expression is evaluated on this thread; the native
     /// functions (plain `fn` pointers) cannot capture the [`Env`].
-    static RNG: Cell<Option<u64>> = const { Cell::new(None) };
+    static RNG: Cell<Option<Random>> = const { Cell::new(None) };
 }
 
 /// Draws from the random state of the evaluation on this thread, with [`Env::random`].
 fn draw() -> u64 {
     RNG.with(|r| {
-        let cell = Cell::new(r.get().unwrap_or(0));
+        let cell = Cell::new(r.get().unwrap_or(Random::new(0)));
         let n = random_from(&cell);
         r.set(Some(cell.get()));
         n
@@ -410,7 +412,7 @@ fn draw() -> u64 {
 }
 
 /// [`Env::random`] on a bare state.
-fn random_from(state: &Cell<u64>) -> u64 {
+fn random_from(state: &Cell<Random>) -> u64 {
     let vars = Map::new();
     let env = Env {
         input: &Value::Null,
@@ -419,11 +421,6 @@ fn random_from(state: &Cell<u64>) -> u64 {
         rng: state,
     };
     env.random()
-}
-
-/// A float in `[0, 1)` from 64 random bits.
-fn unit(bits: u64) -> f64 {
-    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The bindings every prelude starts with: what Step Functions redefines, and the regular
@@ -669,7 +666,7 @@ fn fn_random<'a>(ctx: FunctionContext<'a, '_>, args: &[&'a JValue<'a>]) -> jsona
     let seed = args.first().copied().filter(|a| !a.is_undefined());
     let bits = match seed {
         None => draw(),
-        Some(s) if s.is_number() && s.is_finite() => random_from(&Cell::new(s.as_f64().to_bits())),
+        Some(s) if s.is_number() && s.is_finite() => crate::kernel::random::splitmix64(s.as_f64().to_bits()),
         Some(_) => return Err(bad_arg(&ctx, 1)),
     };
     Ok(JValue::number(ctx.arena, unit(bits)))
@@ -850,7 +847,7 @@ mod tests {
             Value::Object(m) => m,
             _ => Map::new(),
         };
-        let rng = Cell::new(7);
+        let rng = Cell::new(Random::new(7));
         let env = Env {
             input: &states["input"],
             context: &states["context"],
@@ -1150,7 +1147,7 @@ mod tests {
     fn states_members() {
         let q = Query::parse(&json!("{% $states.result.v & $states.context.State.Name %}")).unwrap();
         let states = json!({"input": {}, "context": {"State": {"Name": "S"}}, "result": {"v": "r"}});
-        let (vars, rng) = (Map::new(), Cell::new(0));
+        let (vars, rng) = (Map::new(), Cell::new(Random::new(0)));
         let env = Env {
             input: &states["input"],
             context: &states["context"],
@@ -1186,7 +1183,7 @@ mod tests {
     #[test]
     fn random_advances_the_instance_source() {
         let q = Query::parse(&json!("{% $random() %}")).unwrap();
-        let (vars, rng) = (Map::new(), Cell::new(1));
+        let (vars, rng) = (Map::new(), Cell::new(Random::new(1)));
         let states = json!({"input": {}, "context": {}});
         let env = Env {
             input: &Value::Null,
@@ -1195,7 +1192,7 @@ mod tests {
             rng: &rng,
         };
         let a = q.eval(&states, &env).unwrap();
-        assert_ne!(rng.get(), 1);
+        assert_ne!(rng.get(), Random::new(1));
         let b = q.eval(&states, &env).unwrap();
         assert_ne!(a, b);
     }
@@ -1287,7 +1284,7 @@ mod tests {
     #[test]
     fn now_without_a_time_is_undefined() {
         let q = Query::parse(&json!("{% $now() %}")).unwrap();
-        let (vars, rng) = (Map::new(), Cell::new(0));
+        let (vars, rng) = (Map::new(), Cell::new(Random::new(0)));
         let states = json!({"input": {}, "context": {}});
         let env = Env {
             input: &Value::Null,

@@ -23,6 +23,7 @@ pub mod path;
 pub mod template;
 
 use crate::engine::{ErrorInfo, ErrorKind};
+use crate::kernel::Random;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::cell::Cell;
@@ -112,17 +113,16 @@ pub struct Env<'a> {
     pub vars: &'a Map<String, Value>,
     /// The instance's deterministic random source (`States.MathRandom`, `States.UUID`); draw
     /// with [`Env::random`].
-    pub rng: &'a Cell<u64>,
+    pub rng: &'a Cell<Random>,
 }
 
 impl Env<'_> {
     /// The next 64 random bits of the instance's deterministic source (splitmix64).
     pub fn random(&self) -> u64 {
-        let mut z = self.rng.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-        self.rng.set(z);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        let mut rng = self.rng.get();
+        let bits = rng.next_u64();
+        self.rng.set(rng);
+        bits
     }
 }
 

@@ -832,11 +832,12 @@ fn is_var_char(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::Random;
     use serde_json::{json, Map};
     use std::cell::Cell;
 
     fn read_in(path: &str, input: &Value, context: &Value, vars: &Map<String, Value>) -> Result<Value, AslError> {
-        let rng = Cell::new(0);
+        let rng = Cell::new(Random::new(0));
         let env = Env {
             input,
             context,

@@ -162,11 +162,12 @@ impl Template {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::Random;
     use serde_json::json;
     use std::cell::Cell;
 
     fn eval_full(t: Value, input: &Value, context: &Value, vars: &Map<String, Value>) -> Result<Value, AslError> {
-        let rng = Cell::new(3);
+        let rng = Cell::new(Random::new(3));
         let env = Env {
             input,
             context,

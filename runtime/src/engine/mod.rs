@@ -17,6 +17,8 @@ pub mod types;
 
 use crate::expr::EvalError;
 use crate::json::{from_val, to_val};
+pub use crate::kernel::output::{Options, Output};
+use crate::kernel::Random;
 use crate::model::{Condition, Machine, StateId, Trigger, Verdict};
 use crate::timespan;
 use action::{cancel, deliver, start, Run, Signal, Step};
@@ -30,47 +32,6 @@ pub use types::*;
 
 /// Id of the execution timeout timer.
 pub const EXEC_TIMER: &str = "exec:timeout";
-
-/// Engine settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Options {
-    /// Record inputs and effects as journal entries.
-    pub journal: bool,
-    /// Record readable [`Trace`] entries too.
-    pub trace: bool,
-    /// Transitions one input may cause before the instance fails as looping (default 10 million).
-    pub max_transitions: u64,
-    /// Events an instance keeps in its inbox; the oldest unmatched is dropped past this (default 10,000).
-    pub max_inbox: usize,
-    /// Record a [`Trace::Covered`] entry for every transition, error handler and action taken
-    /// (ASL: every `Next`, Choice rule, `Default` and `Catch`), as `sm4c test` measures coverage
-    /// with; off by default, and then nothing is recorded.
-    pub coverage: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            journal: true,
-            trace: false,
-            max_transitions: 10_000_000,
-            max_inbox: 10_000,
-            coverage: false,
-        }
-    }
-}
-
-/// What one input produced.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Output {
-    /// Entries to append to the journal, in order (empty when journaling is off).
-    pub entries: Vec<Entry>,
-    /// Effects for the host to perform, in order, after the entries are stored.
-    pub effects: Vec<Effect>,
-    /// Pointers of the conditions already traced as not boolean in this output (each is traced once
-    /// per input, however often it is evaluated).
-    noted: Vec<String>,
-}
 
 /// Where an instance is in the seed's algorithm.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -146,7 +107,7 @@ pub struct Snapshot {
     /// When it ended.
     pub ended_at: Option<Millis>,
     /// Deterministic random state (jitter).
-    pub rng: u64,
+    pub rng: Random,
     /// Correlation values bound by earlier events.
     pub bindings: BTreeMap<String, String>,
     /// Why the instance failed or timed out.
@@ -204,60 +165,37 @@ pub struct Cx<'a> {
     pub(crate) now: Millis,
     pub(crate) data: &'a mut Val,
     pub(crate) timers: &'a mut BTreeMap<String, Millis>,
-    rng: &'a mut u64,
+    rng: &'a mut Random,
     out: &'a mut Output,
     options: Options,
 }
 
 impl Cx<'_> {
     pub(crate) fn effect(&mut self, e: Effect) {
-        if self.options.journal {
-            self.out.entries.push(Entry::Effect(e.clone()));
-        }
-        self.out.effects.push(e);
+        self.out.effect(&self.options, e);
     }
 
     pub(crate) fn start_timer(&mut self, timer: &str, after_ms: u64) {
         let due = self.now.saturating_add(after_ms.min(i64::MAX as u64) as i64);
-        self.timers.insert(timer.to_string(), due);
-        self.effect(Effect::StartTimer {
-            timer: timer.to_string(),
-            due,
-        });
+        self.out.start_timer(&self.options, self.timers, timer, due);
     }
 
     pub(crate) fn cancel_timer(&mut self, timer: &str) {
-        if self.timers.remove(timer).is_some() {
-            self.effect(Effect::CancelTimer {
-                timer: timer.to_string(),
-            });
-        }
+        self.out.cancel_timer(&self.options, self.timers, timer);
     }
 
     pub(crate) fn trace(&mut self, f: impl FnOnce() -> Trace) {
-        if self.options.trace {
-            let t = f();
-            self.out.entries.push(Entry::Trace(t));
-        }
+        self.out.trace(&self.options, f);
     }
 
     /// Records that the part of the definition at JSON pointer `pointer` was taken (coverage only).
     pub(crate) fn cover(&mut self, pointer: impl FnOnce() -> String) {
-        if self.options.coverage {
-            self.out
-                .entries
-                .push(Entry::Trace(Trace::Covered { pointer: pointer() }));
-        }
+        self.out.cover(&self.options, pointer);
     }
 
     /// A uniform number in `[0, 1)` from the instance's deterministic random source.
     pub(crate) fn random_unit(&mut self) -> f64 {
-        *self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.next_unit()
     }
 }
 
@@ -294,13 +232,6 @@ enum Next {
     Stop,
 }
 
-fn seed(id: &str) -> u64 {
-    // FNV-1a: stable across processes and versions, unlike the standard hasher.
-    id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// A replayed journal disagrees with its definition.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("journal entry {index}: {message}")]
@@ -331,7 +262,7 @@ impl Instance {
             now: 0,
             started_at: None,
             ended_at: None,
-            rng: seed(&id),
+            rng: Random::for_id(&id),
             bindings: BTreeMap::new(),
             error: None,
             asl: None,
@@ -1549,5 +1480,48 @@ pub fn describe(e: &Effect) -> String {
         Effect::StartTimer { timer, due } => format!("a timer {timer:?} due at {}", rfc3339(*due)),
         Effect::CancelTimer { timer } => format!("cancelling timer {timer:?}"),
         Effect::CancelOperation { op } => format!("cancelling operation {op}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Arc<Machine> {
+        Arc::new(
+            crate::load(
+                &serde_json::json!({"id": "r", "name": "r", "version": "1",
+                    "states": [{"name": "s", "start": true, "end": true}]}),
+                &mut crate::no_files,
+                crate::LoadOptions::default(),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn seeds_are_pinned() {
+        // Taken from the build before the hash moved to the kernel: an instance's first random
+        // state is a function of its id only, the same in every version.
+        let seed = |id: &str| Instance::new(machine(), id, Options::default()).s.rng.state();
+        assert_eq!(seed(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(seed("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(seed("order-1"), 0xdee4_809f_34be_e86d);
+        assert_eq!(seed("helloworld-1"), 0x4b73_a172_0337_8fcf);
+    }
+
+    #[test]
+    fn random_units_are_pinned() {
+        // Taken from the build before the random source moved to the kernel.
+        let mut instance = Instance::new(machine(), "order-1", Options::default());
+        assert_eq!(instance.s.rng.state(), 0xdee4_809f_34be_e86d);
+        let mut out = Output::default();
+        let mut cx = instance.cx(&mut out);
+        assert_eq!(cx.random_unit(), 0.2934515912633091);
+        assert_eq!(
+            cx.random_unit(),
+            (0x313b_2716_b1f7_535e_u64 >> 11) as f64 / (1u64 << 53) as f64
+        );
+        assert_eq!(instance.s.rng.state(), 0x1b53_7412_3353_e097);
     }
 }
