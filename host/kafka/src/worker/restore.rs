@@ -141,12 +141,14 @@ pub(super) fn restore(shared: &Shared, offsets: &BaseConsumer<Quiet>, p: i32, re
             p,
             lost,
             (committed, clock),
-            left(),
+            RESTORE_TIMEOUT,
         ));
     }
     if clock == 0 && state.fresh() {
         if let Some(producer) = txn.as_ref() {
-            commit_offsets(shared, offsets, producer, p, committed, 1, left())
+            // A timeout of its own: reading the state partition has its own budget, which may
+            // have used up the restore's (a slow restore's first transaction timed out at once).
+            commit_offsets(shared, offsets, producer, p, committed, 1, RESTORE_TIMEOUT)
                 .map_err(|e| format!("the partition's first transaction (its clock to 1) failed: {e}"))?;
             tracing::info!(
                 partition = p,
