@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
+use crate::support::run::sm4c;
 use crate::support::server;
 use server::{Serve, Server, BIN};
 
@@ -246,43 +247,6 @@ fn assert_error(code: u16, body: &Value, want_code: u16, want_error: &str) {
     assert_eq!(code, want_code, "expected {want_code} {want_error}, got {code} {body}");
     assert_eq!(body["error"], json!(want_error), "error code of {body}");
     assert!(body["message"].is_string(), "error without a message: {body}");
-}
-
-/// Runs `sm4c ARGS` to its end: (exit code, stdout, stderr).
-fn sm4c(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sm4c starts");
-    let pipe = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            r.read_to_string(&mut s).expect("utf-8 output");
-            s
-        })
-    };
-    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
-    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("sm4c {args:?} still running after {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    (
-        status.code().unwrap_or(-1),
-        out.join().expect("stdout"),
-        err.join().expect("stderr"),
-    )
 }
 
 fn write(dir: &Path, name: &str, v: &Value) -> String {

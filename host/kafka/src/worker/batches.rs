@@ -378,7 +378,8 @@ pub(super) fn tick_command(shared: &Shared, p: i32, id: &str) -> Out {
 
 #[cfg(test)]
 mod tests {
-    use super::super::decision::{decide, Batch};
+    use super::super::decision::tests::decide_commands;
+    use super::super::decision::Batch;
     use super::super::restore::Latest;
     use super::super::Owner;
     use super::{group_size, partition_rate};
@@ -390,17 +391,7 @@ mod tests {
 
     /// Decides `commands`, each at its time, as one batch of partition `t`.
     fn batch(shared: &crate::Shared, t: &mut Owner, commands: &[(i64, Command)]) -> Batch {
-        let payloads: Vec<(i64, Vec<u8>)> = commands
-            .iter()
-            .map(|(at, c)| (*at, serde_json::to_vec(c).expect("json")))
-            .collect();
-        let from = t.resume.max(0) + t.clock * 100;
-        let records = payloads
-            .iter()
-            .enumerate()
-            .map(|(i, (at, p))| (from + i as i64, *at, p.as_slice()));
-        let floor = t.stream_ms;
-        decide(shared, t, records, Default::default(), floor)
+        decide_commands(shared, t, commands)
     }
 
     /// Commits a decided batch as the worker loop does: the view takes its records, and the

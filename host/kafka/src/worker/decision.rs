@@ -1169,6 +1169,27 @@ fn parse_origin(key: &str) -> Origin {
 pub(super) mod tests {
     use super::decide;
 
+    /// Decides `commands`, each at its time, as one batch of partition `t`, at offsets after the
+    /// ones its earlier batches took, with the partition's own stream time as the floor (as the
+    /// worker loop does).
+    pub(in crate::worker) fn decide_commands(
+        shared: &crate::Shared,
+        t: &mut super::Owner,
+        commands: &[(i64, Command)],
+    ) -> super::Batch {
+        let payloads: Vec<(i64, Vec<u8>)> = commands
+            .iter()
+            .map(|(at, c)| (*at, serde_json::to_vec(c).expect("json")))
+            .collect();
+        let from = t.resume.max(0) + t.clock * 100;
+        let records = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, (at, p))| (from + i as i64, *at, p.as_slice()));
+        let floor = t.stream_ms;
+        decide(shared, t, records, Default::default(), floor)
+    }
+
     thread_local! {
         /// The kind of command whose decision panics, for the test of a panic's containment.
         static PANIC_ON: std::cell::RefCell<Option<&'static str>> = const { std::cell::RefCell::new(None) };

@@ -390,7 +390,8 @@ pub(super) fn tick_command(shared: &Shared, id: &str) -> Out {
 
 #[cfg(test)]
 mod tests {
-    use super::super::decision::{decide, Batch};
+    use super::super::decision::tests::decide_commands;
+    use super::super::decision::Batch;
     use super::super::restore::Latest;
     use super::super::Owner;
     use crate::view::Refusal;
@@ -401,18 +402,7 @@ mod tests {
 
     /// Decides `commands`, each at its time, as one batch of partition `t`.
     fn batch(shared: &crate::Shared, t: &mut Owner, commands: &[(i64, Command)]) -> Batch {
-        let payloads: Vec<(i64, Vec<u8>)> = commands
-            .iter()
-            .map(|(at, c)| (*at, serde_json::to_vec(c).expect("json")))
-            .collect();
-        let from = t.resume.max(0) + t.clock * 100;
-        let records = payloads
-            .iter()
-            .enumerate()
-            .map(|(i, (at, p))| (from + i as i64, *at, p.as_slice()));
-        // As the worker loop does: the floor is the partition's own stream time.
-        let floor = t.stream_ms;
-        let b = decide(shared, t, records, Default::default(), floor);
+        let b = decide_commands(shared, t, commands);
         t.clock += 1;
         b
     }
